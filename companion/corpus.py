@@ -1,0 +1,110 @@
+"""The committed text corpus used by every real-model experiment (no dataset hub is reachable).
+
+The text lives in ``book/data/`` (see ``book/data/SOURCES.md`` for where each file came from).
+Set the environment variable ``COMPANION_DATA`` to use another folder of ``*.txt`` files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+__all__ = ["corpus_dir", "corpus_files", "load_corpus", "corpus_sentences"]
+
+
+def corpus_dir() -> Path:
+    """Folder holding the corpus ``*.txt`` files (``$COMPANION_DATA`` or ``<repo>/book/data``).
+
+    Raises
+    ------
+    ValueError
+        If the folder does not exist (e.g. the package was installed without the repository).
+    """
+    env = os.environ.get("COMPANION_DATA")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / "book" / "data"
+    if not path.is_dir():
+        raise ValueError(
+            f"corpus folder {path} does not exist; install the package from a clone of the "
+            "repository (pip install -e .) or set COMPANION_DATA to a folder of .txt files"
+        )
+    return path
+
+
+def corpus_files() -> list[Path]:
+    """Sorted list of the corpus text files."""
+    files = sorted(corpus_dir().glob("*.txt"))
+    if not files:
+        raise ValueError(f"no .txt files in {corpus_dir()}; see book/data/SOURCES.md")
+    return files
+
+
+def _paragraphs(text: str) -> list[str]:
+    parts = re.split(r"\n\s*\n", text.replace("\r\n", "\n"))
+    return [" ".join(p.split()) for p in parts if p.strip()]
+
+
+def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[str]:
+    """Paragraphs of the corpus, whitespace-normalised, in file order.
+
+    Parameters
+    ----------
+    min_chars : int, default 40
+        Paragraphs shorter than this (headings, chapter numbers) are dropped.
+    max_paragraphs : int or None
+        Keep only the first ``max_paragraphs`` paragraphs.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    ValueError
+        If ``min_chars`` < 0 or ``max_paragraphs`` < 1.
+    """
+    if not isinstance(min_chars, int) or min_chars < 0:
+        raise ValueError(f"min_chars must be a non-negative integer, got {min_chars!r}")
+    if max_paragraphs is not None and (not isinstance(max_paragraphs, int) or max_paragraphs < 1):
+        raise ValueError(f"max_paragraphs must be a positive integer or None, got {max_paragraphs!r}")
+    out: list[str] = []
+    for f in corpus_files():
+        out.extend(p for p in _paragraphs(f.read_text(encoding="utf-8")) if len(p) >= min_chars)
+    return out[:max_paragraphs] if max_paragraphs is not None else out
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)]*\s+(?=[A-Z\"'“‘(])")
+
+
+def corpus_sentences(
+    n: int | None = None, min_words: int = 6, max_words: int = 40
+) -> list[str]:
+    """Sentences of the corpus with ``min_words`` ≤ word count ≤ ``max_words``, in order.
+
+    Parameters
+    ----------
+    n : int or None
+        Return only the first ``n`` sentences.
+    min_words, max_words : int
+        Word-count window (inclusive).
+
+    Raises
+    ------
+    ValueError
+        If the window is empty or ``n`` < 1, or the corpus has fewer than ``n`` such sentences.
+    """
+    if min_words < 1 or max_words < min_words:
+        raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"n must be a positive integer or None, got {n!r}")
+    out = []
+    for para in load_corpus(min_chars=0):
+        for s in _SENTENCE_END.split(para):
+            k = len(s.split())
+            if min_words <= k <= max_words:
+                out.append(s.strip())
+                if n is not None and len(out) == n:
+                    return out
+    if n is not None:
+        raise ValueError(f"the corpus has only {len(out)} sentences of {min_words}-{max_words} words, not {n}")
+    return out
