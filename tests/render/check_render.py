@@ -1,0 +1,120 @@
+"""Check rendered chapters in headless Chromium (run through check_render.sh after `make book`).
+
+For each chapter page, a small probe page served from the same local origin loads the chapter in an
+iframe, waits for MathJax to finish, and reports: how many formulas MathJax typeset, how many math
+elements are left untypeset, images that failed to load, whether MathJax came from _static, and
+unresolved references ("??").  A screenshot of the first chapter is saved for a human look.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+PROBE = """<!doctype html><html><body><pre id="result">pending</pre>
+<iframe id="f" style="width:1200px;height:900px" src="PAGE"></iframe>
+<script>
+const f = document.getElementById('f');
+f.addEventListener('load', async () => {
+  const w = f.contentWindow, d = f.contentDocument;
+  try { if (w.MathJax && w.MathJax.startup) { await w.MathJax.startup.promise; } } catch (e) {}
+  const imgs = Array.from(d.querySelectorAll('img'));
+  await Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; })));
+  const math = Array.from(d.querySelectorAll('.math'));
+  const scripts = Array.from(d.querySelectorAll('script[src]')).map(s => s.getAttribute('src'));
+  const result = {
+    mathjax_loaded: !!(w.MathJax && w.MathJax.version),
+    mathjax_version: (w.MathJax && w.MathJax.version) || null,
+    mathjax_src: scripts.filter(s => s.includes('mathjax')),
+    math_elements: math.length,
+    typeset: d.querySelectorAll('mjx-container').length,
+    untypeset: math.filter(m => !m.querySelector('mjx-container')).length,
+    images: imgs.length,
+    broken_images: imgs.filter(i => !(i.naturalWidth > 0)).map(i => i.getAttribute('src')),
+    unresolved: (d.body.innerText.match(/\\?\\?/g) || []).length,
+    theorems: d.querySelectorAll('.proof, .theorem, div[class*="theorem"]').length,
+  };
+  document.getElementById('result').textContent = JSON.stringify(result);
+});
+</script></body></html>"""
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--virtual-time-budget=30000", "--run-all-compositor-stages-before-draw",
+]
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def chromium(args: list[str], profile: str) -> str:
+    cmd = ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
+
+
+def main(html_dir: str) -> int:
+    root = Path(html_dir).resolve()
+    pages = sorted(p.relative_to(root).as_posix() for p in (root / "book").glob("*.html"))
+    if not pages:
+        print(f"no chapter pages under {root}/book")
+        return 1
+    cdn = [p for p in root.rglob("*.html") if re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com", p.read_text())]
+    server, port = serve(root)
+    failures = []
+    with tempfile.TemporaryDirectory() as profile:
+        for page in pages:
+            probe = root / "_render_probe.html"
+            probe.write_text(PROBE.replace("PAGE", "/" + page))
+            dom = chromium(["--dump-dom", f"http://127.0.0.1:{port}/_render_probe.html"], profile)
+            match = re.search(r'<pre id="result">(.*?)</pre>', dom, re.S)
+            raw = match.group(1) if match else "no result"
+            try:
+                res = json.loads(raw.replace("&quot;", '"'))
+            except json.JSONDecodeError:
+                failures.append(f"{page}: probe did not finish ({raw[:80]})")
+                continue
+            problems = []
+            if res["math_elements"] and not res["mathjax_loaded"]:
+                problems.append("MathJax did not load")
+            if not all("_static/mathjax" in s for s in res["mathjax_src"]) or not res["mathjax_src"]:
+                problems.append(f"MathJax not served from _static: {res['mathjax_src']}")
+            if res["untypeset"]:
+                problems.append(f"{res['untypeset']} math elements not typeset")
+            if res["broken_images"]:
+                problems.append(f"broken images {res['broken_images']}")
+            if res["unresolved"]:
+                problems.append(f"{res['unresolved']} unresolved '??' references")
+            status = "ok " if not problems else "BAD"
+            print(f"{status} {page}: {res['typeset']} formulas typeset (MathJax {res['mathjax_version']}), "
+                  f"{res['images']} images, {res['theorems']} theorem/proof boxes"
+                  + ("" if not problems else " -- " + "; ".join(problems)))
+            failures += [f"{page}: {p}" for p in problems]
+        probe.unlink(missing_ok=True)
+        shot = root.parent / "render_check.png"
+        chromium(["--window-size=1200,1600", f"--screenshot={shot}",
+                  f"http://127.0.0.1:{port}/{pages[0]}"], profile)
+        print(f"screenshot of {pages[0]}: {shot}")
+    server.shutdown()
+    if cdn:
+        failures.append(f"pages referring to a CDN: {[str(p) for p in cdn[:5]]}")
+    print("render check:", "FAILED" if failures else "passed", f"({len(pages)} pages)")
+    for f in failures:
+        print("  -", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "_build/html"))

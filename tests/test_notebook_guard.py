@@ -1,0 +1,81 @@
+"""The notebook guard: every chapter in _toc.yml exists and is stored fully executed."""
+
+import json
+
+import nbformat
+import pytest
+
+from notebook_guard import ROOT, notebook_problems, resolve, toc_files, toc_notebooks
+
+
+@pytest.mark.parametrize("entry", toc_files())
+def test_toc_entry_exists(entry):
+    assert resolve(entry) is not None, f"_toc.yml names {entry}, but neither .ipynb nor .md exists"
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: p.name)
+def test_chapter_is_stored_executed(path):
+    assert notebook_problems(path) == []
+
+
+def test_every_notebook_in_book_is_in_toc():
+    listed = {p.resolve() for p in toc_notebooks()}
+    on_disk = {p.resolve() for p in (ROOT / "book").glob("*.ipynb")}
+    assert on_disk - listed == set(), "a chapter notebook is not listed in _toc.yml"
+
+
+def _write(tmp_path, cells, kernel="python3"):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": kernel, "display_name": "Python 3", "language": "python"}
+    nb.cells = cells
+    path = tmp_path / "chapter.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def _executed(source, count, outputs=None):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.execution_count = count
+    cell.outputs = outputs if outputs is not None else [
+        nbformat.v4.new_output("stream", name="stdout", text="ok\n")
+    ]
+    return cell
+
+
+def test_guard_accepts_an_executed_notebook(tmp_path):
+    path = _write(tmp_path, [_executed("import companion\ncompanion.setup_notebook()", 1)])
+    assert notebook_problems(path) == []
+
+
+def test_guard_catches_an_unexecuted_notebook(tmp_path):
+    cells = [
+        _executed("import companion\ncompanion.setup_notebook()", 1),
+        nbformat.v4.new_code_cell("print(1)"),  # never run: nbval would skip its comparison
+    ]
+    problems = notebook_problems(_write(tmp_path, cells))
+    assert any("never executed" in p for p in problems)
+
+
+def test_guard_catches_stored_errors_kernel_and_missing_import(tmp_path):
+    err = nbformat.v4.new_output("error", ename="ValueError", evalue="x", traceback=[])
+    cells = [_executed("import numpy", 1, outputs=[err])]
+    problems = notebook_problems(_write(tmp_path, cells, kernel="python"))
+    text = "\n".join(problems)
+    assert "stores an error" in text
+    assert "kernelspec" in text
+    assert "never imports companion" in text
+
+
+def test_guard_catches_out_of_order_execution(tmp_path):
+    cells = [
+        _executed("import companion\ncompanion.setup_notebook()", 2),
+        _executed("print(2)", 1),
+    ]
+    assert any("out of order" in p for p in notebook_problems(_write(tmp_path, cells)))
+
+
+def test_guard_reports_unreadable_json(tmp_path):
+    path = tmp_path / "broken.ipynb"
+    path.write_text("{not json")
+    assert "cannot be read" in notebook_problems(path)[0]
+    json.loads("{}")  # the guard itself never raises on bad input
