@@ -53,8 +53,11 @@ CHROMIUM_FLAGS = [
 
 
 def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, server.server_address[1]
@@ -89,7 +92,7 @@ def main(html_dir: str) -> int:
             problems = []
             if res["math_elements"] and not res["mathjax_loaded"]:
                 problems.append("MathJax did not load")
-            if not all("_static/mathjax" in s for s in res["mathjax_src"]) or not res["mathjax_src"]:
+            if res["math_elements"] and (not res["mathjax_src"] or not all("_static/mathjax" in s for s in res["mathjax_src"])):
                 problems.append(f"MathJax not served from _static: {res['mathjax_src']}")
             if res["untypeset"]:
                 problems.append(f"{res['untypeset']} math elements not typeset")
