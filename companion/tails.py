@@ -1,0 +1,1432 @@
+r"""Sub-Gaussian tails: optimal variance proxies, Chernoff bounds, :math:`\psi_2` norms.
+
+A real random variable :math:`X` with mean :math:`\mu` is :math:`\sigma^2`-sub-Gaussian when its
+centred cumulant generating function (CGF)
+
+.. math:: K(\lambda) = \log \mathbb E\, e^{\lambda (X-\mu)}
+
+satisfies :math:`K(\lambda) \le \lambda^2\sigma^2/2` for every real :math:`\lambda`.  The smallest such
+:math:`\sigma^2` is the *optimal variance proxy*
+
+.. math:: \sigma^2_{\mathrm{opt}} = \sup_{\lambda\neq 0} \frac{2K(\lambda)}{\lambda^2} \;\ge\; \operatorname{Var}X,
+
+and :math:`X` is *strictly* sub-Gaussian when equality holds (Arbel, Marchal and Nguyen, 2020).
+
+Every function that takes a law takes a frozen ``scipy.stats`` distribution (``stats.norm(0, 1)``,
+``stats.bernoulli(0.1)``, ``stats.rv_discrete(values=(xk, pk))()``...).  Numerically, a law is
+replaced by a weighted node set that is built once per call and reused for every :math:`\lambda`:
+exact atoms for finite discrete laws, double-exponential (tanh-sinh, exp-sinh, sinh-sinh) quadrature
+nodes for continuous laws, and an adaptively truncated lattice for discrete laws with infinite support.
+All sums are done in the log domain (log-sum-exp), and :math:`\mathbb E\,e^{\lambda Y}-1` is summed as
+:math:`\mathbb E[e^{\lambda Y}-1-\lambda Y]` so that :math:`K(\lambda)` keeps its relative accuracy as
+:math:`\lambda\to 0`.
+
+Whether a tail is heavier than Gaussian is decided from the log-density far in the tail; the rule is
+documented in :func:`optimal_variance_proxy` (Notes).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+from scipy import optimize, special, stats
+
+__all__ = [
+    "ProxyResult",
+    "bernoulli_optimal_proxy",
+    "chernoff_lambda",
+    "empirical_tail",
+    "hoeffding_proxy",
+    "linear_map_proxy",
+    "log_mgf",
+    "monte_carlo_tail",
+    "optimal_variance_proxy",
+    "proxy_profile",
+    "psi2_norm",
+    "subgaussian_tail_bound",
+]
+
+# ----------------------------------------------------------------------------------------------
+# Numerical settings (module constants, documented in the Notes of the public functions)
+# ----------------------------------------------------------------------------------------------
+#: Tail probes sit at ``mean +- scale * 2**k`` for these k (4 to 16384 scales from the mean).
+_TAIL_PROBE_POWERS = np.arange(2, 15)
+#: A log-log tail slope below ``2 - _TAIL_TOL`` is "heavier than Gaussian"; within ``_TAIL_TOL`` of 1 it
+#: is an exponential tail (MGF finite only below the tail rate); below ``1 - _TAIL_TOL`` the MGF is
+#: infinite for every lambda pointing into that tail.
+_TAIL_TOL = 0.02
+#: On a side with unbounded support, lambda is searched up to this many inverse standard deviations;
+#: the limit lambda -> infinity is added from the tail curvature.
+_LAM_MAX_UNBOUNDED = 20.0
+#: Smallest |lambda| * sd on the search grid; the limit lambda -> 0 (the variance) is added exactly.
+_LAM_MIN = 1e-4
+#: Grid points per sign of lambda before the local refinement.
+_GRID_POINTS = 256
+#: Step of the double-exponential quadrature (bounded support / unbounded support).
+_H_BOUNDED = 1.0 / 128.0
+_H_UNBOUNDED = 1.0 / 256.0
+#: At most this many (lambda, node) pairs are held in memory at once.
+_CHUNK_ELEMENTS = 1 << 21
+#: Largest lattice (discrete law with infinite support) that is summed exactly.
+_MAX_LATTICE = 1 << 22
+
+_LOG2 = math.log(2.0)
+_METHODS = ("auto", "numeric", "closed_form")
+
+
+class ProxyResult(NamedTuple):
+    """Full output of :func:`optimal_variance_proxy`.
+
+    Attributes
+    ----------
+    proxy : float
+        The optimal variance proxy :math:`\\sigma^2_{\\rm opt}` (``math.inf`` if none is finite).
+    variance : float
+        :math:`\\operatorname{Var} X`, the limit of :math:`2K(\\lambda)/\\lambda^2` as
+        :math:`\\lambda\\to 0`.
+    argmax : float
+        Where the supremum is attained: ``0.0`` for the limit :math:`\\lambda\\to 0` (then the
+        proxy equals the variance), ``+-inf`` for the limits :math:`\\lambda\\to\\pm\\infty`, a finite
+        value otherwise, ``nan`` when the proxy is infinite.
+    method : str
+        ``"closed_form"`` or ``"numeric"``.
+    """
+
+    proxy: float
+    variance: float
+    argmax: float
+    method: str
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checking
+# ----------------------------------------------------------------------------------------------
+def _check_dist(dist, name: str = "dist") -> None:
+    gen = getattr(dist, "dist", None)
+    if not isinstance(gen, (stats.rv_continuous, stats.rv_discrete)) or not callable(
+        getattr(dist, "support", None)
+    ):
+        raise TypeError(
+            f"{name} must be a frozen scipy.stats distribution, e.g. scipy.stats.norm(0, 1), "
+            f"scipy.stats.bernoulli(0.1) or scipy.stats.rv_discrete(values=(xk, pk))(); "
+            f"got {type(dist).__name__}"
+        )
+    with np.errstate(all="ignore"):
+        lower, upper = dist.support()
+    if np.ndim(lower) != 0 or np.ndim(upper) != 0:
+        raise ValueError(
+            f"{name} has array-valued parameters; freeze one distribution at a time "
+            f"(e.g. scipy.stats.norm(0, 1), not scipy.stats.norm([0, 1]))"
+        )
+    if np.isnan(lower) or np.isnan(upper):
+        raise ValueError(
+            f"{name} has invalid parameters (scipy reports a NaN support); check its shape, loc "
+            f"and scale arguments"
+        )
+
+
+def _check_method(method) -> str:
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string, one of {_METHODS}; got {type(method).__name__}")
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
+    return method
+
+
+def _as_real_array(x, name: str) -> np.ndarray:
+    if isinstance(x, (str, bytes)) or (np.ndim(x) == 0 and isinstance(x, (bool, np.bool_))):
+        raise TypeError(f"{name} must be a real number or an array of real numbers; got {x!r}")
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{name} must be array-like of real numbers ({exc})") from None
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise TypeError(
+            f"{name} must be a real number or an array of real numbers; got dtype {arr.dtype}"
+        )
+    return arr.astype(float)
+
+
+def _check_t(t) -> np.ndarray:
+    arr = _as_real_array(t, "t")
+    if np.isnan(arr).any():
+        raise ValueError("t contains NaN; pass thresholds t >= 0")
+    if (arr < 0).any():
+        raise ValueError(f"t must be >= 0 (a distance from the mean); got min(t) = {arr.min():.4g}")
+    return arr
+
+
+def _check_sigma2(sigma2, name: str = "sigma2") -> np.ndarray:
+    arr = _as_real_array(sigma2, name)
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN; pass a variance proxy > 0")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite; an infinite proxy gives no bound")
+    if (arr <= 0).any():
+        raise ValueError(f"{name} must be > 0 (a variance proxy); got min({name}) = {arr.min():.4g}")
+    return arr
+
+
+def _check_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {value!r}")
+    return bool(value)
+
+
+def _scalar_or_array(arr: np.ndarray):
+    return float(arr) if arr.ndim == 0 else arr
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementary stable functions
+# ----------------------------------------------------------------------------------------------
+# Taylor coefficients of (e^z - 1 - z) / (z^2/2) = sum_k 2 z^k / (k+2)!  (used for |z| < 0.1)
+_PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
+
+
+def _log_phi(z: np.ndarray) -> np.ndarray:
+    """log(e^z - 1 - z), accurate for every real z (-inf at z = 0).
+
+    ``expm1(z) - z`` loses at most a factor 20 of relative precision for |z| >= 0.1; below, the Taylor
+    series (10 terms, truncation < 1e-16 relative) is used; above z = 1 the form
+    ``z + log1p(-(1+z) e^-z)`` avoids overflow.
+    """
+    z = np.asarray(z, dtype=float)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        zc = np.minimum(z, 1.0)
+        out = np.where(
+            z > 1.0, z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0))), np.log(np.expm1(zc) - zc)
+        )
+        small = np.abs(z) < 0.1
+        if small.any():
+            zs = z[small]
+            poly = np.zeros_like(zs)
+            for c in _PHI_COEFFS[::-1]:
+                poly = poly * zs + c
+            out[small] = 2.0 * np.log(np.abs(zs)) - _LOG2 + np.log(poly)
+    return out
+
+
+def _logsumexp_rows(a: np.ndarray) -> np.ndarray:
+    """log(sum(exp(a), axis=1)) for a 2-D array, -inf for rows that are entirely -inf."""
+    m = np.max(a, axis=1)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.sum(np.exp(a - safe[:, None]), axis=1)) + safe
+
+
+def _log_cosh(u: np.ndarray) -> np.ndarray:
+    a = np.abs(u)
+    return a + np.log1p(np.exp(-2.0 * a)) - _LOG2
+
+
+def _log_sinhc(z: np.ndarray) -> np.ndarray:
+    """log(sinh(z) / z), accurate for every real z (0 at z = 0)."""
+    a = np.abs(np.asarray(z, dtype=float))
+    out = np.empty_like(a)
+    small = a < 0.5
+    if small.any():
+        z2 = a[small] ** 2
+        poly = np.zeros_like(z2)
+        for k in range(12, 0, -1):  # sum_{k>=1} z^{2k} / (2k+1)!
+            poly = (poly + 1.0 / math.factorial(2 * k + 1)) * z2
+        out[small] = np.log1p(poly)
+    large = ~small
+    if large.any():
+        al = a[large]
+        out[large] = al + np.log1p(-np.exp(-2.0 * al)) - np.log(2.0 * al)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Describing a law: support, moments, tails
+# ----------------------------------------------------------------------------------------------
+def _is_discrete(dist) -> bool:
+    return isinstance(dist.dist, stats.rv_discrete)
+
+
+def _family(dist) -> str:
+    return type(dist.dist).__name__
+
+
+def _moments(dist) -> tuple[float, float]:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            mean = float(dist.mean())
+            var = float(dist.var())
+        except Exception as exc:  # a user-defined law whose generic moment integration fails
+            raise ValueError(
+                f"scipy could not compute the mean and variance of dist ({exc}); define _stats "
+                f"(or _munp) on the distribution class"
+            ) from exc
+    return mean, var
+
+
+def _scale(dist, var: float) -> float:
+    """A positive length scale: the standard deviation, or the IQR when the variance is infinite."""
+    if np.isfinite(var) and var > 0:
+        return math.sqrt(var)
+    with np.errstate(all="ignore"):
+        iqr = float(dist.ppf(0.75) - dist.ppf(0.25))
+    return iqr if np.isfinite(iqr) and iqr > 0 else 1.0
+
+
+class _Tail(NamedTuple):
+    """What the far tail on one side looks like.
+
+    beta: log-log slope of -log density (2 = Gaussian, 1 = exponential, ~0 = polynomial),
+    rate: asymptotic slope of -log density (the MGF is infinite beyond it when beta ~ 1),
+    s2: limit of 2K(lambda)/lambda^2 as lambda -> +-infinity (inf when heavier than Gaussian).
+    """
+
+    beta: float
+    rate: float
+    s2: float
+
+
+def _neg_log_density(dist, x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if _is_discrete(dist):
+            val = -np.asarray(dist.logpmf(x), dtype=float)
+        else:
+            val = -np.asarray(dist.logpdf(x), dtype=float)
+    return np.where(np.isnan(val), np.inf, val)
+
+
+def _tail(dist, side: int, mean: float, scale: float) -> _Tail:
+    """Classify the tail of ``dist`` on ``side`` (+1 right, -1 left); the support is unbounded there."""
+    discrete = _is_discrete(dist)
+    unit = max(scale, 1.0) if discrete else scale
+    offsets = unit * 2.0 ** _TAIL_PROBE_POWERS
+    x = mean + side * offsets
+    if discrete:
+        x = np.round(x)
+    ref = np.round(mean) if discrete else mean
+    ell = _neg_log_density(dist, x)
+    ell_ref = _neg_log_density(dist, np.array([ref]))[0]
+    if not np.isfinite(ell_ref):
+        finite = ell[np.isfinite(ell)]
+        ell_ref = float(finite.min()) if finite.size else 0.0
+    delta = ell - ell_ref
+    dist_from_mean = np.abs(x - mean)
+    good = np.flatnonzero(np.isfinite(delta) & (delta > 0))
+    # use the outermost pair of consecutive probes with a finite, positive excess
+    pair = None
+    for i in good[::-1]:
+        if i - 1 in good:
+            pair = (i - 1, i)
+            break
+    if pair is None:
+        if np.isinf(ell[-1]) and np.isfinite(ell[0]):
+            # the density vanishes in the far tail: lighter than any Gaussian
+            return _Tail(beta=np.inf, rate=np.inf, s2=0.0)
+        # no decay measurable (flat or increasing density far out): treat as heavy
+        return _Tail(beta=0.0, rate=0.0, s2=np.inf)
+    i, j = pair
+    beta = math.log(delta[j] / delta[i]) / math.log(dist_from_mean[j] / dist_from_mean[i])
+    rate = (ell[j] - ell[i]) / (dist_from_mean[j] - dist_from_mean[i])
+    if beta < 2.0 - _TAIL_TOL:
+        return _Tail(beta=beta, rate=rate, s2=np.inf)
+    if beta > 2.0 + _TAIL_TOL:
+        return _Tail(beta=beta, rate=rate, s2=0.0)
+    # Gaussian-like tail: the curvature of -log density gives lim 2K/lambda^2 = 1/ell''
+    xc = x[j]
+    h = max(1.0, round(dist_from_mean[j] / 64.0)) if discrete else dist_from_mean[j] / 64.0
+    def curvature(xc: float, h: float) -> float:
+        e3 = _neg_log_density(dist, np.array([xc - h, xc, xc + h]))
+        return (e3[0] - 2.0 * e3[1] + e3[2]) / h**2
+
+    far = curvature(x[j], h)
+    near = curvature(x[i], max(1.0, round(h / 2.0)) if discrete else h / 2.0)
+    if not (np.isfinite(far) and far > 0):
+        return _Tail(beta=beta, rate=rate, s2=np.inf)
+    # ell'' = 1/s2 + c/x^2 (e.g. a log x term): Richardson's step between x and 2x removes c
+    extrapolated = (4.0 * far - near) / 3.0 if np.isfinite(near) else far
+    second = extrapolated if extrapolated > 0 else far
+    return _Tail(beta=beta, rate=rate, s2=1.0 / second)
+
+
+def _tails(dist, mean: float, scale: float) -> dict[int, _Tail | None]:
+    lower, upper = dist.support()
+    return {
+        +1: _tail(dist, +1, mean, scale) if np.isinf(upper) else None,
+        -1: _tail(dist, -1, mean, scale) if np.isinf(lower) else None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Node sets: a law as weighted points (built once, reused for every lambda)
+# ----------------------------------------------------------------------------------------------
+class _Nodes(NamedTuple):
+    y: np.ndarray  # centred nodes, x - mean (mean taken over the nodes themselves)
+    logw: np.ndarray  # log probability weights, logsumexp(logw) = 0
+    mean: float  # mean over the nodes (the centring used)
+    var: float  # variance over the nodes
+
+
+def _finalise(x: np.ndarray, logw: np.ndarray, what: str) -> _Nodes:
+    keep = np.isfinite(logw) & np.isfinite(x)
+    x, logw = x[keep], logw[keep]
+    if x.size == 0:
+        raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
+    total = special.logsumexp(logw)
+    if abs(math.expm1(total)) > 1e-6:
+        warnings.warn(
+            f"quadrature of the {what} recovers a total mass of {math.exp(total):.8g}, not 1; "
+            f"results may be inaccurate (a density with a strong singularity or a very narrow peak?)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    logw = logw - total
+    w = np.exp(logw)
+    live = w > 0  # far nodes with underflowing weight must not meet x**2 = inf (0 * inf)
+    mean = float(np.dot(w[live], x[live]))
+    y = x - mean
+    y = y - float(np.dot(w[live], y[live]))  # second pass removes the rounding of the first
+    var = float(np.dot(w[live], y[live] ** 2))
+    return _Nodes(y=y, logw=logw, mean=mean, var=var)
+
+
+def _tilt(y: np.ndarray, lam_range: tuple[float, float]) -> np.ndarray:
+    """Largest lambda * y over lambda in [-lam_range[0], lam_range[1]], node by node."""
+    return lam_range[1] * np.maximum(y, 0.0) + lam_range[0] * np.maximum(-y, 0.0)
+
+
+def _prune(nodes: _Nodes, tilt: np.ndarray) -> _Nodes:
+    """Keep the nodes whose tilted log-weight ``logw + tilt`` is above -60.
+
+    With ``tilt >= lam * y`` for every lambda used, each dropped term adds less than e^-60 (1e-26) to
+    E e^{lam Y} >= 1, far below double precision even summed over thousands of nodes.
+    """
+    keep = nodes.logw + tilt > -60.0
+    return nodes._replace(y=nodes.y[keep], logw=nodes.logw[keep])
+
+
+def _lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> float:
+    """Far end of the lattice on ``side`` where the pmf, tilted by ``e^{lam_abs |k - mean|}``, has decayed.
+
+    ``lam_abs`` is the largest |lambda| pointing into this side.
+    """
+    start = math.floor(mean) if side > 0 else math.ceil(mean)
+    width = 64.0 * max(scale, 1.0)
+    half = _MAX_LATTICE // 2 - 1  # each side gets at most half of the lattice budget
+    while True:
+        if width > half:
+            warnings.warn(
+                f"the lattice was truncated at {half} points from the mean; the tilted law may not "
+                f"have decayed there (|lambda| too large?)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return float(start + side * half)
+        end = math.ceil(mean + width) if side > 0 else math.floor(mean - width)
+        k = np.arange(min(start, end), max(start, end) + 1.0)
+        logp = -_neg_log_density(dist, k)
+        tilted = logp + lam_abs * np.abs(k - mean)
+        edge, inner, edge_p = (
+            (tilted[-1], tilted[-2], logp[-1]) if side > 0 else (tilted[0], tilted[1], logp[0])
+        )
+        if edge < np.max(tilted) - 60.0 and edge < inner and edge_p < np.max(logp) - 2000.0:
+            return float(end)
+        width *= 2.0
+
+
+def _nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0)) -> _Nodes:
+    """Weighted nodes of ``dist``.
+
+    ``lam_range = (largest |lambda| with lambda < 0, largest lambda > 0)`` matters only for discrete
+    laws with infinite support, whose lattice must reach where the tilted pmf has decayed.
+    """
+    lower, upper = (float(v) for v in dist.support())
+    scale = _scale(dist, var)
+    if _is_discrete(dist):
+        gen = dist.dist
+        if hasattr(gen, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
+            loc = lower - float(np.min(gen.xk))
+            x = np.asarray(gen.xk, dtype=float) + loc
+        else:
+            lo, hi = lower, upper
+            if np.isinf(lo):
+                lo = _lattice_range(dist, mean, scale, -1, lam_range[0])
+            if np.isinf(hi):
+                hi = _lattice_range(dist, mean, scale, +1, lam_range[1])
+            if hi - lo + 1 > _MAX_LATTICE:
+                raise ValueError(
+                    f"the support of dist has {hi - lo + 1:.4g} points, more than {_MAX_LATTICE}; "
+                    f"use a closed form or a smaller law"
+                )
+            x = np.arange(lo, hi + 1.0)
+        return _finalise(x, -_neg_log_density(dist, x), "discrete law")
+
+    points = [lower, *_breakpoints(dist, lower, upper), upper]
+    xs, logws = [], []
+    for lo, hi in zip(points[:-1], points[1:]):
+        x, logjac = _panel(lo, hi, mean, scale)
+        xs.append(x)
+        logws.append(logjac - _neg_log_density(dist, x))
+    return _finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
+
+
+def _breakpoints(dist, lower: float, upper: float) -> list[float]:
+    """Interior points where a known family's density has a kink or a singularity."""
+    name = dist.dist.name
+    try:
+        shapes, loc, scale = dist.dist._parse_args(*dist.args, **dist.kwds)
+    except Exception:  # pragma: no cover - a user-defined generator with unusual arguments
+        return []
+    shapes = [float(np.asarray(v)) for v in shapes]
+    loc, scale = float(np.asarray(loc)), float(np.asarray(scale))
+    if name == "triang":
+        pts = [loc + shapes[0] * scale]
+    elif name == "trapezoid":
+        pts = [loc + shapes[0] * scale, loc + shapes[1] * scale]
+    elif name in ("laplace", "laplace_asymmetric", "dweibull", "dgamma", "gennorm", "dpareto_lognorm"):
+        pts = [loc]
+    else:
+        pts = []
+    return sorted(p for p in set(pts) if lower < p < upper)
+
+
+def _panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Double-exponential nodes and log-weights (step times Jacobian) on one panel [lo, hi].
+
+    tanh-sinh on a finite panel, exp-sinh on a half line, sinh-sinh on the whole line; the nodes
+    reach e^-700 of the panel length from a finite end and e^600 scales into an infinite one.
+    """
+    half_pi = 0.5 * math.pi
+    if np.isfinite(lo) and np.isfinite(hi):
+        h = _H_BOUNDED
+        tmax = math.asinh(350.0 / half_pi)
+        t = np.arange(-tmax, tmax + h / 2, h)
+        u = half_pi * np.sinh(t)
+        length = hi - lo
+        frac = special.expit(-2.0 * np.abs(u))  # 1 / (1 + e^{2|u|}): distance to the nearer end
+        x = np.where(t < 0, lo + length * frac, hi - length * frac)
+        logjac = math.log(length / 2.0) + math.log(half_pi) + np.log(np.cosh(t)) - 2.0 * _log_cosh(u)
+        inside = (x > lo) & (x < hi)
+    elif np.isinf(lo) and np.isinf(hi):
+        h = _H_UNBOUNDED
+        tmax = math.asinh(600.0 / half_pi)
+        t = np.arange(-tmax, tmax + h / 2, h)
+        u = half_pi * np.sinh(t)
+        with np.errstate(over="ignore"):
+            x = centre + scale * np.sinh(u)
+        logjac = math.log(scale) + _log_cosh(u) + math.log(half_pi) + np.log(np.cosh(t))
+        inside = np.isfinite(x)
+    else:
+        h = _H_UNBOUNDED
+        tmax = math.asinh(600.0 / half_pi)
+        t = np.arange(-tmax, tmax + h / 2, h)
+        u = half_pi * np.sinh(t)
+        origin, side = (lo, +1.0) if np.isfinite(lo) else (hi, -1.0)
+        with np.errstate(over="ignore"):
+            x = origin + side * scale * np.exp(u)
+        logjac = math.log(scale) + u + math.log(half_pi) + np.log(np.cosh(t))
+        inside = np.isfinite(x) & (x != origin)
+    return x[inside], math.log(h) + logjac[inside]
+
+
+def _cgf_nodes(nodes: _Nodes, lam: np.ndarray) -> np.ndarray:
+    """K(lambda) = log(1 + E[e^{lam Y} - 1 - lam Y]) over the nodes, for a 1-D array ``lam``."""
+    out = np.empty(lam.shape, dtype=float)
+    step = max(1, _CHUNK_ELEMENTS // max(1, nodes.y.size))
+    for s in range(0, lam.size, step):
+        lc = lam[s : s + step]
+        terms = nodes.logw[None, :] + _log_phi(lc[:, None] * nodes.y[None, :])
+        out[s : s + step] = np.logaddexp(0.0, _logsumexp_rows(terms))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Closed forms
+# ----------------------------------------------------------------------------------------------
+def _bernoulli_proxy_scalar(p: float) -> float:
+    return float(bernoulli_optimal_proxy(p))
+
+
+def _bernoulli_argmax(p: float) -> float:
+    if p in (0.0, 1.0) or p == 0.5:
+        return 0.0
+    return 2.0 * math.log((1.0 - p) / p)
+
+
+def _closed_form_proxy(dist) -> ProxyResult | None:
+    fam = _family(dist)
+    mean, var = _moments(dist)
+    lower, upper = (float(v) for v in dist.support())
+    if fam == "norm_gen":
+        return ProxyResult(var, var, 0.0, "closed_form")
+    if fam == "uniform_gen":
+        return ProxyResult((upper - lower) ** 2 / 12.0, var, 0.0, "closed_form")
+    if fam == "randint_gen":  # discrete uniform on n points: strictly sub-Gaussian
+        n = upper - lower + 1.0
+        return ProxyResult((n * n - 1.0) / 12.0, var, 0.0, "closed_form")
+    if fam in ("bernoulli_gen", "binom_gen"):
+        n = upper - lower  # bernoulli: support {loc, loc + 1}
+        p = (mean - lower) / n if n > 0 else 0.0
+        p = min(max(p, 0.0), 1.0)
+        return ProxyResult(
+            n * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p), "closed_form"
+        )
+    if fam == "rv_sample":
+        xk = np.asarray(dist.dist.xk, dtype=float)
+        if xk.size == 1:
+            return ProxyResult(0.0, 0.0, 0.0, "closed_form")
+        if xk.size == 2:  # two-point law = x1 + (x2 - x1) Bernoulli(p2)
+            width = float(xk[1] - xk[0])
+            p = float(dist.dist.pk[1])
+            return ProxyResult(
+                width**2 * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p) / width, "closed_form"
+            )
+    if fam in ("laplace_gen", "t_gen", "expon_gen", "logistic_gen", "poisson_gen", "cauchy_gen"):
+        return ProxyResult(math.inf, var, math.nan, "closed_form")
+    return None
+
+
+def _log1p_minus(a: np.ndarray) -> np.ndarray:
+    """a - log1p(a) for a > -1, accurate for small |a| (series below 0.1)."""
+    a = np.asarray(a, dtype=float)
+    out = a - np.log1p(a)
+    small = np.abs(a) < 0.1
+    if small.any():
+        s = a[small]
+        acc = np.zeros_like(s)
+        for k in range(18, 1, -1):  # sum_{k>=2} (-1)^k a^k / k
+            acc = acc * s + (-1.0) ** k / k
+        out[small] = acc * s * s
+    return out
+
+
+def _bernoulli_cgf(p: float, lam: np.ndarray) -> np.ndarray:
+    """log(1 - p + p e^lam) - p lam without cancellation for small lam.
+
+    With a = p (e^lam - 1): K = log1p(a) - p lam = p phi(lam) - (a - log1p(a)), phi(z) = e^z - 1 - z;
+    both terms are O(lam^2), so no digits are lost when lam -> 0.
+    """
+    lam = np.asarray(lam, dtype=float)
+    small = np.abs(lam) < 1.0
+    out = np.logaddexp(math.log1p(-p), math.log(p) + lam) - p * lam
+    if small.any():
+        ls = lam[small]
+        out[small] = p * np.exp(_log_phi(ls)) - _log1p_minus(p * np.expm1(ls))
+    return out
+
+
+def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
+    fam = _family(dist)
+    mean, var = _moments(dist)
+    lower, upper = (float(v) for v in dist.support())
+    with np.errstate(all="ignore"):
+        if fam == "norm_gen":
+            return 0.5 * var * lam**2
+        if fam == "uniform_gen":
+            return _log_sinhc(0.5 * (upper - lower) * lam)
+        if fam == "laplace_gen":
+            b = math.sqrt(var / 2.0)
+            z = b * lam
+            return np.where(np.abs(z) < 1.0, -np.log1p(-np.minimum(z * z, 1.0)), np.inf)
+        if fam == "expon_gen":
+            s = math.sqrt(var)
+            z = s * lam
+            return np.where(z < 1.0, -np.log1p(-np.minimum(z, 1.0)) - z, np.inf)
+        if fam in ("bernoulli_gen", "binom_gen"):
+            n = upper - lower
+            p = (mean - lower) / n if n > 0 else 0.0
+            if p <= 0.0 or p >= 1.0:
+                return np.zeros_like(lam)
+            return n * _bernoulli_cgf(p, lam)
+        if fam == "poisson_gen":
+            mu = var
+            return mu * np.exp(_log_phi(lam))
+        if fam == "t_gen":
+            return np.where(lam == 0.0, 0.0, np.inf)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: the CGF and the optimal variance proxy
+# ----------------------------------------------------------------------------------------------
+def log_mgf(dist, lam, *, method: str = "auto"):
+    r"""Centred cumulant generating function :math:`K(\lambda)=\log\mathbb E\,e^{\lambda(X-\mathbb EX)}`.
+
+    Parameters
+    ----------
+    dist : frozen scipy.stats distribution
+        The law of :math:`X` (continuous or discrete, including ``rv_discrete(values=...)``).
+    lam : float or array_like
+        Values of :math:`\lambda` (finite reals); any shape.
+    method : {"auto", "numeric", "closed_form"}, default "auto"
+        ``"auto"`` uses a closed form when one is implemented (normal, uniform, Laplace, exponential,
+        Bernoulli, binomial, Poisson, Student-t) and quadrature otherwise; ``"numeric"`` always uses
+        quadrature/exact sums; ``"closed_form"`` raises if none is implemented.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`K(\lambda)`, same shape as ``lam``; ``inf`` where :math:`\mathbb E\,e^{\lambda X}=\infty`.
+
+    Raises
+    ------
+    TypeError
+        If ``dist`` is not a frozen scipy.stats distribution, ``lam`` is not real, or ``method`` is
+        not a string.
+    ValueError
+        If ``lam`` contains NaN or infinities, ``dist`` has array parameters or no finite mean, or
+        ``method`` is unknown / has no closed form for this family.
+
+    Notes
+    -----
+    Numerically, :math:`K(\lambda)=\log\bigl(1+\mathbb E[e^{\lambda Y}-1-\lambda Y]\bigr)` with
+    :math:`Y=X-\mathbb EX`, summed in the log domain over a node set built once (exact atoms,
+    double-exponential quadrature nodes, or a lattice truncated where the tilted mass has decayed).
+    Whether :math:`\mathbb E\,e^{\lambda X}` is finite is decided from the tail on the side
+    :math:`\operatorname{sign}\lambda`: a log-log slope :math:`\beta` of :math:`-\log f` below
+    :math:`1-0.02` (polynomial, log-normal tails) means infinite for every such :math:`\lambda`;
+    :math:`|\beta-1|\le 0.02` (exponential tails) means infinite for :math:`|\lambda|\ge` the tail rate
+    measured at :math:`2^{14}` standard deviations.  Quadrature is accurate to about :math:`10^{-8}`
+    relative for :math:`|\lambda|\,\mathrm{sd}\lesssim 20`.
+
+    Examples
+    --------
+    >>> from scipy import stats
+    >>> round(log_mgf(stats.norm(0, 2), 0.5), 6)
+    0.5
+    >>> np.round(log_mgf(stats.laplace(0, 1), [0.5, 1.0]), 4)   # -log(1 - lam^2), infinite at 1
+    array([0.2877,    inf])
+    """
+    _check_dist(dist)
+    method = _check_method(method)
+    lam_arr = _as_real_array(lam, "lam")
+    if np.isnan(lam_arr).any():
+        raise ValueError("lam contains NaN; pass finite real values of lambda")
+    if not np.isfinite(lam_arr).all():
+        raise ValueError("lam must be finite; K(lambda) is only defined for real lambda")
+    mean, var = _moments(dist)
+    if not np.isfinite(mean):
+        raise ValueError(
+            "dist has no finite mean, so the centred cumulant generating function is undefined"
+        )
+    flat = lam_arr.ravel()
+    if method != "numeric":
+        closed = _closed_form_cgf(dist, flat)
+        if closed is not None:
+            return _scalar_or_array(np.asarray(closed, dtype=float).reshape(lam_arr.shape))
+        if method == "closed_form":
+            raise ValueError(
+                f"no closed-form CGF is implemented for {dist.dist.name}; use method='numeric'"
+            )
+    out = np.zeros(flat.shape)
+    if var == 0 or flat.size == 0:
+        return _scalar_or_array(out.reshape(lam_arr.shape))
+    scale = _scale(dist, var)
+    tails = _tails(dist, mean, scale)
+    infinite = np.zeros(flat.shape, dtype=bool)
+    for side, tail in tails.items():
+        if tail is None:
+            continue
+        pointing = side * flat > 0
+        if tail.beta < 1.0 - _TAIL_TOL:
+            infinite |= pointing
+        elif tail.beta <= 1.0 + _TAIL_TOL:
+            # the measured rate carries ~1e-11 relative rounding: lambda within 1e-9 of it is "at" it
+            infinite |= pointing & (np.abs(flat) >= tail.rate * (1.0 - 1e-9))
+    finite = ~infinite & (flat != 0)
+    out[infinite] = np.inf
+    if finite.any():
+        fin = flat[finite]
+        lam_range = (float(max(0.0, -fin.min())), float(max(0.0, fin.max())))
+        nodes = _nodes(dist, mean, var, lam_range=lam_range)
+        nodes = _prune(nodes, _tilt(nodes.y, lam_range))
+        out[finite] = _cgf_nodes(nodes, flat[finite])
+    return _scalar_or_array(out.reshape(lam_arr.shape))
+
+
+def proxy_profile(dist, lam, *, method: str = "auto"):
+    r"""The curve :math:`\lambda\mapsto 2K(\lambda)/\lambda^2` whose supremum is the optimal proxy.
+
+    Parameters
+    ----------
+    dist : frozen scipy.stats distribution
+        The law of :math:`X`.
+    lam : float or array_like
+        Values of :math:`\lambda` (finite reals); at :math:`\lambda=0` the limit
+        :math:`\operatorname{Var}X` is returned.
+    method : {"auto", "numeric", "closed_form"}, default "auto"
+        Passed to :func:`log_mgf`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`2K(\lambda)/\lambda^2`, same shape as ``lam`` (``inf`` where the MGF is infinite).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`log_mgf`.
+
+    Notes
+    -----
+    :math:`2K(\lambda)/\lambda^2 = \operatorname{Var}X + \kappa_3\lambda/3 + O(\lambda^2)`, so the
+    profile leaves the variance with slope :math:`\kappa_3/3` (the third cumulant): a skewed law always
+    has a proxy strictly larger than its variance.
+
+    Examples
+    --------
+    >>> from scipy import stats
+    >>> np.round(proxy_profile(stats.uniform(0, 1), [0.0, 6.0]), 4)
+    array([0.0833, 0.067 ])
+    """
+    k = log_mgf(dist, lam, method=method)
+    lam_arr = np.asarray(lam, dtype=float)
+    _, var = _moments(dist)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prof = np.where(lam_arr == 0, var, 2.0 * np.asarray(k) / np.where(lam_arr == 0, 1.0, lam_arr) ** 2)
+    return _scalar_or_array(np.asarray(prof, dtype=float))
+
+
+def _maximise_side(nodes: _Nodes, lam_lo: float, lam_hi: float, side: int) -> tuple[float, float, bool]:
+    """max over lam in [lam_lo, lam_hi] (times ``side``) of 2K/lam^2: (value, argmax, at_upper_end)."""
+    grid = side * np.geomspace(lam_lo, lam_hi, _GRID_POINTS)
+    prof = 2.0 * _cgf_nodes(nodes, grid) / grid**2
+    i = int(np.argmax(prof))
+
+    def neg_profile(v: float) -> float:
+        lam = side * math.exp(v)
+        return -2.0 * float(_cgf_nodes(nodes, np.array([lam]))[0]) / lam**2
+
+    lo_i, hi_i = max(i - 1, 0), min(i + 1, grid.size - 1)
+    bounds = (math.log(abs(grid[lo_i])), math.log(abs(grid[hi_i])))
+    res = optimize.minimize_scalar(
+        neg_profile, bounds=bounds, method="bounded", options={"xatol": 1e-11}
+    )
+    best_val, best_lam = float(prof[i]), float(grid[i])
+    if -res.fun > best_val:
+        best_val, best_lam = float(-res.fun), side * math.exp(res.x)
+    return best_val, best_lam, i == grid.size - 1
+
+
+def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = False):
+    r"""Optimal variance proxy :math:`\sigma^2_{\rm opt}=\sup_{\lambda\ne0}2K(\lambda)/\lambda^2`.
+
+    Parameters
+    ----------
+    dist : frozen scipy.stats distribution
+        The law of :math:`X`: continuous (``stats.norm(0, 1)``, ``stats.beta(2, 5)``...) or discrete
+        (``stats.bernoulli(0.1)``, ``stats.rv_discrete(values=(xk, pk))()``...).
+    method : {"auto", "numeric", "closed_form"}, default "auto"
+        ``"auto"``: a closed form where one is known (normal :math:`\sigma^2`, uniform
+        :math:`(b-a)^2/12`, discrete uniform on :math:`n` points :math:`(n^2-1)/12`, Bernoulli(p)
+        and binomial(n, p) through :func:`bernoulli_optimal_proxy`, two-point laws, and ``inf`` for
+        Laplace, Student-t, exponential, logistic, Poisson, Cauchy); numerical maximisation otherwise.
+        ``"numeric"`` always maximises numerically (used by the tests to check the closed forms).
+        ``"closed_form"`` raises if no closed form is implemented.
+    full_output : bool, default False
+        Return a :class:`ProxyResult` (proxy, variance, argmax, method) instead of a float.
+
+    Returns
+    -------
+    float or ProxyResult
+        :math:`\sigma^2_{\rm opt}`; ``math.inf`` when no finite proxy exists.
+
+    Raises
+    ------
+    TypeError
+        If ``dist`` is not a frozen scipy.stats distribution or ``method``/``full_output`` have the
+        wrong type.
+    ValueError
+        If ``dist`` has array-valued or invalid parameters, or ``method`` is unknown (or
+        ``"closed_form"`` for a family without one).
+
+    Notes
+    -----
+    *Numerical maximisation.* The law is turned once into weighted nodes (see :func:`log_mgf`);
+    :math:`R(\lambda)=2K(\lambda)/\lambda^2` is evaluated on 256 log-spaced points for each sign of
+    :math:`\lambda` from :math:`10^{-4}/\mathrm{sd}` upwards, the best point is refined by bounded
+    Brent search, and the two limits are added exactly: :math:`R(0^\pm)=\operatorname{Var}X` and
+    :math:`R(\pm\infty)`.  On a side where the support is bounded by :math:`b` the search stops at
+    :math:`\lambda=2(b-\mu)/\operatorname{Var}X`, which is rigorous: :math:`K(\lambda)\le\lambda(b-\mu)`
+    gives :math:`R(\lambda)\le 2(b-\mu)/\lambda<\operatorname{Var}X` beyond it, and
+    :math:`R(\infty)=0`.  On an unbounded side the search stops at :math:`20/\mathrm{sd}` and
+    :math:`R(\pm\infty)=1/\ell''(x)` is read from the curvature of :math:`\ell=-\log f` far in the tail.
+
+    *When is the proxy infinite?*  It is infinite if the mean or the variance is infinite.  Otherwise,
+    on each side with unbounded support, the log-log slope
+    :math:`\beta=\Delta\log(\ell(x)-\ell(\mu))/\Delta\log|x-\mu|` is measured between
+    :math:`2^{13}` and :math:`2^{14}` standard deviations from the mean.  A sub-Gaussian law needs
+    :math:`\ell(x)\gtrsim x^2/(2\sigma^2)`, so :math:`\beta<2-0.02` (exponential tails
+    :math:`\beta=1`: Laplace, exponential, logistic; polynomial :math:`\beta\to0`: Student-t;
+    :math:`\beta=1+o(1)`: Poisson; generalised normal with shape :math:`<1.98`) is declared heavier than
+    Gaussian and the proxy is ``inf``.  For :math:`|\beta-2|\le0.02` the tail is Gaussian-like with
+    :math:`R(\pm\infty)=1/\ell''`, and :math:`\beta>2.02` gives :math:`R(\pm\infty)=0`.  This rule can
+    only be fooled by tails that change character beyond :math:`2^{14}` standard deviations or whose
+    exponent lies within 0.02 of 2.
+
+    Accuracy: about :math:`10^{-9}` relative on the standard cases (see ``tests/test_tails.py``).
+    References: Arbel, Marchal & Nguyen (2020); Kearns & Saul (1998) for Bernoulli.
+
+    Examples
+    --------
+    >>> from scipy import stats
+    >>> round(optimal_variance_proxy(stats.uniform(-1, 2), method="numeric"), 6)   # (b-a)^2/12
+    0.333333
+    >>> round(optimal_variance_proxy(stats.bernoulli(0.1)), 4)
+    0.182
+    >>> optimal_variance_proxy(stats.laplace(0, 1), method="numeric")
+    inf
+    """
+    _check_dist(dist)
+    method = _check_method(method)
+    full_output = _check_bool(full_output, "full_output")
+    result = None
+    if method != "numeric":
+        result = _closed_form_proxy(dist)
+        if result is None and method == "closed_form":
+            raise ValueError(
+                f"no closed-form proxy is implemented for {dist.dist.name}; use method='numeric'"
+            )
+    if result is None:
+        result = _numeric_proxy(dist)
+    return result if full_output else result.proxy
+
+
+def _numeric_proxy(dist) -> ProxyResult:
+    mean, var = _moments(dist)
+    if not (np.isfinite(mean) and np.isfinite(var)):
+        return ProxyResult(math.inf, var, math.nan, "numeric")
+    if var == 0:
+        return ProxyResult(0.0, 0.0, 0.0, "numeric")
+    sd = math.sqrt(var)
+    tails = _tails(dist, mean, sd)
+    if any(t is not None and not np.isfinite(t.s2) for t in tails.values()):
+        return ProxyResult(math.inf, var, math.nan, "numeric")
+    lower, upper = (float(v) for v in dist.support())
+    nodes = _nodes(dist, mean, var, lam_range=(_LAM_MAX_UNBOUNDED / sd, _LAM_MAX_UNBOUNDED / sd))
+    v = nodes.var
+    candidates = [(v, 0.0)]
+    ranges = {}
+    for side in (+1, -1):
+        tail = tails[side]
+        if tail is None:
+            reach = side * ((upper if side > 0 else lower) - nodes.mean)
+            if reach > 0:
+                ranges[side] = 2.0 * reach / v  # rigorous: R(lam) < Var beyond it
+        else:
+            ranges[side] = _LAM_MAX_UNBOUNDED / sd
+            candidates.append((tail.s2, side * math.inf))
+    nodes = _prune(nodes, _tilt(nodes.y, (ranges.get(-1, 0.0), ranges.get(+1, 0.0))))
+    for side, lam_hi in ranges.items():
+        tail = tails[side]
+        lam_lo = min(_LAM_MIN / sd, lam_hi / 10.0)
+        value, arg, at_end = _maximise_side(nodes, lam_lo, lam_hi, side)
+        candidates.append((value, arg))
+        if tail is not None and at_end and value > tail.s2:
+            warnings.warn(
+                f"2K(lambda)/lambda^2 still increases at lambda = {arg:.4g}, the end of the search "
+                f"range; the supremum may lie beyond it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    proxy, argmax = max(candidates, key=lambda c: c[0])
+    if proxy <= v * (1.0 + 1e-9):
+        argmax = 0.0
+    return ProxyResult(float(proxy), float(v), float(argmax), "numeric")
+
+
+def bernoulli_optimal_proxy(p):
+    r"""Closed-form optimal variance proxy of Bernoulli(:math:`p`): :math:`\frac{1-2p}{2\ln((1-p)/p)}`.
+
+    Parameters
+    ----------
+    p : float or array_like
+        Success probabilities in :math:`[0, 1]`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The proxy; :math:`1/4` at :math:`p=1/2` (the limit), :math:`0` at :math:`p\in\{0,1\}`.
+
+    Raises
+    ------
+    TypeError
+        If ``p`` is not real.
+    ValueError
+        If ``p`` is NaN or outside :math:`[0, 1]`.
+
+    Notes
+    -----
+    The supremum of :math:`2K(\lambda)/\lambda^2`, :math:`K(\lambda)=\log(1-p+pe^\lambda)-p\lambda`, is
+    attained at :math:`\lambda^\star=2\ln((1-p)/p)` (Kearns & Saul, 1998; Berend & Kontorovich, 2013).
+    It exceeds the variance :math:`p(1-p)` unless :math:`p\in\{0,\tfrac12,1\}`.  Evaluated with
+    ``log1p`` so that it stays accurate near :math:`p=1/2`.
+
+    Examples
+    --------
+    >>> round(float(bernoulli_optimal_proxy(0.25)), 4)
+    0.2276
+    >>> bernoulli_optimal_proxy([0.0, 0.5])
+    array([0.  , 0.25])
+    """
+    arr = _as_real_array(p, "p")
+    if np.isnan(arr).any():
+        raise ValueError("p contains NaN; pass probabilities in [0, 1]")
+    if ((arr < 0) | (arr > 1)).any():
+        raise ValueError(f"p must lie in [0, 1]; got values in [{arr.min():.4g}, {arr.max():.4g}]")
+    out = np.full(arr.shape, 0.25)
+    inner = (arr > 0) & (arr < 1) & (arr != 0.5)
+    q = arr[inner]
+    out[inner] = (1.0 - 2.0 * q) / (2.0 * np.log1p((1.0 - 2.0 * q) / q))
+    out[(arr == 0) | (arr == 1)] = 0.0
+    return _scalar_or_array(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chernoff bounds and Hoeffding
+# ----------------------------------------------------------------------------------------------
+def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
+    r"""Chernoff tail bound of a centred :math:`\sigma^2`-sub-Gaussian variable.
+
+    Parameters
+    ----------
+    t : float or array_like
+        Thresholds :math:`t\ge0`.
+    sigma2 : float or array_like
+        Variance proxy :math:`\sigma^2>0` (broadcast against ``t``).
+    two_sided : bool, default True
+        ``True``: bound on :math:`P(|X|\ge t)`, :math:`2e^{-t^2/(2\sigma^2)}`; ``False``: bound on
+        :math:`P(X\ge t)` (and on :math:`P(X\le -t)`), :math:`e^{-t^2/(2\sigma^2)}`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The raw bound, broadcast shape of ``t`` and ``sigma2``.  It is **not** capped at 1: the
+        two-sided bound exceeds 1 for :math:`t<\sigma\sqrt{2\ln2}`, where it says nothing; plot
+        ``np.minimum(1, bound)`` if a probability scale is wanted.
+
+    Raises
+    ------
+    TypeError
+        If ``t`` or ``sigma2`` is not real, or ``two_sided`` is not a bool.
+    ValueError
+        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or the shapes do not
+        broadcast.
+
+    Notes
+    -----
+    Markov's inequality on :math:`e^{\lambda X}` with :math:`\lambda=t/\sigma^2`
+    (:func:`chernoff_lambda`) and a union bound for the two tails (Chernoff, 1952; Vershynin 2018, §2.5).
+
+    Examples
+    --------
+    >>> round(subgaussian_tail_bound(2.0, 1.0), 4)
+    0.2707
+    >>> np.round(subgaussian_tail_bound([0.0, 2.0], 1.0, two_sided=False), 4)
+    array([1.    , 0.1353])
+    """
+    t_arr = _check_t(t)
+    s2 = _check_sigma2(sigma2)
+    two = _check_bool(two_sided, "two_sided")
+    try:
+        t_b, s_b = np.broadcast_arrays(t_arr, s2)
+    except ValueError:
+        raise ValueError(
+            f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
+        ) from None
+    bound = np.exp(-(t_b**2) / (2.0 * s_b))
+    return _scalar_or_array((2.0 if two else 1.0) * bound)
+
+
+def chernoff_lambda(t, sigma2):
+    r"""Optimal Chernoff parameter :math:`\lambda^\star=t/\sigma^2`.
+
+    Parameters
+    ----------
+    t : float or array_like
+        Thresholds :math:`t\ge0`.
+    sigma2 : float or array_like
+        Variance proxy :math:`\sigma^2>0`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`\lambda^\star`, the minimiser of :math:`\lambda^2\sigma^2/2-\lambda t`.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not real.
+    ValueError
+        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or shapes do not broadcast.
+
+    Notes
+    -----
+    :math:`P(X\ge t)\le e^{-\lambda t}\mathbb E e^{\lambda X}\le\exp(\lambda^2\sigma^2/2-\lambda t)`;
+    the exponent is minimal at :math:`\lambda^\star=t/\sigma^2` with value :math:`-t^2/(2\sigma^2)`.
+
+    Examples
+    --------
+    >>> chernoff_lambda(3.0, 2.0)
+    1.5
+    """
+    t_arr = _check_t(t)
+    s2 = _check_sigma2(sigma2)
+    try:
+        return _scalar_or_array(np.asarray(t_arr / s2, dtype=float))
+    except ValueError:
+        raise ValueError(
+            f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
+        ) from None
+
+
+def hoeffding_proxy(a, b):
+    r"""Hoeffding's variance proxy :math:`(b-a)^2/4` of any variable with values in :math:`[a,b]`.
+
+    Parameters
+    ----------
+    a, b : float or array_like
+        Ends of the range, finite, :math:`a\le b` (broadcast together).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`(b-a)^2/4`.
+
+    Raises
+    ------
+    TypeError
+        If ``a`` or ``b`` is not real.
+    ValueError
+        If an end is NaN or infinite, ``b < a``, or the shapes do not broadcast.
+
+    Notes
+    -----
+    Hoeffding's lemma (Hoeffding, 1963): :math:`\mathbb E e^{\lambda(X-\mathbb EX)}\le
+    e^{\lambda^2(b-a)^2/8}`.  The constant is attained by the symmetric two-point law on
+    :math:`\{a,b\}`; for most other laws the optimal proxy is smaller (uniform: three times smaller).
+
+    Examples
+    --------
+    >>> hoeffding_proxy(0.0, 1.0)
+    0.25
+    """
+    a_arr = _as_real_array(a, "a")
+    b_arr = _as_real_array(b, "b")
+    for name, arr in (("a", a_arr), ("b", b_arr)):
+        if np.isnan(arr).any():
+            raise ValueError(f"{name} contains NaN; pass the finite ends of the range")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be finite; an unbounded range has no Hoeffding proxy")
+    try:
+        a_b, b_b = np.broadcast_arrays(a_arr, b_arr)
+    except ValueError:
+        raise ValueError(f"a (shape {a_arr.shape}) and b (shape {b_arr.shape}) do not broadcast") from None
+    if (b_b < a_b).any():
+        raise ValueError("b must be >= a (the range is [a, b])")
+    return _scalar_or_array((b_b - a_b) ** 2 / 4.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# psi_2 norm
+# ----------------------------------------------------------------------------------------------
+def psi2_norm(dist, *, centred: bool = False) -> float:
+    r"""Orlicz norm :math:`\|X\|_{\psi_2}=\inf\{s>0:\mathbb E\,e^{X^2/s^2}\le2\}`.
+
+    Parameters
+    ----------
+    dist : frozen scipy.stats distribution
+        The law of :math:`X`.
+    centred : bool, default False
+        If True, compute :math:`\|X-\mathbb EX\|_{\psi_2}` (the quantity compared with the variance
+        proxy, which is defined for the centred variable).
+
+    Returns
+    -------
+    float
+        The norm; ``math.inf`` if the tails are heavier than Gaussian.
+
+    Raises
+    ------
+    TypeError
+        If ``dist`` is not a frozen scipy.stats distribution or ``centred`` is not a bool.
+    ValueError
+        If ``dist`` has array-valued or invalid parameters.
+
+    Notes
+    -----
+    :math:`s\mapsto\log\mathbb E\,e^{X^2/s^2}` is decreasing; it is evaluated by log-sum-exp over the
+    node set of :func:`log_mgf` and its root at :math:`\log2` is bracketed below by Jensen's bound
+    :math:`s^2\ge\mathbb EX^2/\ln2` and by the integrability limit :math:`s^2>2\,s^2_{\rm tail}`
+    (Gaussian-like tails :math:`f\approx e^{-x^2/(2s^2_{\rm tail})}`), then solved by Brent's method.
+    Tails are classified as in :func:`optimal_variance_proxy`.  Exact values:
+    :math:`\|N(0,\sigma^2)\|_{\psi_2}=\sigma\sqrt{8/3}`, :math:`\|\pm1\|_{\psi_2}=1/\sqrt{\ln2}`
+    (Vershynin, 2018, §2.5).
+
+    Examples
+    --------
+    >>> from scipy import stats
+    >>> round(psi2_norm(stats.norm(0, 1)) ** 2, 6)    # 8/3
+    2.666667
+    >>> rademacher = stats.rv_discrete(values=([-1, 1], [0.5, 0.5]))()
+    >>> round(psi2_norm(rademacher) ** -2, 6)          # ln 2
+    0.693147
+    """
+    _check_dist(dist)
+    centred = _check_bool(centred, "centred")
+    mean, var = _moments(dist)
+    if not (np.isfinite(mean) and np.isfinite(var)):
+        return math.inf
+    if var == 0:
+        return 0.0 if centred else abs(mean) / math.sqrt(_LOG2)
+    sd = math.sqrt(var)
+    tails = _tails(dist, mean, sd)
+    s2_tail = 0.0
+    for tail in tails.values():
+        if tail is not None:
+            if not np.isfinite(tail.s2):
+                return math.inf
+            s2_tail = max(s2_tail, tail.s2)
+    nodes = _nodes(dist, mean, var)
+    x = nodes.y if centred else nodes.y + nodes.mean
+    # nodes beyond 1e150 carry weight exp(-c 1e300) for a sub-Gaussian tail: drop them before squaring
+    near = np.abs(x) < 1e150
+    x2, logw = x[near] ** 2, nodes.logw[near]
+    second_moment = float(np.dot(np.exp(logw), x2))
+    lo = math.log(0.999 * math.sqrt(second_moment / _LOG2))
+    if s2_tail > 0:
+        lo = max(lo, 0.5 * math.log(2.0 * s2_tail) + 1e-9)
+    keep = logw + x2 * math.exp(-2.0 * lo) > -60.0  # negligible for every s >= e^lo
+    x2, logw = x2[keep], logw[keep]
+
+    def excess(log_s: float) -> float:
+        return float(special.logsumexp(logw + x2 * math.exp(-2.0 * log_s))) - _LOG2
+
+    if excess(lo) <= 0:
+        return math.exp(lo)
+    hi = lo + 0.5
+    while excess(hi) > 0:
+        hi += 0.5
+    return math.exp(optimize.brentq(excess, lo, hi, xtol=1e-14, rtol=1e-13))
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear maps
+# ----------------------------------------------------------------------------------------------
+def linear_map_proxy(w, sigma2, dependent: bool = False):
+    r"""Variance proxy of :math:`w^\top Z` (or of every coordinate of :math:`W^\top Z`).
+
+    Parameters
+    ----------
+    w : array_like, shape (n,) or (n, m)
+        Weights; a matrix gives one proxy per column, i.e. per coordinate of :math:`W^\top Z`.
+    sigma2 : float or array_like, shape (n,)
+        Variance proxies :math:`\sigma_i^2>0` of the centred coordinates :math:`Z_i`.
+    dependent : bool, default False
+        False: independent coordinates, proxy :math:`\sum_i w_i^2\sigma_i^2`.  True: arbitrary
+        dependence, proxy :math:`(\sum_i|w_i|\sigma_i)^2`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        A float for 1-D ``w``, an array of shape (m,) for 2-D ``w``.
+
+    Raises
+    ------
+    TypeError
+        If ``w`` or ``sigma2`` is not real or ``dependent`` is not a bool.
+    ValueError
+        If ``w`` is not 1-D/2-D, is empty or not finite; ``sigma2`` is not finite and positive or its
+        length differs from ``w.shape[0]``.
+
+    Notes
+    -----
+    Independent: :math:`\mathbb E e^{\lambda w^\top Z}=\prod_i\mathbb E e^{\lambda w_iZ_i}`.
+    Dependent: Hölder's inequality with exponents :math:`1/\theta_i`,
+    :math:`\theta_i=|w_i|\sigma_i/\sum_j|w_j|\sigma_j`.  The dependent value is attained by
+    :math:`Z_i=\sigma_i\operatorname{sign}(w_i)G`, :math:`G\sim N(0,1)`, and is at most :math:`n` times
+    the independent one (Cauchy-Schwarz).  A bias :math:`b` shifts the mean, not the proxy.
+
+    Examples
+    --------
+    >>> linear_map_proxy([3.0, 4.0], 1.0)
+    25.0
+    >>> linear_map_proxy([3.0, 4.0], 1.0, dependent=True)
+    49.0
+    """
+    w_arr = _as_real_array(w, "w")
+    dep = _check_bool(dependent, "dependent")
+    if w_arr.ndim not in (1, 2):
+        raise ValueError(f"w must be a vector (n,) or a matrix (n, m); got shape {w_arr.shape}")
+    if w_arr.shape[0] == 0 or w_arr.size == 0:
+        raise ValueError("w is empty; pass at least one weight")
+    if not np.isfinite(w_arr).all():
+        raise ValueError("w contains NaN or infinite entries")
+    s2 = _check_sigma2(sigma2)
+    if s2.ndim > 1 or (s2.ndim == 1 and s2.shape[0] != w_arr.shape[0]):
+        raise ValueError(
+            f"sigma2 must be a scalar or have shape ({w_arr.shape[0]},) to match w; got shape {s2.shape}"
+        )
+    s2 = np.broadcast_to(s2, (w_arr.shape[0],))
+    col = w_arr if w_arr.ndim == 2 else w_arr[:, None]
+    if dep:
+        out = (np.abs(col) * np.sqrt(s2)[:, None]).sum(axis=0) ** 2
+    else:
+        out = (col**2 * s2[:, None]).sum(axis=0)
+    return float(out[0]) if w_arr.ndim == 1 else out
+
+
+# ----------------------------------------------------------------------------------------------
+# Empirical tails
+# ----------------------------------------------------------------------------------------------
+def _count_at_least(values_sorted: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return values_sorted.size - np.searchsorted(values_sorted, t, side="left")
+
+
+def empirical_tail(samples, t, *, two_sided: bool = True):
+    r"""Empirical tail :math:`\frac1n\#\{i:|x_i|\ge t\}` (or :math:`x_i\ge t`), vectorised in ``t``.
+
+    Parameters
+    ----------
+    samples : array_like, shape (n,)
+        Finite samples (centre them first if the tail of :math:`X-\mathbb EX` is wanted).
+    t : float or array_like
+        Thresholds :math:`t\ge0`, any shape.
+    two_sided : bool, default True
+        Count :math:`|x_i|\ge t` (True) or :math:`x_i\ge t` (False).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        Fractions, same shape as ``t``.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not real or ``two_sided`` is not a bool.
+    ValueError
+        If ``samples`` is not a non-empty finite 1-D array, or ``t`` is negative or NaN.
+
+    Notes
+    -----
+    One sort (:math:`O(n\log n)`) and one binary search per threshold.  The standard error of a
+    fraction :math:`\hat p` is :math:`\sqrt{\hat p(1-\hat p)/n}`.
+
+    Examples
+    --------
+    >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
+    array([1. , 0.6, 0.2])
+    """
+    x = _as_real_array(samples, "samples")
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"samples must be a non-empty 1-D array; got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("samples contain NaN or infinite values")
+    t_arr = _check_t(t)
+    two = _check_bool(two_sided, "two_sided")
+    v = np.sort(np.abs(x) if two else x)
+    return _scalar_or_array(_count_at_least(v, t_arr) / x.size)
+
+
+def monte_carlo_tail(
+    sampler,
+    t,
+    n_samples: int,
+    rng: np.random.Generator,
+    *,
+    two_sided: bool = True,
+    chunk_size: int = 1 << 18,
+):
+    r"""Streamed Monte Carlo estimate of :math:`P(|X-\mathbb EX|\ge t)` with bounded memory.
+
+    Parameters
+    ----------
+    sampler : frozen scipy.stats distribution or callable
+        A distribution (its samples are centred at its mean), or ``sampler(rng, size) -> ndarray`` that
+        returns samples of an already centred variable.
+    t : float or array_like
+        Thresholds :math:`t\ge0`.
+    n_samples : int
+        Total number of samples (> 0).
+    rng : numpy.random.Generator
+        Source of randomness (the draws are reproducible given its state).
+    two_sided : bool, default True
+        Two-sided (:math:`|X|\ge t`) or upper (:math:`X\ge t`) tail.
+    chunk_size : int, default 262144
+        Samples drawn and counted at a time; memory is :math:`O(\text{chunk\_size}+\text{len}(t))`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        Estimated tail probabilities, same shape as ``t``.
+
+    Raises
+    ------
+    TypeError
+        If ``sampler`` is neither a frozen distribution nor callable, ``rng`` is not a
+        ``numpy.random.Generator``, or a count is not an integer.
+    ValueError
+        If ``n_samples``/``chunk_size`` < 1, ``t`` is negative or NaN, the distribution has no finite
+        mean, or the sampler returns the wrong number of values or non-finite values.
+
+    Notes
+    -----
+    Each chunk is sorted once and counted against every threshold by binary search; counts are summed
+    over chunks, so the result does not depend on ``chunk_size`` beyond the order of the draws.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy import stats
+    >>> p = monte_carlo_tail(stats.norm(), [1.0], 100_000, np.random.default_rng(0))
+    >>> bool(abs(p[0] - 0.3173) < 0.005)
+    True
+    """
+    if isinstance(sampler, (stats.rv_continuous, stats.rv_discrete)):
+        raise TypeError("sampler must be a *frozen* distribution, e.g. scipy.stats.norm(0, 1)")
+    is_dist = hasattr(sampler, "dist") and isinstance(
+        getattr(sampler, "dist", None), (stats.rv_continuous, stats.rv_discrete)
+    )
+    if not is_dist and not callable(sampler):
+        raise TypeError(
+            f"sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> array; "
+            f"got {type(sampler).__name__}"
+        )
+    if is_dist:
+        _check_dist(sampler, "sampler")
+    for name, val in (("n_samples", n_samples), ("chunk_size", chunk_size)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
+            raise TypeError(f"{name} must be an integer; got {val!r}")
+        if val < 1:
+            raise ValueError(f"{name} must be >= 1; got {val}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator (np.random.default_rng(seed)); got {type(rng).__name__}"
+        )
+    t_arr = _check_t(t)
+    two = _check_bool(two_sided, "two_sided")
+    shift = 0.0
+    if is_dist:
+        shift, _ = _moments(sampler)
+        if not np.isfinite(shift):
+            raise ValueError("sampler has no finite mean; its centred tail is undefined")
+    flat_t = t_arr.ravel()
+    counts = np.zeros(flat_t.shape, dtype=np.int64)
+    done = 0
+    while done < n_samples:
+        m = min(chunk_size, n_samples - done)
+        if is_dist:
+            x = np.asarray(sampler.rvs(size=m, random_state=rng), dtype=float) - shift
+        else:
+            x = np.asarray(sampler(rng, m), dtype=float)
+            if x.shape != (m,):
+                raise ValueError(f"sampler(rng, {m}) returned shape {x.shape}, expected ({m},)")
+        if not np.isfinite(x).all():
+            raise ValueError("the sampler returned NaN or infinite values")
+        v = np.sort(np.abs(x) if two else x)
+        counts += _count_at_least(v, flat_t)
+        done += m
+    return _scalar_or_array((counts / n_samples).reshape(t_arr.shape))
