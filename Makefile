@@ -50,8 +50,7 @@ test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) book
 
 benchmarks: $(STAMP)
-	$(BIN)/python -m pytest benchmarks --benchmark-only -q
-	for f in benchmarks/bench_*.py; do $(BIN)/python $$f; done
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
 check-render: $(STAMP)
 	bash tests/render/check_render.sh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 import numpy as np
 
@@ -86,13 +87,12 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS) -> np.random.
         torch.use_deterministic_algorithms(True)
         torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)
 
-    try:
-        import transformers
-
+    # transformers reads TRANSFORMERS_VERBOSITY when it is first imported; if a chapter imported it
+    # already, quieten it here (importing it only for this would cost seconds in maths chapters).
+    if "transformers" in sys.modules:
+        transformers = sys.modules["transformers"]
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
-    except ImportError:
-        pass
 
     import matplotlib
 
