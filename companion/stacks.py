@@ -1,0 +1,1046 @@
+"""Residual stacks in plain PyTorch: Pre-LN / Post-LN, scaled residuals, a tiny language model.
+
+One file, nanoGPT-style: explicit shapes, no framework layers.  The objects are
+
+* :class:`StackConfig` -- a frozen, JSON-serialisable description of a stack;
+* :class:`ResidualStack` -- ``L`` blocks acting on the residual stream ``h`` of shape
+  ``[batch, tokens, d_model]``.  Each block has one or two *sublayers* (attention, MLP), and
+  each sublayer is one residual add
+
+  .. code-block:: text
+
+      Pre-LN :  h <- lam * h + beta * F(Norm(h))      (the stream itself is never normalised)
+      Post-LN:  h <- Norm(lam * h + beta * F(h))      (the stream is normalised after every add)
+
+  with ``lam = residual_scale`` and ``beta = branch_scale`` (``lam = beta = 1`` is the usual
+  Transformer; ``lam**2 + beta**2 = 1`` is Kedia et al.'s DSLM, see :func:`dslm_scales`).
+  The forward pass returns the residual stream at every layer (:class:`StackOutput`) and can
+  add a perturbation to the stream before any block, at chosen token positions.
+* :class:`TinyLM` -- byte embedding + learned positions + a stack + unembedding, and
+  :func:`train_tiny_lm`, which trains one on the committed corpus in well under a minute on a CPU.
+* :func:`forward_sq_norms`, :func:`last_layer_grad_norm` and :func:`last_layer_grad_norms` --
+  the measurements of the chapter *Signal propagation*: forward norms streamed over batches in
+  bounded memory, and last-layer gradients for one depth or for every depth from one deep stack.
+
+Initialisation is seeded per layer: the weights of block ``l`` depend only on
+``(config.seed, l)`` and the widths, so a stack of depth ``L`` is exactly the first ``L`` blocks
+of any deeper stack with the same seed.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "StackConfig",
+    "StackOutput",
+    "ResidualStack",
+    "TinyLM",
+    "dslm_scales",
+    "byte_tokenize",
+    "unigram_loss",
+    "train_tiny_lm",
+    "forward_sq_norms",
+    "last_layer_grad_norm",
+    "last_layer_grad_norms",
+]
+
+_PLACEMENTS = ("pre", "post")
+_NORMS = ("layernorm", "rmsnorm")
+_BLOCKS = ("mlp", "attention", "both")
+_INITS = ("xavier", "normal")
+_NORMAL_STD = 0.02
+
+
+# =========================================================================== configuration
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Description of a residual stack (and, with ``vocab_size``, of a :class:`TinyLM`).
+
+    Parameters
+    ----------
+    d_model : int, default 64
+        Width of the residual stream.
+    n_layers : int, default 8
+        Number of blocks ``L``.
+    n_heads : int, default 4
+        Attention heads; must divide ``d_model``.
+    d_ff : int or None, default None
+        Hidden width of the MLP; ``None`` means ``4 * d_model`` (see :attr:`ff_width`).
+        Xiong et al.'s analysis assumes ``d_ff = d_model``.
+    placement : {"pre", "post"}
+        Where the normalisation sits (see the module docstring).
+    norm : {"layernorm", "rmsnorm"}
+        ``torch.nn.LayerNorm`` (gain and bias) or ``torch.nn.RMSNorm`` (gain), both with ``eps``.
+    block : {"mlp", "attention", "both"}
+        Sublayers of each block; ``"both"`` is attention then MLP, each with its own norm and
+        its own residual add.
+    residual_scale : float, default 1.0
+        ``lam`` in ``h <- lam h + beta F(h)``.
+    branch_scale : float, default 1.0
+        ``beta``.
+    gain : float, default 1.0
+        Multiplies the initial standard deviation of each branch's output projection
+        (attention ``w_o``, MLP ``w_out``): the "block-output scale".
+    init : {"xavier", "normal"}
+        ``"xavier"``: every weight matrix ``N(0, 2/(fan_in + fan_out))`` (times ``gain`` for
+        output projections), biases 0, norm gains 1 -- Xiong et al.'s assumptions.  The query
+        projection is set to zero, so every attention pattern is uniform over the causal
+        prefix at initialisation, as with Xiong's ``W^Q = W^K = 0``; the key projection keeps
+        its Xavier draw so that the query receives a gradient (a zero pair would be a saddle
+        point that training never leaves).  ``"normal"``: every weight ``N(0, 0.02^2)`` (GPT-2
+        style), output projections ``0.02 * gain``.
+    final_norm : bool, default True
+        Apply a norm after the last block (Pre-LN models have one).
+    eps : float, default 1e-5
+        Epsilon of every norm.
+    vocab_size : int or None
+        Vocabulary of a :class:`TinyLM`; ``None`` for a bare stack.
+    max_len : int, default 256
+        Longest sequence a :class:`TinyLM` accepts (size of its position table).
+    seed : int, default 0
+        Seed of the initialisation.
+
+    Raises
+    ------
+    TypeError
+        If a field has the wrong type (e.g. a float width, a string scale).
+    ValueError
+        If a field is out of range or a name is unknown.
+
+    Notes
+    -----
+    ``dataclasses.asdict(config)`` is JSON-serialisable; :meth:`to_dict` / :meth:`from_dict`
+    round-trip it.
+
+    Examples
+    --------
+    >>> cfg = StackConfig(d_model=32, n_layers=2, placement="post")
+    >>> cfg.ff_width
+    128
+    >>> StackConfig.from_dict(cfg.to_dict()) == cfg
+    True
+    """
+
+    d_model: int = 64
+    n_layers: int = 8
+    n_heads: int = 4
+    d_ff: int | None = None
+    placement: str = "pre"
+    norm: str = "layernorm"
+    block: str = "both"
+    residual_scale: float = 1.0
+    branch_scale: float = 1.0
+    gain: float = 1.0
+    init: str = "xavier"
+    final_norm: bool = True
+    eps: float = 1e-5
+    vocab_size: int | None = None
+    max_len: int = 256
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise TypeError(f"StackConfig.{name} must be an integer, got {v!r}")
+        for name in ("d_model", "n_layers", "n_heads", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"StackConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"StackConfig.seed must be >= 0, got {self.seed}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
+                "choose a divisor of the width"
+            )
+        if self.d_ff is not None and (not _is_int(self.d_ff) or self.d_ff < 1):
+            raise ValueError(f"StackConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
+        if self.vocab_size is not None and (not _is_int(self.vocab_size) or self.vocab_size < 2):
+            raise ValueError(
+                f"StackConfig.vocab_size must be an integer >= 2 or None, got {self.vocab_size!r}"
+            )
+        for name, allowed in (("placement", _PLACEMENTS), ("norm", _NORMS), ("block", _BLOCKS),
+                              ("init", _INITS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
+        for name in ("residual_scale", "branch_scale", "gain", "eps"):
+            if not _is_real(getattr(self, name)):
+                raise TypeError(
+                    f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}"
+                )
+        if self.gain <= 0:
+            raise ValueError(f"StackConfig.gain must be > 0, got {self.gain}")
+        if self.eps < 0:
+            raise ValueError(f"StackConfig.eps must be >= 0, got {self.eps}")
+        if not isinstance(self.final_norm, bool):
+            raise TypeError(f"StackConfig.final_norm must be a bool, got {self.final_norm!r}")
+
+    @property
+    def ff_width(self) -> int:
+        """Hidden width of the MLP (``d_ff`` or ``4 * d_model``)."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def sublayers(self) -> tuple[str, ...]:
+        """Kinds of the sublayers of one block, in order."""
+        return {"mlp": ("mlp",), "attention": ("attention",), "both": ("attention", "mlp")}[self.block]
+
+    def to_dict(self) -> dict:
+        """``dataclasses.asdict(self)`` (plain JSON types)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StackConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown StackConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+
+def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
+    r"""Residual and branch scales ``(lam, beta)`` of a DSLM-style stack of ``n_layers`` blocks.
+
+    Parameters
+    ----------
+    n_layers : int
+        Number of blocks ``N``.
+    k : float, default 2.0
+        Total branch "budget": :math:`\beta^2 = k / (2N)`.
+
+    Returns
+    -------
+    (float, float)
+        :math:`\lambda = \sqrt{1 - \beta^2}` and :math:`\beta`.
+
+    Raises
+    ------
+    TypeError
+        If ``n_layers`` is not an integer or ``k`` not a real number.
+    ValueError
+        If ``n_layers`` < 1 or not ``0 < k <= 2 N``.
+
+    Notes
+    -----
+    Kedia et al. (2024) replace every residual add by :math:`\lambda x + \beta F(x)` with
+    :math:`\lambda^2 + \beta^2 = 1`: if :math:`x` and :math:`F(x)` are uncorrelated with
+    unit second moment, so is the sum, at every depth.  Their released configuration uses
+    :math:`\beta^2 = 0.005` for 192 layers; the rule :math:`\beta^2 = k/(2N)` with ``k = 2``
+    (two residual adds per layer) reproduces it (1/192 = 0.0052).  The exact rule in the
+    paper could not be confirmed from its full text; this choice is documented, not quoted.
+    With it, the input's weight after the ``2N`` adds of a ``"both"`` stack is
+    :math:`\lambda^{2N} \to e^{-k/2}`.
+
+    Examples
+    --------
+    >>> lam, beta = dslm_scales(192)
+    >>> round(beta ** 2, 4), round(lam ** 2 + beta ** 2, 12)
+    (0.0052, 1.0)
+    """
+    if not _is_int(n_layers):
+        raise TypeError(f"n_layers must be an integer, got {n_layers!r}")
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+    if not _is_real(k):
+        raise TypeError(f"k must be a finite real number, got {k!r}")
+    if not 0 < k <= 2 * n_layers:
+        raise ValueError(f"k must satisfy 0 < k <= 2*n_layers = {2 * n_layers}, got {k}")
+    beta2 = float(k) / (2 * n_layers)
+    return math.sqrt(1.0 - beta2), math.sqrt(beta2)
+
+
+# =========================================================================== building blocks
+def _layer_generator(seed: int, *key: int) -> torch.Generator:
+    """A torch generator whose stream depends only on (seed, key)."""
+    state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def _init_linear(lin: nn.Linear, config: StackConfig, g: torch.Generator, *, out_proj: bool = False,
+                 zero: bool = False) -> None:
+    """Initialise one linear map per ``config.init`` (see :class:`StackConfig`)."""
+    with torch.no_grad():
+        if lin.bias is not None:
+            lin.bias.zero_()
+        if zero:
+            lin.weight.zero_()
+            return
+        fan_out, fan_in = lin.weight.shape
+        std = math.sqrt(2.0 / (fan_in + fan_out)) if config.init == "xavier" else _NORMAL_STD
+        lin.weight.normal_(0.0, std * (config.gain if out_proj else 1.0), generator=g)
+
+
+def _make_norm(config: StackConfig) -> nn.Module:
+    if config.norm == "layernorm":
+        return nn.LayerNorm(config.d_model, eps=config.eps)
+    return nn.RMSNorm(config.d_model, eps=config.eps)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: ``softmax(QK^T / sqrt(d_head) + causal mask) V W_o``."""
+
+    def __init__(self, config: StackConfig, g: torch.Generator):
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d, d) for _ in range(4))
+        _init_linear(self.w_q, config, g, zero=(config.init == "xavier"))
+        _init_linear(self.w_k, config, g)
+        _init_linear(self.w_v, config, g)
+        _init_linear(self.w_o, config, g, out_proj=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        H = self.n_heads
+
+        def heads(t):  # [B, T, d] -> [B, H, T, d/H]
+            return t.view(B, T, H, d // H).transpose(1, 2)
+
+        q, k, v = heads(self.w_q(x)), heads(self.w_k(x)), heads(self.w_v(x))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, d/H]
+        return self.w_o(y.transpose(1, 2).reshape(B, T, d))
+
+
+class MLP(nn.Module):
+    """``ReLU(x W_in + b_in) W_out + b_out`` (Xiong et al.'s feed-forward block)."""
+
+    def __init__(self, config: StackConfig, g: torch.Generator):
+        super().__init__()
+        self.w_in = nn.Linear(config.d_model, config.ff_width)
+        self.w_out = nn.Linear(config.ff_width, config.d_model)
+        _init_linear(self.w_in, config, g)
+        _init_linear(self.w_out, config, g, out_proj=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_out(torch.relu(self.w_in(x)))
+
+
+class Sublayer(nn.Module):
+    """One residual branch: its norm and its function ``F`` (attention or MLP)."""
+
+    def __init__(self, config: StackConfig, kind: str, g: torch.Generator):
+        super().__init__()
+        self.kind = kind
+        self.norm = _make_norm(config)
+        self.f = CausalSelfAttention(config, g) if kind == "attention" else MLP(config, g)
+
+
+class Block(nn.Module):
+    """The sublayers of one layer (attention then MLP for ``block="both"``)."""
+
+    def __init__(self, config: StackConfig, layer: int):
+        super().__init__()
+        g = _layer_generator(config.seed, 0, layer)
+        self.sublayers = nn.ModuleList(Sublayer(config, kind, g) for kind in config.sublayers)
+
+
+@dataclass
+class StackOutput:
+    """Everything a forward pass of :class:`ResidualStack` records.
+
+    Attributes
+    ----------
+    stream : Tensor [L+1, B, T, d]
+        ``stream[0]`` is the input (plus any injection at layer 0); ``stream[l]`` is the
+        residual stream *before* block ``l`` (the output of block ``l-1``), including an
+        injection at layer ``l``.  For Post-LN it is the normalised stream.
+    pre_norm : Tensor [L, B, T, d]
+        Input of the last norm of block ``l``: Post-LN, the sum ``lam h + beta F(h)`` that the
+        norm producing ``stream[l+1]`` receives; Pre-LN, the stream entering the block's last
+        sublayer (``stream[l]`` itself for one-sublayer blocks).
+    branch : Tensor [L, B, T, d]
+        ``beta * F(.)`` added by block ``l``, summed over its sublayers.
+    final : Tensor [B, T, d]
+        ``stream[L]`` after the final norm (or ``stream[L]`` itself when ``final_norm=False``).
+    sublayer_norm_input : Tensor [L, S, B, T, d]
+        Norm input of every sublayer (``S`` = 1 or 2); ``pre_norm`` is ``[:, -1]``.
+    sublayer_branch : Tensor [L, S, B, T, d]
+        ``beta * F(.)`` of every sublayer; ``branch`` is its sum over ``S``.
+    """
+
+    stream: torch.Tensor
+    pre_norm: torch.Tensor
+    branch: torch.Tensor
+    final: torch.Tensor
+    sublayer_norm_input: torch.Tensor
+    sublayer_branch: torch.Tensor
+
+
+class ResidualStack(nn.Module):
+    """``L`` residual blocks with Pre-LN or Post-LN placement and scaled residuals.
+
+    Parameters
+    ----------
+    config : StackConfig
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`StackConfig`.
+
+    Notes
+    -----
+    Sublayer update (``lam = residual_scale``, ``beta = branch_scale``)::
+
+        Pre-LN :  h <- lam * h + beta * F(Norm(h))
+        Post-LN:  h <- Norm(lam * h + beta * F(h))
+
+    Xiong et al. (2020), Kedia et al. (2024).  See :class:`StackConfig` for the initialisation.
+
+    Examples
+    --------
+    >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2))
+    >>> out = stack(torch.randn(2, 5, 16))
+    >>> tuple(out.stream.shape), tuple(out.pre_norm.shape), tuple(out.final.shape)
+    ((4, 2, 5, 16), (3, 2, 5, 16), (2, 5, 16))
+    """
+
+    def __init__(self, config: StackConfig):
+        super().__init__()
+        if not isinstance(config, StackConfig):
+            raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+        self.config = config
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
+
+    # ------------------------------------------------------------------ validation helpers
+    def _check_input(self, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
+        if x.ndim != 3 or x.shape[-1] != self.config.d_model:
+            raise ValueError(
+                f"x must have shape [batch, tokens, {self.config.d_model}], got {tuple(x.shape)}"
+            )
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise ValueError(f"x must have at least one sequence and one token, got {tuple(x.shape)}")
+        p = next(self.parameters())
+        if x.dtype != p.dtype:
+            raise ValueError(
+                f"x has dtype {x.dtype} but the stack's parameters are {p.dtype}; "
+                f"convert with x.to({p.dtype}) or the model with .to({x.dtype})"
+            )
+
+    def _injection(self, x, layer, vector, positions):
+        """Validate the injection arguments; return (layer, [B, T, d] addend) or (None, None)."""
+        if layer is None:
+            if vector is not None or positions is not None:
+                raise ValueError("inject_vector / inject_positions were given without inject_layer")
+            return None, None
+        L = self.config.n_layers
+        B, T, d = x.shape
+        if not _is_int(layer) or not 0 <= layer <= L:
+            raise ValueError(f"inject_layer must be an integer in [0, {L}] (n_layers), got {layer!r}")
+        if vector is None:
+            raise ValueError("inject_layer was given without inject_vector")
+        if not isinstance(vector, torch.Tensor):
+            try:
+                vector = torch.as_tensor(np.asarray(vector))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"inject_vector must be a tensor of shape [{d}] or [{B}, {d}]") from exc
+        if not vector.is_floating_point():
+            raise ValueError(f"inject_vector must be a floating-point tensor, got dtype {vector.dtype}")
+        if tuple(vector.shape) not in ((d,), (B, d)):
+            raise ValueError(
+                f"inject_vector must have shape [{d}] or [batch={B}, {d}], got {tuple(vector.shape)}"
+            )
+        if not torch.isfinite(vector).all():
+            raise ValueError("inject_vector contains NaN or infinite values")
+        vector = vector.to(dtype=x.dtype, device=x.device).expand(B, d)
+        mask = torch.ones(T, dtype=x.dtype, device=x.device)
+        if positions is not None:
+            if _is_int(positions):
+                positions = [int(positions)]
+            pos = torch.as_tensor(positions)
+            if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
+                raise ValueError(
+                    f"inject_positions must be None or a non-empty 1-D list/tensor of integer "
+                    f"token positions, got {positions!r}"
+                )
+            if int(pos.min()) < 0 or int(pos.max()) >= T:
+                raise ValueError(f"inject_positions must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
+            mask = torch.zeros(T, dtype=x.dtype, device=x.device)
+            mask[pos.to(x.device)] = 1.0
+        return layer, mask[None, :, None] * vector[:, None, :]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x, *, inject_layer=None, inject_vector=None, inject_positions=None) -> StackOutput:
+        """Run the stack, recording the residual stream before every block.
+
+        Parameters
+        ----------
+        x : Tensor [batch, tokens, d_model]
+            Input stream (same dtype as the parameters).
+        inject_layer : int, optional
+            Add ``inject_vector`` to the stream before block ``inject_layer`` (``0 <= l <= L``;
+            ``L`` means after the last block, before the final norm).
+        inject_vector : Tensor [d_model] or [batch, d_model], optional
+        inject_positions : int, list of int or 1-D integer tensor, optional
+            Token positions that receive the vector; ``None`` means all tokens.
+
+        Returns
+        -------
+        StackOutput
+
+        Raises
+        ------
+        TypeError
+            If ``x`` is not a tensor.
+        ValueError
+            If ``x`` has the wrong shape or dtype, or the injection arguments are inconsistent,
+            out of range, of the wrong shape or not floating point.
+        """
+        self._check_input(x)
+        layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
+        cfg = self.config
+        lam, beta = cfg.residual_scale, cfg.branch_scale
+        pre = cfg.placement == "pre"
+
+        h = x
+        streams, norm_inputs, branches = [], [], []
+        for layer in range(cfg.n_layers + 1):
+            if layer == layer_inj:
+                h = h + addend
+            streams.append(h)
+            if layer == cfg.n_layers:
+                break
+            block_norm_inputs, block_branches = [], []
+            for sub in self.blocks[layer].sublayers:
+                if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
+                    norm_in = h
+                    branch = beta * sub.f(sub.norm(h))
+                    h = lam * h + branch
+                else:     # Post-LN: the norm sits on the stream, after the residual add
+                    branch = beta * sub.f(h)
+                    norm_in = lam * h + branch
+                    h = sub.norm(norm_in)
+                block_norm_inputs.append(norm_in)
+                block_branches.append(branch)
+            norm_inputs.append(torch.stack(block_norm_inputs))
+            branches.append(torch.stack(block_branches))
+
+        sub_norm_in = torch.stack(norm_inputs)          # [L, S, B, T, d]
+        sub_branch = torch.stack(branches)              # [L, S, B, T, d]
+        return StackOutput(
+            stream=torch.stack(streams),                 # [L+1, B, T, d]
+            pre_norm=sub_norm_in[:, -1],
+            branch=sub_branch.sum(dim=1) if sub_branch.shape[1] > 1 else sub_branch[:, 0],
+            final=self.final_norm(h),
+            sublayer_norm_input=sub_norm_in,
+            sublayer_branch=sub_branch,
+        )
+
+
+# =========================================================================== language model
+class TinyLM(nn.Module):
+    """Token embedding + learned positions + :class:`ResidualStack` + unembedding.
+
+    Parameters
+    ----------
+    config : StackConfig
+        ``config.vocab_size`` must be set.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`StackConfig`.
+    ValueError
+        If ``config.vocab_size`` is None.
+
+    Notes
+    -----
+    Input stream ``x_0 = E[ids] + P[positions]``.  With ``init="xavier"`` both tables are
+    ``N(0, 1/2)`` so that ``E||x_0||^2 = d`` (Xiong et al.'s unit-variance input); with
+    ``"normal"`` they are ``N(0, 0.02^2)``.  The unembedding is untied, bias-free, initialised
+    like any other weight.  Logits ``= final @ W_U^T``.
+
+    Examples
+    --------
+    >>> lm = TinyLM(StackConfig(d_model=16, n_layers=2, n_heads=2, vocab_size=256))
+    >>> logits, out = lm(torch.zeros(1, 4, dtype=torch.long))
+    >>> tuple(logits.shape), tuple(out.stream.shape)
+    ((1, 4, 256), (3, 1, 4, 16))
+    """
+
+    def __init__(self, config: StackConfig):
+        super().__init__()
+        if not isinstance(config, StackConfig):
+            raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+        if config.vocab_size is None:
+            raise ValueError("TinyLM needs config.vocab_size (e.g. 256 for byte_tokenize)")
+        self.config = config
+        d, V = config.d_model, config.vocab_size
+        self.tok_emb = nn.Embedding(V, d)
+        self.pos_emb = nn.Embedding(config.max_len, d)
+        self.stack = ResidualStack(config)
+        self.unembed = nn.Linear(d, V, bias=False)
+        g = _layer_generator(config.seed, 1, 0)
+        std = math.sqrt(0.5) if config.init == "xavier" else _NORMAL_STD
+        with torch.no_grad():
+            self.tok_emb.weight.normal_(0.0, std, generator=g)
+            self.pos_emb.weight.normal_(0.0, std, generator=g)
+        _init_linear(self.unembed, config, g)
+
+    def forward(self, ids, **inject_kwargs):
+        """Logits and the stack's record for a batch of token ids.
+
+        Parameters
+        ----------
+        ids : LongTensor [batch, tokens]
+            Token ids in ``[0, vocab_size)``; ``tokens <= max_len``.
+        **inject_kwargs
+            ``inject_layer``, ``inject_vector``, ``inject_positions`` of
+            :meth:`ResidualStack.forward`.
+
+        Returns
+        -------
+        (Tensor [batch, tokens, vocab_size], StackOutput)
+
+        Raises
+        ------
+        TypeError
+            If ``ids`` is not an integer tensor.
+        ValueError
+            If ``ids`` is not 2-D, too long, or out of the vocabulary (and see
+            :meth:`ResidualStack.forward`).
+        """
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be an integer torch.Tensor [batch, tokens], got {type(ids).__name__}"
+                            + (f" of dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else ""))
+        if ids.ndim != 2 or ids.shape[1] < 1:
+            raise ValueError(f"ids must have shape [batch, tokens], got {tuple(ids.shape)}")
+        T = ids.shape[1]
+        if T > self.config.max_len:
+            raise ValueError(f"sequence length {T} exceeds config.max_len = {self.config.max_len}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"ids must lie in [0, {self.config.vocab_size - 1}]")
+        x = self.tok_emb(ids) + self.pos_emb(torch.arange(T, device=ids.device))
+        out = self.stack(x, **inject_kwargs)
+        return self.unembed(out.final), out
+
+
+def byte_tokenize(text) -> torch.Tensor:
+    """UTF-8 bytes of ``text`` as token ids (vocabulary 256, no tokenizer files).
+
+    Parameters
+    ----------
+    text : str or sequence of str
+        A sequence (e.g. :func:`companion.corpus.load_corpus`) is joined with blank lines.
+
+    Returns
+    -------
+    torch.LongTensor [n_bytes]
+
+    Raises
+    ------
+    TypeError
+        If ``text`` is neither a string nor a sequence of strings.
+    ValueError
+        If the text is empty.
+
+    Examples
+    --------
+    >>> byte_tokenize("Hé").tolist()
+    [72, 195, 169]
+    """
+    if not isinstance(text, str):
+        if isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+            text = "\n\n".join(text)
+        else:
+            raise TypeError(f"text must be a str or a list of str, got {type(text).__name__}")
+    data = text.encode("utf-8")
+    if not data:
+        raise ValueError("text is empty; pass some text to tokenise")
+    return torch.tensor(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
+
+
+def unigram_loss(ids) -> float:
+    """Cross-entropy (nats/token) of the best context-free predictor: the entropy of the ids.
+
+    Parameters
+    ----------
+    ids : 1-D integer tensor or array
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        If ``ids`` is empty, not 1-D, or has negative entries.
+
+    Notes
+    -----
+    :math:`H = -\\sum_v p_v \\ln p_v` with :math:`p_v` the empirical frequencies.  A language
+    model that ignores the context cannot do better on the same text.
+
+    Examples
+    --------
+    >>> round(unigram_loss(torch.tensor([0, 1, 0, 1])), 4)   # ln 2
+    0.6931
+    """
+    a = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids)
+    if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer) or a.min() < 0:
+        raise ValueError("ids must be a non-empty 1-D array of non-negative integers")
+    p = np.bincount(a) / a.size
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int = 16, seq_len: int = 128,
+                  lr: float = 3e-3, seed: int = 0, device: str = "cpu", warmup: int | None = None):
+    """Train a :class:`TinyLM` on bytes of ``text`` with AdamW; deterministic on CPU.
+
+    Parameters
+    ----------
+    config : StackConfig
+        ``vocab_size`` must be 256 (bytes); ``max_len >= seq_len``.
+    text : str or list of str
+        Training text, e.g. ``companion.corpus.load_corpus()``.
+    steps, batch_size, seq_len : int
+        Optimiser steps; random windows per step; tokens per window.
+    lr : float, default 3e-3
+        Peak learning rate.
+    seed : int, default 0
+        Seed of the window sampling (the weights are seeded by ``config.seed``).
+    device : str, default "cpu"
+    warmup : int or None
+        Linear warm-up steps; ``None`` means ``max(1, steps // 10)``.  After warm-up the rate
+        decays by a cosine to ``lr / 10``.  Post-LN stacks need the warm-up (Xiong et al.).
+
+    Returns
+    -------
+    (TinyLM, numpy.ndarray)
+        The trained model in ``eval()`` mode and the training loss (nats/token) at every step.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`StackConfig` or a count is not an integer.
+    ValueError
+        If ``config.vocab_size != 256``, a count is < 1, ``lr`` <= 0, ``seq_len > max_len``,
+        or the text is shorter than ``seq_len + 1`` bytes.
+
+    Notes
+    -----
+    Loss: mean next-byte cross-entropy.  Gradients are clipped to norm 1.  AdamW with
+    ``betas=(0.9, 0.95)``, weight decay 0.01 on matrices only.
+
+    Post-LN is sensitive to the learning rate, as Xiong et al. (2020) report: with ``d_model=64``,
+    8 layers, 200 steps of 16 x 64 bytes, Pre-LN reaches about 2.2 nats/byte at ``lr=3e-3``
+    (unigram loss of the corpus: 3.0), while Post-LN stays at the unigram loss at ``3e-3`` and
+    reaches about 2.4 at ``lr=1e-3``.  Use ``lr=1e-3`` (or a longer warm-up) for Post-LN stacks.
+
+    Examples
+    --------
+    >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
+    >>> model, losses = train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=16)
+    >>> losses.shape
+    (3,)
+    """
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    if config.vocab_size != 256:
+        raise ValueError(f"train_tiny_lm tokenises bytes: config.vocab_size must be 256, got {config.vocab_size}")
+    for name, v in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len), ("seed", seed)):
+        if not _is_int(v):
+            raise TypeError(f"{name} must be an integer, got {v!r}")
+        if v < (0 if name == "seed" else 1):
+            raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")
+    if warmup is not None and (not _is_int(warmup) or warmup < 0):
+        raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
+    if not _is_real(lr) or lr <= 0:
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    if seq_len > config.max_len:
+        raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
+    ids = byte_tokenize(text)
+    if ids.numel() < seq_len + 2:
+        raise ValueError(f"text has {ids.numel()} bytes; need at least seq_len + 2 = {seq_len + 2}")
+
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    model = TinyLM(config).to(device)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+
+    def rate(step):  # multiplier of lr: linear warm-up, then cosine to 0.1
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    g = torch.Generator().manual_seed(int(seed))
+    offsets = torch.arange(seq_len + 1)
+    losses = np.empty(steps)
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, ids.numel() - seq_len - 1, (batch_size,), generator=g)
+        window = ids[starts[:, None] + offsets].to(device)          # [B, T+1]
+        logits, _ = model(window[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses[step] = loss.item()
+    return model.eval(), losses
+
+
+# =========================================================================== measurements
+def _check_counts(**kw) -> None:
+    for name, v in kw.items():
+        if not _is_int(v):
+            raise TypeError(f"{name} must be an integer, got {v!r}")
+        if v < (0 if name == "seed" else 1):
+            raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")
+
+
+def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 32, chunk: int = 16,
+                     seed: int = 0, stack: ResidualStack | None = None,
+                     device: str = "cpu") -> dict[str, np.ndarray]:
+    r"""Mean squared norms of the residual stream at every layer, for Gaussian input tokens.
+
+    Parameters
+    ----------
+    config : StackConfig
+        The stack to build (ignored when ``stack`` is given, except for validation).
+    n_sequences, seq_len : int
+        Input: ``n_sequences`` sequences of ``seq_len`` i.i.d. ``N(0, I_d)`` tokens.
+    chunk : int, default 16
+        Sequences per forward pass (bounds memory: ``O(chunk * seq_len * d * L)``).
+    seed : int, default 0
+        Seed of the input tokens.
+    stack : ResidualStack, optional
+        Use this (e.g. trained) stack instead of building one from ``config``.
+    device : str, default "cpu"
+        Where to run (``"cuda"`` for large configurations); the inputs are drawn on the CPU,
+        so the numbers do not depend on the device beyond floating-point rounding.
+
+    Returns
+    -------
+    dict of numpy arrays (float64), all divided by ``d``
+        ``"stream"`` [L+1, T]: :math:`\mathbb E\|h_\ell\|^2/d` per layer and token position;
+        ``"pre_norm"`` [L, T]: the same for :attr:`StackOutput.pre_norm`;
+        ``"final"`` [T]: after the final norm.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`StackConfig` or a count is not an integer.
+    ValueError
+        If a count is < 1 (``seed`` < 0).
+
+    Notes
+    -----
+    Xiong et al. (2020), Lemma 2: Pre-LN :math:`(1 + \ell/2) \le \mathbb E\|x_\ell\|^2/d \le
+    (1 + 3\ell/2)` under their assumptions (``init="xavier"``, ``d_ff = d``, ``gain = 1``);
+    Post-LN :math:`\|x_\ell\|^2 = d`.  Runs under ``torch.no_grad``.
+
+    Examples
+    --------
+    >>> cfg = StackConfig(d_model=32, n_layers=4, d_ff=32, block="mlp")
+    >>> r = forward_sq_norms(cfg, n_sequences=4, seq_len=8)
+    >>> r["stream"].shape
+    (5, 8)
+    """
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    _check_counts(n_sequences=n_sequences, seq_len=seq_len, chunk=chunk, seed=seed)
+    if stack is None:
+        stack = ResidualStack(config)
+    elif not isinstance(stack, ResidualStack):
+        raise TypeError(f"stack must be a ResidualStack, got {type(stack).__name__}")
+    stack = stack.to(device)
+    cfg = stack.config
+    d = cfg.d_model
+    dtype = next(stack.parameters()).dtype
+    g = torch.Generator().manual_seed(int(seed))
+    sums = {"stream": torch.zeros(cfg.n_layers + 1, seq_len, dtype=torch.float64),
+            "pre_norm": torch.zeros(cfg.n_layers, seq_len, dtype=torch.float64),
+            "final": torch.zeros(seq_len, dtype=torch.float64)}
+    with torch.no_grad():
+        for start in range(0, n_sequences, chunk):
+            b = min(chunk, n_sequences - start)
+            x = torch.randn(b, seq_len, d, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+            out = stack(x)
+            sums["stream"] += out.stream.double().pow(2).sum(-1).sum(1).cpu()
+            sums["pre_norm"] += out.pre_norm.double().pow(2).sum(-1).sum(1).cpu()
+            sums["final"] += out.final.double().pow(2).sum(-1).sum(0).cpu()
+    return {k: (v / (n_sequences * d)).numpy() for k, v in sums.items()}
+
+
+def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
+                         seed: int = 0, device: str = "cpu") -> float:
+    r"""Frobenius norm of the loss gradient w.r.t. the last block's MLP output weight.
+
+    Parameters
+    ----------
+    config : StackConfig
+        Must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
+    n_sequences, seq_len : int
+        Gaussian input tokens ``N(0, I_d)``, as in :func:`forward_sq_norms`.
+    n_classes : int, default 16
+        Classes of the readout.
+    seed : int, default 0
+        Seed of the inputs, labels and readout (not of the stack: ``config.seed``).
+    device : str, default "cpu"
+        Where to run; inputs, labels and readout are drawn on the CPU.
+
+    Returns
+    -------
+    float
+        :math:`\|\partial \tilde{\mathcal L} / \partial W^{2,L}\|_F`.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`StackConfig` or a count is not an integer.
+    ValueError
+        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
+
+    Notes
+    -----
+    The loss is Xiong et al.'s setting: mean softmax cross-entropy over tokens of a fixed
+    random linear readout (Xavier, ``d x n_classes``) of :attr:`StackOutput.final`, with random
+    labels.  Their Theorem 1 bounds this gradient by :math:`O(d\sqrt{\ln d})` for Post-LN and
+    :math:`O(d\sqrt{\ln d / L})` for Pre-LN; these are upper bounds, and the measured norm
+    shows their dependence on ``L``.
+
+    Examples
+    --------
+    >>> cfg = StackConfig(d_model=16, n_layers=2, n_heads=2, d_ff=16)
+    >>> last_layer_grad_norm(cfg, n_sequences=2, seq_len=4) > 0
+    True
+    """
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+    if "mlp" not in config.sublayers:
+        raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
+    stack = ResidualStack(config).to(device)
+    x, readout, labels = _readout_problem(config.d_model, n_sequences, seq_len, n_classes, seed, device)
+    out = stack(x)
+    loss = F.cross_entropy((out.final @ readout).reshape(-1, n_classes), labels)
+    w = stack.blocks[-1].sublayers[-1].f.w_out.weight
+    (grad,) = torch.autograd.grad(loss, w)
+    return float(grad.norm())
+
+
+def _readout_problem(d: int, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):
+    """Gaussian inputs, a Xavier readout and random labels, all drawn from one seeded generator."""
+    g = torch.Generator().manual_seed(int(seed))
+    x = torch.randn(n_sequences, seq_len, d, generator=g).to(device)
+    readout = (torch.randn(d, n_classes, generator=g) * math.sqrt(2.0 / (d + n_classes))).to(device)
+    labels = torch.randint(0, n_classes, (n_sequences * seq_len,), generator=g).to(device)
+    return x, readout, labels
+
+
+def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
+                          seed: int = 0, device: str = "cpu", per_token: bool = False) -> np.ndarray:
+    r""":func:`last_layer_grad_norm` for every depth ``1..L`` at once, from one deep stack.
+
+    Parameters
+    ----------
+    config : StackConfig
+        The deepest stack; must contain an MLP.
+    n_sequences, seq_len, n_classes, seed, device
+        As in :func:`last_layer_grad_norm` (same inputs, readout and labels).
+    per_token : bool, default False
+        ``False``: the gradient of the mean loss, as :func:`last_layer_grad_norm`.  ``True``: the
+        mean over tokens of the norm of each token's own loss gradient,
+        :math:`\tfrac1n\sum_t \|\partial \ell_t / \partial W^{2,l}\|_F` -- the per-sample quantity
+        that Xiong et al. bound, free of the cancellation or reinforcement between tokens that
+        the mean-loss gradient contains.
+
+    Returns
+    -------
+    numpy.ndarray, shape (L,)
+        Entry ``l - 1`` is :math:`\|\partial \tilde{\mathcal L}_l / \partial W^{2,l}\|_F` (or its
+        per-token version) for the stack made of the first ``l`` blocks (plus the final norm, if
+        configured).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`last_layer_grad_norm`.
+
+    Notes
+    -----
+    Initialisation is seeded per layer, so the depth-``l`` stack *is* the first ``l`` blocks of
+    the deep one, and one forward pass records everything needed: for each ``l`` the last
+    residual add of block ``l-1`` is recomputed from the recorded (detached) sublayer input with
+    a fresh leaf copy of ``W^{2,l}``, followed by the final norm, the readout and the loss, and
+    differentiated by autograd.  The loss of depth ``l`` depends on ``W^{2,l}`` only through this
+    add, so the result equals ``last_layer_grad_norm(replace(config, n_layers=l))`` (the tests
+    check it) at the cost of one forward pass.  Autograd returns
+    :math:`g_t = \partial \ell_t / \partial z_t` for the MLP output :math:`z_t = W^{2,l} a_t`
+    (hidden activation :math:`a_t`), and :math:`\partial \ell_t / \partial W^{2,l} = g_t a_t^\top`.
+
+    Examples
+    --------
+    >>> cfg = StackConfig(d_model=16, n_layers=3, n_heads=2, d_ff=16)
+    >>> last_layer_grad_norms(cfg, n_sequences=2, seq_len=4).shape
+    (3,)
+    """
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+    if "mlp" not in config.sublayers:
+        raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
+    if not isinstance(per_token, bool):
+        raise TypeError(f"per_token must be a bool, got {per_token!r}")
+    stack = ResidualStack(config).to(device)
+    x, readout, labels = _readout_problem(config.d_model, n_sequences, seq_len, n_classes, seed, device)
+    lam, beta = config.residual_scale, config.branch_scale
+    with torch.no_grad():
+        out = stack(x)
+    norms = np.empty(config.n_layers)
+    for layer in range(config.n_layers):
+        block = stack.blocks[layer]
+        mlp = block.sublayers[-1]
+        with torch.no_grad():
+            if config.placement == "pre":
+                h_in = out.sublayer_norm_input[layer, -1]            # stream entering the MLP sublayer
+                hidden = torch.relu(mlp.f.w_in(mlp.norm(h_in)))
+            else:
+                h_in = (out.stream[layer] if len(block.sublayers) == 1
+                        else block.sublayers[0].norm(out.sublayer_norm_input[layer, 0]))
+                hidden = torch.relu(mlp.f.w_in(h_in))
+        # the MLP's output before the residual add, as a leaf: d(loss)/dW2 = sum_t g_t^T hidden_t
+        z = mlp.f.w_out(hidden).detach().requires_grad_(True)
+        total = lam * h_in + beta * z
+        h_out = total if config.placement == "pre" else mlp.norm(total)
+        logits = (stack.final_norm(h_out) @ readout).reshape(-1, readout.shape[1])
+        token_losses = F.cross_entropy(logits, labels, reduction="none")      # [B*T]
+        (g,) = torch.autograd.grad(token_losses.sum(), z)                      # g_t = d loss_t / d z_t
+        g, hid = g.reshape(-1, g.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
+        if per_token:   # mean over tokens of ||d loss_t / d W2||_F = ||g_t|| ||hidden_t|| (rank one)
+            norms[layer] = float((g.norm(dim=1) * hid.norm(dim=1)).mean())
+        else:           # gradient of the mean loss: || (1/n) sum_t g_t^T hidden_t ||_F
+            norms[layer] = float((g.T @ hid).norm() / g.shape[0])
+    return norms
