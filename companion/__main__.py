@@ -1,0 +1,207 @@
+"""Command line of the companion package: ``python -m companion`` (or ``companion``).
+
+Examples
+--------
+List the models and the experiments::
+
+    python -m companion models
+    python -m companion experiments
+
+Run an experiment with overrides, on a GPU, storing the Result where the chapters find it::
+
+    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 \\
+        --set thresholds=1,5,20,100 --device cuda --out results/stored
+
+Show a stored Result::
+
+    python -m companion show results/stored/channel_statistics/<hash>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+import warnings
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = """\
+Results are written as <out>/<experiment>/<config hash>.json + .npz.  Without --out they go to
+results/cache/ (git-ignored); Results committed to results/stored/ are what the chapters read.
+A Result whose config hash or schema does not match is recomputed, never reused.
+Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for the tests and for ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m companion",
+        description="Run the real-model experiments of the book and manage their Results.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p_models = sub.add_parser("models", help="list the offline models and example hub ids",
+                              description="List the models companion.models.load accepts: the offline models "
+                                          "(installed with the book) and examples of hub ids (need network).")
+    p_models.add_argument("--json", action="store_true", help="print the list as JSON")
+
+    p_exps = sub.add_parser("experiments", help="list the experiments and their options with defaults",
+                            description="List every registered experiment with its options (dataclass fields), "
+                                        "their types and default values.")
+    p_exps.add_argument("names", nargs="*", metavar="NAME", help="show only these experiments (default: all)")
+    p_exps.add_argument("--json", action="store_true", help="print the list as JSON")
+
+    p_run = sub.add_parser(
+        "run", help="run an experiment and write its Result",
+        description="Run the experiment NAME with its default config changed by --model and --set, "
+                    "then write the Result (JSON + .npz) keyed by the config's hash.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_run.add_argument("name", help="experiment name (see: python -m companion experiments)")
+    p_run.add_argument("--model", help="model to run on: an offline model or a hub id (same as --set model=...)")
+    p_run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one config option, typed by the dataclass field (repeatable); "
+                            "tuples as 1,5,20 or [1,5,20]; booleans as true/false; e.g. --set n_texts=512")
+    p_run.add_argument("--device", default=None,
+                       help="cpu, cuda, cuda:N or mps (default: CUDA if available, then MPS, then CPU)")
+    p_run.add_argument("--out", default=None, metavar="DIR",
+                       help="results folder (default: results/cache; use results/stored for Results to commit)")
+    p_run.add_argument("--force", action="store_true", help="recompute even if a valid Result is stored")
+    p_run.add_argument("--dry-run", action="store_true",
+                       help="print the resolved config, its hash and the output path, and run nothing")
+    p_run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p_show = sub.add_parser("show", help="summarise a stored Result",
+                            description="Print the metadata of a Result JSON file and the shapes of its arrays.")
+    p_show.add_argument("path", help="path of the Result's .json file")
+    return parser
+
+
+def _parse_overrides(items: list[str], model: str | None) -> dict:
+    values = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        if not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        values[key.strip()] = value
+    if model is not None:
+        values["model"] = model
+    return values
+
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is None and hasattr(tp, "__name__"):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("NoneType", "None")
+
+
+def _cmd_models(args) -> int:
+    from companion import models
+
+    rows = models.available_models()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':24s} {'source':8s} {'installed':9s} {'norm':17s} {'L':>3s} {'d':>5s}  description")
+    for r in rows:
+        inst = {True: "yes", False: "NO", None: "-"}[r["installed"]]
+        norm = f"{r['placement']}-{r['norm']}"
+        L = "" if r["n_layers"] is None else str(r["n_layers"])
+        d = "" if r["d_model"] is None else str(r["d_model"])
+        print(f"{r['name']:24s} {r['source']:8s} {inst:9s} {norm:17s} {L:>3s} {d:>5s}  {r['description']}")
+        if r["installed"] is False:
+            print(f"{'':24s} install with: {r['install']}")
+    print("\nAny other Hugging Face hub id works when this machine has network.")
+    return 0
+
+
+def _cmd_experiments(args) -> int:
+    from companion import experiments
+
+    out = []
+    for name in args.names or experiments.experiment_names():
+        cls = experiments.get_experiment(name)
+        hints = typing.get_type_hints(cls)
+        fields = [{"name": f.name, "type": _type_name(hints[f.name]), "default": f.default}
+                  for f in dataclasses.fields(cls)]
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        out.append({"name": name, "schema": cls.schema, "summary": doc, "options": fields})
+    if args.json:
+        print(json.dumps(out, indent=1, default=list))
+        return 0
+    for e in out:
+        print(f"{e['name']}  (schema {e['schema']}): {e['summary']}")
+        for f in e["options"]:
+            default = list(f["default"]) if isinstance(f["default"], tuple) else f["default"]
+            print(f"    {f['name']:16s} {f['type']:18s} default {default!r}")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from companion import experiments
+
+    cls = experiments.get_experiment(args.name)
+    config = experiments.make_config(cls, _parse_overrides(args.overrides, args.model))
+    target = experiments.result_path(config, args.out)
+    if args.dry_run:
+        print(json.dumps({"experiment": args.name, "config": dataclasses.asdict(config),
+                          "config_hash": experiments.config_hash(config), "path": str(target)},
+                         indent=1, default=list))
+        return 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", experiments.StaleResultWarning)
+        result = experiments.run_cached(config, device=args.device, results_dir=args.out, force=args.force,
+                                        progress=not args.quiet)
+    print(f"{result.name} {result.config_hash}: {result.path}")
+    print(f"device {result.device}, wall time {result.wall_time:.1f} s, arrays "
+          + ", ".join(f"{k}{list(v.shape)}" for k, v in result.arrays.items()))
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from companion import experiments
+
+    r = experiments.load_result(args.path)
+    print(f"{r.name}  hash {r.config_hash}  schema {r.schema}  created {r.created}")
+    print(f"device {r.device}  wall time {r.wall_time:.1f} s")
+    print("versions " + ", ".join(f"{k} {v}" for k, v in r.versions.items() if k != "platform"))
+    print("config " + json.dumps(r.config))
+    for k, v in r.arrays.items():
+        print(f"  {k:14s} {str(v.dtype):8s} {list(v.shape)}")
+    for k, v in r.scalars.items():
+        print(f"  {k:14s} {v!r}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse ``argv`` (default ``sys.argv[1:]``) and run the command.
+
+    Returns
+    -------
+    int
+        0 on success, 2 for a bad argument or option value (with the reason on stderr).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "quiet", False):
+        import os
+
+        os.environ["TQDM_DISABLE"] = "1"
+    handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show}
+    try:
+        return handlers[args.command](args)
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

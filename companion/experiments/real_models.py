@@ -1,0 +1,254 @@
+"""Real-model experiments: residual-stream channel statistics and injection sweeps.
+
+Both read English text from :mod:`companion.corpus` and run the probes of
+:mod:`companion.probes` on any model :func:`companion.models.load` knows.  The defaults are
+the small CPU configurations used in the chapters; the CLI runs larger ones, e.g.::
+
+    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 --device cuda
+    python -m companion run injection_sweep --model EleutherAI/pythia-1.4b --set n_texts=64
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from companion.experiments import register
+
+__all__ = ["ChannelStatisticsExperiment", "InjectionSweepExperiment", "INJECTION_METRICS", "TOKEN_GROUPS"]
+
+#: Metrics of :class:`InjectionSweepExperiment`, in the order of its arrays' metric axis.
+INJECTION_METRICS = ("proj", "dist", "rel", "cos", "norm_ratio")
+#: Token groups of :class:`InjectionSweepExperiment`: the injected tokens (mean), the last token.
+TOKEN_GROUPS = ("injected", "last")
+
+
+def _texts(n_texts: int, min_words: int, max_words: int) -> list[str]:
+    from companion.corpus import corpus_sentences
+
+    return corpus_sentences(n_texts, min_words=min_words, max_words=max_words)
+
+
+def _check_positive(**values) -> None:
+    for key, value in values.items():
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value}")
+
+
+def _model_facts(m) -> dict:
+    return {"model_name": m.name, "n_layers": m.n_layers, "d_model": m.d_model, "placement": m.placement,
+            "norm": m.norm, "kind": m.kind, "dtype": str(m.dtype).replace("torch.", "")}
+
+
+@register("channel_statistics", schema=1)
+@dataclass(frozen=True)
+class ChannelStatisticsExperiment:
+    """Per-layer, per-channel mean, variance, extremes and counts C_j(t) over corpus sentences.
+
+    Attributes
+    ----------
+    model : str
+        A name for :func:`companion.models.load`.
+    n_texts, min_words, max_words : int
+        The first ``n_texts`` corpus sentences with ``min_words``-``max_words`` words.
+    max_length : int
+        Token truncation.
+    batch_size : int
+    thresholds : tuple of float
+        The ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``.
+    skip_first : bool
+        Exclude the first token of each text (where massive activations sit).
+    dtype : str
+        Weights' floating-point type (``"float32"``; ``"bfloat16"`` for large models on a GPU).
+
+    Notes
+    -----
+    Result arrays: ``mean``, ``var``, ``min``, ``max``, ``max_abs`` ``[L+1, d]``; ``counts``
+    ``[L+1, len(thresholds), d]``; ``thresholds``.  Scalars: ``n_tokens``, ``n_texts`` and the
+    model's description (``n_layers``, ``d_model``, ``placement``, ``norm`` ...).
+    """
+
+    model: str = "smollm2-135m"
+    n_texts: int = 64
+    min_words: int = 8
+    max_words: int = 40
+    max_length: int = 64
+    batch_size: int = 16
+    thresholds: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+    skip_first: bool = False
+    dtype: str = "float32"
+
+    def compute(self, device, progress):
+        from companion import models, probes
+
+        _check_positive(n_texts=self.n_texts, batch_size=self.batch_size)
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        texts = _texts(self.n_texts, self.min_words, self.max_words)
+        st = probes.channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
+                                       max_length=self.max_length, skip_first=self.skip_first, progress=progress)
+        return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **_model_facts(m)}
+
+
+def _median_norms(m, texts, batch_size, max_length) -> torch.Tensor:
+    """Median over tokens (first token of each text excluded) of ``‖h_l‖``, per layer ``l``."""
+    from companion import probes
+
+    norms = []
+    for start in range(0, len(texts), batch_size):
+        enc = probes._encode(m, texts[start:start + batch_size], max_length)
+        keep = enc["attention_mask"].bool().clone()
+        keep[:, 0] = False
+        norms.append(probes.residual_stream(m, enc)[:, keep].float().norm(dim=-1).cpu())
+    return torch.cat(norms, dim=1).median(dim=1).values
+
+
+def _injection_mask(mask: torch.Tensor, where: str) -> torch.Tensor:
+    real = mask.bool()
+    last = real.sum(1) - 1
+    rows = torch.arange(real.shape[0], device=real.device)
+    sel = real.clone()
+    if where == "last":
+        sel[:] = False
+        sel[rows, last] = True
+    elif where == "prefix":
+        sel[rows, last] = False
+    return sel
+
+
+@register("injection_sweep", schema=1)
+@dataclass(frozen=True)
+class InjectionSweepExperiment:
+    """Inject c·v into the residual stream at every layer and follow it to the output.
+
+    Attributes
+    ----------
+    model : str
+    n_texts, min_words, max_words, max_length, batch_size : int
+        Corpus sentences and batching, as in :class:`ChannelStatisticsExperiment`.
+    layers : tuple of int
+        Injection layers (``h_layer``, 0 = embeddings); empty = every layer ``0 .. L``.
+    scales : tuple of float
+        Magnitudes.  With ``relative=True`` the injected vector at layer ``l`` has norm
+        ``scale × median ‖h_l‖`` (median over the corpus tokens, first tokens excluded), so a
+        scale means the same *relative* push at every depth; otherwise norm ``scale``.
+    relative : bool
+    positions : {"prefix", "all", "last"}
+        Where to inject: every real token except the last (``"prefix"``: the last token is then a
+        downstream reader, as in :cite:t:`hahami2025disturbance`), every real token, or the last
+        token only.
+    seed : int
+        Seed of the random unit direction ``v``.
+    dtype : str
+
+    Notes
+    -----
+    Result arrays, with ``n_l = len(layers)``, ``n_s = len(scales)``, ``G = 2`` token groups
+    (:data:`TOKEN_GROUPS`: mean over the injected tokens; the last token) and ``n`` texts:
+
+    * ``proj, dist, rel, cos, norm_ratio`` -- ``[n_l, n_s, L+1, G, n]``: with
+      ``δ = h_inj − h_base`` at each layer, ``proj = δ·v`` (``v`` unit), ``dist = ‖δ‖``,
+      ``rel = ‖δ‖/‖h_base‖``, ``cos = cos(h_inj, h_base)``, ``norm_ratio = ‖h_inj‖/‖h_base‖``.
+      For layers before the injection layer the runs coincide (``δ = 0``, ``cos = 1``).
+    * ``magnitude`` ``[n_l, n_s]`` -- the injected norm ``c``; ``proj / c`` is 1 at injection.
+    * ``median_norm`` ``[L+1]``; ``layers``; ``scales``.
+    * causal LMs only: ``kl_last`` ``[n_l, n_s, n]`` -- ``KL(p_base ‖ p_inj)`` of the next-token
+      distributions at the last token (nats), and ``top1_changed`` (0/1) the same shape.
+    """
+
+    model: str = "smollm2-135m"
+    n_texts: int = 8
+    min_words: int = 10
+    max_words: int = 24
+    max_length: int = 48
+    batch_size: int = 8
+    layers: tuple[int, ...] = ()
+    scales: tuple[float, ...] = (0.25, 1.0)
+    relative: bool = True
+    positions: str = "prefix"
+    seed: int = 0
+    dtype: str = "float32"
+
+    def compute(self, device, progress):
+        from companion import models, probes
+
+        _check_positive(n_texts=self.n_texts, batch_size=self.batch_size)
+        if self.positions not in ("prefix", "all", "last"):
+            raise ValueError(f"positions must be 'prefix', 'all' or 'last', got {self.positions!r}")
+        if not self.scales:
+            raise ValueError("scales must hold at least one magnitude")
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        L = m.n_layers
+        layers = tuple(self.layers) if self.layers else tuple(range(L + 1))
+        for layer in layers:
+            if not 0 <= layer <= L:
+                raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layer}")
+        texts = _texts(self.n_texts, self.min_words, self.max_words)
+        g = torch.Generator().manual_seed(self.seed)
+        v = torch.randn(m.d_model, generator=g, dtype=torch.float64)
+        v = (v / v.norm()).to(device=m.device, dtype=torch.float32)
+        med = _median_norms(m, texts, self.batch_size, self.max_length)
+        base_norm = torch.tensor([float(med[layer]) if self.relative else 1.0 for layer in layers])
+        magnitude = base_norm[:, None] * torch.tensor(self.scales, dtype=torch.float32)[None, :]
+        vectors = base_norm[:, None].to(m.device) * v[None, :]  # the scales multiply these
+
+        n_l, n_s, G = len(layers), len(self.scales), len(TOKEN_GROUPS)
+        out = {k: np.zeros((n_l, n_s, L + 1, G, len(texts)), dtype=np.float32) for k in INJECTION_METRICS}
+        kl = np.zeros((n_l, n_s, len(texts)), dtype=np.float32)
+        changed = np.zeros((n_l, n_s, len(texts)), dtype=np.int8)
+
+        batches = range(0, len(texts), self.batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            batches = tqdm(batches, desc=f"injection sweep {m.name}", unit="batch")
+        for start in batches:
+            enc = probes._encode(m, texts[start:start + self.batch_size], self.max_length)
+            sel = _injection_mask(enc["attention_mask"], self.positions)
+            if (sel.sum(1) == 0).any():
+                raise ValueError("a text has no token to inject at (one-token text with positions='prefix')")
+            rows = torch.arange(sel.shape[0], device=sel.device)
+            last = enc["attention_mask"].sum(1) - 1
+            w = sel.to(torch.float32) / sel.sum(1, keepdim=True)  # mean over injected tokens
+            finals = {"h": [], "ids": []}  # last-token states at layer L, one entry per chunk of runs
+
+            def measure(h_inj, h_base, layer, conditions):
+                hi, hb = h_inj.float(), h_base.float()
+                delta = hi - hb
+                eps = torch.finfo(torch.float32).tiny
+                nb = hb.norm(dim=-1).clamp_min(eps)
+                ni = hi.norm(dim=-1).clamp_min(eps)
+                per_token = torch.stack([
+                    delta @ v, delta.norm(dim=-1), delta.norm(dim=-1) / nb,
+                    (hi * hb).sum(-1) / (ni * nb), ni / nb,
+                ], dim=1)  # [K, metrics, B, T]
+                injected = (per_token * w).sum(-1)
+                at_last = per_token[:, :, rows, last]
+                if layer == L and m.kind == "causal-lm":
+                    finals["h"].append(h_inj[:, rows, last].clone())
+                    finals["ids"].append(conditions.clone())
+                return torch.stack([injected, at_last], dim=2)  # [K, metrics, G, B]
+
+            sw = probes.injection_sweep(m, enc, layers, vectors, scale=list(self.scales), positions=sel,
+                                        measure=measure)
+            got = sw.injected.cpu().numpy()  # [n_l, n_s, L+1, metrics, G, B]
+            batch_slice = slice(start, start + sel.shape[0])
+            for k, name in enumerate(INJECTION_METRICS):
+                out[name][..., batch_slice] = got[:, :, :, k]
+            if m.kind == "causal-lm":
+                logp_base = torch.log_softmax(models.logits_from_residual(m, sw.baseline[L][rows, last]).float(), -1)
+                logp_inj = torch.log_softmax(models.logits_from_residual(m, torch.cat(finals["h"])).float(), -1)
+                div = (logp_base.exp() * (logp_base - logp_inj)).sum(-1).clamp_min(0)  # [K, B]
+                flip = logp_base.argmax(-1) != logp_inj.argmax(-1)
+                for k, (j, s) in enumerate(torch.cat(finals["ids"]).tolist()):
+                    kl[j, s, batch_slice] = div[k].cpu().numpy()
+                    changed[j, s, batch_slice] = flip[k].cpu().numpy()
+
+        result = {**out, "magnitude": magnitude.numpy(), "median_norm": med.numpy(),
+                  "layers": np.asarray(layers), "scales": np.asarray(self.scales, dtype=np.float64),
+                  "n_texts": len(texts), "metrics": list(INJECTION_METRICS), "groups": list(TOKEN_GROUPS),
+                  **_model_facts(m)}
+        if m.kind == "causal-lm":
+            result.update(kl_last=kl, top1_changed=changed)
+        return result
