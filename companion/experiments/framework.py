@@ -1,0 +1,920 @@
+"""Experiments of the chapter *The three-effect framework*: windows on random and trained stacks.
+
+Two registered experiments, each a frozen config whose ``compute`` calls a plain function (one
+code path for the chapter, the CLI and any CUDA machine; only the sizes change):
+
+``framework_random`` -- :class:`RandomWindowsConfig` / :func:`run_random_windows`
+    Random-initialised :class:`~companion.stacks.ResidualStack` s of one maximal depth, for
+    every placement x block type x block-output gain.  One injection sweep per stack (every
+    injection layer) is read at stream index ``L`` for each depth ``L`` of ``depths``: the
+    first ``L`` blocks of a stack are the depth-``L`` stack (the stacks seed every block from
+    ``(seed, layer)``), so one sweep serves every depth.
+``framework_trained`` -- :class:`TrainedWindowsConfig` / :func:`run_trained_windows`
+    :class:`~companion.stacks.TinyLM` s of several widths and depths, trained on the committed
+    corpus (:func:`train_models`), then swept (:func:`sweep_trained`): next-byte KL divergence
+    at the injected and at later positions, the projection readable at the output, and the
+    windows; the same architectures at initialisation are swept for comparison.
+
+Sizes
+-----
+The defaults are CPU-sized.  The GPU-scale configurations are :data:`GPU_RANDOM` and
+:data:`GPU_TRAINED` (the depth question needs many depths and widths).  On any CUDA machine::
+
+    python -m companion run framework_trained --device cuda \
+        --set widths=128,256,512 --set depths=2,4,8,16,32 --set steps=3000 \
+        --set batch_size=64 --set seq_len=256 --set warmup=600 --set lr=0.001 \
+        --set eval_sequences=32 --set inject_start=64 --set inject_stop=128 --set n_directions=8
+    python -m companion run framework_random --device cuda \
+        --set d_model=512 --set max_depth=128 --set depths=8,16,32,64,128 --set batch=8 --set tokens=64
+
+or, from Python, ``companion.experiments.run_cached(GPU_TRAINED, device="cuda")``.  Copy the
+resulting ``results/cache/<name>/<hash>.json`` + ``.npz`` into ``results/stored/<name>/``:
+the chapter renders every stored Result (:func:`stored_results`) with the hardware and the
+versions recorded in it.  CI runs only the CPU-sized defaults.
+
+Stored weights
+--------------
+The chapter does not train: it loads the CPU-sized models from
+``results/stored/framework_tiny_lms.npz`` (float16 weights, about 1 MB) written by
+:func:`save_models` from :func:`train_models` with the default :class:`TrainedWindowsConfig`
+(one torch thread).  ``tests/test_framework.py`` retrains the depth-2 models and checks that
+they reproduce the stored weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from companion import framework as fw
+from companion.corpus import load_corpus
+from companion.experiments import FRAMEWORK_SCHEMA, Result, load_result, register, results_root
+from companion.stacks import ResidualStack, StackConfig, TinyLM, byte_tokenize, train_tiny_lm
+
+__all__ = [
+    "BLOCK_TYPES",
+    "WINDOW_KINDS_RANDOM",
+    "WINDOW_KINDS_TRAINED",
+    "RandomWindowsConfig",
+    "TrainedWindowsConfig",
+    "GPU_RANDOM",
+    "GPU_TRAINED",
+    "random_stack",
+    "run_random_windows",
+    "tiny_lm_config",
+    "train_models",
+    "evaluation_ids",
+    "sweep_trained",
+    "run_trained_windows",
+    "training_hash",
+    "stored_models_path",
+    "save_models",
+    "load_models",
+    "stored_results",
+    "TRAINING_FIELDS",
+]
+
+#: Block types of the random-stack experiments: ReLU MLP, attention as initialised by the
+#: stacks (W_Q = 0: uniform over the causal prefix), and attention whose logits spread by
+#: ``sharp_logit_std`` (:func:`companion.framework.sharpen_attention`): the chaotic case.
+BLOCK_TYPES = ("mlp", "attention", "sharp_attention")
+#: Output effects of the random-stack windows (see :meth:`InjectionSweep.effect_at`).
+WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
+#: Output effects of the trained-stack windows.
+WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
+_WINDOW_FIELDS = ("best", "first", "last", "size")
+
+
+def _check_tuple(value, name, kind, allowed=None, minimum=None):
+    if not isinstance(value, tuple) or not value:
+        raise TypeError(f"{name} must be a non-empty tuple, got {value!r}")
+    for item in value:
+        if kind is int and (isinstance(item, bool) or not isinstance(item, int)):
+            raise TypeError(f"{name} must hold integers, got {item!r}")
+        if kind is float and (isinstance(item, bool) or not isinstance(item, (int, float))):
+            raise TypeError(f"{name} must hold numbers, got {item!r}")
+        if kind is str and not isinstance(item, str):
+            raise TypeError(f"{name} must hold strings, got {item!r}")
+        if allowed is not None and item not in allowed:
+            raise ValueError(f"{name} entries must be among {allowed}, got {item!r}")
+        if minimum is not None and item < minimum:
+            raise ValueError(f"{name} entries must be >= {minimum}, got {item!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{name} must not repeat entries, got {value!r}")
+
+
+def _check_positive(value, name, integer=False):
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+#: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others only
+#: change how the models are swept).
+TRAINING_FIELDS = ("widths", "depths", "placements", "n_heads", "steps", "batch_size", "seq_len",
+                   "lr", "warmup", "seed")
+
+
+def training_hash(config: "TrainedWindowsConfig") -> str:
+    """SHA-256 (16 hex digits) of the fields of ``config`` that determine the trained weights.
+
+    Parameters
+    ----------
+    config : TrainedWindowsConfig
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    AttributeError
+        If ``config`` lacks one of :data:`TRAINING_FIELDS`.
+
+    Notes
+    -----
+    Sorted JSON of the :data:`TRAINING_FIELDS`; sweep settings (``scale``, ``n_directions``,
+    ...) do not enter it.
+
+    Examples
+    --------
+    >>> a, b = TrainedWindowsConfig(), TrainedWindowsConfig(scale=1.0)
+    >>> training_hash(a) == training_hash(b), training_hash(a) == training_hash(TrainedWindowsConfig(steps=10))
+    (True, False)
+    """
+    payload = json.dumps({k: getattr(config, k) for k in TRAINING_FIELDS}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# ============================================================================ random stacks
+@register("framework_random", schema=1)
+@dataclass(frozen=True)
+class RandomWindowsConfig:
+    """Windows of random-initialised stacks across placements, block types, gains and depths.
+
+    Parameters
+    ----------
+    d_model : int, default 64
+        Width.
+    max_depth : int, default 32
+        Depth of the stack that is swept; every entry of ``depths`` must be <= it.
+    depths : tuple of int, default (4, 8, 16, 32)
+        Depths at which the window is read.
+    gains : tuple of float, default (0.5, 1.0, 2.0, 4.0)
+        Block-output gains (``StackConfig.gain``).
+    blocks : tuple of str, default :data:`BLOCK_TYPES`
+        Block types.
+    placements : tuple of str, default ("pre", "post")
+    batch, tokens : int, default 4, 16
+        Input: ``batch`` sequences of ``tokens`` i.i.d. ``N(0, I_d)`` vectors.
+    scale : float, default 0.1
+        Injected norm relative to the baseline's RMS stream norm at the injection layer.
+    threshold : float, default 0.5
+        Relative window threshold :math:`\\tau`.
+    sharp_logit_std : float, default 16.0
+        Logit spread of ``"sharp_attention"`` blocks.
+    seed : int, default 0
+        Seed of the stacks, the input and the direction.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a field has the wrong type or value (see the messages).
+
+    Examples
+    --------
+    >>> RandomWindowsConfig().depths, GPU_RANDOM.max_depth
+    ((4, 8, 16, 32), 128)
+    """
+
+    d_model: int = 64
+    max_depth: int = 32
+    depths: tuple[int, ...] = (4, 8, 16, 32)
+    gains: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    blocks: tuple[str, ...] = BLOCK_TYPES
+    placements: tuple[str, ...] = ("pre", "post")
+    batch: int = 4
+    tokens: int = 16
+    scale: float = 0.1
+    threshold: float = 0.5
+    sharp_logit_std: float = 16.0
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("d_model", "max_depth", "batch", "tokens"):
+            _check_positive(getattr(self, name), name, integer=True)
+        for name in ("scale", "threshold", "sharp_logit_std"):
+            _check_positive(getattr(self, name), name)
+        if self.threshold > 1:
+            raise ValueError(f"threshold is relative and must lie in (0, 1], got {self.threshold}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        _check_tuple(self.depths, "depths", int, minimum=1)
+        if max(self.depths) > self.max_depth:
+            raise ValueError(f"depths {self.depths} exceed max_depth = {self.max_depth}")
+        _check_tuple(self.gains, "gains", float, minimum=1e-12)
+        _check_tuple(self.blocks, "blocks", str, allowed=BLOCK_TYPES)
+        _check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
+
+    def compute(self, device, progress: bool = False) -> dict:
+        """Entry point of the experiments framework: :func:`run_random_windows` plus axis labels."""
+        bar = _bar(len(self.placements) * len(self.blocks) * len(self.gains), progress, "random stacks")
+        out = run_random_windows(self, device, progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+        out.update(placements=list(self.placements), blocks=list(self.blocks),
+                   gains=list(self.gains), depths=list(self.depths))
+        return out
+
+
+def _bar(total, progress, desc):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc)
+
+
+def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers: int,
+                 seed: int = 0, sharp_logit_std: float = 16.0) -> ResidualStack:
+    """A random-initialised stack of one of the :data:`BLOCK_TYPES` (Xavier init, LayerNorm).
+
+    Parameters
+    ----------
+    placement : {"pre", "post"}
+    block : one of :data:`BLOCK_TYPES`
+    gain : float
+        Block-output gain.
+    d_model, n_layers : int
+    seed : int, default 0
+    sharp_logit_std : float, default 16.0
+        Logit spread for ``"sharp_attention"``.
+
+    Returns
+    -------
+    companion.stacks.ResidualStack (in ``eval()`` mode)
+
+    Raises
+    ------
+    ValueError
+        If ``block`` is unknown (other arguments are validated by ``StackConfig``).
+
+    Examples
+    --------
+    >>> st = random_stack("post", "sharp_attention", 1.0, d_model=16, n_layers=2)
+    >>> st.config.block, st.config.placement
+    ('attention', 'post')
+    """
+    if block not in BLOCK_TYPES:
+        raise ValueError(f"block must be one of {BLOCK_TYPES}, got {block!r}")
+    kind = "mlp" if block == "mlp" else "attention"
+    heads = 4 if d_model % 4 == 0 else 1
+    cfg = StackConfig(d_model=d_model, n_layers=n_layers, n_heads=heads, placement=placement,
+                      block=kind, gain=float(gain), seed=seed)
+    stack = ResidualStack(cfg)
+    if block == "sharp_attention":
+        fw.sharpen_attention(stack, sharp_logit_std, seed=seed)
+    return stack.eval()
+
+
+def _window_row(effect, layers, depth, threshold):
+    w = fw.injection_window(effect, layers=layers, n_layers=depth, threshold=threshold)
+    return [w.best_fraction, w.first_fraction, w.last_fraction, w.size_fraction]
+
+
+def run_random_windows(config: RandomWindowsConfig, device: str | torch.device = "cpu",
+                       progress=None) -> dict[str, np.ndarray]:
+    """Sweep every random stack of ``config`` and read its windows at every depth.
+
+    Parameters
+    ----------
+    config : RandomWindowsConfig
+    device : str or torch.device, default "cpu"
+    progress : callable, optional
+        Called with no argument after each stack (e.g. a tqdm ``update``).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Axes ``P`` placements, ``K`` blocks, ``G`` gains, ``D`` depths, ``M = max_depth``:
+
+        ``"effect_<kind>"`` ``[P, K, G, D, M]``
+            Effect of an injection at layer ``l`` (last axis) read at depth ``L``; NaN for
+            ``l >= L``.  ``<kind>`` in :data:`WINDOW_KINDS_RANDOM`.
+        ``"window_<kind>"`` ``[P, K, G, D, 4]``
+            ``best / L``, ``first / L``, ``last / L`` and the window's size / ``L``.
+        ``"growth_c"`` ``[P, K, G]``
+            :func:`companion.framework.fit_norm_growth` of the baseline stream.
+        ``"postln_factor"`` ``[P, K, G]``
+            Geometric mean over layers and positions of the skip-path factor (Post-LN
+            :math:`\\prod_s \\lambda/s`, Pre-LN :math:`\\lambda^S`).
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`RandomWindowsConfig`.
+
+    Notes
+    -----
+    The readable projection is :meth:`companion.framework.InjectionSweep.effect_at` with
+    ``"relative_projection"``; the predicted windows are
+    :func:`companion.framework.predicted_window` of ``growth_c`` and ``postln_factor``.
+
+    Examples
+    --------
+    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,),
+    ...                           blocks=("mlp",), batch=2, tokens=4)
+    >>> out = run_random_windows(cfg)
+    >>> out["effect_relative_projection"].shape, out["window_relative_size"].shape
+    ((2, 1, 1, 2, 4), (2, 1, 1, 2, 4))
+    """
+    if not isinstance(config, RandomWindowsConfig):
+        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    P, K, G, D, M = (len(config.placements), len(config.blocks), len(config.gains),
+                     len(config.depths), config.max_depth)
+    out = {f"effect_{k}": np.full((P, K, G, D, M), np.nan) for k in WINDOW_KINDS_RANDOM}
+    out.update({f"window_{k}": np.full((P, K, G, D, 4), np.nan) for k in WINDOW_KINDS_RANDOM})
+    out["growth_c"] = np.full((P, K, G), np.nan)
+    out["postln_factor"] = np.full((P, K, G), np.nan)
+    g = torch.Generator().manual_seed(config.seed)
+    x = torch.randn(config.batch, config.tokens, config.d_model, generator=g).to(device)
+    for p, placement in enumerate(config.placements):
+        for k, block in enumerate(config.blocks):
+            for gi, gain in enumerate(config.gains):
+                stack = random_stack(placement, block, gain, config.d_model, M, config.seed,
+                                     config.sharp_logit_std).to(device)
+                sw = fw.stack_injection_sweep(stack, x, scale=config.scale, seed=config.seed)
+                out["growth_c"][p, k, gi] = fw.fit_norm_growth(sw.base_sq_norm)
+                ratio = sw.predicted_projection[0, 1:] / sw.predicted_projection[0, :-1]
+                out["postln_factor"][p, k, gi] = float(np.exp(np.mean(np.log(ratio))))
+                for di, depth in enumerate(config.depths):
+                    for kind in WINDOW_KINDS_RANDOM:
+                        layers, eff = sw.effect_at(depth, kind)
+                        out[f"effect_{kind}"][p, k, gi, di, layers] = eff
+                        out[f"window_{kind}"][p, k, gi, di] = _window_row(
+                            eff, layers, depth, config.threshold)
+                if progress is not None:
+                    progress()
+    return out
+
+
+# ============================================================================ trained stacks
+@register("framework_trained", schema=1)
+@dataclass(frozen=True)
+class TrainedWindowsConfig:
+    """Small language models (:class:`~companion.stacks.TinyLM`) trained, then swept.
+
+    Parameters
+    ----------
+    widths : tuple of int, default (32,)
+        ``d_model`` of the models.
+    depths : tuple of int, default (2, 4, 8)
+    placements : tuple of str, default ("pre", "post")
+    n_heads : int, default 4
+    steps, batch_size, seq_len : int, default 300, 16, 64
+        Training (see :func:`companion.stacks.train_tiny_lm`).
+    lr : float, default 3e-3
+    warmup : int, default 150
+        Linear warm-up steps (Post-LN at depth 8 does not train with a short warm-up).
+    eval_sequences : int, default 8
+        Evaluation windows of ``seq_len`` bytes, evenly spaced through the corpus.
+    inject_start, inject_stop : int, default 16, 32
+        The injected token span ``[inject_start, inject_stop)``; tokens after it are the
+        "later" positions (the protocol of Hahami et al.: read where nothing was injected).
+    scale : float, default 0.5
+        Injected norm relative to the RMS stream norm at the injection layer.
+    n_directions : int, default 4
+        Random directions (seeds ``seed .. seed + n_directions - 1``) whose effects are averaged.
+    threshold : float, default 0.5
+        Relative window threshold.
+    seed : int, default 0
+        Seed of the weights, the training windows and the first direction.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a field has the wrong type or value.
+
+    Notes
+    -----
+    Only the fields in :data:`TRAINING_FIELDS` determine the weights; the stored models are
+    keyed by :func:`training_hash`, so the sweep settings can change without retraining.
+
+    Examples
+    --------
+    >>> cfg = TrainedWindowsConfig()
+    >>> cfg.depths, cfg.inject_start, cfg.inject_stop, GPU_TRAINED.widths
+    ((2, 4, 8), 16, 32, (128, 256, 512))
+    """
+
+    widths: tuple[int, ...] = (32,)
+    depths: tuple[int, ...] = (2, 4, 8)
+    placements: tuple[str, ...] = ("pre", "post")
+    n_heads: int = 4
+    steps: int = 300
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 3e-3
+    warmup: int = 150
+    eval_sequences: int = 8
+    inject_start: int = 16
+    inject_stop: int = 32
+    scale: float = 0.5
+    n_directions: int = 4
+    threshold: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("n_heads", "steps", "batch_size", "seq_len", "eval_sequences", "inject_stop",
+                     "n_directions"):
+            _check_positive(getattr(self, name), name, integer=True)
+        for name in ("lr", "scale", "threshold"):
+            _check_positive(getattr(self, name), name)
+        if self.threshold > 1:
+            raise ValueError(f"threshold is relative and must lie in (0, 1], got {self.threshold}")
+        for name in ("warmup", "inject_start", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+        if not self.inject_start < self.inject_stop < self.seq_len:
+            raise ValueError(
+                f"need inject_start < inject_stop < seq_len (later tokens must exist), got "
+                f"{self.inject_start}, {self.inject_stop}, {self.seq_len}"
+            )
+        _check_tuple(self.widths, "widths", int, minimum=1)
+        for w in self.widths:
+            if w % self.n_heads:
+                raise ValueError(f"n_heads = {self.n_heads} must divide every width, got {w}")
+        _check_tuple(self.depths, "depths", int, minimum=1)
+        _check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
+
+    def compute(self, device, progress: bool = False) -> dict:
+        """Entry point of the experiments framework: :func:`run_trained_windows` plus axis labels."""
+        n = len(self.placements) * len(self.widths) * len(self.depths)
+        bar = _bar(n, progress, "training")
+        out = run_trained_windows(self, device, progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+        out.update(placements=list(self.placements), widths=list(self.widths),
+                   depths=list(self.depths), training_hash=training_hash(self))
+        return out
+
+
+def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, depth: int) -> StackConfig:
+    """The :class:`~companion.stacks.StackConfig` of one model of ``config``.
+
+    Parameters
+    ----------
+    config : TrainedWindowsConfig
+    placement : {"pre", "post"}
+    width, depth : int
+
+    Returns
+    -------
+    companion.stacks.StackConfig
+        Attention and MLP in every block, byte vocabulary (256), ``max_len = seq_len``.
+
+    Raises
+    ------
+    ValueError
+        If ``StackConfig`` rejects the values (e.g. ``n_heads`` does not divide ``width``).
+
+    Examples
+    --------
+    >>> c = tiny_lm_config(TrainedWindowsConfig(), "post", 32, 4)
+    >>> c.n_layers, c.block, c.vocab_size, c.placement
+    (4, 'both', 256, 'post')
+    """
+    return StackConfig(d_model=width, n_layers=depth, n_heads=config.n_heads, placement=placement,
+                       block="both", vocab_size=256, max_len=config.seq_len, seed=config.seed)
+
+
+def _model_keys(config: TrainedWindowsConfig) -> list[tuple[str, int, int]]:
+    return [(p, w, d) for p in config.placements for w in config.widths for d in config.depths]
+
+
+def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu", progress=None,
+                 only=None) -> dict:
+    """Train every model of ``config`` on the committed corpus.
+
+    Parameters
+    ----------
+    config : TrainedWindowsConfig
+    device : str or torch.device, default "cpu"
+    progress : callable, optional
+        Called after each model.
+    only : iterable of (placement, width, depth), optional
+        Train only these models.
+
+    Returns
+    -------
+    dict
+        ``(placement, width, depth) -> (TinyLM, losses)``; models in ``eval()`` mode on the CPU.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`TrainedWindowsConfig`.
+    ValueError
+        If ``only`` names a model that is not in ``config``.
+
+    Notes
+    -----
+    Each model is trained by :func:`companion.stacks.train_tiny_lm` on
+    :func:`companion.corpus.load_corpus` (AdamW, warm-up then cosine decay); deterministic on a
+    CPU for a fixed number of threads.
+
+    Examples
+    --------
+    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
+    ...                            steps=2, batch_size=2, seq_len=16, warmup=1,
+    ...                            inject_start=4, inject_stop=8)
+    >>> models = train_models(cfg)
+    >>> list(models), models[("pre", 8, 1)][1].shape
+    ([('pre', 8, 1)], (2,))
+    """
+    if not isinstance(config, TrainedWindowsConfig):
+        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    keys = _model_keys(config)
+    if only is not None:
+        only = [tuple(k) for k in only]
+        unknown = [k for k in only if k not in keys]
+        if unknown:
+            raise ValueError(f"models {unknown} are not in the config (placements x widths x depths)")
+        keys = [k for k in keys if k in only]
+    text = load_corpus()
+    models = {}
+    for key in keys:
+        model, losses = train_tiny_lm(
+            tiny_lm_config(config, *key), text, steps=config.steps, batch_size=config.batch_size,
+            seq_len=config.seq_len, lr=config.lr, seed=config.seed, device=str(device),
+            warmup=config.warmup,
+        )
+        models[key] = (model.cpu().eval(), losses)
+        if progress is not None:
+            progress()
+    return models
+
+
+def evaluation_ids(config: TrainedWindowsConfig) -> torch.Tensor:
+    """``[eval_sequences, seq_len]`` byte ids: windows evenly spaced through the corpus.
+
+    Parameters
+    ----------
+    config : TrainedWindowsConfig
+
+    Returns
+    -------
+    torch.LongTensor
+
+    Raises
+    ------
+    ValueError
+        If the corpus is missing (see :mod:`companion.corpus`).
+
+    Examples
+    --------
+    >>> evaluation_ids(TrainedWindowsConfig(eval_sequences=2)).shape
+    torch.Size([2, 64])
+    """
+    ids = byte_tokenize(load_corpus())
+    n, T = config.eval_sequences, config.seq_len
+    starts = np.linspace(0, ids.numel() - T - 1, n).astype(np.int64)
+    return torch.stack([ids[s:s + T] for s in starts])
+
+
+def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torch.device = "cpu") -> dict:
+    """Injection sweeps of language models: effects per injection layer and windows.
+
+    Parameters
+    ----------
+    models : dict
+        ``(placement, width, depth) -> (TinyLM, losses)`` (from :func:`train_models` or
+        :func:`load_models`) or ``-> TinyLM``; every key must belong to ``config``.
+    config : TrainedWindowsConfig
+    device : str or torch.device, default "cpu"
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Axes ``P`` placements, ``W`` widths, ``D`` depths, ``M = max(depths)``; NaN where a
+        model is absent or ``l >= L``.  For ``<kind>`` in :data:`WINDOW_KINDS_TRAINED`
+        (``kl_later``: next-byte KL divergence at the tokens after the injected span;
+        ``kl_injected``: at the injected tokens; ``relative_projection``:
+        :math:`|\operatorname{mean}((y_{inj}-y_{base})\cdot\hat v)|/\|y_{base}\|` at the
+        injected tokens, ``y`` the final normalised output), averaged over
+        ``n_directions`` random directions:
+
+        ``"effect_<kind>"`` ``[P, W, D, M]``, ``"window_<kind>"`` ``[P, W, D, 4]`` (best,
+        first and last injection layer and window size, as fractions of depth), and
+        ``"eval_loss"`` ``[P, W, D]`` (next-byte loss on the evaluation windows, nats).
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`TrainedWindowsConfig`.
+    ValueError
+        If a model key is not part of ``config``.
+
+    Notes
+    -----
+    One :func:`companion.framework.stack_injection_sweep` per model and direction; the
+    windows are :func:`companion.framework.injection_window` of the averaged effects.
+
+    Examples
+    --------
+    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(2,), placements=("post",), n_heads=2,
+    ...                            seq_len=16, eval_sequences=2, inject_start=4, inject_stop=8,
+    ...                            n_directions=1)
+    >>> out = sweep_trained({("post", 8, 2): TinyLM(tiny_lm_config(cfg, "post", 8, 2))}, cfg)
+    >>> out["effect_kl_later"].shape, out["window_kl_later"].shape
+    ((1, 1, 1, 2), (1, 1, 1, 4))
+    """
+    if not isinstance(config, TrainedWindowsConfig):
+        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    P, W, D = len(config.placements), len(config.widths), len(config.depths)
+    M = max(config.depths)
+    out = {f"effect_{k}": np.full((P, W, D, M), np.nan) for k in WINDOW_KINDS_TRAINED}
+    out.update({f"window_{k}": np.full((P, W, D, 4), np.nan) for k in WINDOW_KINDS_TRAINED})
+    out["eval_loss"] = np.full((P, W, D), np.nan)
+    ids = evaluation_ids(config).to(device)
+    span = list(range(config.inject_start, config.inject_stop))
+    for key, value in models.items():
+        if tuple(key) not in _model_keys(config):
+            raise ValueError(f"model {key} is not part of the config (placements x widths x depths)")
+        placement, width, depth = key
+        idx = (config.placements.index(placement), config.widths.index(width), config.depths.index(depth))
+        model = (value[0] if isinstance(value, tuple) else value).to(device).eval()
+        effects = {k: np.zeros(depth) for k in WINDOW_KINDS_TRAINED}
+        for j in range(config.n_directions):
+            sw = fw.stack_injection_sweep(model, ids, scale=config.scale, positions=span,
+                                          seed=config.seed + j)
+            effects["kl_later"] += sw.effect("kl", "later") / config.n_directions
+            effects["kl_injected"] += sw.effect("kl", "injected") / config.n_directions
+            effects["relative_projection"] += sw.effect("output_projection", "injected") / config.n_directions
+        for kind, eff in effects.items():
+            out[f"effect_{kind}"][idx][:depth] = eff
+            out[f"window_{kind}"][idx] = _window_row(eff, np.arange(depth), depth, config.threshold)
+        with torch.no_grad():
+            logits, _ = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1))
+        out["eval_loss"][idx] = float(loss)
+        model.cpu()
+    return out
+
+
+def run_trained_windows(config: TrainedWindowsConfig, device: str | torch.device = "cpu",
+                        progress=None) -> dict[str, np.ndarray]:
+    """Train the models of ``config`` (:func:`train_models`) and sweep them (:func:`sweep_trained`).
+
+    Also sweeps the same architectures at initialisation (keys prefixed ``"init_"``) so that
+    what training changed can be read off, and stores the training losses
+    (``"train_loss"`` ``[P, W, D, steps]``).
+
+    Parameters
+    ----------
+    config : TrainedWindowsConfig
+    device : str or torch.device, default "cpu"
+    progress : callable, optional
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`TrainedWindowsConfig`.
+
+    Notes
+    -----
+    This is what the ``framework_trained`` experiment computes; see the module docstring
+    for the GPU-scale command.
+
+    Examples
+    --------
+    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
+    ...                            steps=2, batch_size=2, seq_len=16, warmup=1, eval_sequences=2,
+    ...                            inject_start=4, inject_stop=8, n_directions=1)
+    >>> out = run_trained_windows(cfg)
+    >>> out["train_loss"].shape, "init_eval_loss" in out
+    ((1, 1, 1, 2), True)
+    """
+    models = train_models(config, device, progress)
+    out = sweep_trained(models, config, device)
+    losses = np.full((len(config.placements), len(config.widths), len(config.depths), config.steps), np.nan)
+    for (placement, width, depth), (_, loss) in models.items():
+        losses[config.placements.index(placement), config.widths.index(width),
+               config.depths.index(depth)] = loss
+    out["train_loss"] = losses
+    init = {k: TinyLM(tiny_lm_config(config, *k)).eval() for k in models}
+    out.update({f"init_{k}": v for k, v in sweep_trained(init, config, device).items()})
+    return out
+
+
+# ============================================================================ stored weights
+def stored_models_path() -> Path:
+    """Path of the committed CPU-trained weights.
+
+    Returns
+    -------
+    pathlib.Path
+        ``<results root>/stored/framework_tiny_lms.npz`` (see
+        :func:`companion.experiments.results_root`).
+
+    Examples
+    --------
+    >>> stored_models_path().name
+    'framework_tiny_lms.npz'
+    """
+    return results_root() / "stored" / "framework_tiny_lms.npz"
+
+
+def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | None = None) -> Path:
+    """Store trained models as float16 weights plus a JSON sidecar (config, hash, losses, versions).
+
+    Parameters
+    ----------
+    models : dict
+        ``(placement, width, depth) -> (TinyLM, losses)`` from :func:`train_models`.
+    config : TrainedWindowsConfig
+        The config they were trained with.
+    path : str or Path, optional
+        ``.npz`` file (default :func:`stored_models_path`); the sidecar is ``.json`` beside it.
+
+    Returns
+    -------
+    Path
+        The ``.npz`` path.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`TrainedWindowsConfig`.
+
+    Notes
+    -----
+    float16 halves the file; the chapter uses the rounded weights (cast back to float32), so
+    what it measures is exactly the stored model.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
+    ...                            steps=2, batch_size=2, seq_len=16, warmup=1,
+    ...                            inject_start=4, inject_stop=8)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = save_models(train_models(cfg), cfg, Path(tmp) / "m.npz")
+    ...     sorted(load_models(path, cfg))
+    [('pre', 8, 1)]
+    """
+    if not isinstance(config, TrainedWindowsConfig):
+        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    path = Path(path) if path is not None else stored_models_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays, losses = {}, {}
+    for (placement, width, depth), (model, loss) in models.items():
+        key = f"{placement}/w{width}/L{depth}"
+        for name, tensor in model.state_dict().items():
+            arrays[f"{key}/{name}"] = tensor.detach().cpu().numpy().astype(np.float16)
+        losses[key] = [round(float(x), 6) for x in loss]
+    np.savez_compressed(path, **arrays)
+    sidecar = {
+        "training": {k: getattr(config, k) for k in TRAINING_FIELDS},
+        "training_hash": training_hash(config),
+        "models": sorted(losses),
+        "train_loss": losses,
+        "dtype": "float16",
+        "threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "numpy": np.__version__},
+    }
+    path.with_suffix(".json").write_text(json.dumps(sidecar, indent=1))
+    return path
+
+
+def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | None = None) -> dict:
+    """Load models stored by :func:`save_models`.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        Default :func:`stored_models_path`.
+    config : TrainedWindowsConfig, optional
+        Expected config (default ``TrainedWindowsConfig()``); a file whose
+        :func:`training_hash` differs is refused rather than used silently.
+
+    Returns
+    -------
+    dict
+        ``(placement, width, depth) -> (TinyLM, losses)``, float32 models in ``eval()`` mode.
+
+    Raises
+    ------
+    ValueError
+        If the file or its sidecar is missing, or the stored training settings differ.
+
+    Notes
+    -----
+    The weights are stored as float16 and loaded as float32 (see :func:`save_models`).
+
+    Examples
+    --------
+    >>> models = load_models()                       # the committed CPU-trained TinyLMs
+    >>> sorted(models)[0], models[("pre", 32, 8)][0].config.n_layers
+    (('post', 32, 2), 8)
+    """
+    path = Path(path) if path is not None else stored_models_path()
+    config = TrainedWindowsConfig() if config is None else config
+    sidecar_path = path.with_suffix(".json")
+    if not path.exists() or not sidecar_path.exists():
+        raise ValueError(
+            f"no stored models at {path} (+ .json); create them with "
+            "save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())"
+        )
+    sidecar = json.loads(sidecar_path.read_text())
+    if sidecar.get("training_hash") != training_hash(config):
+        raise ValueError(
+            f"the models at {path} were trained with {sidecar.get('training')}, not with the "
+            f"requested {dict((k, getattr(config, k)) for k in TRAINING_FIELDS)}; retrain and save"
+        )
+    models = {}
+    with np.load(path) as data:
+        for key in sidecar["models"]:
+            placement, w, L = key.split("/")
+            k = (placement, int(w[1:]), int(L[1:]))
+            model = TinyLM(tiny_lm_config(config, *k))
+            state = {name: torch.from_numpy(data[f"{key}/{name}"].astype(np.float32))
+                     for name in model.state_dict()}
+            model.load_state_dict(state)
+            models[k] = (model.eval(), np.asarray(sidecar["train_loss"][key]))
+    return models
+
+
+def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
+    """Every committed Result of experiment ``name`` (any config), newest first.
+
+    Parameters
+    ----------
+    name : {"framework_random", "framework_trained"}
+    root : path, optional
+        Folder holding ``<name>/<hash>.json`` files (default ``results/stored``).
+
+    Returns
+    -------
+    list of companion.experiments.Result
+        Results whose schema matches the current code; others are skipped (they would be
+        recomputed by ``run_cached``, never shown).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of this module's experiments.
+
+    Notes
+    -----
+    ``run_cached`` finds a stored Result only for exactly its config; the chapter instead
+    shows every stored Result of the experiment, whatever size it was run at.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     stored_results("framework_random", root=tmp)
+    []
+    """
+    classes = {"framework_random": RandomWindowsConfig, "framework_trained": TrainedWindowsConfig}
+    if name not in classes:
+        raise ValueError(f"name must be one of {sorted(classes)}, got {name!r}")
+    base = Path(root) if root is not None else results_root() / "stored"
+    schema = f"{FRAMEWORK_SCHEMA}.{classes[name].schema}"
+    found = []
+    for path in sorted((base / name).glob("*.json")):
+        try:
+            result = load_result(path)
+        except ValueError:
+            continue
+        if result.name == name and result.schema == schema:
+            found.append(result)
+    return sorted(found, key=lambda r: r.created, reverse=True)
+
+
+# ============================================================================ GPU-scale presets
+#: Random stacks at GPU scale: width 512, depths up to 128.
+GPU_RANDOM = RandomWindowsConfig(d_model=512, max_depth=128, depths=(8, 16, 32, 64, 128),
+                                 batch=8, tokens=64)
+#: Trained stacks at GPU scale: widths 128-512, depths 2-32, 3000 steps of 64 x 256 bytes.
+GPU_TRAINED = TrainedWindowsConfig(widths=(128, 256, 512), depths=(2, 4, 8, 16, 32), steps=3000,
+                                   batch_size=64, seq_len=256, warmup=600, lr=1e-3,
+                                   eval_sequences=32, inject_start=64, inject_stop=128,
+                                   n_directions=8)

@@ -1,0 +1,561 @@
+"""Experiment ``injection_window``: concept and random injections into a real model, per layer.
+
+One config -> one :class:`~companion.experiments.Result`.  The default config is the CPU-sized
+SmolLM2-135M run of the chapter *Injection in real Transformers*; :data:`CPU_CONFIGS` adds the
+MiniLM-L6 run, and :data:`GPU_CONFIGS` holds the same experiment for hub models of several
+depths (GPT-2 small -> xl, Pythia 70m -> 1.4b, two Llama-family models), for any CUDA machine
+with network access to the Hugging Face hub::
+
+    python -m companion run injection_window --model gpt2-xl --set n_prompts=32 ... \\
+        --device cuda --out results/stored
+
+(:func:`cli_command` prints the exact command of each stored config, and :func:`run_suite` runs
+a list of configs, skipping those already stored.)  The chapter renders every stored GPU Result
+it finds (:func:`stored_results`), labelled with the hardware and versions it ran on.
+
+What one run does
+-----------------
+1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
+   (:func:`companion.injection.make_prompts`): the first sentence is injected, the second is
+   never injected and ends with the last token.
+2. The typical residual norm ``n_l`` (median over the injected positions) is measured per layer.
+3. Directions: one concept vector per name in ``concepts`` (:data:`companion.injection.CONCEPTS`,
+   read at every layer) and ``n_random`` random unit vectors.
+4. For every direction, :func:`companion.injection.track_injection` at the injection layers
+   ``layers`` with relative magnitudes ``rel_scales`` (the added vector is ``alpha * n_l * v``)
+   and, if ``abs_scales`` is not empty, with absolute magnitudes ``c = beta * n_ref`` equal at
+   every layer (``n_ref`` the typical norm at ``abs_reference_fraction`` of the depth, the way a
+   fixed coefficient is used in the literature).
+
+Result arrays (``D`` directions, ``n_inj`` layers, ``S`` magnitudes, ``B`` prompts, 3 position
+groups, 6 metrics in the order of :data:`companion.framework.METRIC_NAMES`):
+``<direction>_<rel|abs>_metrics`` ``[n_inj, S, L+1, B, 3, 6]`` (float32),
+``<direction>_<rel|abs>_effect`` ``[n_inj, S, B]``, ``<direction>_<rel|abs>_coefficient``
+``[n_inj, S]``, ``layers``, ``typical_norm`` ``[L+1]``, ``concept_norm`` ``[len(concepts), L+1]``
+(length of the raw difference of means), ``concept_cos_random`` ``[len(concepts), L+1]``
+(cosine between each concept vector and the first random direction).  Scalars: ``directions``,
+``modes``, ``effect_name``, ``abs_reference_layer``, ``n_prompts`` and the model's description.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from companion.experiments import (
+    FRAMEWORK_SCHEMA,
+    Result,
+    config_hash,
+    load_result,
+    make_config,
+    register,
+    result_path,
+    results_root,
+    run_cached,
+)
+
+__all__ = [
+    "InjectionWindowExperiment",
+    "CPU_CONFIGS",
+    "GPU_CONFIGS",
+    "tracks",
+    "window_summary",
+    "mean_window",
+    "stored_results",
+    "cli_command",
+    "run_suite",
+]
+
+
+def _check_names(values, name):
+    from companion.injection import CONCEPTS
+
+    for v in values:
+        if v not in CONCEPTS:
+            raise ValueError(f"{name} entries must be among {sorted(CONCEPTS)}, got {v!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} must not repeat entries, got {values!r}")
+
+
+@register("injection_window", schema=1)
+@dataclass(frozen=True)
+class InjectionWindowExperiment:
+    """Concept and random vectors injected at every layer: metrics per layer, output effect, window.
+
+    Attributes
+    ----------
+    model : str
+        A name for :func:`companion.models.load` (offline name or hub id).
+    n_prompts : int
+        Number of two-sentence prompts (``2 * n_prompts`` consecutive corpus sentences).
+    min_words, max_words : int
+        Word-count window of the corpus sentences.
+    max_length : int
+        Token truncation (prompts that lose their second segment raise an error).
+    layers : tuple of int
+        Injection layers (stream indices); empty = every layer ``0 .. L``.
+    rel_scales : tuple of float
+        Relative magnitudes ``alpha`` (added vector ``alpha * n_l * v_hat``).
+    abs_scales : tuple of float
+        Absolute magnitudes as multiples ``beta`` of ``n_ref``; empty = no absolute sweep.
+    abs_reference_fraction : float
+        ``n_ref`` is the typical norm at layer ``round(fraction * L)``.
+    concepts : tuple of str
+        Names in :data:`companion.injection.CONCEPTS`.
+    n_random : int
+        Number of random unit directions (>= 0; at least one direction overall).
+    seed : int
+        Seed of the random directions.
+    dtype : str
+        Weights' type (``"float32"``; half precision would add noise at the level of small
+        perturbations, so it is not recommended here).
+    max_batch_tokens : int
+        Memory bound of the sweep (:func:`companion.probes.injection_sweep`).
+    """
+
+    model: str = "smollm2-135m"
+    n_prompts: int = 8
+    min_words: int = 6
+    max_words: int = 11
+    max_length: int = 64
+    layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 11, 14, 17, 20, 23, 26, 29, 30)
+    rel_scales: tuple[float, ...] = (0.125, 0.5, 2.0)
+    abs_scales: tuple[float, ...] = (0.5,)
+    abs_reference_fraction: float = 0.1
+    concepts: tuple[str, ...] = ("sea",)
+    n_random: int = 1
+    seed: int = 0
+    dtype: str = "float32"
+    max_batch_tokens: int = 16384
+
+    def validate(self) -> None:
+        """Check the fields that do not need the model.
+
+        Raises
+        ------
+        ValueError
+            For non-positive counts, scales or fractions outside ``[0, 1]``, unknown concepts,
+            repeated or negative layers, or no direction at all.
+        """
+        for key in ("n_prompts", "min_words", "max_words", "max_length", "max_batch_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_words < self.min_words:
+            raise ValueError(f"max_words ({self.max_words}) must be >= min_words ({self.min_words})")
+        if self.n_random < 0:
+            raise ValueError(f"n_random must be >= 0, got {self.n_random}")
+        if not self.rel_scales:
+            raise ValueError("rel_scales must hold at least one magnitude")
+        for key in ("rel_scales", "abs_scales"):
+            for s in getattr(self, key):
+                if not (math.isfinite(s) and s > 0):
+                    raise ValueError(f"{key} entries must be finite and > 0, got {s}")
+        if not 0.0 <= self.abs_reference_fraction <= 1.0:
+            raise ValueError(f"abs_reference_fraction must lie in [0, 1], got {self.abs_reference_fraction}")
+        _check_names(self.concepts, "concepts")
+        if not self.concepts and self.n_random == 0:
+            raise ValueError("no direction to inject: give concepts or n_random >= 1")
+        if any(x < 0 for x in self.layers) or len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"layers must be distinct non-negative integers, got {self.layers}")
+        if list(self.layers) != sorted(self.layers):
+            raise ValueError(f"layers must be increasing, got {self.layers}")
+
+    def compute(self, device, progress):
+        """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
+        from companion import injection as inj
+        from companion import models, probes
+        from companion.corpus import corpus_sentences
+
+        self.validate()
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        L = m.n_layers
+        layers = list(self.layers) if self.layers else list(range(L + 1))
+        if layers[-1] > L:
+            raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
+        sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
+        prompts = inj.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
+        base = probes.residual_stream(m, prompts.encoding)
+        norms = inj.typical_norms(base, prompts.injected)
+        del base
+        ref_layer = int(round(self.abs_reference_fraction * L))
+
+        directions: dict[str, np.ndarray] = {}
+        units = {}
+        concept_norm = np.zeros((len(self.concepts), L + 1))
+        for i, name in enumerate(self.concepts):
+            c = inj.CONCEPTS[name]
+            pos, neg = c.texts()
+            cv = inj.concept_vectors(m, pos, neg, pool=c.pool, name=name, max_length=self.max_length)
+            units[name] = cv.unit
+            directions[name] = cv.unit[layers]
+            concept_norm[i] = cv.norm
+        rand = inj.random_unit_vectors(m.d_model, max(self.n_random, 1), np.random.default_rng(self.seed))
+        for k in range(self.n_random):
+            directions[f"random{k}"] = rand[k]
+        cos_random = np.stack([units[name] @ rand[0] for name in self.concepts]) if self.concepts \
+            else np.zeros((0, L + 1))
+        out: dict = {}
+        modes = [("rel", list(self.rel_scales), True)]
+        if self.abs_scales:
+            modes.append(("abs", [b * float(norms[ref_layer]) for b in self.abs_scales], False))
+        items = [(d, mode) for d in directions for mode in modes]
+        if progress:
+            from tqdm.auto import tqdm
+
+            items = tqdm(items, desc=f"injection {m.name}", unit="sweep")
+        effect_name = ""
+        for dname, (mode, scales, relative) in items:
+            tr = inj.track_injection(m, prompts, layers, directions[dname], scales, relative=relative,
+                                     norms=norms, max_batch_tokens=self.max_batch_tokens)
+            stacked = np.stack([tr.metrics[k] for k in inj.framework.METRIC_NAMES], -1)
+            out[f"{dname}_{mode}_metrics"] = stacked.astype(np.float32)
+            out[f"{dname}_{mode}_effect"] = tr.output_effect
+            out[f"{dname}_{mode}_coefficient"] = tr.coefficient
+            effect_name = tr.effect_name
+        out.update(
+            layers=np.asarray(layers), typical_norm=norms, concept_norm=concept_norm,
+            concept_cos_random=cos_random, rel_scales=np.asarray(self.rel_scales, dtype=np.float64),
+            abs_scales=np.asarray(self.abs_scales, dtype=np.float64),
+            directions=list(directions), modes=[m_[0] for m_ in modes], effect_name=effect_name,
+            abs_reference_layer=ref_layer, n_prompts=prompts.batch, model_name=m.name, n_layers=L,
+            d_model=m.d_model, placement=m.placement, norm=m.norm, kind=m.kind,
+            weights_dtype=str(m.dtype).replace("torch.", ""),
+        )
+        return out
+
+
+# ============================================================================================
+# the configurations
+# ============================================================================================
+#: The CPU-sized runs of the chapter (about two minutes together on a 2-core CPU).
+CPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
+    "smollm2-135m": InjectionWindowExperiment(),
+    "minilm-l6": InjectionWindowExperiment(
+        model="minilm-l6", n_prompts=8, layers=(), concepts=("sea", "joy"), n_random=2,
+    ),
+}
+
+
+def _gpu(model: str) -> InjectionWindowExperiment:
+    return InjectionWindowExperiment(
+        model=model, n_prompts=32, min_words=6, max_words=16, max_length=96, layers=(),
+        rel_scales=(0.125, 0.5, 2.0), abs_scales=(0.5,), concepts=("sea", "joy"), n_random=2,
+        max_batch_tokens=32768,
+    )
+
+
+#: The GPU-scale runs: every layer, 32 prompts, two concepts and two random directions, for hub
+#: models of several depths.  Run them with :func:`run_suite` (or :func:`cli_command`) on a CUDA
+#: machine that can reach the Hugging Face hub; commit ``results/stored/injection_window/``.
+GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
+    name: _gpu(name)
+    for name in (
+        "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
+        "EleutherAI/pythia-70m", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
+        "EleutherAI/pythia-1b", "EleutherAI/pythia-1.4b",
+        "HuggingFaceTB/SmolLM2-1.7B", "meta-llama/Llama-3.2-1B",
+        "bert-base-uncased", "bert-large-uncased",
+    )
+}
+
+
+# ============================================================================================
+# reading Results
+# ============================================================================================
+def _check_result(result) -> None:
+    if not isinstance(result, Result):
+        raise TypeError(f"expected a Result, got {type(result).__name__}")
+    if result.name != InjectionWindowExperiment.experiment_name:
+        raise ValueError(f"expected an injection_window Result, got one of {result.name!r}")
+
+
+def tracks(result) -> dict:
+    """The :class:`~companion.injection.InjectionTrack` s stored in a Result.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_window`` experiment.
+
+    Returns
+    -------
+    dict of (str, str) to InjectionTrack
+        Keyed by ``(direction, mode)``, e.g. ``("sea", "rel")`` or ``("random0", "abs")``.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result.
+    ValueError
+        If it belongs to another experiment or lacks an array.
+
+    Examples
+    --------
+    >>> tr = tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")]   # doctest: +SKIP
+    >>> tr.window(scale_index=1).best_fraction                             # doctest: +SKIP
+    """
+    from companion.framework import METRIC_NAMES
+    from companion.injection import InjectionTrack
+
+    _check_result(result)
+    a, sc = result.arrays, result.scalars
+    scales = {"rel": np.asarray(a["rel_scales"], dtype=np.float64),
+              "abs": np.asarray(a["abs_scales"], dtype=np.float64) * float(a["typical_norm"][sc["abs_reference_layer"]])}
+    out = {}
+    for dname in sc["directions"]:
+        for mode in sc["modes"]:
+            key = f"{dname}_{mode}"
+            try:
+                met = a[f"{key}_metrics"].astype(np.float64)
+                effect = a[f"{key}_effect"]
+                coef = a[f"{key}_coefficient"]
+            except KeyError as exc:
+                raise ValueError(f"the Result lacks the array {exc.args[0]!r}; it is not a complete injection_window Result") from None
+            out[(dname, mode)] = InjectionTrack(
+                model=sc["model_name"], n_layers=int(sc["n_layers"]), layers=np.asarray(a["layers"]),
+                scales=scales[mode], relative=mode == "rel", coefficient=coef,
+                typical_norm=np.asarray(a["typical_norm"]),
+                metrics={k: met[..., i] for i, k in enumerate(METRIC_NAMES)},
+                output_effect=effect, effect_name=sc["effect_name"])
+    return out
+
+
+def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str = "rel",
+                   contiguous: bool = True) -> list[dict]:
+    """One row per direction: the window of the output effect at one magnitude, with provenance.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_window`` experiment.
+    scale : float, default 0.5
+        The relative magnitude ``alpha`` (``mode="rel"``) or the multiple ``beta`` of ``n_ref``
+        (``mode="abs"``) whose effects define the window; must be one of the config's.
+    threshold : float, default 0.5
+        Relative threshold :math:`\tau` of :func:`companion.framework.injection_window`
+        (contiguous run around the best layer).
+    mode : {"rel", "abs"}
+    contiguous : bool, default True
+        Passed to :func:`companion.framework.injection_window`: the run of consecutive tested
+        layers around the best one, or (``False``) every layer that reaches the threshold.
+
+    Returns
+    -------
+    list of dict
+        Keys ``model``, ``placement``, ``norm``, ``n_layers``, ``direction``, ``layers`` (the
+        window's injection layers), ``best``, ``first``, ``last``, ``best_fraction``,
+        ``first_fraction``, ``last_fraction``, ``size_fraction``, ``max_effect``, ``effect_name``,
+        ``device``, ``versions``.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result or ``contiguous`` is not a bool.
+    ValueError
+        For another experiment's Result, an unknown mode, or a scale the config did not run.
+
+    Examples
+    --------
+    >>> rows = window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))   # doctest: +SKIP
+    >>> rows[0]["best_fraction"]                                     # doctest: +SKIP
+    """
+    _check_result(result)
+    if mode not in ("rel", "abs"):
+        raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
+    if not isinstance(contiguous, bool):
+        raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
+    if mode not in result.scalars["modes"]:
+        raise ValueError(f"this Result has no {mode!r} sweep (modes: {result.scalars['modes']})")
+    given = np.asarray(result.arrays["rel_scales" if mode == "rel" else "abs_scales"], dtype=np.float64)
+    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
+    if hit.size == 0:
+        raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
+    rows = []
+    sc = result.scalars
+    for (dname, m_), tr in tracks(result).items():
+        if m_ != mode:
+            continue
+        w = tr.window(scale_index=int(hit[0]), threshold=threshold, contiguous=contiguous)
+        rows.append(dict(
+            model=sc["model_name"], placement=sc["placement"], norm=sc["norm"], n_layers=int(sc["n_layers"]),
+            direction=dname, layers=w.layers.tolist(), best=w.best, first=w.first, last=w.last, best_fraction=w.best_fraction,
+            first_fraction=w.first_fraction, last_fraction=w.last_fraction, size_fraction=w.size_fraction,
+            max_effect=float(tr.effect()[:, hit[0]].max()), effect_name=tr.effect_name,
+            device=result.device, versions=dict(result.versions),
+        ))
+    return rows
+
+
+def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = "rel"):
+    """The window of the output effect averaged over every direction of a Result.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_window`` experiment.
+    scale, threshold, mode
+        As in :func:`window_summary`.
+
+    Returns
+    -------
+    companion.framework.Window
+        :func:`companion.framework.injection_window` (contiguous, relative threshold) of
+        :math:`\bar E(\ell)`, the mean over directions of the prompt-averaged effect.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`window_summary`.
+
+    Notes
+    -----
+    Averaging over directions (concept and random) before thresholding reduces the prompt noise
+    that makes the edges of a flat effect curve jump from one direction to the next.
+
+    Examples
+    --------
+    >>> mean_window(run_cached(CPU_CONFIGS["minilm-l6"])).best_fraction   # doctest: +SKIP
+    """
+    _check_result(result)
+    if mode not in ("rel", "abs"):
+        raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
+    if mode not in result.scalars["modes"]:
+        raise ValueError(f"this Result has no {mode!r} sweep (modes: {result.scalars['modes']})")
+    given = np.asarray(result.arrays["rel_scales" if mode == "rel" else "abs_scales"], dtype=np.float64)
+    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
+    if hit.size == 0:
+        raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
+    from companion.framework import injection_window
+
+    effects = [tr.effect()[:, hit[0]] for (d, m_), tr in tracks(result).items() if m_ == mode]
+    return injection_window(np.mean(effects, axis=0), layers=np.asarray(result.arrays["layers"]),
+                            n_layers=int(result.scalars["n_layers"]), threshold=threshold)
+
+
+def stored_results(configs: dict | None = None, folder=None) -> dict:
+    """The valid stored Results of the GPU configs (those that have been run and committed).
+
+    Parameters
+    ----------
+    configs : dict of str to InjectionWindowExperiment, optional
+        Default :data:`GPU_CONFIGS`.
+    folder : path, optional
+        Default ``results/stored`` (:func:`companion.experiments.results_root`).
+
+    Returns
+    -------
+    dict of str to Result
+        Only configs whose stored Result exists and matches the config hash and schema; a
+        stale file is skipped (the chapter never shows numbers computed by other code).
+
+    Raises
+    ------
+    TypeError
+        If ``configs`` is not a dict of injection_window configs.
+    """
+    from pathlib import Path
+
+    configs = GPU_CONFIGS if configs is None else configs
+    if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
+        raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
+    base = Path(folder) if folder is not None else results_root() / "stored"
+    schema = f"{FRAMEWORK_SCHEMA}.{InjectionWindowExperiment.schema}"
+    found = {}
+    for key, cfg in configs.items():
+        path = result_path(cfg, base)
+        if not path.exists():
+            continue
+        try:
+            r = load_result(path)
+        except ValueError:
+            continue
+        if r.schema == schema and r.config_hash == config_hash(cfg) == config_hash(make_config(InjectionWindowExperiment, r.config)):
+            found[key] = r
+    return found
+
+
+def cli_command(config, device: str = "cuda", out: str = "results/stored") -> str:
+    """The ``python -m companion run`` command that computes exactly ``config``.
+
+    Parameters
+    ----------
+    config : InjectionWindowExperiment
+    device : str, default "cuda"
+    out : str, default "results/stored"
+
+    Returns
+    -------
+    str
+        One command line; every field that differs from the default is passed with ``--set``,
+        so the CLI builds a config with the same hash.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not an InjectionWindowExperiment.
+
+    Examples
+    --------
+    >>> cli_command(InjectionWindowExperiment(n_prompts=4), device="cpu")
+    'python -m companion run injection_window --model smollm2-135m --set n_prompts=4 --device cpu --out results/stored'
+    """
+    if not isinstance(config, InjectionWindowExperiment):
+        raise TypeError(f"config must be an InjectionWindowExperiment, got {type(config).__name__}")
+    default = InjectionWindowExperiment()
+    parts = ["python -m companion run injection_window", f"--model {config.model}"]
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "model" or value == getattr(default, f.name):
+            continue
+        if isinstance(value, tuple):
+            text = "[" + ",".join(f'"{v}"' if isinstance(v, str) else repr(v) for v in value) + "]"
+            parts.append(f"--set '{f.name}={text}'")
+        else:
+            parts.append(f"--set {f.name}={value}")
+    parts += [f"--device {device}", f"--out {out}"]
+    return " ".join(parts)
+
+
+def run_suite(configs: dict | None = None, device=None, out=None, progress: bool = True) -> dict:
+    """Run several configs (default :data:`GPU_CONFIGS`), reusing valid stored Results.
+
+    Parameters
+    ----------
+    configs : dict of str to InjectionWindowExperiment, optional
+    device : str or None
+        Default: CUDA if available.
+    out : path or None
+        Where to store (default ``results/stored``, the folder the chapter reads).
+    progress : bool, default True
+
+    Returns
+    -------
+    dict of str to Result
+
+    Raises
+    ------
+    TypeError
+        If ``configs`` is not a dict of injection_window configs.
+
+    Notes
+    -----
+    Models that cannot be loaded (no network, a gated repository without a token) are reported
+    and skipped; the others still run.  Runs are independent, so the list can be split across
+    machines (a job array) and the Result files copied together afterwards.
+    """
+    import sys
+
+    configs = GPU_CONFIGS if configs is None else configs
+    if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
+        raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
+    folder = out if out is not None else results_root() / "stored"
+    done = {}
+    for key, cfg in configs.items():
+        try:
+            done[key] = run_cached(cfg, device=device, results_dir=folder, progress=progress)
+        except ValueError as exc:  # e.g. the model cannot be fetched
+            print(f"skipped {key}: {exc}", file=sys.stderr)
+    return done
