@@ -1,0 +1,71 @@
+"""The Results committed under results/stored/ that chapters read: present, current, and sane.
+
+A chapter that renders a stored Result must not silently recompute it (a whole-corpus pass of
+SmolLM2 takes about twenty CPU minutes) nor show one whose config or schema has drifted from the
+code.  These tests fail as soon as either happens, and check the stored numbers for internal
+consistency (they are data, so they are checked like data).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from companion import experiments as xp
+
+#: The whole-corpus channel statistics of the outliers chapter (section "The whole corpus").
+WHOLE_CORPUS_GRID = tuple(2.0 ** (k / 2) for k in range(-6, 31))
+WHOLE_CORPUS = {
+    "smollm2-135m": dict(n_layers=30, d_model=576),
+    "minilm-l6": dict(n_layers=6, d_model=384),
+}
+
+
+def whole_corpus_config(model: str):
+    return xp.make_config("channel_statistics", model=model, n_texts=2838, skip_first=True,
+                          max_length=128, batch_size=16, thresholds=WHOLE_CORPUS_GRID)
+
+
+@pytest.mark.parametrize("model", sorted(WHOLE_CORPUS))
+def test_whole_corpus_statistics_are_stored_and_current(model):
+    cfg = whole_corpus_config(model)
+    path = xp.result_path(cfg, xp.results_root() / "stored")
+    assert path.exists(), (f"missing {path}; create it with python -m companion run channel_statistics "
+                           f"--model {model} ... --out results/stored (see the outliers chapter)")
+    result = xp.load_result(path)
+    assert xp._stale_reason(result, cfg) is None
+    # run_cached must return the stored Result (it would otherwise recompute for many minutes)
+    def refuse(*args, **kwargs):
+        raise AssertionError("run_cached tried to recompute a stored Result")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(xp, "run", refuse)
+    try:
+        again = xp.run_cached(cfg)
+    finally:
+        mp.undo()
+    assert again.config_hash == result.config_hash
+    assert result.device and result.versions.get("torch") and result.wall_time > 0
+
+
+@pytest.mark.parametrize("model", sorted(WHOLE_CORPUS))
+def test_whole_corpus_statistics_are_consistent(model):
+    result = xp.load_result(xp.result_path(whole_corpus_config(model), xp.results_root() / "stored"))
+    a, s = result.arrays, result.scalars
+    L, d = WHOLE_CORPUS[model]["n_layers"], WHOLE_CORPUS[model]["d_model"]
+    assert s["n_layers"] == L and s["d_model"] == d and s["n_texts"] == 2838
+    n = s["n_tokens"]
+    assert n > 50_000                                            # the whole corpus, not a prefix
+    for key in ("mean", "var", "min", "max", "max_abs"):
+        assert a[key].shape == (L + 1, d) and np.all(np.isfinite(a[key])), key
+    np.testing.assert_allclose(a["thresholds"], WHOLE_CORPUS_GRID)
+    counts = a["counts"]
+    assert counts.shape == (L + 1, len(WHOLE_CORPUS_GRID), d)
+    assert counts.min() >= 0 and counts.max() <= n
+    assert np.all(np.diff(counts, axis=1) <= 0)                 # C_j(t) does not increase with t
+    assert np.all(a["min"] <= a["mean"] + 1e-9) and np.all(a["mean"] <= a["max"] + 1e-9)
+    np.testing.assert_allclose(a["max_abs"], np.maximum(np.abs(a["min"]), np.abs(a["max"])))
+    assert np.all(a["var"] >= 0)
+    # a channel's count at t is positive exactly when its largest |h| exceeds t
+    exceeds = a["max_abs"][:, None, :] > a["thresholds"][None, :, None]
+    assert np.array_equal(counts > 0, exceeds)
