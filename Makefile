@@ -21,7 +21,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 help:
 	@echo "make env          create .venv and install the pinned environment (constraints.txt)"
-	@echo "make book         execute every chapter and render the HTML book into _build/html"
+	@echo "make book         render the HTML book from the stored, executed chapters into _build/html"
 	@echo "make test         pytest for the package + nbval over every chapter"
 	@echo "make benchmarks   run the performance comparisons in benchmarks/"
 	@echo "make check-render open the built book in headless Chromium and check maths and figures"
