@@ -1,0 +1,1331 @@
+"""The applications of the outlier note (§5-7), made testable.
+
+Four proposals of the note are turned into measurements:
+
+* **quantisation** -- statistics of the inputs of linear layers (:func:`linear_input_statistics`,
+  :func:`capture_linear_inputs`) and the outlier channels kept in floating point
+  (:func:`top_channels`); the quantisers themselves live in :mod:`companion.quantization`;
+* **pruning** -- scores of MLP neurons from activation statistics, weight magnitude, their
+  product, or chance (:func:`neuron_scores`, :func:`lowest_fraction`), the pruned forward pass
+  (:func:`zero_linear_inputs`) and the exact error of removing neurons with its bounds
+  (:func:`removal_error`);
+* **clipping** -- a gradient-norm threshold from a sub-Gaussian tail bound
+  (:func:`tail_clip_threshold`, :class:`TailClipper`);
+* **the regulariser** -- ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²`` (:func:`column_means`,
+  :func:`mean_frobenius_penalty`), a training loop with both controls on top of
+  :class:`companion.stacks.TinyLM` (:func:`train_with_controls`), the held-out loss
+  (:func:`tiny_lm_loss`) and the mean drift and outlier counts of the residual stream
+  (:func:`stream_drift`).
+
+Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``.  The note
+writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
+feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from companion.stacks import StackConfig, TinyLM, byte_tokenize
+
+__all__ = [
+    "LinearInputStatistics",
+    "linear_input_statistics",
+    "capture_linear_inputs",
+    "linear_input_medians",
+    "top_channels",
+    "PRUNING_SCORES",
+    "neuron_scores",
+    "lowest_fraction",
+    "zero_linear_inputs",
+    "removal_error",
+    "tail_clip_threshold",
+    "TailClipper",
+    "column_means",
+    "mean_frobenius_penalty",
+    "regularised_weights",
+    "TrainingControls",
+    "ControlledRun",
+    "train_with_controls",
+    "tiny_lm_loss",
+    "StreamDrift",
+    "stream_drift",
+]
+
+
+# =========================================================================== argument checks
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check_int(v, name: str, minimum: int) -> int:
+    if not _is_int(v):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _check_real(v, name: str, *, lo: float | None = None, lo_open: bool = False,
+                hi: float | None = None, hi_open: bool = False) -> float:
+    if not _is_real(v):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        raise ValueError(f"{name} must be {'<' if hi_open else '<='} {hi}, got {v}")
+    return v
+
+
+def _check_modules(modules) -> dict[str, torch.nn.Linear]:
+    if not isinstance(modules, Mapping):
+        raise TypeError(f"modules must be a mapping name -> torch.nn.Linear, got {type(modules).__name__}")
+    if not modules:
+        raise ValueError("modules is empty; pass at least one {name: nn.Linear}")
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    return dict(modules)
+
+
+def _as_1d_float(v, name: str) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D array of real numbers") from exc
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return a
+
+
+def _split_inputs(inputs):
+    """A forward call's positional/keyword arguments and the token mask (or None)."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}, None
+    if isinstance(inputs, Mapping):
+        kwargs = dict(inputs)
+        mask = kwargs.get("attention_mask")
+        return (), kwargs, mask
+    raise TypeError(
+        "each batch must be a tensor of input ids or a mapping of model arguments "
+        f"(e.g. the output of companion.models.tokenize), got {type(inputs).__name__}"
+    )
+
+
+# =========================================================================== statistics
+@dataclass(frozen=True)
+class LinearInputStatistics:
+    """Per-channel statistics of the input of one linear layer over a corpus.
+
+    Attributes
+    ----------
+    mean, var, max_abs : numpy.ndarray, shape (in_features,), float64
+        Channel mean ``μ_j``, population variance ``σ_j²`` and ``max |x_j|`` over the tokens.
+    n_tokens : int
+        Number of tokens that entered (pads excluded).
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    max_abs: np.ndarray
+    n_tokens: int
+
+    @property
+    def std(self) -> np.ndarray:
+        """``σ_j = sqrt(var_j)``."""
+        return np.sqrt(self.var)
+
+    @property
+    def second_moment(self) -> np.ndarray:
+        """``E[x_j²] = μ_j² + σ_j²``."""
+        return self.var + self.mean**2
+
+
+def linear_input_statistics(
+    model: torch.nn.Module, batches: Iterable, modules: Mapping[str, torch.nn.Linear]
+) -> dict[str, LinearInputStatistics]:
+    """Stream mean, variance and ``max|x|`` of every input channel of the chosen linear layers.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(ids)`` for a tensor batch or ``model(**batch)`` for a mapping.
+    batches : iterable
+        Tensors of input ids, or mappings of model arguments (e.g.
+        :func:`companion.models.tokenize` output).  If a mapping has an ``attention_mask`` of
+        shape ``[batch, tokens]``, pad tokens (mask 0) are excluded.
+    modules : mapping name -> nn.Linear
+        The layers whose inputs are measured (inputs of shape ``[..., in_features]``).
+
+    Returns
+    -------
+    dict name -> LinearInputStatistics
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a module, ``modules`` is not a mapping of ``nn.Linear``, or a batch
+        is neither a tensor nor a mapping.
+    ValueError
+        If ``modules`` or ``batches`` is empty, a hooked layer never ran, or the inputs contain
+        NaN/inf.
+
+    Notes
+    -----
+    Each batch's count ``n_b``, mean ``m_b`` and centred sum of squares ``M_b`` are merged into
+    the running ``(n, m, M)`` exactly (Chan, Golub & LeVeque 1982):
+    ``δ = m_b − m``, ``m ← m + δ n_b/(n + n_b)``, ``M ← M + M_b + δ² n n_b/(n + n_b)``, in
+    float64, so memory is ``O(Σ in_features)`` for any corpus size.  Forward pre-hooks read the
+    inputs without changing them; they are removed on exit, also after an error.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> st = linear_input_statistics(lin, [torch.tensor([[1.0, 0.0], [3.0, -2.0]])], {"lin": lin})
+    >>> st["lin"].mean.tolist(), st["lin"].var.tolist(), st["lin"].max_abs.tolist()
+    ([2.0, -1.0], [1.0, 1.0], [3.0, 2.0])
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = _check_modules(modules)
+    acc = {name: {"n": 0, "mean": None, "m2": None, "max": None} for name in modules}
+    current_mask: list = [None]
+
+    def make_hook(name):
+        def hook(_module, args):
+            x = args[0].detach()
+            mask = current_mask[0]
+            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                x = x[mask.bool()]
+            x = x.reshape(-1, x.shape[-1]).double()
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"the input of {name!r} contains NaN or infinite values")
+            nb = x.shape[0]
+            if nb == 0:
+                return None
+            mb = x.mean(dim=0)
+            m2b = ((x - mb) ** 2).sum(dim=0)
+            mx = x.abs().amax(dim=0)
+            a = acc[name]
+            if a["n"] == 0:
+                a.update(n=nb, mean=mb, m2=m2b, max=mx)
+            else:
+                n, tot = a["n"], a["n"] + nb
+                delta = mb - a["mean"]
+                a["mean"] = a["mean"] + delta * (nb / tot)
+                a["m2"] = a["m2"] + m2b + delta**2 * (n * nb / tot)
+                a["max"] = torch.maximum(a["max"], mx)
+                a["n"] = tot
+            return None
+
+        return hook
+
+    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
+    seen = 0
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                args, kwargs, mask = _split_inputs(batch)
+                current_mask[0] = mask
+                model(*args, **kwargs)
+                seen += 1
+    finally:
+        for h in handles:
+            h.remove()
+    if seen == 0:
+        raise ValueError("batches is empty; pass at least one batch")
+    out = {}
+    for name, a in acc.items():
+        if a["n"] == 0:
+            raise ValueError(f"layer {name!r} never ran (or saw only pad tokens); check the module names")
+        out[name] = LinearInputStatistics(
+            mean=a["mean"].cpu().numpy(), var=(a["m2"] / a["n"]).cpu().numpy(),
+            max_abs=a["max"].cpu().numpy(), n_tokens=int(a["n"]),
+        )
+    return out
+
+
+def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, torch.nn.Linear]) -> dict[str, torch.Tensor]:
+    """Inputs of the chosen linear layers during one forward pass, as ``[tokens, in_features]``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(ids)`` (tensor) or ``model(**inputs)`` (mapping).
+    inputs : torch.Tensor or mapping
+        One batch; with an ``attention_mask`` in a mapping, pad tokens are dropped.
+    modules : mapping name -> nn.Linear
+
+    Returns
+    -------
+    dict name -> torch.Tensor, shape ``[n_tokens, in_features]`` (detached copies)
+
+    Raises
+    ------
+    TypeError
+        For a non-module ``model``, bad ``modules`` or ``inputs``.
+    ValueError
+        If ``modules`` is empty or a layer did not run, or ran more than once.
+
+    Notes
+    -----
+    Memory is ``n_tokens × Σ in_features`` floats: capture a few layers, not all of them.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(3, 2)
+    >>> x = torch.randn(4, 3)
+    >>> torch.equal(capture_linear_inputs(lin, x, {"lin": lin})["lin"], x)
+    True
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = _check_modules(modules)
+    args, kwargs, mask = _split_inputs(inputs)
+    store: dict[str, list] = {name: [] for name in modules}
+
+    def make_hook(name):
+        def hook(_module, a):
+            x = a[0].detach()
+            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                x = x[mask.bool()]
+            store[name].append(x.reshape(-1, x.shape[-1]).clone())
+
+        return hook
+
+    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for name, xs in store.items():
+        if len(xs) != 1:
+            raise ValueError(f"layer {name!r} ran {len(xs)} times in one forward pass; expected exactly once")
+        out[name] = xs[0]
+    return out
+
+
+def _column_median(x: torch.Tensor) -> torch.Tensor:
+    """Median of each column of ``x`` (rows = tokens): the midpoint of the two central values
+    for an even count, ``torch.quantile(x, 0.5, dim=0)`` to the last bit, without its full sort.
+    ``torch.median`` returns the lower central value; the upper one is ``-median(-x)``."""
+    return (torch.median(x, dim=0).values - torch.median(-x, dim=0).values) / 2
+
+
+def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, torch.nn.Linear]) -> dict[str, np.ndarray]:
+    """Per-channel median of the input of each chosen linear layer over one batch.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(ids)`` (tensor) or ``model(**inputs)`` (mapping).
+    inputs : torch.Tensor or mapping
+        One batch (the calibration set); with an ``attention_mask``, pads are excluded.
+    modules : mapping name -> nn.Linear
+
+    Returns
+    -------
+    dict name -> numpy.ndarray, shape (in_features,), float64
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`capture_linear_inputs`.
+
+    Notes
+    -----
+    A robust centre for bias correction: unlike the mean, the median is not moved by a few
+    huge values ("massive activations").  It is computed inside the hook (the midpoint of the
+    two central values for an even count, as ``torch.quantile(x, 0.5)``, from two
+    selections rather than a sort), so only one layer's
+    input is held at a time; a median does not merge across batches, hence one batch.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.0], [100.0, 1.0], [3.0, 1.0]])
+    >>> linear_input_medians(lin, x, {"lin": lin})["lin"].tolist()
+    [2.5, 0.5]
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = _check_modules(modules)
+    args, kwargs, mask = _split_inputs(inputs)
+    store: dict[str, list] = {name: [] for name in modules}
+
+    def make_hook(name):
+        def hook(_module, a):
+            x = a[0].detach()
+            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                x = x[mask.bool()]
+            x = x.reshape(-1, x.shape[-1]).double()
+            if x.shape[0] == 0:
+                raise ValueError(f"the input of {name!r} has no (unpadded) tokens")
+            store[name].append(_column_median(x).cpu().numpy())
+
+        return hook
+
+    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for name, xs in store.items():
+        if len(xs) != 1:
+            raise ValueError(f"layer {name!r} ran {len(xs)} times in one forward pass; expected exactly once")
+        out[name] = xs[0]
+    return out
+
+
+def top_channels(values, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest entries (e.g. ``max|x_j|``), largest first.
+
+    Parameters
+    ----------
+    values : array_like, shape (d,)
+        One score per channel.
+    k : int
+        How many channels, 0 ≤ k ≤ d.
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (k,)
+        Ties are broken by the lower index.
+
+    Raises
+    ------
+    TypeError
+        If ``k`` is not an integer or ``values`` is not numeric.
+    ValueError
+        If ``values`` is not a finite 1-D array or ``k`` is out of range.
+
+    Notes
+    -----
+    Mixed precision in the sense of Dettmers et al. (2022): the channels with the largest
+    range stay in floating point, the others are quantised with a scale they set.
+
+    Examples
+    --------
+    >>> top_channels([0.5, 9.0, 3.0, 9.0], 2).tolist()
+    [1, 3]
+    """
+    v = _as_1d_float(values, "values")
+    k = _check_int(k, "k", 0)
+    if k > v.size:
+        raise ValueError(f"k = {k} exceeds the number of channels {v.size}")
+    order = np.lexsort((np.arange(v.size), -v))
+    return order[:k].astype(np.int64)
+
+
+# =========================================================================== pruning
+#: Neuron scores understood by :func:`neuron_scores` (low score = pruned first).
+PRUNING_SCORES = ("activation", "weight", "contribution", "random")
+
+
+def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weight=None, seed: int = 0) -> np.ndarray:
+    """Importance score of every input neuron of a linear layer; the lowest are pruned first.
+
+    Parameters
+    ----------
+    method : {"activation", "weight", "contribution", "random"}
+        ``"activation"``: ``|μ_j| + σ_j`` -- the note's rule "prune neurons whose activation
+        mean is near zero and whose variance is small";
+        ``"weight"``: ``‖W[:, j]‖₂`` -- magnitude of the weights that read neuron ``j``;
+        ``"contribution"``: ``sqrt(E[a_j²]) · ‖W[:, j]‖₂`` -- the root-mean-square size of the
+        neuron's contribution ``a_j W[:, j]`` to the layer's output;
+        ``"random"``: i.i.d. uniform scores (a baseline).
+    stats : LinearInputStatistics, optional
+        Needed by ``"activation"`` and ``"contribution"``.
+    weight : torch.Tensor or numpy.ndarray, shape (out, in), optional
+        Weight of the layer that reads the neurons (``down_proj`` of a Llama MLP); needed by
+        ``"weight"`` and ``"contribution"``.
+    seed : int, default 0
+        Seed of ``"random"``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (in,), float64
+
+    Raises
+    ------
+    TypeError
+        If ``method`` is not a string, ``stats`` is not :class:`LinearInputStatistics`, or
+        ``weight`` is not an array/tensor.
+    ValueError
+        If ``method`` is unknown, a needed argument is missing, the shapes disagree,
+        ``weight`` is not finite, or ``seed`` < 0.
+
+    Notes
+    -----
+    Removing the set ``S`` changes the output by ``e = Σ_{j∈S} a_j W[:, j]``; by Minkowski's
+    inequality ``sqrt(E‖e‖²) ≤ Σ_{j∈S} sqrt(E a_j²) ‖W[:, j]‖``, a sum of the
+    ``"contribution"`` scores (see :func:`removal_error`).  ``E a_j² = μ_j² + σ_j²``, so the
+    note's statistics control one factor only.
+
+    Examples
+    --------
+    >>> st = LinearInputStatistics(np.array([0.0, 1.0]), np.array([1.0, 0.0]), np.array([2.0, 1.0]), 10)
+    >>> W = np.array([[3.0, 0.0], [4.0, 1.0]])
+    >>> neuron_scores("activation", st).tolist(), neuron_scores("contribution", st, W).tolist()
+    ([1.0, 1.0], [5.0, 1.0])
+    """
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string, one of {PRUNING_SCORES}")
+    if method not in PRUNING_SCORES:
+        raise ValueError(f"unknown pruning score {method!r}; use one of {PRUNING_SCORES}")
+    if stats is not None and not isinstance(stats, LinearInputStatistics):
+        raise TypeError(f"stats must be a LinearInputStatistics, got {type(stats).__name__}")
+    w = None
+    if weight is not None:
+        if isinstance(weight, torch.Tensor):
+            w = weight.detach().double().cpu().numpy()
+        elif isinstance(weight, np.ndarray):
+            w = weight.astype(np.float64)
+        else:
+            raise TypeError(f"weight must be a torch.Tensor or numpy.ndarray, got {type(weight).__name__}")
+        if w.ndim != 2:
+            raise ValueError(f"weight must be 2-D (out, in), got shape {w.shape}")
+        if not np.isfinite(w).all():
+            raise ValueError("weight contains NaN or infinite values")
+    if method in ("activation", "contribution") and stats is None:
+        raise ValueError(f"method {method!r} needs stats (from linear_input_statistics)")
+    if method in ("weight", "contribution") and w is None:
+        raise ValueError(f"method {method!r} needs the weight that reads the neurons")
+    if stats is not None and w is not None and stats.mean.shape[0] != w.shape[1]:
+        raise ValueError(f"stats has {stats.mean.shape[0]} channels but weight has {w.shape[1]} inputs")
+    if method == "activation":
+        return np.abs(stats.mean) + stats.std
+    if method == "weight":
+        return np.linalg.norm(w, axis=0)
+    if method == "contribution":
+        return np.sqrt(stats.second_moment) * np.linalg.norm(w, axis=0)
+    n = stats.mean.shape[0] if stats is not None else (w.shape[1] if w is not None else None)
+    if n is None:
+        raise ValueError("method 'random' needs stats or weight to know the number of neurons")
+    seed = _check_int(seed, "seed", 0)
+    return np.random.default_rng(seed).random(n)
+
+
+def lowest_fraction(scores, fraction: float) -> np.ndarray:
+    """Indices of the ``round(fraction · n)`` lowest scores, in increasing index order.
+
+    Parameters
+    ----------
+    scores : array_like, shape (n,)
+    fraction : float in [0, 1]
+
+    Returns
+    -------
+    numpy.ndarray of int64
+
+    Raises
+    ------
+    TypeError
+        If ``fraction`` is not a real number.
+    ValueError
+        If ``fraction`` is outside [0, 1] or ``scores`` is not a finite 1-D array.
+
+    Notes
+    -----
+    Ties are broken by the lower index (a stable sort), so the choice is deterministic.
+
+    Examples
+    --------
+    >>> lowest_fraction([3.0, 1.0, 2.0, 0.5], 0.5).tolist()
+    [1, 3]
+    """
+    s = _as_1d_float(scores, "scores")
+    f = _check_real(fraction, "fraction", lo=0.0, hi=1.0)
+    k = int(round(f * s.size))
+    return np.sort(np.argsort(s, kind="stable")[:k]).astype(np.int64)
+
+
+@contextlib.contextmanager
+def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping[str, object]) -> Iterator[None]:
+    """Context manager: the chosen input channels of each layer read as 0 (neurons pruned).
+
+    Parameters
+    ----------
+    modules : mapping name -> nn.Linear
+    channels : mapping name -> sequence of int
+        Input channels to zero, per layer (every key must be in ``modules``).
+
+    Yields
+    ------
+    None
+
+    Raises
+    ------
+    TypeError
+        If ``modules`` is not a mapping of ``nn.Linear`` or a channel list is not integer.
+    ValueError
+        If ``channels`` names an unknown layer, or an index is out of range or repeated.
+
+    Notes
+    -----
+    Zeroing input ``j`` of ``y = W x + b`` equals deleting column ``j`` of ``W``: the neuron is
+    removed without touching the weights (a forward pre-hook multiplies by a 0/1 mask).
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1, bias=False)
+    >>> with torch.no_grad(): _ = lin.weight.copy_(torch.tensor([[1.0, 10.0]]))
+    >>> with zero_linear_inputs({"lin": lin}, {"lin": [1]}):
+    ...     y = lin(torch.tensor([[2.0, 3.0]]))
+    >>> y.item()
+    2.0
+    """
+    modules = _check_modules(modules)
+    if not isinstance(channels, Mapping):
+        raise TypeError(f"channels must be a mapping name -> channel indices, got {type(channels).__name__}")
+    unknown = sorted(set(channels) - set(modules))
+    if unknown:
+        raise ValueError(f"channels names layers not in modules: {unknown[:3]}")
+    masks = {}
+    for name, idx in channels.items():
+        mod = modules[name]
+        a = np.asarray(idx.detach().cpu() if isinstance(idx, torch.Tensor) else idx)
+        if a.ndim != 1:
+            raise ValueError(f"channels[{name!r}] must be a 1-D list of indices, got shape {a.shape}")
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"channels[{name!r}] must hold integers, got dtype {a.dtype}")
+        if a.size and (a.min() < 0 or a.max() >= mod.in_features):
+            raise ValueError(f"channels[{name!r}] must lie in [0, {mod.in_features - 1}]")
+        if len(np.unique(a)) != a.size:
+            raise ValueError(f"channels[{name!r}] contains repeated indices")
+        m = torch.ones(mod.in_features, dtype=mod.weight.dtype, device=mod.weight.device)
+        m[torch.as_tensor(a.astype(np.int64), device=m.device)] = 0.0
+        masks[name] = m
+
+    def make_hook(mask):
+        def hook(_module, args):
+            return (args[0] * mask.to(args[0].dtype),) + tuple(args[1:])
+
+        return hook
+
+    handles = []
+    try:
+        for name, mask in masks.items():
+            handles.append(modules[name].register_forward_pre_hook(make_hook(mask)))
+        yield None
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def removal_error(x, weight, channels) -> dict[str, float]:
+    """Exact mean squared output change from removing input neurons, with two bounds.
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray, shape (n_tokens, in)
+        Captured inputs of the layer (e.g. :func:`capture_linear_inputs`).
+    weight : torch.Tensor or numpy.ndarray, shape (out, in)
+    channels : sequence of int
+        The removed set ``S``.
+
+    Returns
+    -------
+    dict
+        ``"exact"``: ``(1/N) Σ_i ‖Σ_{j∈S} x_ij W[:, j]‖²``;
+        ``"diagonal"``: ``Σ_{j∈S} E[a_j²] ‖W[:, j]‖²`` (exact when the contributions are
+        uncorrelated);
+        ``"minkowski"``: ``(Σ_{j∈S} sqrt(E[a_j²]) ‖W[:, j]‖)²``, an upper bound on ``"exact"``
+        (``E`` is the mean over the ``N`` tokens).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` or ``weight`` is not an array/tensor, or ``channels`` is not integer.
+    ValueError
+        On shape mismatch, non-finite values, or out-of-range/repeated channels.
+
+    Notes
+    -----
+    ``E‖e‖² = Σ_{j,k∈S} E[a_j a_k] W_jᵀW_k``.  Minkowski's inequality in ``L²`` gives
+    ``sqrt(E‖Σ_j a_j W_j‖²) ≤ Σ_j sqrt(E‖a_j W_j‖²) = Σ_j sqrt(E a_j²) ‖W_j‖``.  The diagonal
+    term is neither an upper nor a lower bound in general (cross terms have either sign).
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, 1.0], [1.0, -1.0]])
+    >>> W = np.eye(2)
+    >>> removal_error(x, W, [0, 1])
+    {'exact': 2.0, 'diagonal': 2.0, 'minkowski': 4.0}
+    """
+    def to_np(a, name):
+        if isinstance(a, torch.Tensor):
+            return a.detach().double().cpu().numpy()
+        if isinstance(a, np.ndarray):
+            return a.astype(np.float64)
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
+
+    X, W = to_np(x, "x"), to_np(weight, "weight")
+    if X.ndim != 2 or W.ndim != 2 or X.shape[1] != W.shape[1] or X.shape[0] == 0:
+        raise ValueError(f"need x of shape (n_tokens, in) and weight of shape (out, in); got {X.shape} and {W.shape}")
+    if not (np.isfinite(X).all() and np.isfinite(W).all()):
+        raise ValueError("x and weight must be finite")
+    s = np.asarray(channels)
+    if s.ndim != 1 or (s.size and not np.issubdtype(s.dtype, np.integer)):
+        raise TypeError("channels must be a 1-D sequence of integer indices")
+    if s.size and (s.min() < 0 or s.max() >= W.shape[1] or len(np.unique(s)) != s.size):
+        raise ValueError(f"channels must be distinct indices in [0, {W.shape[1] - 1}]")
+    Xs, Ws = X[:, s], W[:, s]
+    e = Xs @ Ws.T
+    ea2 = (Xs**2).mean(axis=0)
+    wn = np.linalg.norm(Ws, axis=0)
+    return {
+        "exact": float((e**2).sum(axis=1).mean()),
+        "diagonal": float((ea2 * wn**2).sum()),
+        "minkowski": float((np.sqrt(ea2) * wn).sum() ** 2),
+    }
+
+
+# =========================================================================== clipping
+def tail_clip_threshold(mean, std, delta: float):
+    """Gradient-norm threshold exceeded with probability at most ``delta`` under a sub-Gaussian model.
+
+    Parameters
+    ----------
+    mean : float or array_like
+        Mean ``m`` of the gradient norm.
+    std : float or array_like, ≥ 0
+        Its sub-Gaussian parameter ``s`` (estimated by the standard deviation).
+    delta : float in (0, 1)
+        Target probability of clipping.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        ``τ = m + s · sqrt(2 ln(1/δ))``.
+
+    Raises
+    ------
+    TypeError
+        If ``delta`` is not a real number, or ``mean``/``std`` are not numeric.
+    ValueError
+        If ``std`` < 0, ``delta`` ∉ (0, 1), or a value is NaN/inf.
+
+    Notes
+    -----
+    If ``G − m`` is ``s²``-sub-Gaussian, the Chernoff bound gives the one-sided tail
+    ``P(G − m ≥ u) ≤ exp(−u²/(2s²))``; setting it equal to ``δ`` gives ``u = s sqrt(2 ln(1/δ))``.
+    This is the "threshold from the tail bound" of the note, made explicit; whether gradient
+    norms obey it is an empirical question (the book measures the clipping rate).
+
+    Examples
+    --------
+    >>> round(tail_clip_threshold(1.0, 0.5, 0.01), 4)
+    2.5174
+    """
+    d = _check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    try:
+        m = np.asarray(mean, dtype=np.float64)
+        s = np.asarray(std, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("mean and std must be real numbers or arrays of them") from exc
+    if not (np.isfinite(m).all() and np.isfinite(s).all()):
+        raise ValueError("mean and std must be finite")
+    if (s < 0).any():
+        raise ValueError(f"std must be >= 0, got {s.min()}")
+    tau = m + s * math.sqrt(2.0 * math.log(1.0 / d))
+    return float(tau) if tau.ndim == 0 else tau
+
+
+class TailClipper:
+    """Dynamic clipping threshold from the last ``window`` gradient norms.
+
+    Parameters
+    ----------
+    delta : float in (0, 1), default 0.01
+        Target clipping probability of :func:`tail_clip_threshold`.
+    window : int, default 50
+        Number of most recent (unclipped) gradient norms used for the mean and std.
+    min_history : int, default 20
+        Below this many observations the threshold is ``inf`` (no clipping yet).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For non-integer or non-positive sizes, ``min_history > window``, or a bad ``delta``.
+
+    Notes
+    -----
+    ``τ_t = m_t + s_t sqrt(2 ln(1/δ))`` with ``m_t``, ``s_t`` the mean and (population)
+    standard deviation of the window.  A data-driven ("dynamic") rule in the sense of the
+    note; the norms are recorded before clipping.
+
+    Examples
+    --------
+    >>> c = TailClipper(delta=0.01, window=3, min_history=2)
+    >>> c.threshold
+    inf
+    >>> for g in (1.0, 2.0, 3.0, 4.0): c.update(g)
+    >>> round(c.threshold, 4)     # window (2, 3, 4): mean 3, std 0.8165
+    5.4779
+    """
+
+    def __init__(self, delta: float = 0.01, window: int = 50, min_history: int = 20):
+        self.delta = _check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+        self.window = _check_int(window, "window", 2)
+        self.min_history = _check_int(min_history, "min_history", 2)
+        if self.min_history > self.window:
+            raise ValueError(f"min_history ({min_history}) must not exceed window ({window})")
+        self._norms: deque[float] = deque(maxlen=self.window)
+
+    def update(self, grad_norm: float) -> None:
+        """Record one (unclipped) gradient norm.
+
+        Raises
+        ------
+        ValueError
+            If the norm is negative or not finite.
+        """
+        g = _check_real(grad_norm, "grad_norm", lo=0.0)
+        self._norms.append(g)
+
+    @property
+    def threshold(self) -> float:
+        """Current ``τ`` (``inf`` while fewer than ``min_history`` norms are recorded)."""
+        if len(self._norms) < self.min_history:
+            return math.inf
+        a = np.fromiter(self._norms, dtype=np.float64)
+        return tail_clip_threshold(a.mean(), a.std(), self.delta)
+
+
+# =========================================================================== the regulariser
+def column_means(weight: torch.Tensor) -> torch.Tensor:
+    """The note's column means: for each output ``j``, the mean of the weights feeding it.
+
+    Parameters
+    ----------
+    weight : torch.Tensor, shape (out, in)
+        ``nn.Linear`` layout.
+
+    Returns
+    -------
+    torch.Tensor, shape (out,)
+        ``c_j = (1/in) Σ_i W[j, i]`` (differentiable).
+
+    Raises
+    ------
+    TypeError
+        If ``weight`` is not a floating torch tensor.
+    ValueError
+        If ``weight`` is not 2-D.
+
+    Notes
+    -----
+    In the note's layout ``X = Wᵀ Z`` these are the means of the columns of ``W``.  If every
+    input has the same mean ``m̄``, output ``j`` has mean ``in · m̄ · c_j``: the column means
+    carry a uniform input mean into the outputs.
+
+    Examples
+    --------
+    >>> column_means(torch.tensor([[1.0, 3.0], [2.0, -2.0]])).tolist()
+    [2.0, 0.0]
+    """
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+    return weight.mean(dim=1)
+
+
+def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float, lam_colmean: float) -> torch.Tensor:
+    """The note's regulariser ``Σ_W λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``.
+
+    Parameters
+    ----------
+    weights : sequence of torch.Tensor, each (out, in)
+    lam_frobenius : float ≥ 0
+        ``λ_F`` (controls the scale of the weights: "the variance").
+    lam_colmean : float ≥ 0
+        ``λ_μ`` (controls the column means: "the systematic bias").
+
+    Returns
+    -------
+    torch.Tensor (scalar, differentiable)
+
+    Raises
+    ------
+    TypeError
+        If ``weights`` is not a sequence of tensors or a λ is not a real number.
+    ValueError
+        If ``weights`` is empty, a λ is negative or not finite, or a weight is not 2-D.
+
+    Notes
+    -----
+    Squared norms (the note says "L2 norm"; the square is smooth at 0 and is what is used
+    in practice).  With i.i.d. entries of variance ``s²``, ``‖W‖_F² = out·in·s²`` while
+    ``‖colmean(W)‖² ≈ out·s²/in``: the two λ live on scales ``in²`` apart.
+
+    Examples
+    --------
+    >>> W = torch.tensor([[1.0, 3.0], [2.0, -2.0]])
+    >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)    # 0.1*18 + 1*(4 + 0)
+    5.8
+    """
+    lf = _check_real(lam_frobenius, "lam_frobenius", lo=0.0)
+    lm = _check_real(lam_colmean, "lam_colmean", lo=0.0)
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
+        raise TypeError("weights must be a list of weight tensors")
+    if len(weights) == 0:
+        raise ValueError("weights is empty; pass at least one matrix")
+    for k, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+            raise TypeError(f"weights[{k}] must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
+        if w.ndim != 2:
+            raise ValueError(f"weights[{k}] must be 2-D (out, in), got shape {tuple(w.shape)}")
+    total = None
+    for w in weights:
+        term = lf * w.pow(2).sum() + lm * column_means(w).pow(2).sum()
+        total = term if total is None else total + term
+    return total
+
+
+def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[tuple[str, torch.nn.Parameter]]:
+    """The weight matrices of the ``nn.Linear`` modules whose attribute name is in ``targets``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        E.g. a :class:`companion.stacks.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP
+        ``w_in, w_out``; ``unembed``).
+    targets : sequence of str
+        Attribute names, e.g. ``("w_v", "w_o")`` for the note's "value and output matrices".
+
+    Returns
+    -------
+    list of (qualified name, weight parameter), in module order
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a module or ``targets`` not a sequence of strings.
+    ValueError
+        If ``targets`` is empty or matches no linear layer.
+
+    Examples
+    --------
+    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=8))
+    >>> [n for n, _ in regularised_weights(lm, ["w_o"])]
+    ['stack.blocks.0.sublayers.0.f.w_o', 'stack.blocks.1.sublayers.0.f.w_o']
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(targets, str) or not isinstance(targets, Sequence) or not all(isinstance(t, str) for t in targets):
+        raise TypeError("targets must be a list of attribute names such as ['w_v', 'w_o']")
+    if not targets:
+        raise ValueError("targets is empty; name at least one kind of matrix, e.g. 'w_o'")
+    out = [(n, m.weight) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in set(targets)]
+    if not out:
+        raise ValueError(f"no linear layer of the model is named like {list(targets)}")
+    return out
+
+
+# =========================================================================== training
+_CLIP_MODES = ("none", "fixed", "tail")
+
+
+@dataclass(frozen=True)
+class TrainingControls:
+    """Gradient clipping and the mean-and-Frobenius regulariser of one training run.
+
+    Parameters
+    ----------
+    clip : {"none", "fixed", "tail"}, default "fixed"
+        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the
+        :class:`TailClipper` threshold; ``"none"``: never clip.
+    clip_value : float > 0, default 1.0
+    tail_delta : float in (0, 1), default 0.01
+    tail_window : int ≥ 2, default 50
+    tail_min_history : int ≥ 2, default 20
+    lam_frobenius, lam_colmean : float ≥ 0, default 0
+        ``λ_F`` and ``λ_μ`` of :func:`mean_frobenius_penalty`.
+    reg_targets : tuple of str, default ("w_v", "w_o")
+        Matrices the regulariser acts on (:func:`regularised_weights`).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For values of the wrong type or out of range.
+
+    Examples
+    --------
+    >>> TrainingControls(clip="tail", tail_delta=0.05).clip
+    'tail'
+    """
+
+    clip: str = "fixed"
+    clip_value: float = 1.0
+    tail_delta: float = 0.01
+    tail_window: int = 50
+    tail_min_history: int = 20
+    lam_frobenius: float = 0.0
+    lam_colmean: float = 0.0
+    reg_targets: tuple[str, ...] = ("w_v", "w_o")
+
+    def __post_init__(self):
+        if not isinstance(self.clip, str) or self.clip not in _CLIP_MODES:
+            raise ValueError(f"clip must be one of {_CLIP_MODES}, got {self.clip!r}")
+        _check_real(self.clip_value, "clip_value", lo=0.0, lo_open=True)
+        TailClipper(self.tail_delta, self.tail_window, self.tail_min_history)  # validates
+        _check_real(self.lam_frobenius, "lam_frobenius", lo=0.0)
+        _check_real(self.lam_colmean, "lam_colmean", lo=0.0)
+        if not isinstance(self.reg_targets, tuple) or not all(isinstance(t, str) for t in self.reg_targets):
+            raise TypeError("reg_targets must be a tuple of strings such as ('w_v', 'w_o')")
+
+    @property
+    def regularised(self) -> bool:
+        """Whether the regulariser is active."""
+        return self.lam_frobenius > 0 or self.lam_colmean > 0
+
+
+@dataclass
+class ControlledRun:
+    """Record of :func:`train_with_controls`.
+
+    Attributes
+    ----------
+    model : TinyLM
+        Trained, in ``eval()`` mode.
+    losses : numpy.ndarray, shape (steps,)
+        Training cross-entropy (nats/byte) at each step, without the penalty.
+    grad_norms : numpy.ndarray, shape (steps,)
+        Global gradient norm before clipping.
+    thresholds : numpy.ndarray, shape (steps,)
+        Clipping threshold used at each step (``inf`` = none).
+    clipped : numpy.ndarray of bool, shape (steps,)
+    eval_loss : float
+        Held-out cross-entropy (:func:`tiny_lm_loss`).
+    controls : TrainingControls
+    config : StackConfig
+    """
+
+    model: TinyLM
+    losses: np.ndarray
+    grad_norms: np.ndarray
+    thresholds: np.ndarray
+    clipped: np.ndarray
+    eval_loss: float
+    controls: TrainingControls
+    config: StackConfig = field(repr=False)
+
+    @property
+    def clip_rate(self) -> float:
+        """Fraction of steps at which the gradient was clipped."""
+        return float(self.clipped.mean())
+
+
+def _check_ids(ids, name: str, min_len: int) -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be a 1-D integer tensor of token ids (e.g. byte_tokenize(text))")
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+    if ids.numel() < min_len:
+        raise ValueError(f"{name} has {ids.numel()} tokens; need at least {min_len}")
+    return ids
+
+
+def train_with_controls(
+    config: StackConfig,
+    train_ids: torch.Tensor,
+    eval_ids: torch.Tensor,
+    controls: TrainingControls = TrainingControls(),
+    *,
+    steps: int = 200,
+    batch_size: int = 16,
+    seq_len: int = 64,
+    lr: float = 3e-3,
+    warmup: int | None = None,
+    seed: int = 0,
+) -> ControlledRun:
+    """Train a :class:`TinyLM` with a chosen clipping rule and the optional regulariser.
+
+    Parameters
+    ----------
+    config : StackConfig
+        ``vocab_size`` 256 (bytes), ``max_len ≥ seq_len``.
+    train_ids, eval_ids : torch.LongTensor, 1-D
+        Byte ids (:func:`companion.stacks.byte_tokenize`) of the training and held-out text.
+    controls : TrainingControls
+        Clipping rule and regulariser.
+    steps, batch_size, seq_len : int
+    lr : float > 0
+        Peak learning rate of Adam (no weight decay: the only penalty is the regulariser).
+    warmup : int or None
+        Linear warm-up steps (``None``: ``steps // 10``), then cosine decay to ``lr/10``.
+    seed : int
+        Seed of the window sampling (the weights are seeded by ``config.seed``).
+
+    Returns
+    -------
+    ControlledRun
+
+    Raises
+    ------
+    TypeError
+        For arguments of the wrong type.
+    ValueError
+        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or
+        a training loss that becomes NaN/inf (the message says at which step).
+
+    Notes
+    -----
+    Each step: sample ``batch_size`` windows, ``loss = CE + penalty``, backward, record the
+    global gradient norm ``‖g‖``, clip to ``τ`` if ``‖g‖ > τ`` (rescale by ``τ/‖g‖``), Adam
+    step.  The tail rule updates its window with the *unclipped* norm after deciding.
+    Deterministic on CPU for fixed seeds and thread count.
+
+    Examples
+    --------
+    >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
+    >>> ids = byte_tokenize("abcabcabd" * 30)
+    >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
+    >>> run.losses.shape, run.clipped.dtype
+    ((3,), dtype('bool'))
+    """
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    if config.vocab_size != 256:
+        raise ValueError(f"config.vocab_size must be 256 (bytes), got {config.vocab_size}")
+    if not isinstance(controls, TrainingControls):
+        raise TypeError(f"controls must be a TrainingControls, got {type(controls).__name__}")
+    steps = _check_int(steps, "steps", 1)
+    batch_size = _check_int(batch_size, "batch_size", 1)
+    seq_len = _check_int(seq_len, "seq_len", 2)
+    seed = _check_int(seed, "seed", 0)
+    lr = _check_real(lr, "lr", lo=0.0, lo_open=True)
+    warmup = max(1, steps // 10) if warmup is None else _check_int(warmup, "warmup", 0)
+    if seq_len > config.max_len:
+        raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
+    train_ids = _check_ids(train_ids, "train_ids", seq_len + 2)
+    eval_ids = _check_ids(eval_ids, "eval_ids", seq_len + 1)
+
+    model = TinyLM(config)
+    reg = regularised_weights(model, controls.reg_targets) if controls.regularised else []
+    reg_w = [w for _, w in reg]
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
+
+    def rate(step):
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        frac = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    clipper = TailClipper(controls.tail_delta, controls.tail_window, controls.tail_min_history)
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(seq_len + 1)
+    losses, norms, taus = np.empty(steps), np.empty(steps), np.empty(steps)
+    clipped = np.zeros(steps, dtype=bool)
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, train_ids.numel() - seq_len - 1, (batch_size,), generator=g)
+        window = train_ids[starts[:, None] + offsets]
+        logits, _ = model(window[:, :-1])
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+        loss = (ce + mean_frobenius_penalty(reg_w, controls.lam_frobenius, controls.lam_colmean)) if reg_w else ce
+        if not torch.isfinite(loss):
+            raise ValueError(f"the training loss became {loss.item()} at step {step}; lower lr or clip")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params if p.grad is not None])))
+        if controls.clip == "fixed":
+            tau = controls.clip_value
+        elif controls.clip == "tail":
+            tau = clipper.threshold
+        else:
+            tau = math.inf
+        if gnorm > tau:
+            factor = tau / (gnorm + 1e-12)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+            clipped[step] = True
+        clipper.update(gnorm)
+        opt.step()
+        sched.step()
+        losses[step], norms[step], taus[step] = ce.item(), gnorm, tau
+    model.eval()
+    return ControlledRun(model=model, losses=losses, grad_norms=norms, thresholds=taus, clipped=clipped,
+                         eval_loss=tiny_lm_loss(model, eval_ids, seq_len), controls=controls, config=config)
+
+
+def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
+    """Mean next-token cross-entropy of a :class:`TinyLM` on non-overlapping windows of ``ids``.
+
+    Parameters
+    ----------
+    model : TinyLM
+    ids : torch.LongTensor, 1-D
+    seq_len : int ≥ 1
+        Tokens fed per window; each window of ``seq_len + 1`` ids yields ``seq_len`` predictions.
+    batch_size : int ≥ 1
+        Windows per forward pass.
+
+    Returns
+    -------
+    float
+        nats per token, over ``⌊(len(ids) − 1)/seq_len⌋`` windows.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
+    ValueError
+        If ``ids`` is shorter than ``seq_len + 1`` or a size is < 1.
+
+    Examples
+    --------
+    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
+    >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
+    True
+    """
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    seq_len = _check_int(seq_len, "seq_len", 1)
+    batch_size = _check_int(batch_size, "batch_size", 1)
+    ids = _check_ids(ids, "ids", seq_len + 1)
+    n = (ids.numel() - 1) // seq_len
+    starts = torch.arange(n) * seq_len
+    offsets = torch.arange(seq_len + 1)
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for b in range(0, n, batch_size):
+            w = ids[starts[b:b + batch_size, None] + offsets]
+            logits, _ = model(w[:, :-1])
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum"))
+            count += w[:, 1:].numel()
+    model.train(was_training)
+    return total / count
+
+
+# =========================================================================== stream drift
+@dataclass(frozen=True)
+class StreamDrift:
+    """Mean drift and outliers of a TinyLM's residual stream, per layer.
+
+    Attributes
+    ----------
+    mean, std : numpy.ndarray, shape (L+1, d)
+        Channel mean ``μ_j`` and standard deviation ``σ_j`` over the tokens, at each layer.
+    rms : numpy.ndarray, shape (L+1,)
+        ``sqrt(mean x²)`` over tokens and channels: the layer's typical scale.
+    max_abs : numpy.ndarray, shape (L+1,)
+        Largest ``|x|`` at each layer (``max_abs / rms`` is the peak-to-typical ratio).
+    multiples : numpy.ndarray, shape (k,)
+        Thresholds ``t = multiple · rms_l``.
+    exceed_frac : numpy.ndarray, shape (L+1, k)
+        Fraction of entries with ``|x| > t`` (``Σ_j C_j(t) / (N d)``).
+    mean_dominated : numpy.ndarray of int, shape (L+1, k)
+        Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
+    n_tokens : int
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+    rms: np.ndarray
+    max_abs: np.ndarray
+    multiples: np.ndarray
+    exceed_frac: np.ndarray
+    mean_dominated: np.ndarray
+    n_tokens: int
+
+    @property
+    def drift(self) -> np.ndarray:
+        """Relative mean drift ``‖μ‖ / (sqrt(d) · rms)`` per layer (0: centred, 1: all mean)."""
+        d = self.mean.shape[1]
+        return np.linalg.norm(self.mean, axis=1) / (math.sqrt(d) * self.rms)
+
+
+def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0, 6.0), max_windows: int = 64) -> StreamDrift:
+    """Channel means, scales and outlier counts of the residual stream of a :class:`TinyLM`.
+
+    Parameters
+    ----------
+    model : TinyLM
+    ids : torch.LongTensor, 1-D
+        Held-out bytes; non-overlapping windows of ``seq_len`` tokens are used.
+    seq_len : int ≥ 1
+    multiples : sequence of float > 0
+        Thresholds in units of the layer's rms.
+    max_windows : int ≥ 1
+        At most this many windows (one forward pass).
+
+    Returns
+    -------
+    StreamDrift
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
+    ValueError
+        If ``multiples`` is empty or not positive, or ``ids`` is too short.
+
+    Notes
+    -----
+    ``stream[l]`` is the residual stream before block ``l`` (:class:`companion.stacks.StackOutput`),
+    ``l = 0 … L``.  Counts follow ``C_j(t) = #{i : |x_ij| > t}`` of the note's Theorem 2.
+
+    Examples
+    --------
+    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
+    >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
+    >>> sd.mean.shape, sd.exceed_frac.shape
+    ((3, 8), (3, 2))
+    """
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    seq_len = _check_int(seq_len, "seq_len", 1)
+    max_windows = _check_int(max_windows, "max_windows", 1)
+    mult = _as_1d_float(multiples, "multiples")
+    if (mult <= 0).any():
+        raise ValueError("multiples must be > 0")
+    ids = _check_ids(ids, "ids", seq_len)
+    n = min(max_windows, ids.numel() // seq_len)
+    w = ids[: n * seq_len].view(n, seq_len)
+    with torch.no_grad():
+        _, out = model(w)
+    x = out.stream.double().reshape(out.stream.shape[0], -1, out.stream.shape[-1])  # [L+1, N, d]
+    mu = x.mean(dim=1)
+    sd = x.std(dim=1, unbiased=False)
+    rms = x.pow(2).mean(dim=(1, 2)).sqrt()
+    t = rms[:, None] * torch.as_tensor(mult, dtype=x.dtype)[None, :]  # [L+1, k]
+    exceed = (x.abs()[:, :, :, None] > t[:, None, None, :]).double().mean(dim=(1, 2))
+    dominated = (mu.abs()[:, :, None] > t[:, None, :]).sum(dim=1)
+    return StreamDrift(mean=mu.numpy(), std=sd.numpy(), rms=rms.numpy(), max_abs=x.abs().amax(dim=(1, 2)).numpy(), multiples=mult,
+                       exceed_frac=exceed.numpy(), mean_dominated=dominated.numpy().astype(np.int64),
+                       n_tokens=int(x.shape[1]))

@@ -1,0 +1,524 @@
+"""Symmetric fake quantisation of activations: per-tensor, per-channel and per-token scales,
+bias correction by a channel centre, mixed precision for outlier channels, and hooks that apply
+it to the inputs of the linear layers of a real model.
+
+Everything here is *fake* quantisation (quantise, then dequantise, in floating point): it reproduces
+the numerical error of an integer kernel exactly, which is all that the error analysis needs.
+
+Convention: the channel axis is the **last** axis of an activation tensor ``x`` of shape
+``(..., d)``; every other axis indexes tokens.
+
+Notes
+-----
+A symmetric ``b``-bit quantiser with step (scale) ``Δ`` maps ``x`` to
+``Q(x) = Δ · clamp(round(x / Δ), -q, q)`` with ``q = 2**(b-1) - 1`` (127 for int8, 7 for int4).
+The scale is set from the range, ``Δ = max|x| / q``, over the group that shares it (the whole
+tensor, one channel, or one token), so nothing is clipped and ``|x - Q(x)| ≤ Δ/2`` for every
+element.  Bias correction quantises ``x - μ`` instead of ``x`` and adds ``μ`` back; in front of a
+linear layer ``y = W x + b`` the added ``μ`` folds exactly into the bias, ``b' = b + W μ``
+(:func:`fold_center_into_bias`, cf. Nagel et al. 2019, data-free quantisation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import torch
+
+__all__ = [
+    "GRANULARITIES",
+    "qmax",
+    "quantization_scale",
+    "fake_quantize",
+    "max_rounding_error",
+    "channel_mse",
+    "fold_center_into_bias",
+    "quantize_linear_inputs",
+]
+
+#: The groups that can share one scale: the whole tensor, one channel (last axis), one token (row).
+GRANULARITIES = ("tensor", "channel", "token")
+
+
+# --------------------------------------------------------------------------- argument checks
+def _check_bits(bits) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral):
+        raise TypeError(f"bits must be an integer (e.g. 8 or 4), got {type(bits).__name__}")
+    if not 2 <= int(bits) <= 16:
+        raise ValueError(f"bits must be between 2 and 16, got {bits}; use 8 for int8, 4 for int4")
+    return int(bits)
+
+
+def _check_granularity(granularity) -> str:
+    if not isinstance(granularity, str):
+        raise TypeError(f"granularity must be a string, one of {GRANULARITIES}, got {type(granularity).__name__}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}")
+    return granularity
+
+
+def _as_tensor(x, name: str = "x") -> tuple[torch.Tensor, bool]:
+    """Return ``x`` as a floating torch tensor and whether it came in as a NumPy array."""
+    if isinstance(x, np.ndarray):
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+        return torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
+    if isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+        return x, False
+    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def _check_finite(x: torch.Tensor, name: str = "x") -> None:
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty; pass a tensor with at least one element")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or infinite values; remove or replace them before quantising")
+
+
+def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
+    t, _ = _as_tensor(v, name)
+    if t.shape != (d,):
+        raise ValueError(f"{name} must have shape ({d},) (one value per channel), got {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return t.to(device=like.device, dtype=like.dtype)
+
+
+def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
+    if keep_channels is None:
+        return None
+    if isinstance(keep_channels, torch.Tensor):
+        idx = keep_channels.detach().cpu().numpy()
+    else:
+        idx = np.asarray(keep_channels)
+    if idx.ndim != 1:
+        raise ValueError(f"keep_channels must be a 1-D list of channel indices, got shape {idx.shape}")
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"keep_channels must hold integer channel indices, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= d):
+        raise ValueError(f"keep_channels must lie in [0, {d - 1}], got values in [{idx.min()}, {idx.max()}]")
+    if len(np.unique(idx)) != idx.size:
+        raise ValueError("keep_channels contains repeated indices; pass each channel once")
+    mask = torch.zeros(d, dtype=torch.bool, device=device)
+    mask[torch.as_tensor(idx, device=device)] = True
+    return mask
+
+
+def _scale_of(y: torch.Tensor, q: int, granularity: str, mask: torch.Tensor | None) -> torch.Tensor:
+    """``max|y| / q`` per group (kept channels excluded), 1 where that is 0; inputs validated."""
+    a = y.abs()
+    if mask is not None:
+        a = a.masked_fill(mask, 0.0)
+    if granularity == "tensor":
+        m = a.amax()
+    elif granularity == "channel":
+        m = a.reshape(-1, y.shape[-1]).amax(dim=0)
+    else:
+        m = a.amax(dim=-1, keepdim=True)
+    scale = m / q
+    return torch.where(scale > 0, scale, torch.ones_like(scale))  # range 0 (or subnormal): any scale is exact
+
+
+def _fake_quantize(t: torch.Tensor, q: int, granularity: str, c: torch.Tensor | None,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+    """The quantiser of :func:`fake_quantize` on validated arguments (the hooks' fast path)."""
+    y = t if c is None else t - c
+    scale = _scale_of(y, q, granularity, mask)
+    out = y.div(scale).round_().clamp_(-q, q).mul_(scale)
+    if c is not None:
+        out = out.add_(c)
+    if mask is not None:
+        out = torch.where(mask, t, out)
+    return out.to(t.dtype)
+
+
+# --------------------------------------------------------------------------- core functions
+def qmax(bits: int) -> int:
+    """Largest integer level of a symmetric signed ``bits``-bit quantiser, ``2**(bits-1) - 1``.
+
+    Parameters
+    ----------
+    bits : int
+        Bit width, 2 ≤ bits ≤ 16.
+
+    Returns
+    -------
+    int
+        127 for 8 bits, 7 for 4 bits.
+
+    Raises
+    ------
+    TypeError
+        If ``bits`` is not an integer.
+    ValueError
+        If ``bits`` is outside [2, 16].
+
+    Notes
+    -----
+    The symmetric ("restricted range") grid is ``{-q, …, q}``; the level ``-2**(bits-1)`` of two's
+    complement is left unused so that the grid is symmetric about 0.
+
+    Examples
+    --------
+    >>> qmax(8), qmax(4)
+    (127, 7)
+    """
+    return 2 ** (_check_bits(bits) - 1) - 1
+
+
+def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channels=None):
+    """Step ``Δ = max|x| / q`` of a symmetric quantiser for each group that shares a scale.
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray, shape (..., d)
+        Activations; the last axis indexes channels.
+    bits : int
+        Bit width (``q = 2**(bits-1) - 1``).
+    granularity : {"tensor", "channel", "token"}
+        ``"tensor"``: one scale; ``"channel"``: one per channel (max over all other axes);
+        ``"token"``: one per row (max over the channel axis).
+    keep_channels : sequence of int, optional
+        Channels excluded from the range (they are kept in floating point by
+        :func:`fake_quantize`).
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray
+        Shape ``()`` for ``"tensor"``, ``(d,)`` for ``"channel"``, ``x.shape[:-1] + (1,)`` for
+        ``"token"``; same type as ``x``.  Groups whose range is 0 get scale 1 (every value is 0
+        there, so any positive scale reproduces it exactly); so do groups whose ``max|x|/q``
+        underflows to 0 (subnormal ranges), which are then rounded to 0.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a floating tensor/array, ``bits`` is not an integer or ``granularity`` not
+        a string.
+    ValueError
+        If ``x`` is empty, 0-dimensional or not finite; ``bits`` is outside [2, 16];
+        ``granularity`` is unknown; ``keep_channels`` is out of range or repeated.
+
+    Notes
+    -----
+    Setting ``Δ`` from the maximum means no value is clipped, so the rounding error obeys
+    ``|x - Q(x)| ≤ Δ/2`` (see :func:`max_rounding_error`).
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, -4.0], [0.5, 2.0]])
+    >>> float(quantization_scale(x, 8, "tensor")) * 127
+    4.0
+    >>> (quantization_scale(x, 8, "channel") * 127).round(6).tolist()
+    [1.0, 4.0]
+    """
+    t, was_numpy = _as_tensor(x)
+    _check_finite(t)
+    q = qmax(bits)
+    _check_granularity(granularity)
+    mask = _keep_mask(keep_channels, t.shape[-1], t.device)
+    scale = _scale_of(t, q, granularity, mask)
+    return scale.numpy() if was_numpy else scale
+
+
+def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, keep_channels=None):
+    """Quantise then dequantise ``x`` with a symmetric ``bits``-bit grid.
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray, shape (..., d)
+        Activations; the last axis indexes channels.
+    bits : int
+        Bit width, 2 ≤ bits ≤ 16 (8 = int8, 4 = int4).
+    granularity : {"tensor", "channel", "token"}
+        Which elements share a scale (see :func:`quantization_scale`).
+    center : array_like of shape (d,), optional
+        Bias correction: quantise ``x - center`` and add ``center`` back.  With ``center = μ``
+        (the channel means) the quantiser sees only the fluctuation of each channel.
+    keep_channels : sequence of int, optional
+        Mixed precision: these channels are passed through unchanged (floating point) and are
+        excluded from the range that sets the scale.
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray
+        Same shape, dtype and type as ``x``.
+
+    Raises
+    ------
+    TypeError
+        For a non-floating ``x``, a non-integer ``bits`` or a non-string ``granularity``.
+    ValueError
+        For an empty, 0-dimensional or non-finite ``x``; ``bits`` outside [2, 16]; an unknown
+        ``granularity``; a ``center`` of the wrong shape or not finite; bad ``keep_channels``.
+
+    Notes
+    -----
+    ``Q(x) = c + Δ · clamp(round((x - c)/Δ), -q, q)`` with ``q = 2**(bits-1) - 1`` and
+    ``Δ = max|x - c| / q`` over the group (kept channels excluded).  Since the range sets ``Δ``,
+    nothing is clipped and ``|x - Q(x)| ≤ Δ/2``; if the rounding error is close to uniform on
+    ``[-Δ/2, Δ/2]`` (many levels per channel) its mean square is ``Δ²/12``.  ``round`` is
+    round-half-to-even.  References: Dettmers et al. (2022) for mixed precision of outlier
+    channels, Nagel et al. (2019) for bias correction.
+
+    Examples
+    --------
+    >>> x = np.array([[0.0, 1.0, -0.6], [2.54, 0.01, 0.2]])
+    >>> fake_quantize(x, 8, "tensor").round(4).tolist()
+    [[0.0, 1.0, -0.6], [2.54, 0.0, 0.2]]
+    >>> fake_quantize(x, 2, "tensor", keep_channels=[0]).tolist()
+    [[0.0, 1.0, -1.0], [2.54, 0.0, 0.0]]
+    """
+    t, was_numpy = _as_tensor(x)
+    _check_finite(t)
+    q = qmax(bits)
+    _check_granularity(granularity)
+    d = t.shape[-1]
+    c = None if center is None else _channel_vector(center, d, t, "center")
+    mask = _keep_mask(keep_channels, d, t.device)
+    out = _fake_quantize(t, q, granularity, c, mask)
+    return out.numpy() if was_numpy else out
+
+
+def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None, keep_channels=None):
+    """Worst-case absolute error ``Δ/2`` of :func:`fake_quantize`, broadcast to the shape of ``x``.
+
+    Parameters
+    ----------
+    x, bits, granularity, center, keep_channels
+        As in :func:`fake_quantize`.
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray
+        ``Δ/2`` for every element (0 for kept channels), same shape and type as ``x``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As in :func:`fake_quantize`.
+
+    Notes
+    -----
+    With ``Δ = max|x - c|/q`` over a group, every value lies in ``[-qΔ, qΔ]`` after centring, so
+    ``round`` never needs the clamp and the error of one element is at most half a step.
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, -4.0], [0.5, 2.0]])
+    >>> bool((np.abs(fake_quantize(x, 4) - x) <= max_rounding_error(x, 4)).all())
+    True
+    """
+    t, was_numpy = _as_tensor(x)
+    _check_finite(t)
+    _check_granularity(granularity)
+    d = t.shape[-1]
+    c = None if center is None else _channel_vector(center, d, t, "center")
+    mask = _keep_mask(keep_channels, d, t.device)
+    y = t if c is None else t - c
+    half = torch.broadcast_to(_scale_of(y, qmax(bits), granularity, mask) / 2, t.shape)
+    if mask is not None:
+        half = torch.where(mask, torch.zeros_like(half), half)
+    return half.numpy() if was_numpy else half
+
+
+def channel_mse(x, x_hat):
+    """Mean squared difference per channel, averaged over every axis but the last.
+
+    Parameters
+    ----------
+    x, x_hat : torch.Tensor or numpy.ndarray, shape (..., d)
+        Reference and approximation (e.g. activations and their fake-quantised version).
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray, shape (d,)
+        ``mean_i (x_ij - x̂_ij)²`` for each channel ``j``; type of ``x``.
+
+    Raises
+    ------
+    TypeError
+        If either argument is not a floating tensor/array.
+    ValueError
+        If the shapes differ, or a tensor is empty, 0-dimensional or not finite.
+
+    Notes
+    -----
+    Computed in float64 for accuracy.
+
+    Examples
+    --------
+    >>> channel_mse(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[1.0, 2.5], [2.0, 4.5]])).tolist()
+    [0.5, 0.25]
+    """
+    a, was_numpy = _as_tensor(x, "x")
+    b, _ = _as_tensor(x_hat, "x_hat")
+    if a.shape != b.shape:
+        raise ValueError(f"x and x_hat must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    _check_finite(a, "x")
+    _check_finite(b, "x_hat")
+    diff = (a.double() - b.to(a.device).double()).reshape(-1, a.shape[-1])
+    out = diff.pow(2).mean(dim=0).to(a.dtype)
+    return out.numpy() if was_numpy else out
+
+
+def fold_center_into_bias(weight, bias, center):
+    """Bias of a linear layer that absorbs a centre added back to its input: ``b + W c``.
+
+    Parameters
+    ----------
+    weight : torch.Tensor, shape (out, in)
+        Weight of ``y = W x + b`` (PyTorch's ``nn.Linear`` layout).
+    bias : torch.Tensor of shape (out,) or None
+        Existing bias (``None`` means zero).
+    center : torch.Tensor or numpy.ndarray, shape (in,)
+        The centre ``c`` subtracted before quantisation.
+
+    Returns
+    -------
+    torch.Tensor, shape (out,)
+        ``b + W c``.  Then ``W (Q(x - c) + c) + b = W Q(x - c) + (b + W c)``: bias correction costs
+        nothing at inference time.
+
+    Raises
+    ------
+    TypeError
+        If ``weight`` is not a floating torch tensor.
+    ValueError
+        If ``weight`` is not 2-D, or ``bias``/``center`` has the wrong shape or is not finite.
+
+    Notes
+    -----
+    Linear algebra only; the identity is exact up to floating-point rounding.
+
+    Examples
+    --------
+    >>> W = torch.tensor([[1.0, 2.0], [0.0, -1.0]])
+    >>> fold_center_into_bias(W, None, torch.tensor([1.0, 1.0])).tolist()
+    [3.0, -1.0]
+    """
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+    c = _channel_vector(center, weight.shape[1], weight, "center")
+    out = weight @ c
+    if bias is not None:
+        b = _channel_vector(bias, weight.shape[0], weight, "bias")
+        out = out + b
+    return out
+
+
+@contextlib.contextmanager
+def quantize_linear_inputs(
+    model: torch.nn.Module,
+    bits: int,
+    granularity: str = "tensor",
+    *,
+    modules: Mapping[str, torch.nn.Module] | None = None,
+    centers: Mapping[str, torch.Tensor] | None = None,
+    keep_channels: Mapping[str, object] | None = None,
+) -> Iterator[dict[str, torch.utils.hooks.RemovableHandle]]:
+    """Context manager: fake-quantise the input of every chosen ``nn.Linear`` during forward passes.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model whose linear layers are hooked (used to find them if ``modules`` is None).
+    bits : int
+        Bit width for every hooked input.
+    granularity : {"tensor", "channel", "token"}
+        Scale sharing, applied to each input tensor of shape (batch, seq, d) separately
+        (dynamic quantisation: the range is that of the current batch).
+    modules : mapping name -> nn.Linear, optional
+        The layers to hook.  Default: every ``nn.Linear`` of ``model`` except one named
+        ``lm_head``.
+    centers : mapping name -> tensor of shape (in,), optional
+        Bias correction per layer (usually the calibration channel means); layers not in the
+        mapping are quantised without centring.
+    keep_channels : mapping name -> sequence of int, optional
+        Mixed precision per layer: channels kept in floating point.
+
+    Yields
+    ------
+    dict
+        The hook handles by layer name (removed on exit, also on error).
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a module or a chosen module is not ``nn.Linear``.
+    ValueError
+        For bad ``bits``/``granularity``, or ``centers``/``keep_channels`` naming layers that are
+        not hooked or having the wrong length.
+
+    Notes
+    -----
+    Implemented with ``register_forward_pre_hook``, so the weights are untouched and the hooks
+    leave no trace after the ``with`` block.  Weight quantisation is deliberately not applied:
+    the book studies the activation side.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(3, 2)
+    >>> x = torch.tensor([[0.1, -2.0, 0.7]])
+    >>> with quantize_linear_inputs(lin, 2, modules={"lin": lin}):
+    ...     y = lin(x)
+    >>> torch.allclose(y, lin(fake_quantize(x, 2)))
+    True
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_bits(bits)
+    _check_granularity(granularity)
+    if modules is None:
+        modules = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
+    if not modules:
+        raise ValueError("no linear layers to hook; pass modules={name: nn.Linear}")
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"module {name!r} is a {type(mod).__name__}, not torch.nn.Linear")
+    centers = dict(centers or {})
+    keep_channels = dict(keep_channels or {})
+    for label, mapping in (("centers", centers), ("keep_channels", keep_channels)):
+        unknown = sorted(set(mapping) - set(modules))
+        if unknown:
+            raise ValueError(f"{label} names layers that are not hooked: {unknown[:3]}")
+    prepared_c: dict[str, torch.Tensor] = {}
+    prepared_k: dict[str, torch.Tensor] = {}
+    for name, mod in modules.items():
+        w = mod.weight
+        if name in centers:
+            prepared_c[name] = _channel_vector(centers[name], mod.in_features, w, f"centers[{name!r}]")
+        if name in keep_channels:
+            mask = _keep_mask(keep_channels[name], mod.in_features, w.device)
+            prepared_k[name] = mask
+    q = qmax(bits)
+
+    def make_hook(name):
+        c, k = prepared_c.get(name), prepared_k.get(name)
+
+        def hook(_module, args):
+            x, _ = _as_tensor(args[0], f"the input of {name!r}")
+            _check_finite(x, f"the input of {name!r}")
+            xq = _fake_quantize(x, q, granularity, None if c is None else c.to(x.dtype), k)
+            return (xq,) + tuple(args[1:])
+
+        return hook
+
+    handles = {}
+    try:
+        for name, mod in modules.items():
+            handles[name] = mod.register_forward_pre_hook(make_hook(name))
+        yield handles
+    finally:
+        for h in handles.values():
+            h.remove()
