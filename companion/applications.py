@@ -265,6 +265,39 @@ def linear_input_statistics(
     return out
 
 
+def _map_inputs_once(model, inputs, modules, reduce):
+    """Run ``model`` once on ``inputs`` and return ``{name: reduce(name, x)}``, where ``x`` is
+    the input of ``modules[name]`` as ``[tokens, in_features]`` with pad tokens removed.
+
+    Raises ``ValueError`` if a module did not run exactly once.
+    """
+    args, kwargs, mask = _split_inputs(inputs)
+    store: dict[str, list] = {name: [] for name in modules}
+
+    def make_hook(name):
+        def hook(_module, a):
+            x = a[0].detach()
+            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                x = x[mask.bool()]
+            store[name].append(reduce(name, x.reshape(-1, x.shape[-1])))
+
+        return hook
+
+    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for name, xs in store.items():
+        if len(xs) != 1:
+            raise ValueError(f"layer {name!r} ran {len(xs)} times in one forward pass; expected exactly once")
+        out[name] = xs[0]
+    return out
+
+
 def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, torch.nn.Linear]) -> dict[str, torch.Tensor]:
     """Inputs of the chosen linear layers during one forward pass, as ``[tokens, in_features]``.
 
@@ -301,31 +334,7 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     modules = _check_modules(modules)
-    args, kwargs, mask = _split_inputs(inputs)
-    store: dict[str, list] = {name: [] for name in modules}
-
-    def make_hook(name):
-        def hook(_module, a):
-            x = a[0].detach()
-            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
-                x = x[mask.bool()]
-            store[name].append(x.reshape(-1, x.shape[-1]).clone())
-
-        return hook
-
-    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    out = {}
-    for name, xs in store.items():
-        if len(xs) != 1:
-            raise ValueError(f"layer {name!r} ran {len(xs)} times in one forward pass; expected exactly once")
-        out[name] = xs[0]
-    return out
+    return _map_inputs_once(model, inputs, modules, lambda name, x: x.clone())
 
 
 def _column_median(x: torch.Tensor) -> torch.Tensor:
@@ -373,34 +382,13 @@ def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, t
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     modules = _check_modules(modules)
-    args, kwargs, mask = _split_inputs(inputs)
-    store: dict[str, list] = {name: [] for name in modules}
 
-    def make_hook(name):
-        def hook(_module, a):
-            x = a[0].detach()
-            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
-                x = x[mask.bool()]
-            x = x.reshape(-1, x.shape[-1]).double()
-            if x.shape[0] == 0:
-                raise ValueError(f"the input of {name!r} has no (unpadded) tokens")
-            store[name].append(_column_median(x).cpu().numpy())
+    def median(name, x):
+        if x.shape[0] == 0:
+            raise ValueError(f"the input of {name!r} has no (unpadded) tokens")
+        return _column_median(x.double()).cpu().numpy()
 
-        return hook
-
-    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    out = {}
-    for name, xs in store.items():
-        if len(xs) != 1:
-            raise ValueError(f"layer {name!r} ran {len(xs)} times in one forward pass; expected exactly once")
-        out[name] = xs[0]
-    return out
+    return _map_inputs_once(model, inputs, modules, median)
 
 
 def top_channels(values, k: int) -> np.ndarray:
