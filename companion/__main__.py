@@ -31,7 +31,8 @@ __all__ = ["main", "build_parser"]
 _EPILOG = """\
 Results are written as <out>/<experiment>/<config hash>.json + .npz.  Without --out they go to
 results/cache/ (git-ignored); Results committed to results/stored/ are what the chapters read.
-A Result whose config hash or schema does not match is recomputed, never reused.
+A Result whose config hash or schema does not match, or whose files are damaged (checksums in the
+JSON), is recomputed, never reused; run checks that --out is writable before computing anything.
 Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
 """
 
@@ -77,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the resolved config, its hash and the output path, and run nothing")
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p_show = sub.add_parser("show", help="summarise a stored Result",
-                            description="Print the metadata of a Result JSON file and the shapes of its arrays.")
+    show_text = ("Print the metadata of a Result JSON file and the shapes of its arrays, after "
+                 "checking the pair (fields, shapes, dtypes, checksums); a damaged Result is an "
+                 "error (exit code 2) that says what to do.")
+    p_show = sub.add_parser("show", help="summarise a stored Result", description=show_text)
     p_show.add_argument("path", help="path of the Result's .json file")
     return parser
 
@@ -187,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        0 on success, 2 for a bad argument or option value (with the reason on stderr).
+        0 on success; 2 for a bad argument or option value, an unwritable ``--out`` folder or a
+        damaged Result file; 1 for another operating-system error (the reason on stderr, no
+        traceback).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -201,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. the disk filled up while a Result was written
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

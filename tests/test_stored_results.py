@@ -8,6 +8,9 @@ consistency (they are data, so they are checked like data).
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 
@@ -69,3 +72,17 @@ def test_whole_corpus_statistics_are_consistent(model):
     # a channel's count at t is positive exactly when its largest |h| exceeds t
     exceeds = a["max_abs"][:, None, :] > a["thresholds"][None, :, None]
     assert np.array_equal(counts > 0, exceeds)
+
+
+def test_every_stored_result_carries_checksums_that_verify():
+    """Each committed pair names the SHA-256 of its .npz and of each array, and they match."""
+    paths = sorted((xp.results_root() / "stored").glob("*/*.json"))
+    assert paths, "no committed Results found"
+    for path in paths:
+        meta = json.loads(path.read_text())
+        npz = path.with_suffix(".npz").read_bytes()
+        assert meta.get("npz_sha256") == hashlib.sha256(npz).hexdigest(), (
+            f"{path} has no (or a wrong) npz_sha256; add it with experiments.add_checksums")
+        result = xp.load_result(path)  # verifies the per-array checksums too
+        assert all(len(spec["sha256"]) == 64 for spec in meta["arrays"].values())
+        assert result.config_hash == path.stem
