@@ -17,12 +17,21 @@ export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help env book test test-package test-notebooks benchmarks check-render lock clean
+# Kernel sets that `make test-portable` forces; default: every set this CPU can run.
+KERNEL_SETS ?= $(shell $(BIN)/python -m companion.determinism available 2>/dev/null || echo default)
+PORTABLE_LOG := _build/portable
+# What test-portable re-runs (package tests and every chapter by default).
+PORTABLE_PATHS ?= tests book
+
+.PHONY: help env book test test-package test-notebooks test-portable test-explore benchmarks \
+	check-render lock clean
 
 help:
 	@echo "make env          create .venv and install the pinned environment (constraints.txt)"
 	@echo "make book         render the HTML book from the stored, executed chapters into _build/html"
-	@echo "make test         pytest for the package + nbval over every chapter"
+	@echo "make test         pytest for the package + nbval over every chapter (AVX2 kernels pinned)"
+	@echo "make test-portable  make test again under every CPU kernel set this machine has"
+	@echo "make test-explore   property tests randomized, many examples, 20 seeds"
 	@echo "make benchmarks   run the performance comparisons in benchmarks/"
 	@echo "make check-render open the built book in headless Chromium and check maths and figures"
 
@@ -50,6 +59,23 @@ test-package: $(STAMP)
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) book
+
+# Re-run the package tests and nbval with each kernel set forced (torch, MKL, oneDNN, NumPy;
+# see companion/determinism.py).  Every set runs even if one fails; the summary says which failed.
+test-portable: $(STAMP)
+	mkdir -p $(PORTABLE_LOG) && rm -f $(PORTABLE_LOG)/summary.txt
+	status=0; for ks in $(KERNEL_SETS); do \
+	  start=$$(date +%s); \
+	  $(BIN)/python -m companion.determinism run $$ks -- $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    $(NBVAL) $(PORTABLE_PATHS) > $(PORTABLE_LOG)/$$ks.log 2>&1 && rc=0 || rc=$$?; \
+	  echo "kernel set $$ks: $$(tail -n 1 $(PORTABLE_LOG)/$$ks.log) [exit $$rc, $$(( $$(date +%s) - start )) s]" \
+	    | tee -a $(PORTABLE_LOG)/summary.txt; \
+	  [ $$rc -eq 0 ] || status=1; \
+	done; exit $$status
+
+# Hypothesis randomized with many examples over several seeds (CI runs the derandomized profile).
+test-explore: $(STAMP)
+	bash tests/explore_hypothesis.sh
 
 benchmarks: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done

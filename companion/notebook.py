@@ -6,15 +6,18 @@ import os
 import random
 import sys
 
-import numpy as np
-
 #: Thread count used by every chapter.  CI machines have 2 cores; fixing the count keeps
 #: floating-point reduction order (and hence printed digits) identical between runs.
 NOTEBOOK_THREADS = 2
 
 
-def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS) -> np.random.Generator:
-    """Prepare a chapter: seeds, threads, determinism, printing, figures, quiet progress bars.
+def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
+    """Prepare a chapter: CPU kernels, seeds, threads, determinism, printing, figures, quiet bars.
+
+    Call it first, before importing torch or NumPy: it pins the AVX2 kernel set
+    (:func:`companion.determinism.pin_cpu_kernels`), which those libraries read once at import,
+    so that the printed numbers are the same on AVX2 and AVX-512 machines.  If torch was
+    imported earlier with other kernels, it warns and says how to restart.
 
     Parameters
     ----------
@@ -37,19 +40,32 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS) -> np.random.
     ValueError
         If ``seed`` is negative or ``threads`` < 1.
 
+    Warns
+    -----
+    RuntimeWarning
+        If torch was imported before this call and runs another kernel set than the pinned one.
+
     Notes
     -----
-    Sets ``TQDM_DISABLE=1``, ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``,
+    Sets ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA`` and
+    ``NPY_DISABLE_CPU_FEATURES`` unless already set (see :mod:`companion.determinism`),
+    ``TQDM_DISABLE=1``, ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``,
     ``HF_HUB_DISABLE_PROGRESS_BARS=1``; ``torch.use_deterministic_algorithms(True)``;
     NumPy and torch print precision 4; matplotlib's inline backend to PNG at a fixed
     figure size and dpi.
 
     Examples
     --------
+    >>> import numpy as np
     >>> rng = setup_notebook(seed=0)
     >>> float(np.round(rng.standard_normal(), 4))
     0.1257
     """
+    from companion.determinism import check_kernels, pin_cpu_kernels
+
+    pin_cpu_kernels()  # before numpy and torch are imported: they read the variables once
+    import numpy as np
+
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
     if seed < 0:
@@ -86,6 +102,7 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS) -> np.random.
         torch.set_num_threads(int(threads))
         torch.use_deterministic_algorithms(True)
         torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)
+        check_kernels()
 
     # transformers reads TRANSFORMERS_VERBOSITY when it is first imported; if a chapter imported it
     # already, quieten it here (importing it only for this would cost seconds in maths chapters).

@@ -46,6 +46,22 @@ def toc_notebooks() -> list[Path]:
     return [p for p in (resolve(e) for e in toc_files()) if p is not None and p.suffix == ".ipynb"]
 
 
+def setup_order_problems(first_cell: str) -> list[str]:
+    """The first code cell must run ``import companion`` and ``companion.setup_notebook(...)``
+    before any other import: setup_notebook pins the CPU kernel set, which NumPy reads when it is
+    imported (see companion/determinism.py)."""
+    statements = [line for line in first_cell.splitlines()
+                  if line.strip() and not line.lstrip().startswith("#")]
+    if not statements or statements[0].strip() != "import companion":
+        return ["the first code cell must begin with `import companion`"]
+    for line in statements[1:]:
+        if "setup_notebook(" in line:
+            return []
+        if line.lstrip().startswith(("import ", "from ")):
+            return [f"`{line.strip()}` comes before companion.setup_notebook() in the first code cell"]
+    return ["the first code cell must call companion.setup_notebook() right after `import companion`"]
+
+
 def notebook_problems(path: Path) -> list[str]:
     """Everything that would let nbval pass vacuously or a reader fail, as messages."""
     try:
@@ -64,6 +80,8 @@ def notebook_problems(path: Path) -> list[str]:
         problems.append(f"{path}: never imports companion")
     if "setup_notebook(" not in source:
         problems.append(f"{path}: never calls companion.setup_notebook()")
+    if code:
+        problems += [f"{path}: {p}" for p in setup_order_problems("".join(code[0].get("source", "")))]
     for i, cell in enumerate(code):
         if not "".join(cell.get("source", "")).strip():
             continue

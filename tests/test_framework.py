@@ -687,11 +687,21 @@ def test_stored_weights_are_small_and_load():
     assert sorted(models) == sorted(xf._model_keys(xf.TrainedWindowsConfig()))
 
 
+# Tolerances derived from the spread across CPU kernel sets, measured with
+# tests/portability/training_spread.py (default / avx2 / avx512 on an AVX-512 machine): the
+# losses of the retrained depth-2 models differ from the stored ones by at most 1.7e-3 and the
+# weights by a relative distance of at most 5.9e-3; another configuration moves them far more
+# (lr 2.9e-3 instead of 3e-3: losses by 4.1e-2; seed 1: losses by 0.23, weights by 1.4).
+LOSS_ATOL = 1e-2
+WEIGHT_RTOL = 2e-2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_stored_weights_are_reproduced_by_training(placement):
     """Retrain the depth-2 models with the stored settings (one thread, deterministic) and
-    compare with the committed float16 weights and training losses."""
+    compare with the committed float16 weights and training losses, within the spread that
+    different CPU kernel sets produce (see LOSS_ATOL)."""
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
@@ -704,10 +714,17 @@ def test_stored_weights_are_reproduced_by_training(placement):
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
     stored_model, stored_losses = xf.load_models()[key]
-    np.testing.assert_allclose(new_losses, stored_losses, atol=1e-5)
-    for name, tensor in new_model.state_dict().items():
-        np.testing.assert_allclose(tensor.half().float().numpy(), stored_model.state_dict()[name].numpy(),
-                                   atol=2e-3, err_msg=name)
+    np.testing.assert_allclose(new_losses, stored_losses, rtol=0, atol=LOSS_ATOL)
+    stored = stored_model.state_dict()
+    diff = sum(float((t.half().float() - stored[n]).pow(2).sum()) for n, t in new_model.state_dict().items())
+    norm = sum(float(t.pow(2).sum()) for t in stored.values())
+    assert (diff / norm) ** 0.5 < WEIGHT_RTOL
+
+
+def test_stored_weights_belong_to_their_configuration():
+    """A stored weights file of another configuration is refused, not used."""
+    with pytest.raises(ValueError, match="were trained with"):
+        xf.load_models(config=xf.TrainedWindowsConfig(lr=2.9e-3))
 
 
 def test_experiment_docstring_examples_run():

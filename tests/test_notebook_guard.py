@@ -79,3 +79,19 @@ def test_guard_reports_unreadable_json(tmp_path):
     path.write_text("{not json")
     assert "cannot be read" in notebook_problems(path)[0]
     json.loads("{}")  # the guard itself never raises on bad input
+
+
+@pytest.mark.parametrize("first_cell, fragment", [
+    ("import numpy as np\nimport companion\ncompanion.setup_notebook()", "begin with `import companion`"),
+    ("import companion\nimport torch\nrng = companion.setup_notebook()", "`import torch` comes before"),
+    ("import companion\nx = 1", "must call companion.setup_notebook()"),
+])
+def test_guard_catches_imports_before_setup_notebook(tmp_path, first_cell, fragment):
+    """setup_notebook pins the CPU kernels, which NumPy reads at import: it must come first."""
+    problems = notebook_problems(_write(tmp_path, [_executed(first_cell, 1)]))
+    assert any(fragment in p for p in problems), problems
+
+
+def test_guard_accepts_comments_before_setup_notebook(tmp_path):
+    cell = "import companion\n# one thread: see the note\nrng = companion.setup_notebook(threads=1)\nimport numpy"
+    assert notebook_problems(_write(tmp_path, [_executed(cell, 1)])) == []
