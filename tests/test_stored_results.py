@@ -86,3 +86,26 @@ def test_every_stored_result_carries_checksums_that_verify():
         result = xp.load_result(path)  # verifies the per-array checksums too
         assert all(len(spec["sha256"]) == 64 for spec in meta["arrays"].values())
         assert result.config_hash == path.stem
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(WHOLE_CORPUS))
+def test_whole_corpus_statistics_agree_with_a_fresh_pass_in_what_they_mean(model):
+    """Recompute the statistics on the first 48 of the same sentences and check the conclusions the
+    chapter draws from the stored Result: which channels carry the large means, and the typical
+    per-layer spread.  The tolerances are sampling tolerances (48 sentences against 2838), far wider
+    than the spread between CPU kernel sets; a Result of another model or of changed weights fails."""
+    cfg = whole_corpus_config(model)
+    stored = xp.load_result(xp.result_path(cfg, xp.results_root() / "stored")).arrays
+    fresh_cfg = xp.make_config("channel_statistics", model=model, n_texts=48, skip_first=True,
+                               max_length=128, batch_size=16, thresholds=WHOLE_CORPUS_GRID)
+    fresh = xp.run(fresh_cfg, device="cpu").arrays
+    L = WHOLE_CORPUS[model]["n_layers"]
+    agree = 0
+    for layer in range(1, L + 1):
+        score_s = np.abs(stored["mean"][layer]) / np.median(np.sqrt(stored["var"][layer]))
+        score_f = np.abs(fresh["mean"][layer]) / np.median(np.sqrt(fresh["var"][layer]))
+        agree += int(np.argmax(score_f) in np.argsort(score_s)[-3:])
+        ratio = np.median(np.sqrt(fresh["var"][layer])) / np.median(np.sqrt(stored["var"][layer]))
+        assert 0.7 < ratio < 1.4, (layer, ratio)
+    assert agree >= 0.8 * L, f"the largest-mean channel agrees at only {agree} of {L} layers"
