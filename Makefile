@@ -23,7 +23,7 @@ PORTABLE_LOG := _build/portable
 # What test-portable re-runs (package tests and every chapter by default).
 PORTABLE_PATHS ?= tests book
 
-.PHONY: help env book test test-package test-notebooks test-portable test-explore benchmarks \
+.PHONY: help env book test test-package test-notebooks test-portable test-portable-ci test-explore benchmarks \
 	check-render lock clean
 
 help:
@@ -70,8 +70,16 @@ test-portable: $(STAMP)
 	    $(NBVAL) $(PORTABLE_PATHS) > $(PORTABLE_LOG)/$$ks.log 2>&1 && rc=0 || rc=$$?; \
 	  echo "kernel set $$ks: $$(tail -n 1 $(PORTABLE_LOG)/$$ks.log) [exit $$rc, $$(( $$(date +%s) - start )) s]" \
 	    | tee -a $(PORTABLE_LOG)/summary.txt; \
-	  [ $$rc -eq 0 ] || status=1; \
+	  [ $$rc -eq 0 ] || { status=1; grep -E '^(FAILED|ERROR)' $(PORTABLE_LOG)/$$ks.log | head -n 40; }; \
 	done; exit $$status
+
+# CI's share of the portability check (time budget): the scalar `default` kernel set over the
+# tests and chapters whose outputs amplify rounding (training, fake quantisation, chaotic stacks,
+# exceedance counts).  The full `make test-portable` found no difference in the other chapters.
+PORTABLE_CI_PATHS := tests/test_determinism.py tests/test_framework.py book/three_effect_framework.ipynb \
+	book/signal_propagation.ipynb book/applications.ipynb book/outliers_real_models.ipynb
+test-portable-ci: $(STAMP)
+	$(MAKE) test-portable KERNEL_SETS=default PORTABLE_PATHS="$(PORTABLE_CI_PATHS)"
 
 # Hypothesis randomized with many examples over several seeds (CI runs the derandomized profile).
 test-explore: $(STAMP)
