@@ -34,6 +34,8 @@ help:
 	@echo "make test-explore   property tests randomized, many examples, 20 seeds"
 	@echo "make benchmarks   run the performance comparisons in benchmarks/"
 	@echo "make check-render open the built book in headless Chromium and check maths and figures"
+	@echo "                  (light and dark theme)"
+	@echo "make pdf          typeset the whole book as a PDF (XeLaTeX) into _build/latex/book.pdf and check it"
 
 env: $(STAMP)
 
@@ -97,3 +99,9 @@ lock: $(STAMP)
 
 clean:
 	rm -rf _build _build.log .pytest_cache .benchmarks
+
+# The PDF renders the stored chapters (nothing is re-executed); TeX, fonts and poppler come from Debian
+# packages that tests/render/build_pdf.sh installs with apt-get when missing.
+.PHONY: pdf
+pdf: $(STAMP)
+	bash tests/render/build_pdf.sh

@@ -1,0 +1,250 @@
+"""Check the PDF of the book the way a reader would look at it (run by `make pdf` after the build).
+
+The PDF is read back with poppler's tools, not from the LaTeX source:
+
+* ``pdftohtml -xml`` gives every line of text with its font, so prose (and maths) can be told apart
+  from code (monospaced fonts, where ``$`` and backslashes are legitimate).  Prose must hold no raw
+  TeX (``$``, ``\\frac``, ``\\mathbb``, ...), no MyST role left unparsed (``{cite:p}``), no "??"
+  (unresolved reference) and no citation key printed instead of its author-year label.
+* The maths must be typeset: a maths font is embedded and the text holds mathematical italic
+  letters.
+* ``pdffonts``: every font is embedded and a CJK font is among them; every Chinese character of
+  ``book/glossary.md`` is in the extracted text, and the LaTeX log reports no missing glyph (XeTeX
+  drops a glyph its font lacks, which a reader sees as a gap or a tofu box).
+* ``pdfimages -list``: at least as many images as the stored chapters have PNG outputs.
+* The bibliography lists at least as many entries as the sources cite distinct keys.
+* ``pdftoppm``: every page is turned into an image and no ink may touch the paper's left or right
+  edge (a table or formula running off the page); a few pages are kept as PNG for a human look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+TOOLS = ("pdfinfo", "pdftotext", "pdffonts", "pdfimages", "pdftoppm", "pdftohtml")
+MONO = re.compile(r"mono|courier|typewriter", re.I)
+CJK_FONT = re.compile(r"cjk|sourcehan|source\s*han|wenquanyi|arphic|fandol|ukai|uming", re.I)
+MATH_FONT = re.compile(r"math", re.I)
+HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+MATH_ITALIC = re.compile(r"[\U0001D400-\U0001D7FF]")
+# Raw TeX a reader must never see in prose: a dollar sign, a control word, or \{ \} \_ \^.
+RAW_TEX = re.compile(r"\$|\\[A-Za-z]{2,}|\\[{}_^]")
+MYST_ROLE = re.compile(r"\{(?:cite(?::[a-z]+)?|prf:ref|ref|numref|eq|doc|term|math)\}")
+CITE_ROLE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+REF_ROLE = re.compile(r"\{(?:ref|numref|eq|prf:ref)\}`(?:[^`<]*<)?([^`>]+)>?`")
+# A label distinctive enough that, printed in the text, it can only be an unresolved reference.
+DISTINCT_LABEL = re.compile(r"^(?=.{6,})[\w.]+[-_][\w.-]+$")
+BIB_KEY = re.compile(r"^@\w+\s*\{\s*([^,\s]+)\s*,", re.M)
+EDGE_MM = 3.0       # ink closer than this to the left or right edge of the paper fails
+SCAN_DPI = 40
+
+
+def run(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def page_lines(pdf: Path) -> list[tuple[int, str, str]]:
+    """(page, font family, text) for every text line, from ``pdftohtml -xml``."""
+    xml = run("pdftohtml", "-xml", "-i", "-stdout", "-q", "-enc", "UTF-8", str(pdf))
+    fonts = dict(re.findall(r'<fontspec id="(\d+)"[^>]*family="([^"]*)"', xml))
+    lines, page = [], 0
+    for m in re.finditer(r'<page number="(\d+)"|<text [^>]*font="(\d+)"[^>]*>(.*?)</text>', xml):
+        if m.group(1):
+            page = int(m.group(1))
+            continue
+        text = html.unescape(re.sub(r"<[^>]+>", "", m.group(3)))
+        lines.append((page, fonts.get(m.group(2), "?"), text))
+    return lines
+
+
+def markdown_sources(book: Path) -> list[str]:
+    """Markdown text of the book's sources: .md files and the markdown cells of the notebooks."""
+    texts = [p.read_text(encoding="utf-8") for p in sorted(book.glob("*.md"))]
+    for nb in sorted(book.glob("*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        texts += ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    return texts
+
+
+def png_outputs(book: Path) -> int:
+    """Number of PNG outputs the stored chapters show (cells tagged to hide output excluded)."""
+    count = 0
+    for nb in sorted(book.glob("*.ipynb")):
+        for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+            tags = set(cell.get("metadata", {}).get("tags", []))
+            if cell["cell_type"] != "code" or tags & {"remove-output", "remove-cell"}:
+                continue
+            count += sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
+    return count
+
+
+def ink_columns(png: Path) -> tuple[int, int, int] | None:
+    """(first, last) column holding ink and the page width in pixels; None for an empty page."""
+    img = Image.open(png).convert("L")
+    box = img.point(lambda v: 255 if v < 235 else 0).getbbox()
+    return None if box is None else (box[0], box[2], img.width)
+
+
+def check(pdf: Path, log: Path | None, book: Path, out: Path) -> list[str]:
+    failures: list[str] = []
+    pages = int(re.search(r"Pages:\s+(\d+)", run("pdfinfo", str(pdf))).group(1))
+    print(f"{pdf}: {pages} pages")
+
+    # Fonts: all embedded, one CJK font, one maths font.
+    font_rows = run("pdffonts", str(pdf)).splitlines()[2:]
+    names = [row.split()[0] for row in font_rows]
+    # The last five columns are emb, sub, uni, object number and generation.
+    not_embedded = [row.split()[0] for row in font_rows if row.split()[-5] != "yes"]
+    cjk = [n for n in names if CJK_FONT.search(n)]
+    maths = [n for n in names if MATH_FONT.search(n)]
+    print(f"fonts: {len(names)} ({len(cjk)} CJK, {len(maths)} maths), not embedded: {not_embedded}")
+    if not_embedded:
+        failures.append(f"fonts not embedded: {not_embedded}")
+    if not cjk:
+        failures.append("no CJK font embedded: the glossary's Chinese terms cannot be shown")
+    if not maths:
+        failures.append("no maths font embedded: the mathematics was not typeset")
+
+    # Text, split into prose and code by font.
+    lines = page_lines(pdf)
+    prose = [(p, t) for p, f, t in lines if not MONO.search(f)]
+    full_text = "\n".join(t for _, _, t in lines)
+    raw = [(p, t) for p, t in prose if RAW_TEX.search(t) or MYST_ROLE.search(t)]
+    # LaTeX prints an undefined reference as "??", sphinxcontrib-bibtex an unknown key as "[]".
+    unresolved = [(p, t) for p, t in prose if "??" in t or "[]" in t]
+    italic = sum(len(MATH_ITALIC.findall(t)) for _, t in prose)
+    print(f"text: {len(lines)} lines ({len(prose)} prose), {italic} mathematical italic letters, "
+          f"{len(raw)} prose lines with raw TeX, {len(unresolved)} with '??' or '[]'")
+    for label, found in (("raw TeX or MyST syntax in prose", raw),
+                         ("unresolved '??' or '[]'", unresolved)):
+        for page, text in found[:10]:
+            failures.append(f"{label}, page {page}: {text.strip()[:90]!r}")
+    if italic == 0:
+        failures.append("no mathematical italic letters in the text: maths was not typeset")
+
+    # Citations: every cited key exists and is printed as a label, never as the key itself.
+    sources = markdown_sources(book)
+    cited = {key.strip() for text in sources for m in CITE_ROLE.finditer(text)
+             for key in m.group(1).split(",")}
+    bib_keys = set()
+    for bib in book.glob("*.bib"):
+        bib_keys |= set(BIB_KEY.findall(bib.read_text(encoding="utf-8")))
+    missing = sorted(cited - bib_keys)
+    printed_keys = sorted(k for k in cited if k in full_text)
+    entries = set(re.findall(r"^\[(\d+)\]", "\n".join(t for _, t in prose), re.M))
+    print(f"citations: {len(cited)} distinct keys cited, {len(bib_keys)} in the .bib, "
+          f"{len(entries)} numbered bibliography entries in the PDF")
+    if missing:
+        failures.append(f"cited keys missing from the bibliography file: {missing}")
+    if printed_keys:
+        failures.append(f"citation keys printed instead of labels (unresolved): "
+                        f"{printed_keys[:10]}")
+    # Sphinx prints a reference it cannot resolve as its bare label: in the text font ({ref}) or as
+    # a code literal of its own ({prf:ref}, {eq}); code cells may mention a label inside a comment.
+    labels = {m.group(1).strip() for s in sources for m in REF_ROLE.finditer(s)}
+    labels = {lab for lab in labels if DISTINCT_LABEL.match(lab)}
+    prose_text = "\n".join(t for _, t in prose)
+    literals = {t.strip() for _, f, t in lines if MONO.search(f)}
+    bare = sorted(lab for lab in labels if lab in prose_text or lab in literals)
+    print(f"references: {len(labels)} distinct labels referenced, {len(bare)} printed bare")
+    if bare:
+        failures.append(f"references printed as bare labels (unresolved): {bare[:10]}")
+    if len(entries) < len(cited):
+        failures.append(f"bibliography lists {len(entries)} entries for {len(cited)} cited keys")
+
+    # Chinese: every Han character of the glossary is in the text.
+    han = set(HAN.findall((book / "glossary.md").read_text(encoding="utf-8")))
+    absent = sorted(han - set(full_text))
+    print(f"CJK: {len(han)} distinct Chinese characters in the glossary, "
+          f"{len(absent)} absent from the PDF")
+    if not han:
+        failures.append("book/glossary.md holds no Chinese characters: nothing to check")
+    if absent:
+        failures.append(f"Chinese characters missing from the PDF text: {''.join(absent[:40])}")
+
+    # LaTeX log: glyphs the fonts lack, undefined references and citations.
+    if log is not None and log.exists():
+        text = log.read_text(encoding="utf-8", errors="replace")
+        glyphs = sorted(set(re.findall(r"Missing character: There is no (.) ", text)))
+        undefined = re.findall(r"(?:Reference|Citation) `[^']*' on page \d+ undefined", text)
+        print(f"LaTeX log: {len(glyphs)} missing glyphs, {len(undefined)} undefined references")
+        if glyphs:
+            failures.append(f"glyphs missing from the fonts (tofu): {''.join(glyphs[:40])}")
+        if undefined or "There were undefined references" in text:
+            failures.append(f"LaTeX reports undefined references: {undefined[:5]}")
+    else:
+        failures.append(f"LaTeX log {log} not found")
+
+    # Figures.
+    images = [row.split() for row in run("pdfimages", "-list", str(pdf)).splitlines()[2:]]
+    shown = sum(1 for row in images if len(row) > 2 and row[2] == "image")
+    expected = png_outputs(book)
+    print(f"figures: {shown} images in the PDF, {expected} PNG outputs in the stored chapters")
+    if shown < expected:
+        failures.append(f"only {shown} images in the PDF for {expected} PNG outputs")
+
+    # Page images: nothing runs off the paper; keep a few pages for a human look.
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        run("pdftoppm", "-r", str(SCAN_DPI), "-gray", "-png", str(pdf), f"{tmp}/p")
+        scans = sorted(Path(tmp).glob("p-*.png"))
+        edge_px = EDGE_MM / 25.4 * SCAN_DPI
+        off = []
+        for scan in scans:
+            cols = ink_columns(scan)
+            if cols and (cols[0] < edge_px or cols[1] > cols[2] - edge_px):
+                off.append(int(scan.stem.split("-")[1]))
+        print(f"page images: {len(scans)} pages at {SCAN_DPI} dpi, {len(off)} with ink at the edge")
+        if len(scans) != pages:
+            failures.append(f"pdftoppm produced {len(scans)} images for {pages} pages")
+        if off:
+            failures.append(f"content runs off the paper on pages {off[:20]}")
+    keep = {1: "title"}
+    for page, text in prose:
+        if "GLOSSARY" in text and "glossary" not in keep.values():
+            keep[page] = "glossary"
+        if text.strip() == "BIBLIOGRAPHY" and "bibliography" not in keep.values():
+            keep[page] = "bibliography"
+    for page, name in sorted(keep.items()):
+        run("pdftoppm", "-r", "80", "-png", "-singlefile", "-f", str(page), "-l", str(page),
+            str(pdf), str(out / f"page{page:03d}_{name}"))
+    print(f"pages kept for a look: {', '.join(str(p) for p in sorted(keep))} in {out}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pdf", type=Path, default=Path("_build/latex/book.pdf"))
+    parser.add_argument("--log", type=Path, default=None,
+                        help="LaTeX log (default: next to the PDF)")
+    parser.add_argument("--book", type=Path, default=Path("book"), help="the book's sources")
+    parser.add_argument("--out", type=Path, default=Path("_build/pdf_check"),
+                        help="where to keep a few page images")
+    args = parser.parse_args(argv)
+    missing_tools = [t for t in TOOLS if shutil.which(t) is None]
+    if missing_tools:
+        print(f"missing {missing_tools}: install Debian's poppler-utils")
+        return 2
+    if not args.pdf.is_file():
+        print(f"no {args.pdf}: run 'make pdf'")
+        return 2
+    log = args.log or args.pdf.with_suffix(".log")
+    failures = check(args.pdf, log, args.book, args.out)
+    print("PDF check:", "FAILED" if failures else "passed")
+    for failure in failures:
+        print("  -", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
