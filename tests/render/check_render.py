@@ -2,13 +2,17 @@
 
 For each chapter page, a small probe page served from the same local origin loads the chapter in an
 iframe, waits for MathJax to finish, and reports: how many formulas MathJax typeset, how many math
-elements are left untypeset, images that failed to load, whether MathJax came from _static, and
-unresolved references ("??").  A screenshot of the first chapter is saved for a human look.
+elements are left untypeset, images that failed to load, whether MathJax came from _static, raw TeX
+left in the text outside maths and code, and unresolved references ("??").  A screenshot of the
+first chapter is saved for a human look.  Then every chapter is opened again in the theme's dark
+mode (dark_mode.py): figures must be opaque and text must keep its contrast; one dark screenshot per
+chapter goes to _build/render_dark/.
 """
 
 from __future__ import annotations
 
 import functools
+import html
 import http.server
 import json
 import re
@@ -18,10 +22,14 @@ import tempfile
 import threading
 from pathlib import Path
 
+from dark_mode import check_dark
+
 PROBE = """<!doctype html><html><body><pre id="result">pending</pre>
-<iframe id="f" style="width:1200px;height:900px" src="PAGE"></iframe>
+<iframe id="f" style="width:1200px;height:900px"></iframe>
 <script>
+localStorage.setItem('mode', 'light'); localStorage.setItem('theme', 'light');
 const f = document.getElementById('f');
+f.src = 'PAGE';
 f.addEventListener('load', async () => {
   const w = f.contentWindow, d = f.contentDocument;
   try { if (w.MathJax && w.MathJax.startup) { await w.MathJax.startup.promise; } } catch (e) {}
@@ -40,10 +48,25 @@ f.addEventListener('load', async () => {
     broken_images: imgs.filter(i => !(i.naturalWidth > 0)).map(i => i.getAttribute('src')),
     unresolved: (d.body.innerText.match(/\\?\\?/g) || []).length,
     theorems: d.querySelectorAll('.proof, .theorem, div[class*="theorem"]').length,
+    raw_tex: RAW_TEX_JS(d),
   };
   document.getElementById('result').textContent = JSON.stringify(result);
 });
 </script></body></html>"""
+
+# Text a reader sees outside maths and code that still looks like TeX: a `$`, a control word.
+RAW_TEX_FN = r"""function(d) {
+  const skip = 'pre, code, script, style, textarea, .math, mjx-container, .highlight, .cell_output';
+  const walker = d.createTreeWalker(d.querySelector('.bd-article') || d.body, NodeFilter.SHOW_TEXT);
+  const found = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.parentElement.closest(skip)) continue;
+    const m = n.textContent.match(/\$|\\[A-Za-z]{2,}/);
+    if (m) found.push(n.textContent.trim().slice(0, 80));
+  }
+  return found;
+}"""
+PROBE = PROBE.replace("RAW_TEX_JS", "(" + RAW_TEX_FN + ")")
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -85,7 +108,7 @@ def main(html_dir: str) -> int:
             match = re.search(r'<pre id="result">(.*?)</pre>', dom, re.S)
             raw = match.group(1) if match else "no result"
             try:
-                res = json.loads(raw.replace("&quot;", '"'))
+                res = json.loads(html.unescape(raw))
             except json.JSONDecodeError:
                 failures.append(f"{page}: probe did not finish ({raw[:80]})")
                 continue
@@ -98,6 +121,9 @@ def main(html_dir: str) -> int:
                 problems.append(f"{res['untypeset']} math elements not typeset")
             if res["broken_images"]:
                 problems.append(f"broken images {res['broken_images']}")
+            if res["raw_tex"]:
+                problems.append(f"{len(res['raw_tex'])} pieces of raw TeX in the text: "
+                                f"{res['raw_tex'][:3]}")
             if res["unresolved"]:
                 problems.append(f"{res['unresolved']} unresolved '??' references")
             status = "ok " if not problems else "BAD"
@@ -110,6 +136,9 @@ def main(html_dir: str) -> int:
         chromium(["--window-size=1200,1600", f"--screenshot={shot}",
                   f"http://127.0.0.1:{port}/{pages[0]}"], profile)
         print(f"screenshot of {pages[0]}: {shot}")
+    # A profile of its own: the dark mode is kept in the profile's localStorage.
+    with tempfile.TemporaryDirectory() as profile:
+        failures += check_dark(root, port, pages, chromium, profile, root.parent / "render_dark")
     server.shutdown()
     if cdn:
         failures.append(f"pages referring to a CDN: {[str(p) for p in cdn[:5]]}")
