@@ -133,7 +133,11 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
             shell.run_line_magic("matplotlib", "inline")
             set_matplotlib_formats("png")
-            matplotlib.rcParams.update({"figure.figsize": (7.0, 4.0), "figure.dpi": 100})
+            # `%matplotlib inline` re-applies the backend's own settings: fix size and an opaque
+            # white background (figures stay readable on the book's dark theme)
+            matplotlib.rcParams.update({"figure.figsize": (7.0, 4.0), "figure.dpi": 100,
+                                        "figure.facecolor": "white", "savefig.facecolor": "white",
+                                        "savefig.transparent": False})
     except ImportError:
         pass
 
