@@ -68,6 +68,10 @@ _DEFAULT_CHUNK = 1 << 16
 _SORT_ABOVE_COMPARISONS = 32
 #: Thresholds are clipped to this magnitude before the float32 cast (avoids overflow to inf).
 _F32_CLIP = 1.0e30
+#: Squares of magnitudes in [_SQRT_TINY, _SQRT_HUGE] are normal float64 numbers.
+_SQRT_TINY = math.sqrt(float(np.finfo(np.float64).tiny))
+_SQRT_HUGE = math.sqrt(float(np.finfo(np.float64).max)) / 2.0
+_F64_MAX = float(np.finfo(np.float64).max)
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,17 +134,61 @@ def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
         ) from None
 
 
-def _row_counts(name: str, N) -> np.ndarray:
-    """``N`` as a positive int64 array (a scalar or array of integers)."""
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _integer_counts(name: str, N) -> np.ndarray:
+    """``N`` as an integer array, all >= 1 (int64, uint64, or object for Python ints beyond
+    64 bits)."""
     arr = np.asarray(N)
+    if arr.dtype == object:  # Python ints beyond the 64-bit range
+        flat = arr.ravel().tolist()
+        if flat and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in flat):
+            if min(flat) < 1:
+                raise ValueError(f"{name} must be >= 1, got min({name}) = {min(flat)}")
+            return arr
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(
             f"{name} must be a positive integer (number of rows) or an array of them, got "
             f"{type(N).__name__} (dtype {arr.dtype}); write e.g. 10**6 rather than 1e6"
         )
-    if (arr < 1).any():
+    if arr.size and (arr < 1).any():
         raise ValueError(f"{name} must be >= 1, got min({name}) = {int(arr.min())}")
+    return arr
+
+
+def _row_counts(name: str, N) -> np.ndarray:
+    """``N`` as a positive int64 array (a scalar or array of integers) for the simulation."""
+    arr = _integer_counts(name, N)
+    if arr.dtype == object or (arr.dtype == np.uint64 and arr.size and int(arr.max()) > _INT64_MAX):
+        raise ValueError(
+            f"{name} = {int(np.max(arr))} exceeds the int64 range ({_INT64_MAX:.3g}); a simulation "
+            "cannot draw that many rows (use the exact functions, which accept any N)"
+        )
     return arr.astype(np.int64)
+
+
+def _row_counts_real(name: str, N) -> np.ndarray:
+    """``N`` as float64 for the exact formulas: any positive integer, also beyond int64
+    (rounded to 16 significant digits above 2**53)."""
+    arr = _integer_counts(name, N)
+    if arr.dtype == object:
+        flat = [float(v) for v in arr.ravel().tolist()]
+        return np.asarray(flat, dtype=np.float64).reshape(arr.shape)
+    return arr.astype(np.float64)
+
+
+def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``u**2 / (2 s**2)`` (computed exactly so), also where ``u**2`` or ``s**2`` leaves the normal
+    float64 range: there it is ``(u/s)**2 / 2``, and 0 where ``u == 0`` (never ``0/0``)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        r = (u * u) / (2.0 * s * s)
+        au, as_ = np.abs(u), np.abs(s)
+        normal = (au >= _SQRT_TINY) & (au <= _SQRT_HUGE) & (as_ >= _SQRT_TINY) & (as_ <= _SQRT_HUGE)
+        odd = ~normal & (u != 0)
+        if odd.any():
+            r = np.where(odd, 0.5 * (u / s) ** 2, r)
+        return np.where(u == 0, 0.0, r)
 
 
 def _noise_name(noise) -> str:
@@ -219,7 +267,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
             f"(max of t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the intermediate "
             "and pure-variance regimes"
         )
-    tail = np.exp(-(u * u) / (2.0 * s * s))
+    tail = np.exp(-_half_square_ratio(u, s))
     return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
 
 
@@ -288,7 +336,18 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     """
     law = _noise_name(noise)
     m, tt, s = _broadcast(mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    p = _survival(tt - m, s, law) + _survival(tt + m, s, law)
+    with np.errstate(over="ignore", invalid="ignore"):
+        below, above = tt - m, tt + m
+        p = _survival(below, s, law) + _survival(above, s, law)
+        # t -+ mu or sqrt(3) sigma beyond 1.8e308: the same survival in units of sigma
+        odd = ~(np.isfinite(below) & np.isfinite(above) & (_SQRT3 * s <= _F64_MAX))
+        if odd.any():
+            ones = np.ones_like(s)
+            p = np.where(
+                odd,
+                _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law),
+                p,
+            )
     return _scalar_or_array(np.minimum(p, 1.0))
 
 
@@ -335,10 +394,32 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     if not isinstance(complement, (bool, np.bool_)):
         raise TypeError(f"complement must be True or False, got {type(complement).__name__}")
     m, tt, s = _broadcast(mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    if complement:
-        a = np.abs(m)
-        return _scalar_or_array(special.ndtr((tt - a) / s) - special.ndtr((-tt - a) / s))
-    return _scalar_or_array(special.ndtr((m - tt) / s) + special.ndtr(-(m + tt) / s))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if complement:
+            a = np.abs(m)
+            hi, lo = (tt - a) / s, (-tt - a) / s
+            inside = special.ndtr(hi) - special.ndtr(lo)
+            # both ends rounded to the same digits of Phi (t << sigma): integrate the density
+            # over the narrow interval instead, (hi - lo) phi(c) (1 + (c^2-1) w^2/24 + ...)
+            w, c = 2.0 * tt / s, -a / s
+            narrow = (w * np.maximum(1.0, np.abs(c)) < 1e-2) & (tt > 0)
+            if narrow.any():
+                inside = np.where(narrow, _narrow_normal_mass(w, c), inside)
+            return _scalar_or_array(inside)
+        below, above = (m - tt) / s, -(m + tt) / s
+        odd = ~(np.isfinite(m - tt) & np.isfinite(m + tt))  # m -+ t beyond 1.8e308
+        if odd.any():
+            below = np.where(odd, m / s - tt / s, below)
+            above = np.where(odd, -(m / s) - tt / s, above)
+        return _scalar_or_array(special.ndtr(below) + special.ndtr(above))
+
+
+def _narrow_normal_mass(w: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """P(c - w/2 < G <= c + w/2), G ~ N(0, 1), for w (1 + |c|) < 1e-2: the midpoint rule with its
+    Taylor corrections, truncation below 1e-17 relative."""
+    w2, c2 = w * w, c * c
+    series = 1.0 + (c2 - 1.0) * w2 / 24.0 + (c2 * c2 - 6.0 * c2 + 3.0) * w2 * w2 / 1920.0
+    return w * np.exp(-0.5 * c2) / math.sqrt(2.0 * math.pi) * series
 
 
 def expected_count_gaussian(N, mu, t, sigma):
@@ -347,7 +428,8 @@ def expected_count_gaussian(N, mu, t, sigma):
     Parameters
     ----------
     N : int or array_like of int
-        Number(s) of rows, :math:`N \ge 1`.
+        Number(s) of rows, :math:`N \ge 1`; any integer, also beyond the int64 range (it is
+        used as a float64, exact up to :math:`2^{53}`).
     mu, t, sigma : float or array_like
         As in :func:`exceedance_probability_gaussian`.
 
@@ -375,7 +457,7 @@ def expected_count_gaussian(N, mu, t, sigma):
     >>> round(expected_count_gaussian(10**6, 0.0, 3.0, 1.0), 1)
     2699.8
     """
-    n = _row_counts("N", N).astype(np.float64)
+    n = _row_counts_real("N", N)
     p = np.asarray(exceedance_probability_gaussian(mu, t, sigma))
     n, p = _broadcast(N=n, probability=p)
     return _scalar_or_array(n * p)
@@ -405,7 +487,8 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     Parameters
     ----------
     N : int or array_like of int
-        Number(s) of rows :math:`N \ge 1`.
+        Number(s) of rows :math:`N \ge 1`; any integer, also beyond the int64 range (it is used
+        as a float64, exact up to :math:`2^{53}`).
     mu : float or array_like
         Channel mean(s) :math:`\mu`.
     t : float or array_like
@@ -451,19 +534,23 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
-    n = _row_counts("N", N).astype(np.float64)
+    n = _row_counts_real("N", N)
     n, m, tt, s = _broadcast(
         N=n, mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma)
     )
     a = np.abs(m)
-    two_s2 = 2.0 * s * s
-    lower = n * -np.expm1(-np.maximum(a - tt, 0.0) ** 2 / two_s2)
-    upper = n * np.minimum(
-        1.0, np.exp(-np.maximum(tt - a, 0.0) ** 2 / two_s2) + np.exp(-((tt + a) ** 2) / two_s2)
-    )
-    dominated = a > tt
-    notes_lower = np.where(dominated, n * (1.0 - 2.0 * np.exp(-((a - tt) ** 2) / two_s2)), np.nan)
-    notes_upper = np.where(m == 0, 2.0 * n * np.exp(-(tt * tt) / two_s2), np.nan)
+    with np.errstate(over="ignore"):  # a + t beyond 1.8e308: its tail term is exp(-inf) = 0
+        lower = n * -np.expm1(-_half_square_ratio(np.maximum(a - tt, 0.0), s))
+        upper = n * np.minimum(
+            1.0,
+            np.exp(-_half_square_ratio(np.maximum(tt - a, 0.0), s))
+            + np.exp(-_half_square_ratio(tt + a, s)),
+        )
+        dominated = a > tt
+        notes_lower = np.where(
+            dominated, n * (1.0 - 2.0 * np.exp(-_half_square_ratio(a - tt, s))), np.nan
+        )
+        notes_upper = np.where(m == 0, 2.0 * n * np.exp(-_half_square_ratio(tt, s)), np.nan)
     regime = np.where(dominated, "mean-dominated", np.where(m == 0, "pure-variance", "intermediate"))
     return CountBounds(*(_scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
 
@@ -503,8 +590,9 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     TypeError
         If an input is not real-valued or ``kind`` is not a string.
     ValueError
-        If an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, the shapes do not broadcast
-        or ``kind`` is unknown.
+        If an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, the shapes do not broadcast,
+        ``kind`` is unknown, or a ``"two-sided"``/``"one-sided"`` margin exceeds the float64
+        range.
 
     Notes
     -----
@@ -531,25 +619,40 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     if kind not in _MARGIN_KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose one of {_MARGIN_KINDS}")
     tt, s = _broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    if kind == "two-sided":
-        return _scalar_or_array(s * math.sqrt(2.0 * math.log(4.0)) + 0.0 * tt)
-    if kind == "one-sided":
-        return _scalar_or_array(s * math.sqrt(2.0 * math.log(2.0)) + 0.0 * tt)
+    if kind in ("two-sided", "one-sided"):
+        factor = math.sqrt(2.0 * math.log(4.0 if kind == "two-sided" else 2.0))
+        with np.errstate(over="ignore"):
+            margin = s * factor + 0.0 * tt
+        if not np.isfinite(margin).all():
+            raise ValueError(
+                f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
+                f"sigma = {s.max():.4g}; rescale t and sigma"
+            )
+        return _scalar_or_array(margin)
 
     def excess(mu):
-        return special.ndtr((mu - tt) / s) + special.ndtr(-(mu + tt) / s) - 0.5
+        with np.errstate(over="ignore"):
+            total = mu + tt
+            # mu + t beyond 1.8e308 (t near the float64 limit): divide first
+            upper = np.where(np.isfinite(total), -total / s, -(mu / s) - tt / s)
+        return special.ndtr((mu - tt) / s) + special.ndtr(upper) - 0.5
 
     lo = np.zeros_like(tt)
     hi = tt.copy()
     at_zero = excess(lo) >= 0
+    def middle(lo, hi):
+        with np.errstate(over="ignore"):  # lo + hi beyond 1.8e308 for t near the float64 limit
+            mid = 0.5 * (lo + hi)
+        return np.where(np.isfinite(mid), mid, 0.5 * lo + 0.5 * hi)
+
     for _ in range(200):
-        mid = 0.5 * (lo + hi)
+        mid = middle(lo, hi)
         if not np.any((mid > lo) & (mid < hi)):
             break
         up = excess(mid) >= 0
         hi = np.where(up, mid, hi)
         lo = np.where(up, lo, mid)
-    root = np.where(at_zero, 0.0, 0.5 * (lo + hi))
+    root = np.where(at_zero, 0.0, middle(lo, hi))
     return _scalar_or_array(root - tt)
 
 
@@ -572,7 +675,8 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     Parameters
     ----------
     N : int or array_like of int
-        Number(s) of rows, :math:`N \ge 1`.
+        Number(s) of rows, :math:`N \ge 1`; any integer, also beyond the int64 range (it is
+        used as a float64, exact up to :math:`2^{53}`).
     p : float or array_like
         Exceedance probability per row, in :math:`[0, 1]` (e.g. from
         :func:`exceedance_probability`).
@@ -629,7 +733,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-    n = _row_counts("N", N).astype(np.float64)
+    n = _row_counts_real("N", N)
     pp = _real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
@@ -822,10 +926,10 @@ def simulate_counts(
         If ``N`` or ``chunk_size`` is not an integer, another input is not real-valued,
         ``noise`` is not a string or ``rng`` is of the wrong type.
     ValueError
-        If ``N < 1`` or a sequence ``N`` is not strictly increasing, an input is NaN or
-        infinite, ``sigma <= 0``, ``t < 0``, ``mu`` and ``sigma`` do not broadcast, ``noise``
-        is unknown, ``rho`` is outside :math:`[0, 1)` or non-zero with non-Gaussian noise, or
-        ``chunk_size < 1``.
+        If ``N < 1``, ``N`` exceeds the int64 range, or a sequence ``N`` is not strictly
+        increasing, an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, ``mu`` and ``sigma``
+        do not broadcast, ``noise`` is unknown, ``rho`` is outside :math:`[0, 1)` or non-zero
+        with non-Gaussian noise, or ``chunk_size < 1``.
 
     Notes
     -----
@@ -874,8 +978,15 @@ def simulate_counts(
         sig = sig * math.sqrt(1.0 - rho)
     ts = t_arr.reshape(-1)
     # thresholds in units of sigma: |X| > t  <=>  Z/sigma > hi  or  Z/sigma < lo
-    hi = (ts[None, :] - mus[:, None]) / sig[:, None]
-    lo = (-ts[None, :] - mus[:, None]) / sig[:, None]
+    with np.errstate(over="ignore"):
+        hi = (ts[None, :] - mus[:, None]) / sig[:, None]
+        lo = (-ts[None, :] - mus[:, None]) / sig[:, None]
+        # t -+ mu beyond 1.8e308 (or a tiny sigma): divide first, then subtract
+        for arr, sign in ((hi, 1.0), (lo, -1.0)):
+            odd = ~np.isfinite(sign * ts[None, :] - mus[:, None])
+            if odd.any():
+                z = sign * ts[None, :] / sig[:, None] - mus[:, None] / sig[:, None]
+                arr[odd] = z[odd]
     if law == "uniform":  # Z/sigma = sqrt(3) (2U - 1)
         hi, lo = (hi / _SQRT3 + 1.0) / 2.0, (lo / _SQRT3 + 1.0) / 2.0
     elif law == "laplace":  # Z/sigma = L / sqrt(2), L standard Laplace

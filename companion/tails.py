@@ -64,6 +64,8 @@ _TAIL_TOL = 0.02
 _LAM_MAX_UNBOUNDED = 20.0
 #: Smallest |lambda| * sd on the search grid; the limit lambda -> 0 (the variance) is added exactly.
 _LAM_MIN = 1e-4
+#: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
+_LAM_CAP = 1e150
 #: Grid points per sign of lambda before the local refinement.
 _GRID_POINTS = 256
 #: Step of the double-exponential quadrature (bounded support / unbounded support).
@@ -75,6 +77,10 @@ _CHUNK_ELEMENTS = 1 << 21
 _MAX_LATTICE = 1 << 22
 
 _LOG2 = math.log(2.0)
+_TINY = float(np.finfo(float).tiny)  # smallest normal float64, 2.2e-308
+_HUGE = float(np.finfo(float).max)
+_SQRT_TINY = math.sqrt(_TINY)
+_SQRT_HUGE = math.sqrt(_HUGE)
 _METHODS = ("auto", "numeric", "closed_form")
 
 
@@ -177,6 +183,19 @@ def _check_bool(value, name: str) -> bool:
     return bool(value)
 
 
+def _check_no_overflow(out: np.ndarray, what: str) -> None:
+    """ValueError if a result computed from finite inputs left the float64 range.
+
+    An infinite proxy means "no finite proxy exists" in this module, so an overflow must not be
+    returned as one.  Results below the range round to 0 or a subnormal, as IEEE arithmetic does.
+    """
+    if not np.isfinite(out).all():
+        raise ValueError(
+            f"{what} exceeds the float64 range (1.8e308); rescale the inputs (a proxy scales "
+            f"like the square of the variable)"
+        )
+
+
 def _scalar_or_array(arr: np.ndarray):
     return float(arr) if arr.ndim == 0 else arr
 
@@ -253,7 +272,26 @@ def _family(dist) -> str:
     return type(dist.dist).__name__
 
 
+def _atoms(dist) -> tuple[np.ndarray, np.ndarray]:
+    """Atoms (location included) and probabilities of an ``rv_discrete(values=...)`` law, the
+    atoms of probability 0 left out."""
+    gen = dist.dist
+    xk = np.asarray(gen.xk, dtype=float)
+    pk = np.asarray(gen.pk, dtype=float)
+    loc = float(dist.support()[0]) - float(np.min(xk))
+    live = pk > 0
+    return xk[live] + loc, pk[live]
+
+
 def _moments(dist) -> tuple[float, float]:
+    """Mean and variance of ``dist`` (scipy's values, repaired where they are known to fail).
+
+    scipy computes the variance of a finite discrete law as E[X^2] - (E X)^2, which cancels:
+    a point mass can get a variance of -2e-18 and atoms far from 0 a negative or zero one.  For
+    those laws the variance is recomputed from the atoms by two passes when scipy's value is not
+    clearly accurate (relative error above ~1e-12, i.e. mean^2 > 1e4 var), and a single atom is
+    an exact point mass.  Any other law's variance is clamped at 0 (it is >= 0 exactly).
+    """
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -264,7 +302,66 @@ def _moments(dist) -> tuple[float, float]:
                 f"scipy could not compute the mean and variance of dist ({exc}); define _stats "
                 f"(or _munp) on the distribution class"
             ) from exc
-    return mean, var
+        if _family(dist) == "rv_sample":
+            x, p = _atoms(dist)
+            if x.size == 1:
+                return float(x[0]), 0.0
+            if not (np.isfinite(var) and var > 0 and mean * mean <= 1e4 * var):
+                mean = float(np.dot(p, x))
+                mean += float(np.dot(p, x - mean))
+                var = float(np.dot(p, (x - mean) ** 2))
+    return mean, max(var, 0.0)
+
+
+#: Spreads (IQR of a continuous law, width of the atoms of a finite one) handled by the numerics:
+#: the variance, the proxy and lambda**2 then stay far from float64 underflow and overflow.
+_SPREAD_RANGE = (1e-150, 1e150)
+#: Quadrature nodes of a continuous law are ``mean + y`` in float64: a mean beyond this many
+#: spreads leaves fewer than ~10 significant digits in the centred nodes ``y``.
+_MAX_LOCATION_RATIO = 1e6
+
+
+def _spread(dist, var: float) -> float:
+    """A width of the law that does not under/overflow like the variance (0 for a point mass)."""
+    if _family(dist) == "rv_sample":
+        x, _ = _atoms(dist)
+        return float(np.ptp(x))
+    if _is_discrete(dist):  # integer lattice: spacing 1
+        return 0.0 if var == 0 else max(1.0, math.sqrt(var)) if np.isfinite(var) else 1.0
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        iqr = float(dist.ppf(0.75) - dist.ppf(0.25))
+    if np.isfinite(iqr) and iqr > 0:
+        return iqr
+    return math.sqrt(var) if np.isfinite(var) else 1.0
+
+
+def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) -> None:
+    """ValueError when float64 cannot carry the law's second-order quantities.
+
+    ``centred_nodes``: the caller builds quadrature nodes and needs ``x - mean`` accurately.
+    """
+    spread = _spread(dist, var)
+    lo, hi = _SPREAD_RANGE
+    if spread != 0 and not lo <= spread <= hi:
+        raise ValueError(
+            f"dist has a spread (interquartile range or width of its atoms) of {spread:.3g}, "
+            f"outside [{lo:g}, {hi:g}]: its variance under- or overflows float64.  Rescale X "
+            f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
+            f"K_cX(lam) = K_X(c lam))"
+        )
+    if (
+        centred_nodes
+        and not _is_discrete(dist)
+        and np.isfinite(mean)
+        and abs(mean) > _MAX_LOCATION_RATIO * spread
+    ):
+        raise ValueError(
+            f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
+            f"({spread:.3g}) from 0: float64 quadrature nodes mean + y cannot resolve the centred "
+            f"variable.  Pass the centred law (e.g. loc=0); the variance proxy and K(lambda) do "
+            f"not depend on the mean"
+        )
 
 
 def _scale(dist, var: float) -> float:
@@ -553,6 +650,8 @@ def _bernoulli_proxy_scalar(p: float) -> float:
 def _bernoulli_argmax(p: float) -> float:
     if p in (0.0, 1.0) or p == 0.5:
         return 0.0
+    if p < 1e-300:  # (1 - p)/p overflows below 5.6e-309
+        return 2.0 * (math.log1p(-p) - math.log(p))
     return 2.0 * math.log((1.0 - p) / p)
 
 
@@ -624,7 +723,11 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
     lower, upper = (float(v) for v in dist.support())
     with np.errstate(all="ignore"):
         if fam == "norm_gen":
-            return 0.5 * var * lam**2
+            out = 0.5 * var * lam**2
+            # lam**2 overflows before var * lam**2 does (|lam| > 1.3e154): use (sd lam)^2 there
+            big = ~np.isfinite(out)
+            out[big] = 0.5 * (math.sqrt(var) * lam[big]) ** 2
+            return out
         if fam == "uniform_gen":
             return _log_sinhc(0.5 * (upper - lower) * lam)
         if fam == "laplace_gen":
@@ -678,7 +781,11 @@ def log_mgf(dist, lam, *, method: str = "auto"):
         not a string.
     ValueError
         If ``lam`` contains NaN or infinities, ``dist`` has array parameters or no finite mean, or
-        ``method`` is unknown / has no closed form for this family.
+        ``method`` is unknown / has no closed form for this family; if ``dist`` has a spread
+        (interquartile range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its
+        variance is not representable: rescale :math:`X`), or the quadrature is needed for a
+        continuous law whose mean lies more than :math:`10^6` spreads from 0 (pass the centred
+        law).
 
     Notes
     -----
@@ -712,6 +819,7 @@ def log_mgf(dist, lam, *, method: str = "auto"):
         raise ValueError(
             "dist has no finite mean, so the centred cumulant generating function is undefined"
         )
+    _check_representable(dist, mean, var, centred_nodes=False)
     flat = lam_arr.ravel()
     if method != "numeric":
         closed = _closed_form_cgf(dist, flat)
@@ -739,6 +847,7 @@ def log_mgf(dist, lam, *, method: str = "auto"):
     finite = ~infinite & (flat != 0)
     out[infinite] = np.inf
     if finite.any():
+        _check_representable(dist, mean, var, centred_nodes=True)
         fin = flat[finite]
         lam_range = (float(max(0.0, -fin.min())), float(max(0.0, fin.max())))
         nodes = _nodes(dist, mean, var, lam_range=lam_range)
@@ -841,7 +950,11 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
         wrong type.
     ValueError
         If ``dist`` has array-valued or invalid parameters, or ``method`` is unknown (or
-        ``"closed_form"`` for a family without one).
+        ``"closed_form"`` for a family without one); if ``dist`` has a spread (interquartile
+        range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its variance is not
+        representable: rescale :math:`X`); if the numerical maximisation is asked of a
+        continuous law whose mean lies more than :math:`10^6` spreads from 0 (float64 nodes
+        ``mean + y`` lose the digits of ``y``: pass the centred law).
 
     Notes
     -----
@@ -852,8 +965,19 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     :math:`R(\pm\infty)`.  On a side where the support is bounded by :math:`b` the search stops at
     :math:`\lambda=2(b-\mu)/\operatorname{Var}X`, which is rigorous: :math:`K(\lambda)\le\lambda(b-\mu)`
     gives :math:`R(\lambda)\le 2(b-\mu)/\lambda<\operatorname{Var}X` beyond it, and
-    :math:`R(\infty)=0`.  On an unbounded side the search stops at :math:`20/\mathrm{sd}` and
+    :math:`R(\infty)=0`.  There the grid starts at :math:`\min(10^{-4}/\mathrm{sd},
+    10^{-2}/(b-\mu))`, so that a skewed law with :math:`b-\mu\gg\mathrm{sd}` (Bernoulli(:math:`p`),
+    :math:`p\to0`, whose maximiser :math:`2\ln((1-p)/p)` is far below :math:`10^{-4}/\sqrt p`)
+    is still searched from :math:`\lambda(b-\mu)\ll1`, and it ends at most at
+    :math:`10^{150}/\max(1, b-\mu)` (float64 range; a ``RuntimeWarning`` says if the rigorous end
+    was not reached).  On an unbounded side the search stops at :math:`20/\mathrm{sd}` and
     :math:`R(\pm\infty)=1/\ell''(x)` is read from the curvature of :math:`\ell=-\log f` far in the tail.
+
+    *Range.*  Laws whose spread (interquartile range, or width of the atoms of a finite law) lies
+    outside :math:`[10^{-150}, 10^{150}]` are refused with a ``ValueError``: their variance is not a
+    normal float64 number.  Rescale first: :math:`\sigma^2_{\rm opt}(cX)=c^2\sigma^2_{\rm opt}(X)`.
+    For finite discrete laws the variance is recomputed from the atoms when scipy's
+    :math:`E X^2-(E X)^2` cancels (mean :math:`^2>10^4` variance).
 
     *When is the proxy infinite?*  It is infinite if the mean or the variance is infinite.  Otherwise,
     on each side with unbounded support, the log-log slope
@@ -883,6 +1007,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     _check_dist(dist)
     method = _check_method(method)
     full_output = _check_bool(full_output, "full_output")
+    _check_representable(dist, *_moments(dist), centred_nodes=False)
     result = None
     if method != "numeric":
         result = _closed_form_proxy(dist)
@@ -901,6 +1026,7 @@ def _numeric_proxy(dist) -> ProxyResult:
         return ProxyResult(math.inf, var, math.nan, "numeric")
     if var == 0:
         return ProxyResult(0.0, 0.0, 0.0, "numeric")
+    _check_representable(dist, mean, var, centred_nodes=True)
     sd = math.sqrt(var)
     tails = _tails(dist, mean, sd)
     if any(t is not None and not np.isfinite(t.s2) for t in tails.values()):
@@ -909,13 +1035,16 @@ def _numeric_proxy(dist) -> ProxyResult:
     nodes = _nodes(dist, mean, var, lam_range=(_LAM_MAX_UNBOUNDED / sd, _LAM_MAX_UNBOUNDED / sd))
     v = nodes.var
     candidates = [(v, 0.0)]
-    ranges = {}
+    ranges, reaches = {}, {}
     for side in (+1, -1):
         tail = tails[side]
         if tail is None:
             reach = side * ((upper if side > 0 else lower) - nodes.mean)
             if reach > 0:
-                ranges[side] = 2.0 * reach / v  # rigorous: R(lam) < Var beyond it
+                reaches[side] = reach
+                # rigorous: R(lam) < Var beyond it.  A law with Var << reach^2 (Bernoulli(p),
+                # p -> 0) has it near 2/p; it is capped where lam^2 and lam * reach stay finite
+                ranges[side] = min(2.0 * reach / v, _LAM_CAP / max(reach, 1.0))
         else:
             ranges[side] = _LAM_MAX_UNBOUNDED / sd
             candidates.append((tail.s2, side * math.inf))
@@ -923,6 +1052,11 @@ def _numeric_proxy(dist) -> ProxyResult:
     for side, lam_hi in ranges.items():
         tail = tails[side]
         lam_lo = min(_LAM_MIN / sd, lam_hi / 10.0)
+        if side in reaches:
+            # lam * reach must be small at the start of the grid, or the maximiser of a skewed
+            # law (lambda* = 2 ln((1-p)/p) for Bernoulli(p)) can lie below it; unchanged while
+            # reach < 100 sd
+            lam_lo = min(lam_lo, 1e-2 / reaches[side])
         value, arg, at_end = _maximise_side(nodes, lam_lo, lam_hi, side)
         candidates.append((value, arg))
         if tail is not None and at_end and value > tail.s2:
@@ -933,6 +1067,15 @@ def _numeric_proxy(dist) -> ProxyResult:
                 stacklevel=3,
             )
     proxy, argmax = max(candidates, key=lambda c: c[0])
+    for side, reach in reaches.items():
+        if ranges[side] < 2.0 * reach / v and proxy < 2.0 * reach / ranges[side]:
+            warnings.warn(
+                f"the search for lambda stopped at {side * ranges[side]:.4g} (float64 range) "
+                f"before the rigorous end {side * 2.0 * reach / v:.4g}; the supremum may lie "
+                f"beyond",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     if proxy <= v * (1.0 + 1e-9):
         argmax = 0.0
     return ProxyResult(float(proxy), float(v), float(argmax), "numeric")
@@ -980,7 +1123,13 @@ def bernoulli_optimal_proxy(p):
     out = np.full(arr.shape, 0.25)
     inner = (arr > 0) & (arr < 1) & (arr != 0.5)
     q = arr[inner]
-    out[inner] = (1.0 - 2.0 * q) / (2.0 * np.log1p((1.0 - 2.0 * q) / q))
+    # The proxy is symmetric in p <-> 1 - p.  Close to 1, (1 - 2q)/q loses the digits of 1 - q
+    # (relative error 6e-11 at p = 1 - 1e-8), so p > 0.999 is evaluated at the exact 1 - p.
+    q = np.where(q > 0.999, 1.0 - q, q)
+    with np.errstate(over="ignore"):
+        ratio = (1.0 - 2.0 * q) / q  # (1 - p)/p - 1: overflows only for p < 5.6e-309
+    log_odds = np.where(np.isfinite(ratio), np.log1p(ratio), np.log1p(-q) - np.log(q))
+    out[inner] = (1.0 - 2.0 * q) / (2.0 * log_odds)
     out[(arr == 0) | (arr == 1)] = 0.0
     return _scalar_or_array(out)
 
@@ -1037,7 +1186,15 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
         raise ValueError(
             f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
         ) from None
-    bound = np.exp(-(t_b**2) / (2.0 * s_b))
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        expo = t_b**2 / (2.0 * s_b)
+        # t^2 or 2 sigma2 outside the normal float64 range (t > 1.3e154, t < 1.5e-154,
+        # sigma2 > 9e307 or subnormal) while their ratio is not: take the ratio first there
+        odd = ~((np.abs(t_b) >= _SQRT_TINY) & (np.abs(t_b) <= _SQRT_HUGE) & (s_b >= _TINY)
+                & (s_b <= _HUGE / 2.0)) & (t_b != 0)
+        if odd.any():
+            expo = np.where(odd, 0.5 * (t_b / np.sqrt(s_b)) ** 2, expo)
+        bound = np.exp(-expo)
     return _scalar_or_array((2.0 if two else 1.0) * bound)
 
 
@@ -1061,7 +1218,8 @@ def chernoff_lambda(t, sigma2):
     TypeError
         If an argument is not real.
     ValueError
-        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or shapes do not broadcast.
+        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, shapes do not broadcast,
+        or :math:`t/\sigma^2` exceeds the float64 range.
 
     Notes
     -----
@@ -1076,11 +1234,14 @@ def chernoff_lambda(t, sigma2):
     t_arr = _check_t(t)
     s2 = _check_sigma2(sigma2)
     try:
-        return _scalar_or_array(np.asarray(t_arr / s2, dtype=float))
+        with np.errstate(over="ignore"):
+            lam = np.asarray(t_arr / s2, dtype=float)
     except ValueError:
         raise ValueError(
             f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
         ) from None
+    _check_no_overflow(lam, "lambda* = t / sigma2")
+    return _scalar_or_array(lam)
 
 
 def hoeffding_proxy(a, b):
@@ -1101,7 +1262,8 @@ def hoeffding_proxy(a, b):
     TypeError
         If ``a`` or ``b`` is not real.
     ValueError
-        If an end is NaN or infinite, ``b < a``, or the shapes do not broadcast.
+        If an end is NaN or infinite, ``b < a``, the shapes do not broadcast, or :math:`(b-a)^2/4`
+        exceeds the float64 range (an infinite value would read as "no finite proxy").
 
     Notes
     -----
@@ -1127,7 +1289,10 @@ def hoeffding_proxy(a, b):
         raise ValueError(f"a (shape {a_arr.shape}) and b (shape {b_arr.shape}) do not broadcast") from None
     if (b_b < a_b).any():
         raise ValueError("b must be >= a (the range is [a, b])")
-    return _scalar_or_array((b_b - a_b) ** 2 / 4.0)
+    with np.errstate(over="ignore"):
+        out = (b_b - a_b) ** 2 / 4.0
+    _check_no_overflow(out, "(b - a)^2 / 4")
+    return _scalar_or_array(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1154,7 +1319,10 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     TypeError
         If ``dist`` is not a frozen scipy.stats distribution or ``centred`` is not a bool.
     ValueError
-        If ``dist`` has array-valued or invalid parameters.
+        If ``dist`` has array-valued or invalid parameters, if ``dist`` has a spread
+        (interquartile range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its
+        variance is not representable: rescale :math:`X`), or if ``dist`` is continuous with its
+        mean more than :math:`10^6` spreads from 0.
 
     Notes
     -----
@@ -1178,6 +1346,7 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     _check_dist(dist)
     centred = _check_bool(centred, "centred")
     mean, var = _moments(dist)
+    _check_representable(dist, mean, var, centred_nodes=var > 0 and np.isfinite(var))
     if not (np.isfinite(mean) and np.isfinite(var)):
         return math.inf
     if var == 0:
@@ -1199,6 +1368,13 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     lo = math.log(0.999 * math.sqrt(second_moment / _LOG2))
     if s2_tail > 0:
         lo = max(lo, 0.5 * math.log(2.0 * s2_tail) + 1e-9)
+    with np.errstate(divide="ignore"):
+        log_x2 = np.log(x2)
+    if float(np.max(log_x2)) - 2.0 * lo > 700.0:
+        # Jensen's bracket is far below the root (mass p -> 0 at a far atom: E X^2 = p, root
+        # 1/sqrt(ln(1/p))) and x^2/s^2 overflows there.  Every term of E e^{X^2/s^2} <= 2 gives
+        # s^2 >= x_i^2 / (ln 2 - ln w_i): at that bracket no term exceeds 2 and their sum is >= 2.
+        lo = max(lo, 0.5 * float(np.max(log_x2 - np.log(_LOG2 - logw))))
     keep = logw + x2 * math.exp(-2.0 * lo) > -60.0  # negligible for every s >= e^lo
     x2, logw = x2[keep], logw[keep]
 
@@ -1240,7 +1416,7 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
         If ``w`` or ``sigma2`` is not real or ``dependent`` is not a bool.
     ValueError
         If ``w`` is not 1-D/2-D, is empty or not finite; ``sigma2`` is not finite and positive or its
-        length differs from ``w.shape[0]``.
+        length differs from ``w.shape[0]``; or the proxy exceeds the float64 range.
 
     Notes
     -----
@@ -1272,10 +1448,12 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
         )
     s2 = np.broadcast_to(s2, (w_arr.shape[0],))
     col = w_arr if w_arr.ndim == 2 else w_arr[:, None]
-    if dep:
-        out = (np.abs(col) * np.sqrt(s2)[:, None]).sum(axis=0) ** 2
-    else:
-        out = (col**2 * s2[:, None]).sum(axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dep:
+            out = (np.abs(col) * np.sqrt(s2)[:, None]).sum(axis=0) ** 2
+        else:
+            out = (col**2 * s2[:, None]).sum(axis=0)
+    _check_no_overflow(out, "the proxy of w'Z")
     return float(out[0]) if w_arr.ndim == 1 else out
 
 

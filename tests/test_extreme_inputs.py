@@ -1,0 +1,365 @@
+"""Degenerate and extreme-but-valid inputs: a correct result or a clear ValueError, never a
+silently wrong number.
+
+Each explicit case below is the falsifying input of a bug (the value the code returned before
+the fix is given in a comment); the Hypothesis tests reach the same corners systematically:
+probabilities within 1e-12 of 0 and 1, magnitudes near the ends of the float64 range, counts
+beyond int64, float16 values near 65504 and vectors that overflow only after a cast.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from scipy import special, stats
+
+from companion import extremes as ex
+from companion import tails
+
+LN2 = math.log(2.0)
+F64_MAX = float(np.finfo(np.float64).max)
+FEW = settings(max_examples=40, deadline=None)
+MANY = settings(max_examples=200, deadline=None)
+
+# --------------------------------------------------------------------------- strategies
+#: Probabilities within 1e-12 of 0 or of 1 (down to the smallest subnormal), and ordinary ones.
+tiny_p = st.floats(min_value=5e-324, max_value=1e-12)
+near_one_p = st.floats(min_value=1.0 - 1e-12, max_value=1.0, exclude_max=True)
+extreme_p = st.one_of(tiny_p, near_one_p, st.floats(1e-6, 1.0 - 1e-6))
+#: Exact powers of two that rescale a problem across the whole float64 range.
+log2_scales = st.integers(-1000, 1000)
+#: Every finite double, the extremes included.
+any_float = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def approx(expected, rel=1e-12, abs=0.0, **kw):
+    """pytest.approx without its default absolute tolerance of 1e-12 (the values here are tiny)."""
+    return pytest.approx(expected, rel=rel, abs=abs, **kw)
+
+
+def _law(x, p):
+    return stats.rv_discrete(values=(np.asarray(x, dtype=float), np.asarray(p, dtype=float)))()
+
+
+@pytest.fixture(autouse=True)
+def _no_numerical_warnings():
+    """A fix that only hides a NaN behind a warning is not a fix: RuntimeWarnings are errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        yield
+
+
+# =========================================================================== tails
+def test_psi2_of_a_point_mass_whose_scipy_variance_is_negative():
+    # scipy gives Var = -1.7e-18 for this law: math.sqrt raised "math domain error"
+    # (tests/test_tails.py::test_property_psi2_definition, --hypothesis-seed=1)
+    law = _law([0.1], [1.0])
+    assert tails.psi2_norm(law) == 0.1 / math.sqrt(LN2)
+    assert tails.psi2_norm(law, centred=True) == 0.0
+    assert tails.optimal_variance_proxy(law, method="numeric") == 0.0
+    assert tails.optimal_variance_proxy(law) == 0.0
+    assert tails.log_mgf(law, [1.0, -2.0], method="numeric").tolist() == [0.0, 0.0]
+
+
+def test_point_mass_far_from_zero():
+    # scipy's variance is NaN (inf - inf): psi2_norm returned inf, the numeric proxy inf
+    law = _law([1e300], [1.0])
+    assert tails.psi2_norm(law) == approx(1e300 / math.sqrt(LN2), rel=1e-15)
+    assert tails.optimal_variance_proxy(law, method="numeric") == 0.0
+
+
+@pytest.mark.parametrize("shift", [1e8, 1e15])
+def test_finite_law_far_from_zero_keeps_its_variance(shift):
+    # scipy computes E X^2 - (E X)^2: at 1e8 it is negative (math domain error), at 1e15 it is
+    # 0 and the proxy came out as 0.0 instead of 1.15
+    x, p = np.array([0.0, 1.0, 3.0]), np.array([0.2, 0.5, 0.3])
+    ref = tails.optimal_variance_proxy(_law(x, p), method="numeric", full_output=True)
+    res = tails.optimal_variance_proxy(_law(shift + x, p), method="numeric", full_output=True)
+    assert res.variance == approx(ref.variance, rel=1e-12)
+    assert res.proxy == approx(ref.proxy, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [1e-13, 1e-12, 1.0 - 1e-13, 1.0 - 2**-53, 1e-300, 5e-324])
+def test_bernoulli_numeric_proxy_near_zero_and_one(p):
+    # the lambda grid started at 1e-4/sd = 316 > lambda* = 60 for p = 1e-13: the numeric proxy
+    # was 0.00573 instead of 0.0167 (and raised overflow warnings for p <= 1e-300)
+    closed = tails.optimal_variance_proxy(stats.bernoulli(p), full_output=True)
+    numeric = tails.optimal_variance_proxy(stats.bernoulli(p), method="numeric", full_output=True)
+    assert numeric.proxy == approx(closed.proxy, rel=1e-9)
+    assert math.isfinite(closed.argmax) and numeric.argmax == approx(closed.argmax, rel=1e-6)
+
+
+def test_bernoulli_closed_form_at_the_smallest_subnormal():
+    # (1 - 2p)/p overflowed: the proxy was 0 (and argmax inf) instead of 1/(2 ln(1/p))
+    p = 5e-324
+    expected = 1.0 / (2.0 * -math.log(p))
+    assert float(tails.bernoulli_optimal_proxy(p)) == approx(expected, rel=1e-15)
+
+
+@pytest.mark.parametrize("gap", [1e-6, 1e-8, 1e-10])
+def test_bernoulli_closed_form_near_one_is_as_accurate_as_near_zero(gap):
+    # symmetric in p <-> 1 - p; near 1 the old form lost digits (6e-11 relative at 1 - 1e-8)
+    p = 1.0 - gap
+    q = 1.0 - p  # exact
+    assert float(tails.bernoulli_optimal_proxy(p)) == approx(
+        float(tails.bernoulli_optimal_proxy(q)), rel=2e-16
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(extreme_p)
+def test_property_bernoulli_extreme_p_numeric_equals_closed_form(p):
+    law = stats.bernoulli(p)
+    closed = tails.optimal_variance_proxy(law, full_output=True)
+    numeric = tails.optimal_variance_proxy(law, method="numeric", full_output=True)
+    assert numeric.proxy == approx(closed.proxy, rel=1e-8)
+    assert closed.proxy >= p * (1.0 - p) * (1.0 - 1e-12)
+
+
+@FEW
+@given(extreme_p)
+def test_property_psi2_of_bernoulli_solves_its_definition(p):
+    # E exp(X^2/s^2) = 1 - p + p e^{1/s^2} = 2, i.e. 1/s^2 = ln((1 + p)/p), checked in logs
+    s = tails.psi2_norm(stats.bernoulli(p))
+    assert 1.0 / s**2 == approx(math.log1p(p) - math.log(p), rel=1e-9)
+
+
+def test_psi2_of_bernoulli_at_the_smallest_subnormal():
+    # exp(-2 log s) overflowed in the bracket of the root: OverflowError "math range error"
+    s = tails.psi2_norm(stats.bernoulli(5e-324))
+    assert 1.0 / s**2 == approx(-math.log(5e-324), rel=1e-9)
+
+
+@MANY
+@given(any_float)
+def test_property_point_masses_anywhere(x):
+    law = _law([x], [1.0])
+    assert tails.psi2_norm(law) == approx(abs(x) / math.sqrt(LN2), rel=1e-15)
+    assert tails.psi2_norm(law, centred=True) == 0.0
+    assert tails.optimal_variance_proxy(law) == 0.0
+    assert tails.optimal_variance_proxy(law, method="numeric") == 0.0
+
+
+#: Decimal exponents over the whole float64 range, with the edges of the handled range (spread
+#: 1e-150 .. 1e150) drawn often.
+decades = st.one_of(st.integers(-300, 300), st.integers(-160, -140), st.integers(140, 160))
+
+
+@FEW
+@given(decades, st.sampled_from([(0.0, 1.0, 3.0), (-1.0, 2.0), (-2.0, 0.5, 1.0, 4.0)]))
+def test_property_proxy_and_psi2_scale_across_the_float_range(k, atoms):
+    # sigma2_opt(cX) = c^2 sigma2_opt(X) and ||cX|| = |c| ||X|| with c = 10^k, or a ValueError
+    # when the spread of cX leaves [1e-150, 1e150]; never a wrong number
+    x = np.array(atoms)
+    p = np.linspace(1.0, 2.0, x.size)
+    p /= p.sum()
+    c = 10.0**k
+    base, scaled = _law(x, p), _law(c * x, p)
+    if not 1e-150 <= c * np.ptp(x) <= 1e150:
+        with pytest.raises(ValueError, match="spread"):
+            tails.optimal_variance_proxy(scaled, method="numeric")
+        with pytest.raises(ValueError, match="spread"):
+            tails.psi2_norm(scaled, centred=True)
+        return
+    assert tails.optimal_variance_proxy(scaled, method="numeric") == approx(
+        c * c * tails.optimal_variance_proxy(base, method="numeric"), rel=1e-8
+    )
+    assert tails.psi2_norm(scaled, centred=True) == approx(
+        c * tails.psi2_norm(base, centred=True), rel=1e-8
+    )
+
+
+@FEW
+@given(decades)
+def test_property_normal_law_at_every_scale(k):
+    sigma = 10.0**k
+    law = stats.norm(0, sigma)
+    if not 1e-150 <= 1.349 * sigma <= 1e150:  # the interquartile range
+        for call in (tails.optimal_variance_proxy, tails.psi2_norm):
+            with pytest.raises(ValueError, match="spread"):
+                call(law)
+        return
+    assert tails.optimal_variance_proxy(law) == approx(sigma**2, rel=1e-12)
+    assert tails.psi2_norm(law) == approx(sigma * math.sqrt(8 / 3), rel=1e-8)
+    assert tails.log_mgf(law, 1.0 / sigma) == approx(0.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e160, 1e300])
+def test_laws_whose_variance_leaves_the_float_range_are_refused(sigma):
+    # before: norm(0, 1e-300) had proxy 0, psi2 0 and K(1e300) = nan; norm(0, 1e300) had proxy
+    # and psi2 inf ("no finite proxy") and uniform(0, 1e300) raised OverflowError
+    for law in (stats.norm(0, sigma), stats.uniform(0, sigma), _law([-sigma, sigma], [0.5, 0.5])):
+        for call in (
+            lambda: tails.optimal_variance_proxy(law),
+            lambda: tails.optimal_variance_proxy(law, method="numeric"),
+            lambda: tails.psi2_norm(law),
+            lambda: tails.log_mgf(law, 1.0 / sigma),
+        ):
+            with pytest.raises(ValueError, match="spread"):
+                call()
+
+
+def test_continuous_law_far_from_zero_is_refused_by_the_quadrature():
+    # norm(1e12, 1): the nodes 1e12 + y kept 4 digits of y, the numeric proxy was 1.0000038
+    with pytest.raises(ValueError, match="centred law"):
+        tails.optimal_variance_proxy(stats.norm(1e12, 1.0), method="numeric")
+    assert tails.optimal_variance_proxy(stats.norm(1e12, 1.0)) == 1.0  # the closed form is exact
+    near = tails.optimal_variance_proxy(stats.norm(1e4, 1.0), method="numeric")
+    assert near == approx(1.0, rel=1e-9)
+
+
+def test_normal_cgf_where_lambda_squared_overflows():
+    # 0.5 * var * lam**2 = 0.5 * 1e-200 * inf: K was inf instead of 5e199
+    assert tails.log_mgf(stats.norm(0, 1e-100), 1e200) == approx(5e199, rel=1e-14)
+
+
+@MANY
+@given(
+    st.floats(1e-3, 1e3),
+    st.floats(1e-3, 1e3),
+    st.one_of(log2_scales, st.integers(495, 520), st.integers(-530, -505)),  # t^2 at the edges
+)
+def test_property_chernoff_bound_depends_only_on_t_over_sigma(t, sigma2, k):
+    # bound(c t, c^2 sigma2) = bound(t, sigma2) for c = 2^k: exact in real arithmetic
+    c = 2.0**k
+    s2 = sigma2 * c * c
+    assume(np.finfo(np.float64).tiny <= s2 < F64_MAX and t * c < F64_MAX)  # s2 exactly c^2 sigma2
+    ref = tails.subgaussian_tail_bound(t, sigma2)
+    assert tails.subgaussian_tail_bound(t * c, s2) == approx(ref, rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("t, s2", [(1.5e154, 1.7e308), (1e-160, 1e-321)])
+def test_chernoff_bound_where_t_squared_leaves_the_normal_range(t, s2):
+    # t^2 = inf and 2 sigma2 = inf: exp(-inf/inf) was 0 (or NaN) instead of 2 exp(-0.66);
+    # t^2 = 1e-320 is subnormal (3 digits): the bound was off by 1e-3 relative
+    assert tails.subgaussian_tail_bound(t, s2) == approx(
+        2.0 * math.exp(-0.5 * (t / math.sqrt(s2)) ** 2), rel=1e-14
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: tails.hoeffding_proxy(-1e160, 1e160),
+        lambda: tails.linear_map_proxy([1e160, 1.0], 1.0),
+        lambda: tails.linear_map_proxy([1.0, 1.0], 1e308, dependent=True),
+        lambda: tails.chernoff_lambda(1e300, 1e-10),
+    ],
+    ids=["hoeffding", "linear_map", "linear_map_dependent", "chernoff_lambda"],
+)
+def test_proxies_beyond_the_float_range_raise(call):
+    # they returned inf with an overflow warning; inf means "no finite proxy" in tails
+    with pytest.raises(ValueError, match="float64 range"):
+        call()
+
+
+# =========================================================================== extremes
+@pytest.mark.parametrize("N", [2**63, np.uint64(2**63), 10**20, 10**30])
+def test_expected_counts_beyond_int64(N):
+    # 2**63 wrapped to -2**63 (a negative expected count); 10**20 raised a TypeError
+    p = ex.exceedance_probability_gaussian(0.0, 1.0, 1.0)
+    assert ex.expected_count_gaussian(N, 0.0, 1.0, 1.0) == approx(float(int(N)) * p, rel=1e-15)
+    b = ex.theorem2_bounds(N, 3.0, 1.0, 1.0)
+    assert 0.0 < b.lower <= b.upper == approx(float(int(N)))
+    lo, hi = ex.count_interval(N, 0.3, 0.01, "chernoff")
+    assert lo < 0.3 * float(int(N)) < hi
+
+
+def test_simulation_beyond_int64_is_refused():
+    # 2**63 wrapped to a negative N and the simulation returned the count 0
+    with pytest.raises(ValueError, match="int64"):
+        ex.simulate_counts(2**63, 0.0, 1.0, 1.0, rng=0)
+
+
+@MANY
+@given(st.integers(1, 10**40))
+def test_property_exact_functions_accept_any_row_count(N):
+    p = ex.exceedance_probability_gaussian(0.5, 1.0, 1.0)
+    assert ex.expected_count_gaussian(N, 0.5, 1.0, 1.0) == approx(float(N) * p, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    "mu, t, sigma",
+    [(1.0, 1.0, 1e-200), (0.0, 0.0, 1e-200), (3e200, 1e200, 1e200), (1e-170, 0.0, 1e-170)],
+)
+def test_theorem2_bounds_at_extreme_scales(mu, t, sigma):
+    # 0/0 (sigma^2 underflows) and inf/inf (u^2 overflows) made the bounds NaN
+    b = ex.theorem2_bounds(10, mu, t, sigma)
+    k = 2.0**-600 if sigma > 1 else 2.0**600  # the same problem at an ordinary scale
+    ref = ex.theorem2_bounds(10, mu * k, t * k, sigma * k)
+    for got, want in zip(b[:4], ref[:4]):
+        assert got == approx(want, rel=1e-12, abs=0.0, nan_ok=True)
+
+
+def test_theorem1_at_extreme_scales():
+    # u = sigma = 1e200: inf/inf gave NaN; the bound is 1 - 2 exp(-1/2)
+    assert ex.theorem1_lower_bound(2e200, 1e200, 1e200) == approx(1 - 2 * math.exp(-0.5))
+
+
+@MANY
+@given(
+    st.floats(-50, 50),
+    st.floats(0, 50),
+    st.floats(0.01, 10),
+    log2_scales,
+    st.sampled_from(ex.NOISE_LAWS),
+)
+def test_property_probabilities_and_bounds_are_scale_invariant(mu, t, sigma, k, noise):
+    # (mu, t, sigma) -> c (mu, t, sigma), c = 2^k, changes none of them in exact arithmetic
+    c = 2.0**k
+    scaled = (mu * c, t * c, sigma * c)
+    assume(all(abs(v) < F64_MAX / 4 for v in scaled) and sigma * c > 0)
+    assume(t == 0 or t * c >= 1e-300)  # keep t itself representable relative to the others
+    assume(mu == 0 or abs(mu * c) >= 1e-300)
+    want = ex.exceedance_probability(mu, t, sigma, noise)
+    got = ex.exceedance_probability(*scaled, noise)
+    assert got == approx(want, rel=1e-9, abs=1e-300)
+    want_g = ex.exceedance_probability_gaussian(mu, t, sigma)
+    assert ex.exceedance_probability_gaussian(*scaled) == approx(want_g, rel=1e-9, abs=1e-300)
+    b, b_ref = ex.theorem2_bounds(7, *scaled), ex.theorem2_bounds(7, mu, t, sigma)
+    for got_b, want_b in zip(b[:4], b_ref[:4]):
+        assert got_b == approx(want_b, rel=1e-9, abs=1e-300, nan_ok=True)
+    margin = ex.half_exceedance_margin(t, sigma)
+    assert ex.half_exceedance_margin(t * c, sigma * c) == approx(margin * c, rel=1e-9, abs=1e-300)
+
+
+@FEW
+@given(st.floats(1e-300, 1e-4), st.floats(0.1, 10.0))
+def test_property_complement_keeps_its_digits_for_small_t(t, sigma):
+    # Phi(t) - Phi(-t) cancels: 7.978845362e-11 instead of 7.978845608e-11 at t = 1e-10
+    q = ex.exceedance_probability_gaussian(0.0, t, sigma, complement=True)
+    assert q == approx(special.erf(t / (sigma * math.sqrt(2.0))), rel=1e-13)
+
+
+def test_complement_in_a_narrow_tail_interval():
+    # both ends of [-5 - 1e-10, -5 + 1e-10] round to the same 9 digits of Phi
+    q = ex.exceedance_probability_gaussian(5.0, 1e-10, 1.0, complement=True)
+    assert q == approx(2e-10 * math.exp(-12.5) / math.sqrt(2 * math.pi), rel=1e-12)
+
+
+def test_exceedance_probabilities_when_t_minus_mu_overflows():
+    # t - mu = inf while (t - mu)/sigma = 2: the uniform law gave NaN, the simulation counted
+    # against an infinite threshold
+    for noise in ex.NOISE_LAWS:
+        assert ex.exceedance_probability(-1.7e308, 1.7e308, 1.7e308, noise) == approx(
+            ex.exceedance_probability(-1.0, 1.0, 1.0, noise), rel=1e-14
+        )
+    counts = ex.simulate_counts(10**5, -1.7e308, 1.7e308, 1.7e308, rng=0)
+    lo, hi = ex.count_interval(10**5, ex.exceedance_probability(-1.0, 1.0, 1.0), 1e-6, "exact")
+    assert lo <= counts <= hi
+
+
+def test_half_exceedance_margin_near_the_float_limit():
+    # mu + t overflowed inside the bisection: the margin was 0 instead of -0.0667 t
+    assert ex.half_exceedance_margin(1.7e308, 1.7e308) == approx(
+        1.7e308 * ex.half_exceedance_margin(1.0, 1.0), rel=1e-12
+    )
+    with pytest.raises(ValueError, match="float64 range"):
+        ex.half_exceedance_margin(1.0, 1.5e308, "two-sided")
+
