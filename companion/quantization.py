@@ -88,7 +88,24 @@ def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must have shape ({d},) (one value per channel), got {tuple(t.shape)}")
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
-    return t.to(device=like.device, dtype=like.dtype)
+    out = t.to(device=like.device, dtype=like.dtype)
+    _check_cast(out, t, name)
+    return out
+
+
+def _check_cast(cast: torch.Tensor, original: torch.Tensor, name: str) -> None:
+    """ValueError if finite values became infinite in the cast to ``cast.dtype``."""
+    if not bool(torch.isfinite(cast).all()):
+        big = float(original.detach().abs().max())
+        raise ValueError(
+            f"{name} has values up to {big:.4g}, beyond the range of {cast.dtype} "
+            f"(max {torch.finfo(cast.dtype).max:.4g}); they become inf after the cast"
+        )
+
+
+#: Half-precision dtypes: their quantiser runs in float32 and the result is rounded once.
+_HALF = (torch.float16, torch.bfloat16)
+_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
 
 
 def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
@@ -127,14 +144,41 @@ def _scale_of(y: torch.Tensor, q: int, granularity: str, mask: torch.Tensor | No
     return torch.where(scale > 0, scale, torch.ones_like(scale))  # range 0 (or subnormal): any scale is exact
 
 
+def _centred(t: torch.Tensor, c: torch.Tensor | None):
+    """``(x - c, c, dtype)`` in the dtype the quantiser works in: float32 for half-precision
+    inputs, else the input's, widened (float32 -> float64) where ``x - c`` overflows it."""
+    work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
+    while True:
+        tw = t.to(work)
+        cw = None if c is None else c.to(work)
+        y = tw if cw is None else tw - cw
+        if cw is None or bool(torch.isfinite(y).all()):
+            return y, cw, work
+        if work not in _WIDER:
+            raise ValueError(
+                f"x - center overflows {work} (|x - center| exceeds {torch.finfo(work).max:.4g}); "
+                f"rescale x and center"
+            )
+        work = _WIDER[work]
+
+
 def _fake_quantize(t: torch.Tensor, q: int, granularity: str, c: torch.Tensor | None,
                    mask: torch.Tensor | None) -> torch.Tensor:
-    """The quantiser of :func:`fake_quantize` on validated arguments (the hooks' fast path)."""
-    y = t if c is None else t - c
+    """The quantiser of :func:`fake_quantize` on validated arguments (the hooks' fast path).
+
+    Half-precision inputs are quantised in float32 and rounded once to their dtype (in float16
+    ``round(y/Δ)·Δ`` rounds twice and misses the bound Δ/2, and a grid point within Δ/2 above
+    65504 became inf).  If ``x - c`` overflows the dtype, the quantiser runs in the next wider
+    one (float32 -> float64); float64 has none and raises.
+    """
+    y, cw, work = _centred(t, c)
     scale = _scale_of(y, q, granularity, mask)
     out = y.div(scale).round_().clamp_(-q, q).mul_(scale)
-    if c is not None:
-        out = out.add_(c)
+    if cw is not None:
+        out = out.add_(cw)
+    if work != t.dtype:  # a grid point within Δ/2 beyond the dtype's range is its largest value
+        fmax = torch.finfo(t.dtype).max
+        out = out.clamp_(-fmax, fmax).to(t.dtype)
     if mask is not None:
         out = torch.where(mask, t, out)
     return out.to(t.dtype)
@@ -225,7 +269,8 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
     q = qmax(bits)
     _check_granularity(granularity)
     mask = _keep_mask(keep_channels, t.shape[-1], t.device)
-    scale = _scale_of(t, q, granularity, mask)
+    y, _, _ = _centred(t, None)
+    scale = _scale_of(y, q, granularity, mask).to(t.dtype)  # float32 for half inputs, rounded
     return scale.numpy() if was_numpy else scale
 
 
@@ -258,7 +303,9 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
         For a non-floating ``x``, a non-integer ``bits`` or a non-string ``granularity``.
     ValueError
         For an empty, 0-dimensional or non-finite ``x``; ``bits`` outside [2, 16]; an unknown
-        ``granularity``; a ``center`` of the wrong shape or not finite; bad ``keep_channels``.
+        ``granularity``; a ``center`` of the wrong shape, not finite or beyond the range of
+        ``x.dtype`` (e.g. 1e5 for float16); bad ``keep_channels``; ``x - center`` beyond the
+        float64 range.
 
     Notes
     -----
@@ -268,6 +315,13 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     ``[-Δ/2, Δ/2]`` (many levels per channel) its mean square is ``Δ²/12``.  ``round`` is
     round-half-to-even.  References: Dettmers et al. (2022) for mixed precision of outlier
     channels, Nagel et al. (2019) for bias correction.
+
+    Floating point: float16 and bfloat16 inputs are quantised in float32 and the result is rounded
+    once to the input dtype, so ``|x - Q(x)| ≤ Δ/2`` plus half a unit in the last place of ``Q(x)``
+    (computing ``round(y/Δ)·Δ`` in float16 rounds twice and can miss the bound by a whole step;
+    the grid point next to 65504 overflowed to inf).  A grid point beyond the dtype's largest value
+    is stored as that value.  Where ``x - c`` overflows the dtype, the quantiser runs in the next
+    wider one (float32 -> float64).
 
     Examples
     --------
@@ -299,7 +353,8 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        ``Δ/2`` for every element (0 for kept channels), same shape and type as ``x``.
+        ``Δ/2`` for every element (0 for kept channels), same shape and type as ``x``; for
+        float16/bfloat16 ``Δ`` is computed in float32 (see :func:`fake_quantize`) and rounded.
 
     Raises
     ------
@@ -323,8 +378,8 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     d = t.shape[-1]
     c = None if center is None else _channel_vector(center, d, t, "center")
     mask = _keep_mask(keep_channels, d, t.device)
-    y = t if c is None else t - c
-    half = torch.broadcast_to(_scale_of(y, qmax(bits), granularity, mask) / 2, t.shape)
+    y, _, _ = _centred(t, c)
+    half = torch.broadcast_to(_scale_of(y, qmax(bits), granularity, mask) / 2, t.shape).to(t.dtype)
     if mask is not None:
         half = torch.where(mask, torch.zeros_like(half), half)
     return half.numpy() if was_numpy else half
@@ -348,11 +403,12 @@ def channel_mse(x, x_hat):
     TypeError
         If either argument is not a floating tensor/array.
     ValueError
-        If the shapes differ, or a tensor is empty, 0-dimensional or not finite.
+        If the shapes differ, a tensor is empty, 0-dimensional or not finite, or a mean square
+        exceeds the range of ``x.dtype`` (e.g. above 65504 for float16: pass ``x.float()``).
 
     Notes
     -----
-    Computed in float64 for accuracy.
+    Computed in float64 for accuracy, returned in the dtype of ``x``.
 
     Examples
     --------
@@ -366,7 +422,9 @@ def channel_mse(x, x_hat):
     _check_finite(a, "x")
     _check_finite(b, "x_hat")
     diff = (a.double() - b.to(a.device).double()).reshape(-1, a.shape[-1])
-    out = diff.pow(2).mean(dim=0).to(a.dtype)
+    mse = diff.pow(2).mean(dim=0)
+    out = mse.to(a.dtype)
+    _check_cast(out, mse, "the mean squared difference")
     return out.numpy() if was_numpy else out
 
 
@@ -393,7 +451,8 @@ def fold_center_into_bias(weight, bias, center):
     TypeError
         If ``weight`` is not a floating torch tensor.
     ValueError
-        If ``weight`` is not 2-D, or ``bias``/``center`` has the wrong shape or is not finite.
+        If ``weight`` is not 2-D, ``bias``/``center`` has the wrong shape, is not finite or
+        exceeds the range of ``weight.dtype``, or ``b + W c`` overflows that dtype.
 
     Notes
     -----
@@ -414,6 +473,12 @@ def fold_center_into_bias(weight, bias, center):
     if bias is not None:
         b = _channel_vector(bias, weight.shape[0], weight, "bias")
         out = out + b
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"b + W c overflows {weight.dtype} (max {torch.finfo(weight.dtype).max:.4g}); the "
+            f"folded bias cannot be stored in the layer's dtype: fold in a wider one "
+            f"(weight.double()) or use a smaller center"
+        )
     return out
 
 
@@ -458,7 +523,8 @@ def quantize_linear_inputs(
         If ``model`` is not a module or a chosen module is not ``nn.Linear``.
     ValueError
         For bad ``bits``/``granularity``, or ``centers``/``keep_channels`` naming layers that are
-        not hooked or having the wrong length.
+        not hooked or having the wrong length, or a center beyond the range of the layer's dtype
+        (during the forward pass: of the input's dtype).
 
     Notes
     -----
@@ -509,7 +575,11 @@ def quantize_linear_inputs(
         def hook(_module, args):
             x, _ = _as_tensor(args[0], f"the input of {name!r}")
             _check_finite(x, f"the input of {name!r}")
-            xq = _fake_quantize(x, q, granularity, None if c is None else c.to(x.dtype), k)
+            cx = None
+            if c is not None:
+                cx = c.to(x.dtype)
+                _check_cast(cx, c, f"centers[{name!r}] (cast to the input's dtype)")
+            xq = _fake_quantize(x, q, granularity, cx, k)
             return (xq,) + tuple(args[1:])
 
         return hook

@@ -363,3 +363,95 @@ def test_half_exceedance_margin_near_the_float_limit():
     with pytest.raises(ValueError, match="float64 range"):
         ex.half_exceedance_margin(1.0, 1.5e308, "two-sided")
 
+
+
+# =========================================================================== quantization
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+from companion import quantization as qz  # noqa: E402
+
+F16_MAX = 65504.0
+
+
+@pytest.mark.parametrize("granularity", qz.GRANULARITIES)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float16_maximum_is_not_quantised_to_inf(bits, granularity):
+    # the grid point q * fl16(65504/q) = 127 * 516 = 65532 rounds to inf in float16
+    x = np.array([[F16_MAX, -3.0, 1.0], [100.0, 0.5, -F16_MAX]], dtype=np.float16)
+    y = qz.fake_quantize(x, bits, granularity)
+    assert np.isfinite(y).all()
+    assert y[0, 0] == F16_MAX and y[1, 2] == -F16_MAX
+
+
+def _check_bound(x, y, half):
+    """|x - Q(x)| <= Δ/2 (+ half an ulp of Q(x) in the storage dtype), all finite."""
+    x64, y64, h64 = (np.asarray(a, dtype=np.float64) for a in (x, y, half))
+    assert np.isfinite(y64).all()
+    yd = np.asarray(y).astype(x.dtype)
+    below = np.abs(yd - np.nextafter(yd, np.zeros_like(yd))).astype(np.float64)
+    ulp = np.maximum(2.0 * below, float(np.finfo(x.dtype).smallest_subnormal))  # spacing above |y|
+    assert np.all(np.abs(y64 - x64) <= h64 * (1 + 1e-6) + ulp / 2)
+
+
+@MANY
+@given(
+    arrays(np.float16, st.tuples(st.integers(1, 5), st.integers(1, 4)),
+           elements=st.floats(-F16_MAX, F16_MAX, width=16)),
+    st.integers(2, 16),
+    st.sampled_from(qz.GRANULARITIES),
+)
+def test_property_float16_quantisation_keeps_its_error_bound(x, bits, granularity):
+    # in float16, round(x/Δ)·Δ rounds twice: 8 bits, max|x| = 3.28 gave an error 0.0137 > Δ/2
+    y = qz.fake_quantize(x, bits, granularity)
+    _check_bound(x, y, qz.max_rounding_error(x, bits, granularity))
+
+
+def test_float16_centre_at_the_opposite_end_of_the_range():
+    # x - c = 65504 + 65504 overflowed float16: every output was NaN, the error bound inf
+    x = np.array([[F16_MAX, -3.0, 1.0], [100.0, 0.5, -F16_MAX]], dtype=np.float16)
+    c = np.array([-F16_MAX, 0.0, F16_MAX])
+    y = qz.fake_quantize(x, 8, "tensor", center=c)
+    _check_bound(x, y, qz.max_rounding_error(x, 8, center=c))
+
+
+def test_float32_centre_at_the_opposite_end_of_the_range():
+    x = torch.tensor([[3e38, -3e38], [1.0, 2.0]])
+    c = torch.tensor([-3e38, 3e38])
+    y = qz.fake_quantize(x, 8, "channel", center=c)  # was NaN
+    _check_bound(x.numpy(), y.numpy(), qz.max_rounding_error(x, 8, "channel", center=c).numpy())
+    with pytest.raises(ValueError, match="float64"):  # no wider dtype than float64
+        qz.fake_quantize(np.array([[1.7e308, -1.7e308]]), 8, center=np.array([-1.7e308, 1.7e308]))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: qz.fake_quantize(np.ones((2, 3), np.float16), 8, center=np.array([1e5, 0.0, 0.0])),
+        lambda: qz.max_rounding_error(np.ones((2, 3), np.float16), 8, center=np.array([0, 7e4, 0])),
+        lambda: qz.fold_center_into_bias(
+            torch.ones(2, 3, dtype=torch.float16), None, np.array([1e5, 1.0, 1.0])
+        ),
+    ],
+    ids=["fake_quantize", "max_rounding_error", "fold_center_into_bias"],
+)
+def test_centre_beyond_the_float16_range_is_refused(call):
+    # the centre became inf in the cast and every output NaN
+    with pytest.raises(ValueError, match="torch.float16"):
+        call()
+
+
+def test_results_that_overflow_float16_are_refused():
+    x = np.array([[F16_MAX, 1.0], [-F16_MAX, 2.0]], dtype=np.float16)
+    with pytest.raises(ValueError, match="torch.float16"):  # the MSE 4.3e9 was returned as inf
+        qz.channel_mse(x, -x)
+    w = torch.full((2, 3), 6e4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="torch.float16"):  # b + W c was inf
+        qz.fold_center_into_bias(w, None, torch.tensor([6e4, 1.0, 1.0], dtype=torch.float16))
+
+
+def test_hooks_refuse_a_centre_beyond_the_layer_dtype():
+    lin = torch.nn.Linear(3, 2).half()
+    centers = {"lin": np.array([1e5, 0.0, 0.0])}
+    with pytest.raises(ValueError, match="torch.float16"):
+        with qz.quantize_linear_inputs(lin, 8, modules={"lin": lin}, centers=centers):
+            pass
