@@ -195,7 +195,9 @@ def linear_input_statistics(
     Each batch's count ``n_b``, mean ``m_b`` and centred sum of squares ``M_b`` are merged into
     the running ``(n, m, M)`` exactly (Chan, Golub & LeVeque 1982):
     ``δ = m_b − m``, ``m ← m + δ n_b/(n + n_b)``, ``M ← M + M_b + δ² n n_b/(n + n_b)``, in
-    float64, so memory is ``O(Σ in_features)`` for any corpus size.  Forward pre-hooks read the
+    float64, so memory is ``O(Σ in_features)`` for any corpus size.  A channel whose every token
+    holds one value gets exactly that mean and variance 0 (the rounded batch means alone would
+    leave a variance near 1e-34).  Forward pre-hooks read the
     inputs without changing them; they are removed on exit, also after an error.
 
     Examples
@@ -208,7 +210,8 @@ def linear_input_statistics(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     modules = _check_modules(modules)
-    acc = {name: {"n": 0, "mean": None, "m2": None, "max": None} for name in modules}
+    acc = {name: {"n": 0, "mean": None, "m2": None, "max": None, "lo": None, "hi": None}
+           for name in modules}
     current_mask: list = [None]
 
     def make_hook(name):
@@ -226,15 +229,17 @@ def linear_input_statistics(
             mb = x.mean(dim=0)
             m2b = ((x - mb) ** 2).sum(dim=0)
             mx = x.abs().amax(dim=0)
+            lo, hi = x.amin(dim=0), x.amax(dim=0)
             a = acc[name]
             if a["n"] == 0:
-                a.update(n=nb, mean=mb, m2=m2b, max=mx)
+                a.update(n=nb, mean=mb, m2=m2b, max=mx, lo=lo, hi=hi)
             else:
                 n, tot = a["n"], a["n"] + nb
                 delta = mb - a["mean"]
                 a["mean"] = a["mean"] + delta * (nb / tot)
                 a["m2"] = a["m2"] + m2b + delta**2 * (n * nb / tot)
                 a["max"] = torch.maximum(a["max"], mx)
+                a["lo"], a["hi"] = torch.minimum(a["lo"], lo), torch.maximum(a["hi"], hi)
                 a["n"] = tot
             return None
 
@@ -258,8 +263,14 @@ def linear_input_statistics(
     for name, a in acc.items():
         if a["n"] == 0:
             raise ValueError(f"layer {name!r} never ran (or saw only pad tokens); check the module names")
+        # a constant channel: exact mean and variance 0 (rounded batch means leave M ~ 1e-34);
+        # any mean lies in [min, max], rounding can push it out by an ulp
+        constant = a["lo"] == a["hi"]
+        inside = torch.minimum(torch.maximum(a["mean"], a["lo"]), a["hi"])
+        mean = torch.where(constant, a["lo"], inside)
+        m2 = torch.where(constant, torch.zeros_like(a["m2"]), a["m2"])
         out[name] = LinearInputStatistics(
-            mean=a["mean"].cpu().numpy(), var=(a["m2"] / a["n"]).cpu().numpy(),
+            mean=mean.cpu().numpy(), var=(m2 / a["n"]).cpu().numpy(),
             max_abs=a["max"].cpu().numpy(), n_tokens=int(a["n"]),
         )
     return out
@@ -718,12 +729,15 @@ def tail_clip_threshold(mean, std, delta: float):
     TypeError
         If ``delta`` is not a real number, or ``mean``/``std`` are not numeric.
     ValueError
-        If ``std`` < 0, ``delta`` ∉ (0, 1), or a value is NaN/inf.
+        If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64
+        range.
 
     Notes
     -----
     If ``G − m`` is ``s²``-sub-Gaussian, the Chernoff bound gives the one-sided tail
-    ``P(G − m ≥ u) ≤ exp(−u²/(2s²))``; setting it equal to ``δ`` gives ``u = s sqrt(2 ln(1/δ))``.
+    ``P(G − m ≥ u) ≤ exp(−u²/(2s²))``; setting it equal to ``δ`` gives ``u = s sqrt(2 ln(1/δ))``
+    (``ln(1/δ)`` is taken as ``−ln δ`` below 1e-300 and ``−log1p(δ − 1)`` above 0.99, where
+    ``1/δ`` overflows or keeps too few digits).
     This is the "threshold from the tail bound" of the note, made explicit; whether gradient
     norms obey it is an empirical question (the book measures the clipping rate).
 
@@ -742,7 +756,18 @@ def tail_clip_threshold(mean, std, delta: float):
         raise ValueError("mean and std must be finite")
     if (s < 0).any():
         raise ValueError(f"std must be >= 0, got {s.min()}")
-    tau = m + s * math.sqrt(2.0 * math.log(1.0 / d))
+    if d < 1e-300:  # 1/d overflows below 5.6e-309
+        log_inv = -math.log(d)
+    elif d > 0.99:  # 1/d keeps few digits of 1 - d: ln(1/d) = -log1p(d - 1), d - 1 exact
+        log_inv = -math.log1p(d - 1.0)
+    else:
+        log_inv = math.log(1.0 / d)
+    with np.errstate(over="ignore"):
+        tau = m + s * math.sqrt(2.0 * log_inv)
+    if not np.isfinite(tau).all():
+        raise ValueError(
+            "the threshold m + s sqrt(2 ln(1/delta)) exceeds the float64 range; rescale the norms"
+        )
     return float(tau) if tau.ndim == 0 else tau
 
 

@@ -116,6 +116,27 @@ def _check_finite(arr: np.ndarray, name: str) -> None:
         )
 
 
+def _unit(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(v / ||v||, ||v|| == 0)`` along the last axis, whatever the magnitude of ``v``.
+
+    Each vector is first divided by a power of two close to its largest entry (exact), so
+    ``||v||`` neither underflows (entries near 1e-200: "zero vector") nor overflows (near 1e200:
+    a unit vector of zeros); for ordinary vectors the result is the same to the last bit.
+    ``flat``: ``v`` is one vector and its norm is ``np.linalg.norm(v)`` (a dot product), else
+    ``np.linalg.norm(v, axis=-1)`` (a reduction): the two may differ in the last bit.
+    """
+    _, e = np.frexp(np.max(np.abs(v), axis=-1, keepdims=True))
+    scaled = np.ldexp(v, -e)
+    norm = np.linalg.norm(scaled) if flat else np.linalg.norm(scaled, axis=-1, keepdims=True)
+    zero = np.asarray(norm == 0).reshape(v.shape[:-1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return scaled / norm, zero
+
+
+#: Magnitudes whose squares are safely inside the normal float64 range.
+_SAFE_MIN, _SAFE_MAX = 1e-150, 1e150
+
+
 def _check_int(value, name: str, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
@@ -238,10 +259,9 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
             f"shape {shape[1:]}; pass shape [d] or a per-position shape ending in d"
         ) from None
     _check_finite(vv, "v")
-    v_norm = np.linalg.norm(vv, axis=-1)
-    if np.any(v_norm == 0):
+    v_hat, zero = _unit(vv)
+    if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
-    v_hat = vv / v_norm[..., None]
 
     out = {k: np.empty(shape[:-1], dtype=np.float64) for k in METRIC_NAMES}
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -294,8 +314,8 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     TypeError
         If ``x`` is not real-valued or ``eps`` is not a real number.
     ValueError
-        If ``x`` has no axis of length >= 2, holds NaN/inf, ``eps`` < 0, or ``norm`` is
-        unknown.
+        If ``x`` has no axis of length >= 2, holds NaN/inf, ``eps`` < 0, ``norm`` is
+        unknown, or the scale exceeds the float64 range.
 
     Notes
     -----
@@ -303,7 +323,10 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     :math:`J = s^{-1}\,(I - \mathbf 1\mathbf 1^\top/d - \tfrac{\operatorname{Var}(x)}{s^2}\,
     \hat y\hat y^\top)` with :math:`\hat y` the centred input normalised to unit length
     :cite:p:`xiong2020layer`; its norm on the complement of :math:`\mathbf 1` and
-    :math:`\hat y` is :math:`1/s`.
+    :math:`\hat y` is :math:`1/s`.  Rows whose squares would leave the normal float64 range
+    (entries beyond :math:`10^{150}`, or below :math:`10^{-150}` with a negligible ``eps``) are
+    divided by a power of two first (exact) and :math:`s` is formed as
+    :math:`\operatorname{hypot}(\mathrm{sd}, \sqrt\varepsilon)`.
 
     Examples
     --------
@@ -325,9 +348,24 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
             f"x must have a last axis of length d >= 2 (the features), got shape {arr.shape}"
         )
     _check_finite(arr, "x")
-    if norm == "rmsnorm":
-        return np.sqrt(np.mean(arr**2, axis=-1) + eps)
-    return np.sqrt(np.var(arr, axis=-1) + eps)
+    with np.errstate(over="ignore", under="ignore"):
+        if norm == "rmsnorm":
+            s = np.sqrt(np.mean(arr**2, axis=-1) + eps)
+        else:
+            s = np.sqrt(np.var(arr, axis=-1) + eps)
+        # rows whose squares leave the normal float64 range (|x| beyond 1e150 or, with eps = 0,
+        # below 1e-150): the same scale from the rows divided by a power of two (exact),
+        # sqrt(var + eps) = hypot(sd, sqrt(eps))
+        big = np.max(np.abs(arr), axis=-1)
+        odd = (big > _SAFE_MAX) | ((big < _SAFE_MIN) & (big > 0) & (eps < _SAFE_MIN**2 * 1e6))
+        if np.any(odd):
+            _, e = np.frexp(big)
+            scaled = np.ldexp(arr, -e[..., None])
+            second = np.mean(scaled**2, axis=-1) if norm == "rmsnorm" else np.var(scaled, axis=-1)
+            s = np.where(odd, np.hypot(np.ldexp(np.sqrt(second), e), np.sqrt(eps)), s)
+    if not np.all(np.isfinite(s)):
+        raise ValueError("the normalisation scale of x exceeds the float64 range; rescale x")
+    return s
 
 
 def postln_contraction_factors(
@@ -423,10 +461,10 @@ def postln_contraction_factors(
             f"ln_weight of shape {g.shape} does not broadcast to ln_inputs of shape {u.shape}; "
             "give it singleton axes for batch and tokens, e.g. [L, 1, 1, d]"
         ) from None
-    nv = np.linalg.norm(vv)
-    if nv == 0:
+    v_hat, zero = _unit(vv, flat=True)
+    if zero:
         raise ValueError("v must be a non-zero vector")
-    gain = np.sum(g * (vv / nv) ** 2, axis=-1)  # v_hat' diag(gamma) v_hat, shape g.shape[:-1]
+    gain = np.sum(g * v_hat**2, axis=-1)  # v_hat' diag(gamma) v_hat, shape g.shape[:-1]
     return lam * gain / s
 
 
@@ -539,7 +577,14 @@ def fit_norm_growth(sq_norms) -> float:
     if r[0] == 0:
         raise ValueError("sq_norms[0] must be > 0: the growth is measured relative to the input")
     layers = np.arange(r.size, dtype=np.float64)
-    return float(np.sum(layers * (r / r[0] - 1.0)) / np.sum(layers**2))
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = float(np.sum(layers * (r / r[0] - 1.0)) / np.sum(layers**2))
+    if not np.isfinite(c):
+        raise ValueError(
+            f"the growth slope exceeds the float64 range (sq_norms[0] = {r[0]:.4g}, max "
+            f"{r.max():.4g}); the ratios ||h_l||^2/||h_0||^2 overflow"
+        )
+    return c
 
 
 def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
@@ -584,7 +629,13 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
         raise TypeError(f"layers must be integers, got dtype {m.dtype}")
     if np.any(m < ell):
         raise ValueError(f"layers must all be >= inject_layer = {ell}, got min {int(m.min())}")
-    return np.sqrt((1.0 + c * ell) / (1.0 + c * m.astype(np.float64)))
+    mf = m.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = (1.0 + c * ell) / (1.0 + c * mf)
+    bad = ~np.isfinite(ratio)
+    if np.any(bad):  # c * m beyond 1.8e308 made it inf/inf: divide both by c (c > 0) there
+        ratio = np.where(bad, (1.0 / c + ell) / (1.0 / c + mf), ratio)
+    return np.sqrt(ratio)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1220,9 +1271,9 @@ def stack_injection_sweep(
     if v.shape != (d,):
         raise ValueError(f"direction must have shape ({d},), got {v.shape}")
     _check_finite(v, "direction")
-    if np.linalg.norm(v) == 0:
+    v, zero = _unit(v, flat=True)
+    if zero:
         raise ValueError("direction must be a non-zero vector")
-    v = v / np.linalg.norm(v)
 
     param = next(model.parameters())
     v_t = torch.as_tensor(v, dtype=param.dtype, device=param.device)
@@ -1246,6 +1297,12 @@ def stack_injection_sweep(
         sq = base_sq.mean(dim=(1, 2)).cpu().numpy()  # [L+1]
         base_norm = base_sq.sqrt().cpu().numpy()
         amps = scale * np.sqrt(sq[lay]) if relative else np.full(lay.size, scale)
+        top = float(torch.finfo(param.dtype).max)
+        if not np.all(amps * float(v_t.abs().max()) <= top):
+            raise ValueError(
+                f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
+                f"of the stack's dtype {param.dtype} (max {top:.4g}); use a smaller scale"
+            )
 
         # skip-path factors of the baseline: [L, B, T]
         lam = cfg.residual_scale

@@ -578,7 +578,10 @@ def next_token_kl(logits_base, logits_inj) -> np.ndarray:
         raise ValueError("logits must have a non-empty last (vocabulary) axis")
     la = torch.log_softmax(a, dim=-1)
     lb = torch.log_softmax(b, dim=-1)
-    kl = (la.exp() * (la - lb)).sum(-1)
+    terms = la.exp() * (la - lb)
+    # a token with p_base = 0 (log-probability -inf: logits 1e308 apart) contributes 0, not 0 * inf
+    terms = torch.where(torch.isneginf(la), torch.zeros_like(terms), terms)
+    kl = terms.sum(-1)
     return kl.clamp_min(0.0).numpy()
 
 
@@ -605,7 +608,9 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
     Notes
     -----
     Sentence-transformers compares embeddings by cosine similarity :cite:p:`reimers2019sbert`,
-    so :math:`1 - \cos` is the change a user of the embedding sees.
+    so :math:`1 - \cos` is the change a user of the embedding sees.  Each vector is divided by a
+    power of two near its largest entry first (exact), so embeddings of any magnitude in the
+    float64 range give the same value.
 
     Examples
     --------
@@ -618,6 +623,9 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
         raise ValueError(f"e_base has shape {a.shape} but e_inj has {b.shape}")
     if a.ndim == 0 or a.shape[-1] == 0:
         raise ValueError("embeddings must have a non-empty last axis")
+    # divide each vector by a power of two near its largest entry (exact): the norms neither
+    # overflow (entries near 1e200 gave cos = 0) nor underflow (near 1e-200: "zero vector")
+    a, b = (np.ldexp(x, -np.frexp(np.max(np.abs(x), axis=-1, keepdims=True))[1]) for x in (a, b))
     na = np.linalg.norm(a, axis=-1)
     nb = np.linalg.norm(b, axis=-1)
     if np.any(na == 0) or np.any(nb == 0):
@@ -781,7 +789,8 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         Wrong argument types.
     ValueError
         Layers outside ``[0, L]``, not increasing; a direction of the wrong shape or zero;
-        non-positive scales; ``norms`` of the wrong shape or non-positive.
+        non-positive scales; ``norms`` of the wrong shape or non-positive; injected vectors
+        beyond the range of the model's dtype.
 
     Notes
     -----
@@ -824,10 +833,9 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         dirs = np.broadcast_to(dirs, (len(lay), d))
     elif dirs.shape != (len(lay), d):
         raise ValueError(f"directions must have shape ({d},) or ({len(lay)}, {d}), got {dirs.shape}")
-    dn = np.linalg.norm(dirs, axis=1)
-    if np.any(dn == 0):
+    unit, zero = framework._unit(dirs)
+    if np.any(zero):
         raise ValueError("a direction is the zero vector; pass non-zero directions")
-    unit = dirs / dn[:, None]
     sc = _check_scales(scales)
     if norms is None:
         base = probes.residual_stream(m, prompts.encoding)

@@ -517,6 +517,11 @@ def tail_diagnostics(x) -> dict[str, np.ndarray]:
     :math:`\sigma^2 = \mathrm{Var}\,Z`, for symmetric :math:`Z`), so a large positive kurtosis
     means the variance is not a valid proxy.
 
+    Numerically, the deviations of each channel are divided by a power of two (exact) before the
+    fourth powers are taken, so channels of any scale in the float64 range (1e-300 or 1e300)
+    give the same kurtosis and ``max_abs_z``; a channel whose values are all equal is constant
+    (its mean is that value) even when the rounded mean of its copies is not.
+
     Examples
     --------
     >>> d = tail_diagnostics(np.random.default_rng(0).standard_normal((100_000, 2)))
@@ -524,15 +529,35 @@ def tail_diagnostics(x) -> dict[str, np.ndarray]:
     True
     """
     a = _sample_matrix(x)
-    mean = a.mean(axis=0)
-    c = a - mean
+    mean, c, e_c, constant = _centred_scaled(a)
     m2 = np.mean(c * c, axis=0)
     m4 = np.mean(c**4, axis=0)
-    std = np.sqrt(m2)
+    std = np.ldexp(np.sqrt(m2), e_c)
     with np.errstate(divide="ignore", invalid="ignore"):
         kurt = np.where(m2 > 0, m4 / np.where(m2 > 0, m2, 1.0) ** 2 - 3.0, np.nan)
-        maxz = np.where(std > 0, np.abs(c).max(axis=0) / np.where(std > 0, std, 1.0), 0.0)
+        maxz = np.where(m2 > 0, np.abs(c).max(axis=0) / np.where(m2 > 0, np.sqrt(m2), 1.0), 0.0)
+    kurt[constant], maxz[constant] = np.nan, 0.0
     return {"mean": mean, "std": std, "excess_kurtosis": kurt, "max_abs_z": maxz, "n": int(a.shape[0])}
+
+
+def _centred_scaled(a: np.ndarray):
+    """Channel means and the deviations ``a - mean`` divided by a power of two per channel.
+
+    Returns ``(mean, c, e, constant)`` with ``a - mean = c * 2**e`` and ``max|c|`` in [1/2, 1)
+    (``c = 0`` for a constant channel, whose mean is its value).  Powers of two scale exactly,
+    so ratios of moments of ``c`` are those of ``a - mean`` to the last bit; but ``c**4`` neither
+    overflows (data near 1e80) nor underflows (near 1e-80, or tiny deviations around a large
+    mean) as the unscaled deviations do.
+    """
+    _, e_a = np.frexp(np.abs(a).max(axis=0))
+    a_s = np.ldexp(a, -e_a)
+    mean = np.ldexp(a_s.mean(axis=0), e_a)
+    c = a_s - a_s.mean(axis=0)
+    constant = (a == a[0]).all(axis=0)
+    mean[constant] = a[0, constant]
+    c[:, constant] = 0.0
+    _, e_c = np.frexp(np.abs(c).max(axis=0))
+    return mean, np.ldexp(c, -e_c), e_a + e_c, constant
 
 
 def gaussian_max_abs_quantile(n, q: float = 0.5):
@@ -541,7 +566,7 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
     Parameters
     ----------
     n : int or array_like of int
-        Sample size(s) :math:`n \ge 1`.
+        Sample size(s) :math:`n \ge 1` (also beyond the int64 range).
     q : float, default 0.5
         Probability level in (0, 1).
 
@@ -561,7 +586,9 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
     -----
     :math:`P(\max_i|G_i| \le m) = (1 - 2\Phi(-m))^n = q` gives
     :math:`m = -\Phi^{-1}\bigl((1 - q^{1/n})/2\bigr)`, computed with ``expm1`` so that it stays
-    accurate for large :math:`n`.  It grows like :math:`\sqrt{2\ln(2n)}` to first order.
+    accurate for large :math:`n`; when :math:`r = q^{1/n} < 10^{-3}` (tiny ``q``), as
+    :math:`m = \sqrt2\,\mathrm{erf}^{-1}(r)`, which keeps the digits that :math:`1 - r` loses.
+    It grows like :math:`\sqrt{2\ln(2n)}` to first order.
 
     Examples
     --------
@@ -571,7 +598,11 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
     4.963
     """
     arr = np.asarray(n)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype == object and arr.size and all(  # Python ints beyond the 64-bit range
+        isinstance(v, Integral) and not isinstance(v, bool) for v in arr.ravel().tolist()
+    ):
+        arr = np.asarray([float(v) for v in arr.ravel().tolist()]).reshape(arr.shape)
+    elif arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"n must be a positive integer or an array of them, got {type(n).__name__}")
     if (arr < 1).any():
         raise ValueError(f"n must be >= 1, got min {int(arr.min())}")
@@ -579,8 +610,14 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
         raise TypeError(f"q must be a real number in (0, 1), got {type(q).__name__}")
     if not (0.0 < q < 1.0):
         raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
-    tail = -np.expm1(math.log(q) / arr.astype(np.float64))  # 1 - q**(1/n)
+    log_r = math.log(q) / arr.astype(np.float64)  # r = q**(1/n) = P(|G| <= m)
+    tail = -np.expm1(log_r)  # 1 - r
     out = -special.ndtri(tail / 2.0)
+    # r < 1e-3: 1 - r keeps too few digits of r (m = 0.0 for q = 1e-300, n = 10); there
+    # P(|G| <= m) = erf(m / sqrt 2) = r inverts with full precision
+    small = log_r < math.log(1e-3)
+    if np.any(small):
+        out = np.where(small, math.sqrt(2.0) * special.erfinv(np.exp(np.minimum(log_r, 0.0))), out)
     return float(out) if out.ndim == 0 else out
 
 
@@ -607,8 +644,9 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
     TypeError
         If an input is not real-valued.
     ValueError
-        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, or ``s_grid``
-        is empty, not 1-D or contains 0 or non-finite values.
+        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance
+        exceeds the float64 range, or ``s_grid`` is empty, not 1-D or contains 0 or non-finite
+        values.
 
     Notes
     -----
@@ -637,11 +675,19 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
         if (s == 0).any():
             raise ValueError("s_grid must not contain 0 (the ratio 2K(s)/s^2 is defined as a limit there)")
     n = a.shape[0]
-    mean = a.mean(axis=0)
-    std = a.std(axis=0)
-    if (std == 0).any():
-        raise ValueError(f"x has {int((std == 0).sum())} constant channel(s); drop them first")
-    z = (a - mean) / std
+    _, c, e_c, constant = _centred_scaled(a)
+    if constant.any():
+        raise ValueError(f"x has {int(constant.sum())} constant channel(s); drop them first")
+    std_c = np.sqrt(np.mean(c * c, axis=0))
+    z = c / std_c  # (a - mean) / std, scaled by the same power of two in every channel
+    with np.errstate(over="ignore"):
+        std = np.ldexp(std_c, e_c)
+        overflow = not np.isfinite(std * std).all()
+    if overflow:
+        raise ValueError(
+            f"the variance of x exceeds the float64 range (standard deviation up to "
+            f"{np.max(std):.4g}); rescale x (the ratio does not depend on the unit)"
+        )
     best = np.full(a.shape[1], -np.inf)
     arg = np.zeros(a.shape[1])
     log_n = math.log(n)
@@ -1032,7 +1078,8 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     TypeError
         If an input is not real-valued.
     ValueError
-        If shapes differ, a variance is negative or an input is not finite.
+        If shapes differ, a variance is negative, an input is not finite, or the result exceeds
+        the float64 range.
 
     Notes
     -----
@@ -1057,8 +1104,14 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     mq, vq, mk, vk = arrs
     if (vq < 0).any() or (vk < 0).any():
         raise ValueError("variances must be >= 0")
-    mean = (mq * mk).sum(-1)
-    var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = (mq * mk).sum(-1)
+        var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
+    if not (np.isfinite(mean).all() and np.isfinite(var).all()):
+        raise ValueError(
+            "the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
+            "mean scales like the product of the scales of q and k, the variance like its square)"
+        )
     return mean, var
 
 

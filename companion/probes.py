@@ -116,7 +116,24 @@ def _check_vector(m: LoadedModel, vector, rows: int | None = None) -> torch.Tens
         raise ValueError(f"vector must have shape {shapes} for {m.name}, got {tuple(vector.shape)}")
     if not torch.isfinite(vector).all():
         raise ValueError("vector contains NaN or infinite values")
-    return vector.to(device=m.device, dtype=m.dtype)
+    out = vector.to(device=m.device, dtype=m.dtype)
+    if not torch.isfinite(out).all():
+        raise ValueError(
+            f"vector has entries up to {float(vector.abs().max()):.4g}, beyond the range of the "
+            f"model's dtype {m.dtype} (max {torch.finfo(m.dtype).max:.4g}); they become inf there"
+        )
+    return out
+
+
+def _check_injected(vec: torch.Tensor, scales) -> None:
+    """ValueError if some ``scale · vector`` overflows the model's dtype (finite factors)."""
+    for s in scales:
+        if not torch.isfinite(s * vec).all():
+            raise ValueError(
+                f"scale * vector overflows {vec.dtype} (max {torch.finfo(vec.dtype).max:.4g}) for "
+                f"scale = {s:.4g} and |vector| up to {float(vec.abs().max()):.4g}; use a smaller "
+                f"scale or vector"
+            )
 
 
 def _check_scale(scale, name="scale") -> float:
@@ -334,7 +351,8 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
         For arguments of the wrong type.
     ValueError
         If ``layer`` is outside ``[0, L]``, ``vector`` does not have ``d`` entries or is not
-        finite, ``scale`` is not finite, ``texts`` is empty, or ``positions`` is invalid.
+        finite, ``scale`` is not finite, ``vector`` or ``scale · vector`` overflows the model's
+        dtype (e.g. 1e5 in float16), ``texts`` is empty, or ``positions`` is invalid.
 
     Notes
     -----
@@ -353,6 +371,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     layer = _check_layer(m, layer)
     vec = _check_vector(m, vector)
     scale = _check_scale(scale)
+    _check_injected(vec, (scale,))
     enc = _encode(m, texts, max_length)
     sel = position_mask(enc["attention_mask"], positions)
     delta = (scale * vec) * sel.unsqueeze(-1).to(vec.dtype)
@@ -475,7 +494,8 @@ def injection_sweep(
         For arguments of the wrong type.
     ValueError
         If a layer is outside ``[0, L]`` or repeated, ``vector`` has the wrong shape or is not
-        finite, a scale is not finite, ``texts`` is empty or ``positions`` is invalid.
+        finite, a scale is not finite, ``vector`` or some ``scale · vector`` overflows the
+        model's dtype, ``texts`` is empty or ``positions`` is invalid.
 
     Notes
     -----
@@ -514,6 +534,7 @@ def injection_sweep(
     scales = (_check_scale(scale),) if scalar else tuple(_check_scale(s, "every scale") for s in list(scale))
     if len(scales) == 0:
         raise ValueError("scale must be a number or a non-empty list of numbers")
+    _check_injected(vec, scales)
     if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, Integral) or max_batch_tokens < 1:
         raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
     if measure is not None and not callable(measure):
@@ -684,6 +705,8 @@ def channel_statistics(
     ``M_b``; they are merged into the running ``(n, m, M)`` by the exact pairwise update of
     :cite:t:`chan1982updating` (the batch form of :cite:t:`welford1962`):
     ``δ = m_b − m``, ``m ← m + δ n_b/(n+n_b)``, ``M ← M + M_b + δ² n n_b/(n+n_b)``, in float64.
+    A channel whose every token holds one value gets exactly that mean and variance 0 (the
+    rounded batch means alone would leave a variance near 1e-34).
     The counts come from sorting ``|x|`` per channel and a binary search for each threshold.
     Memory is ``O(L · d · |thresholds|)`` for the accumulators whatever the corpus size.  Texts
     are processed in order of length to reduce padding (the result does not depend on order).
@@ -753,6 +776,12 @@ def channel_statistics(
             del x, xs
     if n == 0:
         raise ValueError("no token left to measure (texts of one token with skip_first=True?)")
+    # A channel whose tokens all hold one value has variance 0 and that value as its mean, but the
+    # rounded batch means leave M > 0 (~1e-34) and a mean off by an ulp: state it exactly.  Any
+    # mean lies in [min, max]; rounding can push it out by an ulp.
+    constant = mn == mx
+    mean = torch.where(constant, mn, torch.minimum(torch.maximum(mean, mn), mx))
+    m2 = torch.where(constant, torch.zeros_like(m2), m2)
     max_abs = torch.maximum(mx.abs(), mn.abs())
     to_np = lambda a: a.to(torch.float64).cpu().numpy()  # noqa: E731
     return ChannelStatistics(

@@ -463,7 +463,14 @@ class ResidualStack(nn.Module):
             )
         if not torch.isfinite(vector).all():
             raise ValueError("inject_vector contains NaN or infinite values")
-        vector = vector.to(dtype=x.dtype, device=x.device).expand(B, d)
+        cast = vector.to(dtype=x.dtype, device=x.device)
+        if not torch.isfinite(cast).all():
+            raise ValueError(
+                f"inject_vector has entries up to {float(vector.abs().max()):.4g}, beyond the "
+                f"range of the stack's dtype {x.dtype} (max {torch.finfo(x.dtype).max:.4g}); "
+                f"they become inf there"
+            )
+        vector = cast.expand(B, d)
         mask = torch.ones(T, dtype=x.dtype, device=x.device)
         if positions is not None:
             if _is_int(positions):
@@ -505,7 +512,8 @@ class ResidualStack(nn.Module):
             If ``x`` is not a tensor.
         ValueError
             If ``x`` has the wrong shape or dtype, or the injection arguments are inconsistent,
-            out of range, of the wrong shape or not floating point.
+            out of range, of the wrong shape, not floating point, or beyond the range of the
+            stack's dtype (finite in float64 but inf after the cast).
         """
         self._check_input(x)
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)

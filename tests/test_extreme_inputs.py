@@ -455,3 +455,176 @@ def test_hooks_refuse_a_centre_beyond_the_layer_dtype():
     with pytest.raises(ValueError, match="torch.float16"):
         with qz.quantize_linear_inputs(lin, 8, modules={"lin": lin}, centers=centers):
             pass
+
+
+# =========================================================================== outliers
+from companion import outliers as ol  # noqa: E402
+
+_Z = np.random.default_rng(0).standard_normal((1000, 2)) * [1.0, 3.0] + [0.0, 1.0]
+
+
+@pytest.mark.parametrize("value", [0.3, 1 / 3, 123.456])
+def test_constant_channel_is_constant(value):
+    # the rounded mean of 10 copies of 0.3 is not 0.3: std 5.6e-17, kurtosis -2, max_abs_z 1,
+    # and empirical_variance_proxy returned a ratio of 40 instead of refusing the channel
+    x = np.column_stack([np.full(10, value), np.arange(10.0)])
+    d = ol.tail_diagnostics(x)
+    assert d["mean"][0] == value and d["std"][0] == 0.0
+    assert np.isnan(d["excess_kurtosis"][0]) and d["max_abs_z"][0] == 0.0
+    with pytest.raises(ValueError, match="constant channel"):
+        ol.empirical_variance_proxy(x)
+
+
+@FEW
+@given(log2_scales, st.floats(-1e3, 1e3))
+def test_property_tail_diagnostics_do_not_depend_on_the_unit(k, shift):
+    # kurtosis and max |z| are scale-free: c^4 underflowed at 1e-80 (kurtosis 0.2904 -> 0.2900)
+    # and at 1e-160 (NaN); it overflowed at 1e80
+    c = 2.0**k
+    x = (_Z + shift) * c
+    assume(np.isfinite(x).all() and np.abs(x).max() < F64_MAX / 8)
+    assume(np.abs(x).min() > 0 and np.abs(_Z * c).min() >= np.finfo(np.float64).tiny)  # exact
+    ref, got = ol.tail_diagnostics(_Z + shift), ol.tail_diagnostics(x)
+    for key in ("excess_kurtosis", "max_abs_z"):
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-12)
+    np.testing.assert_allclose(got["std"], ref["std"] * c, rtol=1e-12)
+    r_ref = ol.empirical_variance_proxy(_Z + shift)
+    if ref["std"].max() * c < math.sqrt(F64_MAX):
+        got_r = ol.empirical_variance_proxy(x)["ratio"]
+        np.testing.assert_allclose(got_r, r_ref["ratio"], rtol=1e-12)
+    else:  # the proxy, a variance, is not representable
+        with pytest.raises(ValueError, match="float64 range"):
+            ol.empirical_variance_proxy(x)
+
+
+def test_empirical_variance_proxy_beyond_the_float_range():
+    with pytest.raises(ValueError, match="float64 range"):  # std^2 overflowed with a warning
+        ol.empirical_variance_proxy(_Z * 1e160)
+
+
+@pytest.mark.parametrize("q, n", [(1e-300, 10), (1e-100, 1), (1e-20, 3)])
+def test_gaussian_max_quantile_for_tiny_levels(q, n):
+    # 1 - q^(1/n) rounded to 1: the quantile was -0.0 for q = 1e-300, n = 10
+    r = math.exp(math.log(q) / n)
+    m = ol.gaussian_max_abs_quantile(n, q)
+    assert m > 0 and special.erf(m / math.sqrt(2.0)) == approx(r, rel=1e-12)
+
+
+def test_gaussian_max_quantile_beyond_int64():
+    # 10**30 raised a TypeError (a Python int beyond 64 bits)
+    m = ol.gaussian_max_abs_quantile(10**30)
+    # P(max_i |G_i| <= m) = (1 - 2 Phi(-m))^n = 1/2
+    assert 1e30 * math.log1p(-2.0 * special.ndtr(-m)) == approx(math.log(0.5), rel=1e-9)
+
+
+def test_dot_product_moments_beyond_the_float_range():
+    with pytest.raises(ValueError, match="float64 range"):  # var was inf with a warning
+        big = np.array([1e200])
+        ol.dot_product_moments(big, big, big, np.array([1.0]))
+
+
+# =========================================================================== applications
+from companion import applications as app  # noqa: E402
+
+
+def test_linear_input_statistics_of_a_constant_channel():
+    # the mean of three 0.1 is 0.10000000000000002 in torch: the variance came out 5.8e-34
+    lin = torch.nn.Linear(2, 1).double()
+    batches = [torch.tensor([[0.1, float(i + j)] for j in range(3)], dtype=torch.float64)
+               for i in range(3)]
+    st_ = app.linear_input_statistics(lin, batches, {"lin": lin})["lin"]
+    assert st_.mean[0] == 0.1 and st_.var[0] == 0.0
+    assert st_.var[1] > 0
+
+
+@pytest.mark.parametrize("delta", [1e-320, 5e-324, 1.0 - 1e-15, 1.0 - 2**-53])
+def test_tail_clip_threshold_for_delta_near_0_and_1(delta):
+    # 1/delta overflowed (tau = inf, NaN with std = 0); near 1, 1/delta kept 1 digit of 1 - delta
+    tau = app.tail_clip_threshold(1.0, 0.5, delta)
+    log_inv = -math.log(delta) if delta < 0.5 else -math.log1p(delta - 1.0)  # ln(1/delta)
+    assert tau == approx(1.0 + 0.5 * math.sqrt(2.0 * log_inv), rel=1e-14)
+    assert app.tail_clip_threshold(1.0, 0.0, delta) == 1.0
+
+
+def test_tail_clip_threshold_beyond_the_float_range():
+    with pytest.raises(ValueError, match="float64 range"):
+        app.tail_clip_threshold(1.0, 1e308, 0.01)
+
+
+# =========================================================================== framework
+from companion import framework as fw  # noqa: E402
+from companion.stacks import ResidualStack, StackConfig  # noqa: E402
+
+
+@FEW
+@given(log2_scales, st.sampled_from(["layernorm", "rmsnorm"]))
+def test_property_normalisation_scale_is_homogeneous(k, norm):
+    # s(c x) = |c| s(x) for eps = 0: var overflowed beyond 1e154 (s = inf) and underflowed
+    # below 1e-154 (s = 0, factors inf)
+    x = np.array([[1.0, -2.0, 0.5, 3.0], [0.1, 0.2, -0.3, 0.25]])
+    c = 2.0**k
+    assume(np.abs(x * c).min() >= np.finfo(np.float64).tiny and np.abs(x * c).max() < F64_MAX / 8)
+    np.testing.assert_allclose(fw.normalisation_scale(x * c, 0.0, norm),
+                               c * fw.normalisation_scale(x, 0.0, norm), rtol=1e-14)
+    eps = 1e-5  # with eps, tiny rows give sqrt(eps)
+    assert fw.normalisation_scale(x * 2.0**-600, eps, norm) == approx(math.sqrt(eps), rel=1e-14)
+
+
+@pytest.mark.parametrize("size", [1e-200, 1e200])
+def test_directions_of_any_size(size):
+    # ||v|| underflowed ("v must be a non-zero vector") or overflowed (v / inf = 0: projection 0)
+    base = np.zeros((2, 4))
+    base[:, 0] = 1.0
+    inj = base.copy()
+    inj[1, 1] = 0.5
+    v = np.array([0.0, 2.0, 0.0, 0.0]) * size
+    m = fw.perturbation_metrics(base, inj, v)
+    assert m["projection"].tolist() == [0.0, 0.5]
+    u = np.array([[[2.0, -2.0, 2.0, -2.0]]])
+    ref = fw.postln_contraction_factors(u, ln_weight=np.array([1.0, 2.0, 3.0, 4.0]), v=v / size)
+    got = fw.postln_contraction_factors(u, ln_weight=np.array([1.0, 2.0, 3.0, 4.0]), v=v)
+    np.testing.assert_allclose(got, ref, rtol=1e-15)
+    stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2))
+    x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
+    d = fw.random_direction(8, seed=1)
+    sw_ref = fw.stack_injection_sweep(stack, x, scale=0.1, direction=d)
+    sw = fw.stack_injection_sweep(stack, x, scale=0.1, direction=d * size)
+    np.testing.assert_allclose(sw.metrics["projection"], sw_ref.metrics["projection"], rtol=1e-12)
+
+
+def test_stack_injection_beyond_the_stack_dtype():
+    # 1e39 * v became inf in float32: "inject_vector contains NaN or infinite values"
+    stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2))
+    x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="torch.float32"):
+        fw.stack_injection_sweep(stack, x, scale=1e39, relative=False)
+    with pytest.raises(ValueError, match="torch.float32"):  # finite in float64, inf after the cast
+        stack(x, inject_layer=1, inject_vector=np.full(8, 1e39))
+
+
+def test_fit_norm_growth_and_dilution_at_the_float_limits():
+    with pytest.raises(ValueError, match="float64 range"):  # c was inf
+        fw.fit_norm_growth([1e-300, 1e10, 2e10])
+    # 1 + c m overflowed: inf/inf = NaN instead of sqrt((1 + c l)/(1 + c m)) -> sqrt(l/m)
+    np.testing.assert_allclose(fw.dilution_factor(1e308, 2, [2, 3, 8]),
+                               np.sqrt([1.0, 2 / 3, 2 / 8]), rtol=1e-14)
+
+
+# =========================================================================== injection
+from companion import injection as inj_mod  # noqa: E402
+
+
+@pytest.mark.parametrize("size", [1e-200, 1e200])
+def test_embedding_change_of_tiny_and_huge_embeddings(size):
+    # the norms under/overflowed: "zero vector" for 1e-200, 1 - cos = 1 for 1e200
+    a, b = np.array([[1.0, 0.0, 1.0]]), np.array([[1.0, 1.0, 0.0]])
+    np.testing.assert_allclose(inj_mod.embedding_change(a * size, b * size),
+                               inj_mod.embedding_change(a, b), rtol=1e-15)
+
+
+def test_next_token_kl_when_a_token_has_probability_zero():
+    # p_base = 0 times log p_base - log p_inj = -inf + ... gave 0 * inf = NaN
+    a = np.array([1e308, -1e308, 0.0])
+    b = np.array([0.0, 0.0, 0.0])
+    kl = inj_mod.next_token_kl(a, b)
+    assert kl == approx(math.log(3.0), rel=1e-14)  # KL(delta_0 || uniform on 3) = ln 3

@@ -584,3 +584,25 @@ def test_run_suite_skips_models_it_cannot_load(tmp_path, monkeypatch, capsys):
     cfgs = {"missing": ei.InjectionWindowExperiment(**{**TINY, "model": "no-such-org/no-such-model"})}
     assert ei.run_suite(cfgs, device="cpu", out=tmp_path, progress=False) == {}
     assert "skipped missing" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- extreme inputs
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [1e-200, 1e200])
+def test_track_injection_directions_of_any_size(minilm, size):
+    """||v|| underflowed ("zero vector") or overflowed (v / inf = 0, a zero injection)."""
+    p = inj.make_prompts(minilm, FIRST, SECOND, max_length=32)
+    d = inj.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
+    ref = inj.track_injection(minilm, p, [1], d, [1.0])
+    got = inj.track_injection(minilm, p, [1], d * size, [1.0], norms=ref.typical_norm)
+    for name in framework.METRIC_NAMES:
+        np.testing.assert_allclose(got.metrics[name], ref.metrics[name], rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.slow
+def test_track_injection_scales_beyond_the_model_dtype(minilm):
+    """alpha * n_l * v beyond float32 became inf in the model and NaN in every metric."""
+    p = inj.make_prompts(minilm, FIRST, SECOND, max_length=32)
+    d = inj.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
+    with pytest.raises(ValueError, match="torch.float32"):
+        inj.track_injection(minilm, p, [1], d, [1e39], relative=False)

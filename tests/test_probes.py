@@ -339,3 +339,36 @@ def test_bad_inputs_raise(minilm):
         probes.channel_statistics(m, ["ok", ""], [1.0])
     with pytest.raises(TypeError, match="skip_first"):
         probes.channel_statistics(m, TEXTS, [1.0], skip_first="yes")
+
+
+# --------------------------------------------------------------------------- extreme inputs
+def test_channel_statistics_of_a_constant_channel(minilm, monkeypatch):
+    """A channel holding one value at every token has that mean and variance 0 exactly.
+
+    Rounded batch means of 0.1 are not 0.1: the Chan merge left a variance near 1e-34 and the
+    mean an ulp off, so a "constant" channel got sigma ~ 1e-17 (and passed sigma > 0 checks).
+    """
+    real_run = probes._run
+
+    def run_with_constant_channel(m, enc, **kw):  # a float64 stream whose channel 0 is 0.1
+        return [h.double().index_fill(-1, torch.tensor([0]), 0.1) for h in real_run(m, enc, **kw)]
+
+    monkeypatch.setattr(probes, "_run", run_with_constant_channel)
+    st = probes.channel_statistics(minilm, TEXTS, [0.05, 1.0], batch_size=1)
+    assert np.all(st.mean[:, 0] == 0.1) and np.all(st.var[:, 0] == 0.0)
+    assert np.all(st.var[:, 1:] > 0)
+    assert np.all((st.min <= st.mean) & (st.mean <= st.max))
+
+
+def test_vectors_that_overflow_the_model_dtype_are_refused(minilm):
+    """Finite in float64, inf after the cast to the model's float32: the stream became NaN."""
+    big = np.full(minilm.d_model, 1e39)
+    with pytest.raises(ValueError, match="torch.float32"):
+        probes.inject(minilm, TEXTS[:1], 1, big)
+    with pytest.raises(ValueError, match="torch.float32"):
+        probes.injection_sweep(minilm, TEXTS[:1], [1, 2], big)
+    v = _vector(minilm)
+    with pytest.raises(ValueError, match="torch.float32"):  # scale * vector overflows float32
+        probes.inject(minilm, TEXTS[:1], 1, v, scale=1e39)
+    with pytest.raises(ValueError, match="torch.float32"):
+        probes.injection_sweep(minilm, TEXTS[:1], [1, 2], v, scale=[1.0, 1e39])
