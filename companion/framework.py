@@ -870,7 +870,11 @@ def predicted_window(
         f = _check_real(factor, "factor")
         if not 0 < f <= 1:
             raise ValueError(f"factor must lie in (0, 1] (LayerNorm contracts), got {f}")
-        n = L if f == 1 else min(L, int(np.floor(np.log(1 / tau) / np.log(1 / f) + 1e-12)) + 1)
+        if f == 1:
+            return 0, L - 1
+        with np.errstate(over="ignore", divide="ignore"):  # 1/tau beyond 1.8e308: ln = inf
+            count = np.floor(np.log(1 / tau) / np.log(1 / f) + 1e-12) + 1
+        n = L if not count < L else int(count)  # an infinite count (tau -> 0) is every layer
         return L - n, L - 1
     if c is None:
         raise ValueError("placement='pre' needs c (the norm-growth slope)")
@@ -879,8 +883,13 @@ def predicted_window(
         raise ValueError(f"c must be >= 0, got {c}")
     if c == 0:
         return 0, L - 1
-    first = int(np.ceil((tau**2 * (1 + c * (L - 1)) - 1) / c - 1e-12))
-    return max(0, first), L - 1
+    with np.errstate(over="ignore"):
+        edge = (tau**2 * (1 + c * (L - 1)) - 1) / c - 1e-12
+        if not np.isfinite(edge):  # c (L - 1) beyond 1.8e308, or (tau^2 - 1)/c below -1.8e308
+            edge = tau**2 * (L - 1) + (tau**2 - 1) / c - 1e-12
+    if not edge > 0:  # also -inf: c -> 0, the whole stack is in the window
+        return 0, L - 1
+    return max(0, int(np.ceil(edge))), L - 1
 
 
 # --------------------------------------------------------------------------------------------

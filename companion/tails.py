@@ -65,7 +65,7 @@ _LAM_MAX_UNBOUNDED = 20.0
 #: Smallest |lambda| * sd on the search grid; the limit lambda -> 0 (the variance) is added exactly.
 _LAM_MIN = 1e-4
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
-_LAM_CAP = 1e150
+_LAM_CAP = 1e153
 #: Grid points per sign of lambda before the local refinement.
 _GRID_POINTS = 256
 #: Step of the double-exponential quadrature (bounded support / unbounded support).
@@ -969,7 +969,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     10^{-2}/(b-\mu))`, so that a skewed law with :math:`b-\mu\gg\mathrm{sd}` (Bernoulli(:math:`p`),
     :math:`p\to0`, whose maximiser :math:`2\ln((1-p)/p)` is far below :math:`10^{-4}/\sqrt p`)
     is still searched from :math:`\lambda(b-\mu)\ll1`, and it ends at most at
-    :math:`10^{150}/\max(1, b-\mu)` (float64 range; a ``RuntimeWarning`` says if the rigorous end
+    :math:`10^{153}/\max(1, b-\mu)` (float64 range; a ``RuntimeWarning`` says if the rigorous end
     was not reached).  On an unbounded side the search stops at :math:`20/\mathrm{sd}` and
     :math:`R(\pm\infty)=1/\ell''(x)` is read from the curvature of :math:`\ell=-\log f` far in the tail.
 
@@ -1321,8 +1321,9 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     ValueError
         If ``dist`` has array-valued or invalid parameters, if ``dist`` has a spread
         (interquartile range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its
-        variance is not representable: rescale :math:`X`), or if ``dist`` is continuous with its
-        mean more than :math:`10^6` spreads from 0.
+        variance is not representable: rescale :math:`X`), if ``dist`` is continuous with its
+        mean more than :math:`10^6` spreads from 0, or if ``centred`` is False and the mean of a
+        law that is not a point mass exceeds :math:`10^{150}` in magnitude.
 
     Notes
     -----
@@ -1351,6 +1352,11 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
         return math.inf
     if var == 0:
         return 0.0 if centred else abs(mean) / math.sqrt(_LOG2)
+    if not centred and abs(mean) > 1e150:
+        raise ValueError(
+            f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X first "
+            f"(||cX||_psi2 = |c| ||X||_psi2), or pass centred=True"
+        )
     sd = math.sqrt(var)
     tails = _tails(dist, mean, sd)
     s2_tail = 0.0
@@ -1361,19 +1367,22 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
             s2_tail = max(s2_tail, tail.s2)
     nodes = _nodes(dist, mean, var)
     x = nodes.y if centred else nodes.y + nodes.mean
-    # nodes beyond 1e150 carry weight exp(-c 1e300) for a sub-Gaussian tail: drop them before squaring
-    near = np.abs(x) < 1e150
+    # nodes beyond 1e153 (x^2 > 1e306) carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian
+    # tail with sd <= 1e150: drop them before squaring.  (A cut at 1e150 dropped the nodes
+    # beyond 10 sd of N(0, 1e149^2), whose e^{-x^2/8sd^2} share of E e^{X^2/s^2} is 1e-6.)
+    near = np.abs(x) < (1e150 if sd < 1e140 else 1e153)
     x2, logw = x[near] ** 2, nodes.logw[near]
     second_moment = float(np.dot(np.exp(logw), x2))
     lo = math.log(0.999 * math.sqrt(second_moment / _LOG2))
     if s2_tail > 0:
         lo = max(lo, 0.5 * math.log(2.0 * s2_tail) + 1e-9)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         log_x2 = np.log(x2)
-    if float(np.max(log_x2)) - 2.0 * lo > 700.0:
+        top = float(np.max(logw + np.exp(log_x2 - 2.0 * lo)))
+    if top > 700.0:
         # Jensen's bracket is far below the root (mass p -> 0 at a far atom: E X^2 = p, root
-        # 1/sqrt(ln(1/p))) and x^2/s^2 overflows there.  Every term of E e^{X^2/s^2} <= 2 gives
-        # s^2 >= x_i^2 / (ln 2 - ln w_i): at that bracket no term exceeds 2 and their sum is >= 2.
+        # 1/sqrt(ln(1/p))) and e^{x^2/s^2} overflows there.  Every term of E e^{X^2/s^2} <= 2
+        # gives s^2 >= x_i^2 / (ln 2 - ln w_i): there no term exceeds 2 and their sum is >= 2.
         lo = max(lo, 0.5 * float(np.max(log_x2 - np.log(_LOG2 - logw))))
     keep = logw + x2 * math.exp(-2.0 * lo) > -60.0  # negligible for every s >= e^lo
     x2, logw = x2[keep], logw[keep]

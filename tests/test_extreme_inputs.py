@@ -190,6 +190,22 @@ def test_property_normal_law_at_every_scale(k):
     assert tails.log_mgf(law, 1.0 / sigma) == approx(0.5, rel=1e-12)
 
 
+def test_psi2_of_a_normal_law_at_the_top_of_the_range():
+    # nodes beyond |x| = 1e150 (10 sd here) were dropped: 1.6329929e149 instead of 1.6329932e149
+    # (found by test_property_normal_law_at_every_scale under the explore profile, seed 1)
+    assert tails.psi2_norm(stats.norm(0, 1e149)) == approx(1e149 * math.sqrt(8 / 3), rel=1e-12)
+
+
+def test_numeric_proxy_at_the_bottom_of_the_range():
+    # guards the float64 cap of the lambda search added for Bernoulli(p -> 0): a first cap at
+    # 1e150 < 2 reach / Var = 1.7e150 raised a RuntimeWarning here (found by
+    # test_property_proxy_and_psi2_scale_across_the_float_range, explore profile, seed 2)
+    x, p = np.array([0.0, 1.0, 3.0]), np.array([1.0, 1.5, 2.0]) / 4.5
+    ref = tails.optimal_variance_proxy(_law(x, p), method="numeric")
+    got = tails.optimal_variance_proxy(_law(1e-150 * x, p), method="numeric")
+    assert got == approx(1e-300 * ref, rel=1e-12)
+
+
 @pytest.mark.parametrize("sigma", [1e-300, 1e-160, 1e160, 1e300])
 def test_laws_whose_variance_leaves_the_float_range_are_refused(sigma):
     # before: norm(0, 1e-300) had proxy 0, psi2 0 and K(1e300) = nan; norm(0, 1e300) had proxy
@@ -628,3 +644,16 @@ def test_next_token_kl_when_a_token_has_probability_zero():
     b = np.array([0.0, 0.0, 0.0])
     kl = inj_mod.next_token_kl(a, b)
     assert kl == approx(math.log(3.0), rel=1e-14)  # KL(delta_0 || uniform on 3) = ln 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, window",
+    [
+        (dict(placement="post", threshold=1e-320, factor=0.5), (0, 31)),  # ln(1/tau) = inf
+        (dict(placement="pre", threshold=0.5, c=1e308), (8, 31)),  # c (L - 1) = inf: -> tau^2 L
+        (dict(placement="pre", threshold=0.5, c=1e-320), (0, 31)),  # (tau^2 - 1)/c = -inf
+    ],
+)
+def test_predicted_window_at_the_float_limits(kwargs, window):
+    # each raised OverflowError: cannot convert float infinity to integer
+    assert fw.predicted_window(n_layers=32, **kwargs) == window
