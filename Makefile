@@ -85,7 +85,7 @@ test-portable-ci: $(STAMP)
 
 # Hypothesis randomized with many examples over several seeds (CI runs the derandomized profile).
 test-explore: $(STAMP)
-	bash tests/explore_hypothesis.sh
+	PYTHON=$(BIN)/python bash tests/explore_hypothesis.sh
 
 benchmarks: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done

@@ -714,7 +714,8 @@ def unigram_loss(ids) -> float:
 
 
 def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int = 16, seq_len: int = 128,
-                  lr: float = 3e-3, seed: int = 0, device: str = "cpu", warmup: int | None = None):
+                  lr: float = 3e-3, seed: int = 0, device: str = "cpu", warmup: int | None = None,
+                  dtype: torch.dtype | None = None):
     """Train a :class:`TinyLM` on bytes of ``text`` with AdamW; deterministic on CPU.
 
     Parameters
@@ -733,6 +734,10 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     warmup : int or None
         Linear warm-up steps; ``None`` means ``max(1, steps // 10)``.  After warm-up the rate
         decays by a cosine to ``lr / 10``.  Post-LN stacks need the warm-up (Xiong et al.).
+    dtype : torch.dtype, optional
+        Floating-point type of training (default: torch's default dtype).  The weights are always
+        initialised in torch's default dtype and then cast, so ``torch.float64`` trains the same
+        initial network as float32, with rounding that no longer depends on the CPU's kernels.
 
     Returns
     -------
@@ -779,12 +784,14 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     if seq_len > config.max_len:
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float64, got {dtype!r}")
     ids = byte_tokenize(text)
     if ids.numel() < seq_len + 2:
         raise ValueError(f"text has {ids.numel()} bytes; need at least seq_len + 2 = {seq_len + 2}")
 
     warmup = max(1, steps // 10) if warmup is None else warmup
-    model = TinyLM(config).to(device)
+    model = TinyLM(config).to(device=device, dtype=dtype)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],

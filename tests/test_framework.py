@@ -436,8 +436,9 @@ def test_sweep_matches_direct_forward_passes():
                     inject_positions=[2, 4])
     ref = fw.perturbation_metrics(base.stream, inj.stream, v)
     for k in fw.METRIC_NAMES:
-        # the sweep forms the amplitude in float64, the reference in float32
-        np.testing.assert_allclose(sw.metrics[k][1], ref[k], rtol=1e-5, atol=1e-7, equal_nan=True)
+        # the sweep forms the amplitude in float64, the reference in float32; the float32 difference
+        # h_inj - h_base moves by up to 5.4e-7 between CPU kernel sets (measured under `default`)
+        np.testing.assert_allclose(sw.metrics[k][1], ref[k], rtol=1e-5, atol=2e-6, equal_nan=True)
     dy = (inj.final - base.final).double()
     np.testing.assert_allclose(sw.output_change[1], (dy.norm(dim=-1) / base.final.double().norm(dim=-1)).numpy(),
                                rtol=1e-5)

@@ -469,3 +469,14 @@ def test_per_token_grad_norms_match_token_by_token_autograd(placement):
     assert got == pytest.approx(np.mean(norms), rel=1e-5)
     with pytest.raises(TypeError, match="per_token"):
         last_layer_grad_norms(cfg, per_token=1)
+
+
+def test_train_tiny_lm_in_float64_starts_from_the_float32_initialisation():
+    cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
+    text = "abcabcabc" * 20
+    m32, l32 = train_tiny_lm(cfg, text, steps=3, batch_size=2, seq_len=16)
+    m64, l64 = train_tiny_lm(cfg, text, steps=3, batch_size=2, seq_len=16, dtype=torch.float64)
+    assert next(m64.parameters()).dtype == torch.float64
+    np.testing.assert_allclose(l64[0], l32[0], rtol=1e-5)      # same initial network
+    with pytest.raises(TypeError, match="floating-point torch.dtype"):
+        train_tiny_lm(cfg, text, steps=1, batch_size=2, seq_len=16, dtype=torch.int64)
