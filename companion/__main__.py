@@ -7,14 +7,15 @@ List the models and the experiments::
     python -m companion models
     python -m companion experiments
 
-Run an experiment with overrides, on a GPU, storing the Result where the chapters find it::
+Run an experiment with overrides, on a GPU, storing the Result where the chapters find it
+(from the root of a clone of the repository)::
 
     python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 \\
-        --set thresholds=1,5,20,100 --device cuda --out results/stored
+        --set thresholds=1,5,20,100 --device cuda --out companion/data/results
 
 Show a stored Result::
 
-    python -m companion show results/stored/channel_statistics/<hash>.json
+    python -m companion show companion/data/results/channel_statistics/<hash>.json
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ __all__ = ["main", "build_parser"]
 
 _EPILOG = """\
 Results are written as <out>/<experiment>/<config hash>.json + .npz.  Without --out they go to
-results/cache/ (git-ignored); Results committed to results/stored/ are what the chapters read.
+the cache folder: results/cache/ in a clone of the repository (git-ignored), else
+~/.cache/companion/results/cache/ ($COMPANION_RESULTS/cache if that is set).  The stored Results
+that chapters read are installed with the package (companion/data/results/); in a clone, write
+new ones there with --out companion/data/results and commit them.
 A Result whose config hash or schema does not match, or whose files are damaged (checksums in the
 JSON), is recomputed, never reused; run checks that --out is writable before computing anything.
 Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
@@ -72,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--device", default=None,
                        help="cpu, cuda, cuda:N or mps (default: CUDA if available, then MPS, then CPU)")
     p_run.add_argument("--out", default=None, metavar="DIR",
-                       help="results folder (default: results/cache; use results/stored for Results to commit)")
+                       help="results folder (default: the cache folder below; in a clone, use "
+                            "companion/data/results for Results to commit)")
     p_run.add_argument("--force", action="store_true", help="recompute even if a valid Result is stored")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the resolved config, its hash and the output path, and run nothing")

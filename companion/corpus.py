@@ -1,6 +1,7 @@
 """The committed text corpus used by every real-model experiment (no dataset hub is reachable).
 
-The text lives in ``book/data/`` (see ``book/data/SOURCES.md`` for where each file came from).
+The text is package data, ``companion/data/corpus/`` (see ``SOURCES.md`` there for where each file
+came from), installed with the package and found with :mod:`importlib.resources`.
 Set the environment variable ``COMPANION_DATA`` to use another folder of ``*.txt`` files.
 """
 
@@ -10,23 +11,38 @@ import os
 import re
 from pathlib import Path
 
+from companion._paths import DISTRIBUTION, package_data
+
 __all__ = ["corpus_dir", "corpus_files", "load_corpus", "corpus_sentences"]
 
 
 def corpus_dir() -> Path:
-    """Folder holding the corpus ``*.txt`` files (``$COMPANION_DATA`` or ``<repo>/book/data``).
+    """Folder holding the corpus ``*.txt`` files.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_DATA`` if set, else the package's ``companion/data/corpus``.
 
     Raises
     ------
     ValueError
-        If the folder does not exist (e.g. the package was installed without the repository).
+        If the folder does not exist.
     """
     env = os.environ.get("COMPANION_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parents[1] / "book" / "data"
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"corpus folder {path} (COMPANION_DATA) does not exist; point "
+                             "COMPANION_DATA at a folder of .txt files, or unset it to use the "
+                             "corpus installed with the package")
+        return path
+    path = package_data("corpus")
     if not path.is_dir():
         raise ValueError(
-            f"corpus folder {path} does not exist; install the package from a clone of the "
-            "repository (pip install -e .) or set COMPANION_DATA to a folder of .txt files"
+            f"corpus folder {path} does not exist: the package was installed without its data; "
+            f"reinstall it (pip install --force-reinstall {DISTRIBUTION}) or set COMPANION_DATA "
+            "to a folder of .txt files"
         )
     return path
 
@@ -35,7 +51,8 @@ def corpus_files() -> list[Path]:
     """Sorted list of the corpus text files."""
     files = sorted(corpus_dir().glob("*.txt"))
     if not files:
-        raise ValueError(f"no .txt files in {corpus_dir()}; see book/data/SOURCES.md")
+        raise ValueError(f"no .txt files in {corpus_dir()}; the corpus is listed in "
+                         "companion/data/corpus/SOURCES.md")
     return files
 
 

@@ -21,7 +21,7 @@ def test_help_explains_every_option(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     top = capsys.readouterr().out
-    for word in ("models", "experiments", "run", "show", "results/stored", "TQDM_DISABLE"):
+    for word in ("models", "experiments", "run", "show", "companion/data/results", "TQDM_DISABLE"):
         assert word in top
     with pytest.raises(SystemExit):
         main(["run", "--help"])

@@ -482,7 +482,7 @@ def test_cli_command_rebuilds_the_same_config():
         rebuilt = experiments.make_config(args.name, _parse_overrides(args.overrides, args.model))
         assert rebuilt == cfg
         assert experiments.config_hash(rebuilt) == experiments.config_hash(cfg)
-        assert args.device == "cuda" and args.out == "results/stored"
+        assert args.device == "cuda" and args.out == "companion/data/results"
     with pytest.raises(TypeError, match="InjectionWindowExperiment"):
         ei.cli_command({"model": "gpt2"})
 

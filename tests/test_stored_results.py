@@ -1,4 +1,4 @@
-"""The Results committed under results/stored/ that chapters read: present, current, and sane.
+"""The stored Results that chapters read (package data, companion/data/results/): present, current, sane.
 
 A chapter that renders a stored Result must not silently recompute it (a whole-corpus pass of
 SmolLM2 takes about twenty CPU minutes) nor show one whose config or schema has drifted from the
@@ -32,9 +32,9 @@ def whole_corpus_config(model: str):
 @pytest.mark.parametrize("model", sorted(WHOLE_CORPUS))
 def test_whole_corpus_statistics_are_stored_and_current(model):
     cfg = whole_corpus_config(model)
-    path = xp.result_path(cfg, xp.results_root() / "stored")
+    path = xp.result_path(cfg, xp.stored_root())
     assert path.exists(), (f"missing {path}; create it with python -m companion run channel_statistics "
-                           f"--model {model} ... --out results/stored (see the outliers chapter)")
+                           f"--model {model} ... --out companion/data/results (see the outliers chapter)")
     result = xp.load_result(path)
     assert xp._stale_reason(result, cfg) is None
     # run_cached must return the stored Result (it would otherwise recompute for many minutes)
@@ -53,7 +53,7 @@ def test_whole_corpus_statistics_are_stored_and_current(model):
 
 @pytest.mark.parametrize("model", sorted(WHOLE_CORPUS))
 def test_whole_corpus_statistics_are_consistent(model):
-    result = xp.load_result(xp.result_path(whole_corpus_config(model), xp.results_root() / "stored"))
+    result = xp.load_result(xp.result_path(whole_corpus_config(model), xp.stored_root()))
     a, s = result.arrays, result.scalars
     L, d = WHOLE_CORPUS[model]["n_layers"], WHOLE_CORPUS[model]["d_model"]
     assert s["n_layers"] == L and s["d_model"] == d and s["n_texts"] == 2838
@@ -76,7 +76,7 @@ def test_whole_corpus_statistics_are_consistent(model):
 
 def test_every_stored_result_carries_checksums_that_verify():
     """Each committed pair names the SHA-256 of its .npz and of each array, and they match."""
-    paths = sorted((xp.results_root() / "stored").glob("*/*.json"))
+    paths = sorted(xp.stored_root().glob("*/*.json"))
     assert paths, "no committed Results found"
     for path in paths:
         meta = json.loads(path.read_text())

@@ -9,11 +9,14 @@ it recomputes (and says so), never silently reusing a stale file.
 
 Where Results live
 ------------------
-``results/stored/``
-    Committed Results (the GPU runs the chapters read).  Searched first.
-``results/cache/``
-    Everything computed locally (git-ignored).  New Results go here by default.
-Set ``$COMPANION_RESULTS`` to use another root folder.
+:func:`stored_root`: ``companion/data/results/``
+    Stored Results that chapters read (committed GPU runs, trained weights), installed with the
+    package as package data and found with :mod:`importlib.resources`.  Searched first.
+:func:`cache_root`: ``results/cache/`` (in a clone) or ``~/.cache/companion/results/cache/``
+    Everything computed locally (git-ignored).  New Results go here by default; never into
+    site-packages.
+Set ``$COMPANION_RESULTS`` to use another root folder: ``$COMPANION_RESULTS/stored`` and
+``$COMPANION_RESULTS/cache`` then replace both.
 
 Integrity
 ---------
@@ -85,6 +88,8 @@ from typing import Any
 
 import numpy as np
 
+from companion._paths import package_data, source_checkout
+
 try:  # POSIX advisory locks; elsewhere only threads of one process are serialised
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -104,6 +109,8 @@ __all__ = [
     "load_result",
     "result_path",
     "results_root",
+    "stored_root",
+    "cache_root",
     "add_checksums",
     "StaleResultWarning",
     "CorruptResultWarning",
@@ -542,19 +549,70 @@ def run(config, device=None, progress: bool = False) -> Result:
 
 
 def results_root() -> Path:
-    """``$COMPANION_RESULTS`` or ``<repository>/results`` (``~/.cache/companion/results`` if absent)."""
+    """Root folder of the Results computed here (its ``cache/`` subfolder is :func:`cache_root`).
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_RESULTS`` if set; else ``<repository>/results`` when the package runs from a
+        clone; else ``~/.cache/companion/results`` (an installed package never writes into
+        site-packages).  The stored Results are not below it unless ``$COMPANION_RESULTS`` is
+        set: use :func:`stored_root`.
+    """
     env = os.environ.get("COMPANION_RESULTS")
     if env:
         return Path(env).expanduser()
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").exists():
+    repo = source_checkout()
+    if repo is not None:
         return repo / "results"
     return Path.home() / ".cache" / "companion" / "results"
 
 
+def cache_root() -> Path:
+    """Folder of the Results computed locally, where new Results go by default.
+
+    Returns
+    -------
+    pathlib.Path
+        ``<results root>/cache`` (:func:`results_root`): ``results/cache`` in a clone (ignored
+        by git), ``~/.cache/companion/results/cache`` for an installed package, or
+        ``$COMPANION_RESULTS/cache``.
+    """
+    return results_root() / "cache"
+
+
+def stored_root() -> Path:
+    """Folder of the stored Results that chapters read; :func:`run_cached` looks here first.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_RESULTS/stored`` if ``$COMPANION_RESULTS`` is set, else the package data
+        folder ``companion/data/results`` (installed with the package; in a clone, the folder
+        to which GPU runs are written with ``--out companion/data/results`` and committed).
+    """
+    if os.environ.get("COMPANION_RESULTS"):
+        return results_root() / "stored"
+    return package_data("results")
+
+
+def _stored_target() -> Path:
+    """Where helpers that produce Results to keep write by default.
+
+    :func:`stored_root` when it is meant to be written (a clone, or ``$COMPANION_RESULTS``),
+    else :func:`cache_root`: an installed package never writes into site-packages.
+    """
+    if os.environ.get("COMPANION_RESULTS") or source_checkout() is not None:
+        return stored_root()
+    return cache_root()
+
+
 def result_path(config, results_dir: str | Path | None = None) -> Path:
-    """Path of the JSON file of ``config``'s Result (``<dir>/<name>/<hash>.json``); default dir ``results/cache``."""
-    base = Path(results_dir) if results_dir is not None else results_root() / "cache"
+    """Path of the JSON file of ``config``'s Result: ``<dir>/<name>/<hash>.json``.
+
+    ``results_dir`` defaults to :func:`cache_root`.
+    """
+    base = Path(results_dir) if results_dir is not None else cache_root()
     return base / type(config).experiment_name / f"{config_hash(config)}.json"
 
 
@@ -687,7 +745,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     result : Result
     results_dir : path or None
         Root folder; the files go to ``<results_dir>/<name>/<config hash>.json`` and ``.npz``.
-        ``None``: ``results/cache`` (:func:`results_root`).
+        ``None``: :func:`cache_root` (``results/cache`` in a clone).
 
     Returns
     -------
@@ -713,7 +771,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
         if arrays[key].dtype.hasobject:
             raise TypeError(f"array {key!r} has dtype object, which cannot be stored without "
                             "pickles")
-    base = Path(results_dir) if results_dir is not None else results_root() / "cache"
+    base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
     npz_path = path.with_suffix(".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -931,7 +989,7 @@ def add_checksums(path: str | Path) -> bool:
     --------
     Run once over the committed Results::
 
-        for p in sorted(results_root().glob("stored/*/*.json")):
+        for p in sorted(stored_root().glob("*/*.json")):
             add_checksums(p)
     """
     path = Path(path)
@@ -979,8 +1037,8 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     device : str, torch.device or None
         Used only when the experiment has to run.
     results_dir : path or None
-        Look only here and save here.  ``None``: look in ``results/stored`` then
-        ``results/cache``; save into ``results/cache``.
+        Look only here and save here.  ``None``: look in :func:`stored_root` then
+        :func:`cache_root`; save into :func:`cache_root`.
     force : bool, default False
         Recompute even if a valid Result exists.
     progress : bool, default False
@@ -1021,7 +1079,7 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     if results_dir is not None:
         candidates = [Path(results_dir)]
     else:
-        candidates = [results_root() / "stored", results_root() / "cache"]
+        candidates = [stored_root(), cache_root()]
     if not force:
         for base in candidates:
             path = result_path(config, base)

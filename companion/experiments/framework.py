@@ -28,14 +28,14 @@ The defaults are CPU-sized.  The GPU-scale configurations are :data:`GPU_RANDOM`
         --set d_model=512 --set max_depth=128 --set depths=8,16,32,64,128 --set batch=8 --set tokens=64
 
 or, from Python, ``companion.experiments.run_cached(GPU_TRAINED, device="cuda")``.  Copy the
-resulting ``results/cache/<name>/<hash>.json`` + ``.npz`` into ``results/stored/<name>/``:
+resulting ``results/cache/<name>/<hash>.json`` + ``.npz`` into ``companion/data/results/<name>/``:
 the chapter renders every stored Result (:func:`stored_results`) with the hardware and the
 versions recorded in it.  CI runs only the CPU-sized defaults.
 
 Stored weights
 --------------
 The chapter does not train: it loads the CPU-sized models from
-``results/stored/framework_tiny_lms.npz`` (float16 weights, about 1 MB) written by
+``companion/data/results/framework_tiny_lms.npz`` (float16 weights, about 1 MB) written by
 :func:`save_models` from :func:`train_models` with the default :class:`TrainedWindowsConfig`
 (one torch thread).  ``tests/test_framework.py`` retrains the depth-2 models and checks that
 they reproduce the stored weights.
@@ -54,7 +54,8 @@ import torch
 
 from companion import framework as fw
 from companion.corpus import load_corpus
-from companion.experiments import FRAMEWORK_SCHEMA, Result, load_result, register, results_root
+from companion.experiments import (FRAMEWORK_SCHEMA, Result, _stored_target, load_result, register,
+                                   stored_root)
 from companion.stacks import ResidualStack, StackConfig, TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = [
@@ -730,15 +731,15 @@ def stored_models_path() -> Path:
     Returns
     -------
     pathlib.Path
-        ``<results root>/stored/framework_tiny_lms.npz`` (see
-        :func:`companion.experiments.results_root`).
+        ``framework_tiny_lms.npz`` in :func:`companion.experiments.stored_root` (the
+        package data folder ``companion/data/results``, or ``$COMPANION_RESULTS/stored``).
 
     Examples
     --------
     >>> stored_models_path().name
     'framework_tiny_lms.npz'
     """
-    return results_root() / "stored" / "framework_tiny_lms.npz"
+    return stored_root() / "framework_tiny_lms.npz"
 
 
 def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | None = None) -> Path:
@@ -751,7 +752,10 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     config : TrainedWindowsConfig
         The config they were trained with.
     path : str or Path, optional
-        ``.npz`` file (default :func:`stored_models_path`); the sidecar is ``.json`` beside it.
+        ``.npz`` file; the sidecar is ``.json`` beside it.  Default :func:`stored_models_path`
+        in a clone of the repository (or under ``$COMPANION_RESULTS/stored``); an installed
+        package writes ``framework_tiny_lms.npz`` into
+        :func:`companion.experiments.cache_root` instead, never into site-packages.
 
     Returns
     -------
@@ -781,7 +785,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
-    path = Path(path) if path is not None else stored_models_path()
+    path = Path(path) if path is not None else _stored_target() / stored_models_path().name
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():
@@ -868,7 +872,8 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     ----------
     name : {"framework_random", "framework_trained"}
     root : path, optional
-        Folder holding ``<name>/<hash>.json`` files (default ``results/stored``).
+        Folder holding ``<name>/<hash>.json`` files (default
+        :func:`companion.experiments.stored_root`, ``companion/data/results``).
 
     Returns
     -------
@@ -896,7 +901,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     classes = {"framework_random": RandomWindowsConfig, "framework_trained": TrainedWindowsConfig}
     if name not in classes:
         raise ValueError(f"name must be one of {sorted(classes)}, got {name!r}")
-    base = Path(root) if root is not None else results_root() / "stored"
+    base = Path(root) if root is not None else stored_root()
     schema = f"{FRAMEWORK_SCHEMA}.{classes[name].schema}"
     found = []
     for path in sorted((base / name).glob("*.json")):

@@ -7,9 +7,9 @@ depths (GPT-2 small -> xl, Pythia 70m -> 1.4b, two Llama-family models), for any
 with network access to the Hugging Face hub::
 
     python -m companion run injection_window --model gpt2-xl --set n_prompts=32 ... \\
-        --device cuda --out results/stored
+        --device cuda --out companion/data/results
 
-(:func:`cli_command` prints the exact command of each stored config, and :func:`run_suite` runs
+(from a clone of the repository; :func:`cli_command` prints the exact command of each stored config, and :func:`run_suite` runs
 a list of configs, skipping those already stored.)  The chapter renders every stored GPU Result
 it finds (:func:`stored_results`), labelled with the hardware and versions it ran on.
 
@@ -52,9 +52,10 @@ from companion.experiments import (
     load_result,
     make_config,
     register,
+    _stored_target,
     result_path,
-    results_root,
     run_cached,
+    stored_root,
 )
 
 __all__ = [
@@ -249,7 +250,7 @@ def _gpu(model: str) -> InjectionWindowExperiment:
 
 #: The GPU-scale runs: every layer, 32 prompts, two concepts and two random directions, for hub
 #: models of several depths.  Run them with :func:`run_suite` (or :func:`cli_command`) on a CUDA
-#: machine that can reach the Hugging Face hub; commit ``results/stored/injection_window/``.
+#: machine that can reach the Hugging Face hub; commit ``companion/data/results/injection_window/``.
 GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
     name: _gpu(name)
     for name in (
@@ -443,7 +444,7 @@ def stored_results(configs: dict | None = None, folder=None) -> dict:
     configs : dict of str to InjectionWindowExperiment, optional
         Default :data:`GPU_CONFIGS`.
     folder : path, optional
-        Default ``results/stored`` (:func:`companion.experiments.results_root`).
+        Default :func:`companion.experiments.stored_root` (``companion/data/results``).
 
     Returns
     -------
@@ -461,7 +462,7 @@ def stored_results(configs: dict | None = None, folder=None) -> dict:
     configs = GPU_CONFIGS if configs is None else configs
     if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
         raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
-    base = Path(folder) if folder is not None else results_root() / "stored"
+    base = Path(folder) if folder is not None else stored_root()
     schema = f"{FRAMEWORK_SCHEMA}.{InjectionWindowExperiment.schema}"
     found = {}
     for key, cfg in configs.items():
@@ -477,14 +478,15 @@ def stored_results(configs: dict | None = None, folder=None) -> dict:
     return found
 
 
-def cli_command(config, device: str = "cuda", out: str = "results/stored") -> str:
+def cli_command(config, device: str = "cuda", out: str = "companion/data/results") -> str:
     """The ``python -m companion run`` command that computes exactly ``config``.
 
     Parameters
     ----------
     config : InjectionWindowExperiment
     device : str, default "cuda"
-    out : str, default "results/stored"
+    out : str, default "companion/data/results"
+        The stored Results folder of a clone of the repository, where the chapter finds them.
 
     Returns
     -------
@@ -500,7 +502,7 @@ def cli_command(config, device: str = "cuda", out: str = "results/stored") -> st
     Examples
     --------
     >>> cli_command(InjectionWindowExperiment(n_prompts=4), device="cpu")
-    'python -m companion run injection_window --model smollm2-135m --set n_prompts=4 --device cpu --out results/stored'
+    'python -m companion run injection_window --model smollm2-135m --set n_prompts=4 --device cpu --out companion/data/results'
     """
     if not isinstance(config, InjectionWindowExperiment):
         raise TypeError(f"config must be an InjectionWindowExperiment, got {type(config).__name__}")
@@ -528,7 +530,9 @@ def run_suite(configs: dict | None = None, device=None, out=None, progress: bool
     device : str or None
         Default: CUDA if available.
     out : path or None
-        Where to store (default ``results/stored``, the folder the chapter reads).
+        Where to store.  Default: in a clone (or with ``$COMPANION_RESULTS``),
+        :func:`companion.experiments.stored_root`, the folder the chapter reads; for an
+        installed package, :func:`companion.experiments.cache_root` (never site-packages).
     progress : bool, default True
 
     Returns
@@ -551,7 +555,7 @@ def run_suite(configs: dict | None = None, device=None, out=None, progress: bool
     configs = GPU_CONFIGS if configs is None else configs
     if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
         raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
-    folder = out if out is not None else results_root() / "stored"
+    folder = out if out is not None else _stored_target()
     done = {}
     for key, cfg in configs.items():
         try:
