@@ -96,7 +96,7 @@ def test_whole_corpus_statistics_agree_with_a_fresh_pass_in_what_they_mean(model
     per-layer spread.  The tolerances are sampling tolerances (48 sentences against 2838), far wider
     than the spread between CPU kernel sets; a Result of another model or of changed weights fails."""
     cfg = whole_corpus_config(model)
-    stored = xp.load_result(xp.result_path(cfg, xp.results_root() / "stored")).arrays
+    stored = xp.load_result(xp.result_path(cfg, xp.stored_root())).arrays
     fresh_cfg = xp.make_config("channel_statistics", model=model, n_texts=48, skip_first=True,
                                max_length=128, batch_size=16, thresholds=WHOLE_CORPUS_GRID)
     fresh = xp.run(fresh_cfg, device="cpu").arrays
