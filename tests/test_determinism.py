@@ -59,10 +59,13 @@ def test_available_kernel_sets_start_with_default():
 @pytest.mark.skipif(not det.cpu_has_avx2(), reason="kernel sets are pinned only on AVX2 CPUs")
 def test_cli_runs_a_command_under_a_forced_kernel_set():
     code = ("import torch, numpy; from companion.determinism import kernel_report as r; "
-            "print(r()['torch'], r()['numpy'])")
+            "print(r()['torch'], r()['numpy'], sep='|')")
     out = subprocess.run([sys.executable, "-m", "companion.determinism", "run", "default", "--",
                           sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["DEFAULT", "baseline"]
+    torch_caps, numpy_targets = out.stdout.strip().split("|")
+    assert torch_caps in {"DEFAULT", "NO AVX"}      # torch < 2.7 calls the scalar path "NO AVX"
+    if det._numpy_supports_targets():   # NumPy < 2.3 cannot switch its AVX2/AVX-512 targets off
+        assert numpy_targets == "baseline"
     bad = subprocess.run([sys.executable, "-m", "companion.determinism", "run", "avx9", "--", "true"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown kernel set" in bad.stderr
@@ -81,12 +84,16 @@ def test_setup_notebook_pins_before_numpy_in_a_fresh_process():
 
 
 def test_setup_notebook_warns_if_numpy_came_first():
-    code = ("import numpy, warnings, companion; warnings.simplefilter('error'); "
+    # Only the kernel warning is turned into an error: older matplotlib/pyparsing pairs emit
+    # unrelated DeprecationWarnings on import.
+    code = ("import numpy, warnings, companion; "
+            "warnings.filterwarnings('error', category=RuntimeWarning); "
             "companion.setup_notebook()")
     env = {k: v for k, v in os.environ.items() if k not in det.KERNEL_SETS["avx2"]}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     flags = det._cpu_flags() or set()
-    if det.cpu_has_avx2() and "avx512f" in flags:
+    # NumPy < 2.3 is not pinned (it has no names for its AVX-512 targets), so nothing to warn about.
+    if det.cpu_has_avx2() and "avx512f" in flags and det._numpy_supports_targets():
         assert out.returncode != 0 and "imported before companion.setup_notebook()" in out.stderr
     else:
         assert out.returncode == 0, out.stderr
