@@ -15,4 +15,9 @@ Every chapter starts with :func:`setup_notebook`.
 from companion.notebook import setup_notebook
 
 __all__ = ["setup_notebook", "__version__"]
-__version__ = "0.1.0"
+
+#: The one place the version is written (PEP 440).  pyproject.toml reads it
+#: (``[tool.setuptools.dynamic]``), ``python -m companion --version`` prints it, every Result records
+#: it (``versions["companion"]``), the book's front page shows it (``{{ version }}``, filled by
+#: book/_ext/version_substitution.py) and tests/test_version.py checks that CITATION.cff agrees.
+__version__ = "0.2.0.dev0"

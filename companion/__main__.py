@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from companion import __version__
+
+    parser.add_argument("--version", action="version", version=f"companion {__version__}",
+                        help="print the version of the companion package and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
