@@ -12,7 +12,14 @@ in the one direction in which they import each other::
 Every chapter starts with :func:`setup_notebook`.
 """
 
+import logging as _logging
+
 from companion.notebook import setup_notebook
+
+# The library logs to the "companion" logger (each module to getLogger(__name__)) and never
+# configures logging: this NullHandler keeps its records quiet unless the application (or the
+# command line, `python -m companion -v ...`) adds a handler.
+_logging.getLogger("companion").addHandler(_logging.NullHandler())
 
 __all__ = ["setup_notebook", "__version__"]
 

@@ -16,13 +16,21 @@ Run an experiment with overrides, on a GPU, storing the Result where the chapter
 Show a stored Result::
 
     python -m companion show companion/data/results/channel_statistics/<hash>.json
+
+Print the version; log more (-v, -vv) or only errors and no progress bars (--quiet)::
+
+    python -m companion --version
+    python -m companion -v run channel_statistics --model minilm-l6
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
+import os
 import sys
 import typing
 import warnings
@@ -38,7 +46,20 @@ new ones there with --out companion/data/results and commit them.
 A Result whose config hash or schema does not match, or whose files are damaged (checksums in the
 JSON), is recomputed, never reused; run checks that --out is writable before computing anything.
 Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
+Messages of the 'companion' logger go to stderr: warnings by default, -v adds progress messages
+(INFO), -vv details (DEBUG); --quiet shows errors only.
 """
+
+
+def _verbosity_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    # The same options on the top-level parser and on every command, so that both
+    # `python -m companion -v run ...` and `python -m companion run ... -v` work; a command's
+    # copies default to SUPPRESS so that they never overwrite what was given before the command.
+    default = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else default),
+                        help="log more: -v progress messages (INFO), -vv details (DEBUG)")
+    parser.add_argument("-q", "--quiet", action="store_true", **({"default": False} if top else default),
+                        help="errors only and no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"companion {__version__}",
                         help="print the version of the companion package and exit")
+    _verbosity_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -85,13 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--force", action="store_true", help="recompute even if a valid Result is stored")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the resolved config, its hash and the output path, and run nothing")
-    p_run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     show_text = ("Print the metadata of a Result JSON file and the shapes of its arrays, after "
                  "checking the pair (fields, shapes, dtypes, checksums); a damaged Result is an "
                  "error (exit code 2) that says what to do.")
     p_show = sub.add_parser("show", help="summarise a stored Result", description=show_text)
     p_show.add_argument("path", help="path of the Result's .json file")
+
+    for p in (p_models, p_exps, p_run, p_show):
+        _verbosity_options(p, top=False)
     return parser
 
 
@@ -171,7 +195,7 @@ def _cmd_run(args) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("always", experiments.StaleResultWarning)
         result = experiments.run_cached(config, device=args.device, results_dir=args.out, force=args.force,
-                                        progress=not args.quiet)
+                                        progress=not args.quiet)  # tqdm also honours TQDM_DISABLE
     print(f"{result.name} {result.config_hash}: {result.path}")
     print(f"device {result.device}, wall time {result.wall_time:.1f} s, arrays "
           + ", ".join(f"{k}{list(v.shape)}" for k, v in result.arrays.items()))
@@ -193,6 +217,41 @@ def _cmd_show(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _logging(verbose: int, quiet: bool):
+    """Send the 'companion' logger to stderr at the chosen level while a command runs.
+
+    The library itself only has a NullHandler (companion/__init__.py); the command line is the one
+    place that configures logging, and it undoes that when the command returns (main() may be
+    called more than once in a process, e.g. from a notebook or a test).
+    """
+    log = logging.getLogger("companion")
+    if quiet:
+        level = logging.ERROR
+    else:
+        level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    saved = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+    saved_tqdm = os.environ.get("TQDM_DISABLE")
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        if quiet:
+            if saved_tqdm is None:
+                os.environ.pop("TQDM_DISABLE", None)
+            else:
+                os.environ["TQDM_DISABLE"] = saved_tqdm
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse ``argv`` (default ``sys.argv[1:]``) and run the command.
 
@@ -205,19 +264,16 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "quiet", False):
-        import os
-
-        os.environ["TQDM_DISABLE"] = "1"
     handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show}
-    try:
-        return handlers[args.command](args)
-    except (ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # e.g. the disk filled up while a Result was written
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    with _logging(args.verbose, args.quiet):
+        try:
+            return handlers[args.command](args)
+        except (ValueError, TypeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # e.g. the disk filled up while a Result was written
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":
