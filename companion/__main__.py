@@ -17,6 +17,12 @@ Show a stored Result::
 
     python -m companion show companion/data/results/channel_statistics/<hash>.json
 
+Run a suite of configurations, one submitit job each (here, or on a SLURM cluster)::
+
+    python -m companion run-suite smoke
+    python -m companion run-suite injection-gpu --executor slurm --partition gpu --gpus 1 \\
+        --time 2:00 --out /shared/results
+
 Print the version; log more (-v, -vv) or only errors and no progress bars (--quiet)::
 
     python -m companion --version
@@ -114,9 +120,51 @@ def build_parser() -> argparse.ArgumentParser:
     p_show = sub.add_parser("show", help="summarise a stored Result", description=show_text)
     p_show.add_argument("path", help="path of the Result's .json file")
 
-    for p in (p_models, p_exps, p_run, p_show):
+    p_suite = sub.add_parser(
+        "run-suite", help="run a suite of configurations, one submitit job each (local or SLURM)",
+        description="Submit one job per configuration of SUITE through submitit: subprocesses here "
+                    "(--executor local), a SLURM job array (--executor slurm, on the login node) or this "
+                    "process (--executor debug).  Configurations whose valid Result is already in the "
+                    "store are skipped, so running a suite again resumes it.  Ends with a summary; the "
+                    "exit code is 1 if any configuration failed.",
+        epilog="SUITE is a named suite (" + ", ".join(_suite_names()) + ") or a JSON/YAML file: a list "
+               "of {experiment: NAME, config: {field: value}, label: optional}.  See companion.suites.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_suite.add_argument("suite", nargs="?", help="a named suite or a suite file (.json, .yaml)")
+    p_suite.add_argument("--list", action="store_true",
+                         help="print the named suites, or the configurations of SUITE, and run nothing")
+    p_suite.add_argument("--executor", choices=("local", "slurm", "debug"), default="local",
+                         help="submitit executor: local subprocesses (default), a SLURM cluster, "
+                              "or this process (pdb on failure)")
+    p_suite.add_argument("--partition", default=None, help="SLURM partition (sbatch --partition)")
+    p_suite.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
+    p_suite.add_argument("--time", default="60", metavar="LIMIT",
+                         help="time limit per job: minutes (90) or h:mm[:ss] (default 60 minutes)")
+    p_suite.add_argument("--cpus", type=int, default=None, help="CPUs per job")
+    p_suite.add_argument("--mem-gb", type=float, default=None, help="memory per job in GB")
+    p_suite.add_argument("--parallel", type=int, default=None,
+                         help="jobs at a time (SLURM array parallelism; local: default 1)")
+    p_suite.add_argument("--slurm-arg", dest="slurm_args", action="append", default=[], metavar="KEY=VALUE",
+                         help="another sbatch option, e.g. --slurm-arg account=myproject (repeatable)")
+    p_suite.add_argument("--device", default=None,
+                         help="device for every job (default: CUDA if the job sees a GPU, else CPU)")
+    p_suite.add_argument("--out", default=None, metavar="DIR",
+                         help="results folder (as for run; on a cluster, a shared file system)")
+    p_suite.add_argument("--logs", default=None, metavar="DIR",
+                         help="submitit's folder for job files and logs (default: <out>/suite-logs)")
+    p_suite.add_argument("--force", action="store_true",
+                         help="run every configuration, even those with a stored Result")
+    p_suite.add_argument("--no-wait", action="store_true",
+                         help="submit and exit; run the suite again later to collect and resume")
+    for p in (p_models, p_exps, p_run, p_show, p_suite):
         _verbosity_options(p, top=False)
     return parser
+
+
+def _suite_names() -> list[str]:
+    from companion.suites import NAMED_SUITES
+
+    return list(NAMED_SUITES)
 
 
 def _parse_overrides(items: list[str], model: str | None) -> dict:
@@ -217,6 +265,30 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cmd_run_suite(args) -> int:
+    from companion import suites
+
+    if args.suite is None:
+        if not args.list:
+            raise ValueError("name a suite (" + ", ".join(suites.NAMED_SUITES) + ") or a suite file")
+        for name, (text, _) in suites.NAMED_SUITES.items():
+            print(f"{name:14s} {text}")
+        return 0
+    entries = suites.load_suite(args.suite)
+    if args.list:
+        for e in entries:
+            print(f"{e.label:28s} {e.experiment:20s} {e.config_hash}  {json.dumps(dataclasses.asdict(e.config))}")
+        return 0
+    slurm_args = dict(_parse_overrides(args.slurm_args, None))
+    report = suites.run_suite(
+        entries, executor=args.executor, results_dir=args.out, device=args.device, log_folder=args.logs,
+        partition=args.partition, gpus=args.gpus, time_limit=args.time, cpus=args.cpus, mem_gb=args.mem_gb,
+        parallel=args.parallel, slurm_args=slurm_args, force=args.force, wait=not args.no_wait,
+        progress=not args.quiet)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
 @contextlib.contextmanager
 def _logging(verbose: int, quiet: bool):
     """Send the 'companion' logger to stderr at the chosen level while a command runs.
@@ -264,12 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show}
+    handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show,
+                "run-suite": _cmd_run_suite}
     with _logging(args.verbose, args.quiet):
         try:
             return handlers[args.command](args)
         except (ValueError, TypeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except ImportError as exc:  # an optional dependency (submitit for run-suite)
+            print(f"error: {exc}; install the extra: pip install 'fading-outliers-companion[suite]'",
+                  file=sys.stderr)
             return 2
         except OSError as exc:  # e.g. the disk filled up while a Result was written
             print(f"error: {exc}", file=sys.stderr)
