@@ -135,3 +135,23 @@ def test_wrap_of_an_nnsight_language_model(tokenizer):
         torch.testing.assert_close(hs[layer], inp, rtol=0, atol=0)
         torch.testing.assert_close(hs[layer + 1], out, rtol=0, atol=0)
     torch.testing.assert_close(m.final_norm(hs[-1]), final, rtol=0, atol=0)
+
+
+def test_injection_through_nnsight_equals_probes_inject(tokenizer):
+    nnsight = pytest.importorskip("nnsight", reason="nnsight is the optional extra 'interop'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = nnsight.LanguageModel(_llama(), tokenizer=tokenizer)
+    m = models.wrap(lm)
+    enc = models.tokenize(m, TEXTS)
+    v = torch.ones(m.d_model) / m.d_model**0.5
+    ref = probes.inject(m, enc, 2, v, scale=4.0)              # adds 4 v to h_2
+    with lm.trace(dict(enc)):
+        lm.model.layers[2].input = lm.model.layers[2].input + 4.0 * v
+        via_input = lm.model.layers[2].output.save()
+    with lm.trace(dict(enc)):
+        lm.model.layers[1].output[:] += 4.0 * v
+        via_output = lm.model.layers[2].output.save()
+    real = enc["attention_mask"].bool()                      # nnsight also adds at the pads
+    for got in (via_input, via_output):
+        torch.testing.assert_close(got[real], ref[3][real], rtol=1e-5, atol=1e-5)
