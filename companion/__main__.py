@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_suite.add_argument("--force", action="store_true",
                          help="run every configuration, even those with a stored Result")
     p_suite.add_argument("--no-wait", action="store_true",
-                         help="submit and exit; run the suite again later to collect and resume")
+                         help="submit and exit; once the jobs have ended, run the suite again: it skips "
+                              "the stored Results and resubmits the rest (a job still running would be "
+                              "submitted twice)")
     for p in (p_models, p_exps, p_run, p_show, p_suite):
         _verbosity_options(p, top=False)
     return parser

@@ -435,8 +435,10 @@ def run_suite(
     force : bool, default False
         Run every entry, even those with a valid stored Result (which are then recomputed).
     wait : bool, default True
-        Wait for the jobs; ``False`` returns after submitting (status ``"submitted"``).  Run
-        the suite again later: finished entries are skipped and the rest resubmitted.
+        Wait for the jobs; ``False`` returns after submitting (status ``"submitted"``).  Once
+        the jobs have ended, run the suite again: entries with a stored Result are skipped and
+        the rest resubmitted (an entry whose job is still running would be submitted twice;
+        the Result store keeps one complete Result even then).
     progress : bool, default False
         tqdm bars inside each job (written to its log) and over the suite here.
     poll_s : float, default 1.0
