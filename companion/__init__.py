@@ -12,7 +12,19 @@ in the one direction in which they import each other::
 Every chapter starts with :func:`setup_notebook`.
 """
 
+import logging as _logging
+
 from companion.notebook import setup_notebook
 
+# The library logs to the "companion" logger (each module to getLogger(__name__)) and never
+# configures logging: this NullHandler keeps its records quiet unless the application (or the
+# command line, `python -m companion -v ...`) adds a handler.
+_logging.getLogger("companion").addHandler(_logging.NullHandler())
+
 __all__ = ["setup_notebook", "__version__"]
-__version__ = "0.1.0"
+
+#: The one place the version is written (PEP 440).  pyproject.toml reads it
+#: (``[tool.setuptools.dynamic]``), ``python -m companion --version`` prints it, every Result records
+#: it (``versions["companion"]``), the book's front page shows it (``{{ version }}``, filled by
+#: book/_ext/version_substitution.py) and tests/test_version.py checks that CITATION.cff agrees.
+__version__ = "0.2.0.dev0"

@@ -16,13 +16,27 @@ Run an experiment with overrides, on a GPU, storing the Result where the chapter
 Show a stored Result::
 
     python -m companion show companion/data/results/channel_statistics/<hash>.json
+
+Run a suite of configurations, one submitit job each (here, or on a SLURM cluster)::
+
+    python -m companion run-suite smoke
+    python -m companion run-suite injection-gpu --executor slurm --partition gpu --gpus 1 \\
+        --time 2:00 --out /shared/results
+
+Print the version; log more (-v, -vv) or only errors and no progress bars (--quiet)::
+
+    python -m companion --version
+    python -m companion -v run channel_statistics --model minilm-l6
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
+import os
 import sys
 import typing
 import warnings
@@ -38,7 +52,20 @@ new ones there with --out companion/data/results and commit them.
 A Result whose config hash or schema does not match, or whose files are damaged (checksums in the
 JSON), is recomputed, never reused; run checks that --out is writable before computing anything.
 Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
+Messages of the 'companion' logger go to stderr: warnings by default, -v adds progress messages
+(INFO), -vv details (DEBUG); --quiet shows errors only.
 """
+
+
+def _verbosity_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    # The same options on the top-level parser and on every command, so that both
+    # `python -m companion -v run ...` and `python -m companion run ... -v` work; a command's
+    # copies default to SUPPRESS so that they never overwrite what was given before the command.
+    default = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else default),
+                        help="log more: -v progress messages (INFO), -vv details (DEBUG)")
+    parser.add_argument("-q", "--quiet", action="store_true", **({"default": False} if top else default),
+                        help="errors only and no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from companion import __version__
+
+    parser.add_argument("--version", action="version", version=f"companion {__version__}",
+                        help="print the version of the companion package and exit")
+    _verbosity_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -81,14 +113,60 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--force", action="store_true", help="recompute even if a valid Result is stored")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the resolved config, its hash and the output path, and run nothing")
-    p_run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     show_text = ("Print the metadata of a Result JSON file and the shapes of its arrays, after "
                  "checking the pair (fields, shapes, dtypes, checksums); a damaged Result is an "
                  "error (exit code 2) that says what to do.")
     p_show = sub.add_parser("show", help="summarise a stored Result", description=show_text)
     p_show.add_argument("path", help="path of the Result's .json file")
+
+    p_suite = sub.add_parser(
+        "run-suite", help="run a suite of configurations, one submitit job each (local or SLURM)",
+        description="Submit one job per configuration of SUITE through submitit: subprocesses here "
+                    "(--executor local), a SLURM job array (--executor slurm, on the login node) or this "
+                    "process (--executor debug).  Configurations whose valid Result is already in the "
+                    "store are skipped, so running a suite again resumes it.  Ends with a summary; the "
+                    "exit code is 1 if any configuration failed.",
+        epilog="SUITE is a named suite (" + ", ".join(_suite_names()) + ") or a JSON/YAML file: a list "
+               "of {experiment: NAME, config: {field: value}, label: optional}.  See companion.suites.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_suite.add_argument("suite", nargs="?", help="a named suite or a suite file (.json, .yaml)")
+    p_suite.add_argument("--list", action="store_true",
+                         help="print the named suites, or the configurations of SUITE, and run nothing")
+    p_suite.add_argument("--executor", choices=("local", "slurm", "debug"), default="local",
+                         help="submitit executor: local subprocesses (default), a SLURM cluster, "
+                              "or this process (pdb on failure)")
+    p_suite.add_argument("--partition", default=None, help="SLURM partition (sbatch --partition)")
+    p_suite.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
+    p_suite.add_argument("--time", default="60", metavar="LIMIT",
+                         help="time limit per job: minutes (90) or h:mm[:ss] (default 60 minutes)")
+    p_suite.add_argument("--cpus", type=int, default=None, help="CPUs per job")
+    p_suite.add_argument("--mem-gb", type=float, default=None, help="memory per job in GB")
+    p_suite.add_argument("--parallel", type=int, default=None,
+                         help="jobs at a time (SLURM array parallelism; local: default 1)")
+    p_suite.add_argument("--slurm-arg", dest="slurm_args", action="append", default=[], metavar="KEY=VALUE",
+                         help="another sbatch option, e.g. --slurm-arg account=myproject (repeatable)")
+    p_suite.add_argument("--device", default=None,
+                         help="device for every job (default: CUDA if the job sees a GPU, else CPU)")
+    p_suite.add_argument("--out", default=None, metavar="DIR",
+                         help="results folder (as for run; on a cluster, a shared file system)")
+    p_suite.add_argument("--logs", default=None, metavar="DIR",
+                         help="submitit's folder for job files and logs (default: <out>/suite-logs)")
+    p_suite.add_argument("--force", action="store_true",
+                         help="run every configuration, even those with a stored Result")
+    p_suite.add_argument("--no-wait", action="store_true",
+                         help="submit and exit; once the jobs have ended, run the suite again: it skips "
+                              "the stored Results and resubmits the rest (a job still running would be "
+                              "submitted twice)")
+    for p in (p_models, p_exps, p_run, p_show, p_suite):
+        _verbosity_options(p, top=False)
     return parser
+
+
+def _suite_names() -> list[str]:
+    from companion.suites import NAMED_SUITES
+
+    return list(NAMED_SUITES)
 
 
 def _parse_overrides(items: list[str], model: str | None) -> dict:
@@ -167,7 +245,7 @@ def _cmd_run(args) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("always", experiments.StaleResultWarning)
         result = experiments.run_cached(config, device=args.device, results_dir=args.out, force=args.force,
-                                        progress=not args.quiet)
+                                        progress=not args.quiet)  # tqdm also honours TQDM_DISABLE
     print(f"{result.name} {result.config_hash}: {result.path}")
     print(f"device {result.device}, wall time {result.wall_time:.1f} s, arrays "
           + ", ".join(f"{k}{list(v.shape)}" for k, v in result.arrays.items()))
@@ -189,6 +267,65 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cmd_run_suite(args) -> int:
+    from companion import suites
+
+    if args.suite is None:
+        if not args.list:
+            raise ValueError("name a suite (" + ", ".join(suites.NAMED_SUITES) + ") or a suite file")
+        for name, (text, _) in suites.NAMED_SUITES.items():
+            print(f"{name:14s} {text}")
+        return 0
+    entries = suites.load_suite(args.suite)
+    if args.list:
+        for e in entries:
+            print(f"{e.label:28s} {e.experiment:20s} {e.config_hash}  {json.dumps(dataclasses.asdict(e.config))}")
+        return 0
+    slurm_args = dict(_parse_overrides(args.slurm_args, None))
+    report = suites.run_suite(
+        entries, executor=args.executor, results_dir=args.out, device=args.device, log_folder=args.logs,
+        partition=args.partition, gpus=args.gpus, time_limit=args.time, cpus=args.cpus, mem_gb=args.mem_gb,
+        parallel=args.parallel, slurm_args=slurm_args, force=args.force, wait=not args.no_wait,
+        progress=not args.quiet)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+@contextlib.contextmanager
+def _logging(verbose: int, quiet: bool):
+    """Send the 'companion' logger to stderr at the chosen level while a command runs.
+
+    The library itself only has a NullHandler (companion/__init__.py); the command line is the one
+    place that configures logging, and it undoes that when the command returns (main() may be
+    called more than once in a process, e.g. from a notebook or a test).
+    """
+    log = logging.getLogger("companion")
+    if quiet:
+        level = logging.ERROR
+    else:
+        level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    saved = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+    saved_tqdm = os.environ.get("TQDM_DISABLE")
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        if quiet:
+            if saved_tqdm is None:
+                os.environ.pop("TQDM_DISABLE", None)
+            else:
+                os.environ["TQDM_DISABLE"] = saved_tqdm
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse ``argv`` (default ``sys.argv[1:]``) and run the command.
 
@@ -201,19 +338,21 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "quiet", False):
-        import os
-
-        os.environ["TQDM_DISABLE"] = "1"
-    handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show}
-    try:
-        return handlers[args.command](args)
-    except (ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # e.g. the disk filled up while a Result was written
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show,
+                "run-suite": _cmd_run_suite}
+    with _logging(args.verbose, args.quiet):
+        try:
+            return handlers[args.command](args)
+        except (ValueError, TypeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except ImportError as exc:  # an optional dependency (submitit for run-suite)
+            print(f"error: {exc}; install the extra: pip install 'fading-outliers-companion[suite]'",
+                  file=sys.stderr)
+            return 2
+        except OSError as exc:  # e.g. the disk filled up while a Result was written
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import copy as _copy
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import socket
@@ -143,6 +144,8 @@ _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "fin
 _CONVERSION_VERSION = 1
 
 _LOADED: dict[tuple, "LoadedModel"] = {}
+
+logger = logging.getLogger(__name__)
 
 
 class CorruptCacheWarning(RuntimeWarning):
@@ -383,22 +386,38 @@ def _prepare_tokenizer(tokenizer, kind: str):
     return tokenizer
 
 
+def _unwrap_model(model):
+    """The torch module inside a wrapper such as nnsight's ``LanguageModel`` (``._module``)."""
+    inner = getattr(model, "_module", None)
+    if not isinstance(model, torch.nn.Module) and isinstance(inner, torch.nn.Module):
+        return inner
+    return model
+
+
 def wrap(
-    model: torch.nn.Module,
-    tokenizer,
+    model,
+    tokenizer=None,
     name: str = "custom",
     source: str = "",
     placement: str | None = None,
     max_length: int = 128,
 ) -> LoadedModel:
-    """Describe an already-constructed transformers model for the probes.
+    """Describe a transformers model the user already holds, for the probes and the experiments.
+
+    Use it for a model loaded or built in your own code (``AutoModelForCausalLM.from_pretrained``,
+    a model built from a config, a fine-tuned checkpoint) or held by another tool: an nnsight
+    ``LanguageModel`` is unwrapped to the transformers model inside it (its ``._module``), with
+    its tokenizer.  The weights are used as they are, on the device and in the dtype they are
+    on; nothing is copied, folded or re-centred, so hooks of the other tool and the probes see
+    the same module objects.
 
     Parameters
     ----------
-    model : torch.nn.Module
+    model : torch.nn.Module or an nnsight LanguageModel
         A transformers ``PreTrainedModel`` (``...ForCausalLM`` or an encoder such as ``BertModel``).
-    tokenizer : transformers tokenizer
-        Given a pad token if it has none, and set to pad on the right.
+    tokenizer : transformers tokenizer, optional
+        Given a pad token if it has none, and set to pad on the right.  Default: the model
+        wrapper's own ``.tokenizer`` (nnsight); required for a plain transformers model.
     name, source : str
         Labels stored on the result.
     placement : {"pre", "post"} or None
@@ -433,7 +452,14 @@ def wrap(
     >>> m = wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok)      # doctest: +SKIP
     >>> m.placement, m.norm                                        # doctest: +SKIP
     ('pre', 'layernorm')
+    >>> from nnsight import LanguageModel                          # doctest: +SKIP
+    >>> m = wrap(LanguageModel("gpt2"))                            # doctest: +SKIP
     """
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise TypeError("wrap needs the model's tokenizer: wrap(model, tokenizer)")
+    model = _unwrap_model(model)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
@@ -461,6 +487,8 @@ def wrap(
     model.eval()
     device = next(model.parameters()).device
     d_model = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or getattr(config, "n_embd", 0))
+    logger.debug("wrap %s: %s, %d blocks, d = %d, %s-norm, final norm %s", name, type(model).__name__, n_layers,
+                 d_model, placement, type(final_norm).__name__ if final_norm is not None else "none")
     return LoadedModel(
         name=name,
         model=model,

@@ -47,7 +47,8 @@ def _lower_bound(req: Requirement) -> str:
 def test_the_distribution_has_its_own_name_and_metadata():
     project = PYPROJECT["project"]
     assert project["name"] == _paths.DISTRIBUTION != "companion"
-    assert project["version"] == companion.__version__
+    assert project["dynamic"] == ["version"] and "version" not in project
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "companion.__version__"}
     assert project["requires-python"] == ">=3.11"
     assert project["license"] and all((REPO / f).is_file() for f in project["license-files"])
     assert project["description"] and project["classifiers"] and project["readme"] == "README.md"

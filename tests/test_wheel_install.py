@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import companion
 from companion import experiments as xp
 from companion import models
 from companion._paths import DISTRIBUTION
@@ -57,6 +58,7 @@ SMOKE = textwrap.dedent('''
     # the declared ranges, checked against what this environment imports
     dist = distribution(spec["distribution"])
     out["dist_location"] = str(dist.locate_file(""))
+    out["dist_version"] = dist.version
     problems = []
     for line in dist.requires or []:
         req = Requirement(line)
@@ -74,6 +76,7 @@ SMOKE = textwrap.dedent('''
     import companion
     from companion import _paths
     out["companion_file"] = companion.__file__
+    out["companion_version"] = companion.__version__
     out["checkout"] = None if _paths.source_checkout() is None else str(_paths.source_checkout())
 
     from companion.corpus import corpus_dir, corpus_sentences
@@ -190,6 +193,7 @@ def test_the_installed_wheel_is_what_runs(installed):
     assert out["checkout"] is None                       # not a clone: no pyproject.toml beside it
     assert str(REPO) not in out["sys_path"] and "" not in out["sys_path"]
     assert out["requirement_problems"] == []
+    assert out["dist_version"] == out["companion_version"] == companion.__version__
 
 
 def test_the_wheel_carries_the_corpus(installed):
@@ -233,6 +237,8 @@ def test_the_command_line_works_from_the_wheel(installed):
     py, env, outside = installed["py"], installed["env"], installed["outside"]
     text = _run([py, "-I", "-m", "companion", "--help"], env=env, cwd=outside).stdout
     assert "companion/data/results" in text and "run" in text
+    shown_version = _run([py, "-I", "-m", "companion", "--version"], env=env, cwd=outside).stdout
+    assert shown_version.split() == ["companion", companion.__version__]
     stored = installed["site"] / "companion" / "data" / "results" / "channel_statistics"
     script = installed["venv"] / "bin" / "companion"              # the console script
     shown = _run([script, "show", stored / installed["stored_json"].name], env=env,
@@ -245,7 +251,7 @@ def test_the_wheel_holds_only_the_package_and_its_data(installed):
 
     names = zipfile.ZipFile(installed["wheel"]).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops == {"companion", f"{DISTRIBUTION.replace('-', '_')}-0.1.0.dist-info"}, tops
+    assert tops == {"companion", f"{DISTRIBUTION.replace('-', '_')}-{companion.__version__}.dist-info"}, tops
     data = sorted(n for n in names if n.startswith("companion/data/"))
     in_repo = sorted(str(p.relative_to(REPO)) for p in (REPO / "companion" / "data").rglob("*")
                      if p.is_file() and p.suffix in (".txt", ".md", ".json", ".npz"))

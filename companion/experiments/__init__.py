@@ -71,6 +71,7 @@ import hashlib
 import importlib
 import io
 import json
+import logging
 import os
 import pkgutil
 import platform
@@ -116,6 +117,8 @@ __all__ = [
     "CorruptResultWarning",
     "CorruptResultError",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Version of the on-disk Result format (part of every Result's schema string).
 FRAMEWORK_SCHEMA = 1
@@ -530,9 +533,11 @@ def run(config, device=None, progress: bool = False) -> Result:
     cls = type(config)
     _config_dict(config)  # type check
     dev = select_device(device)
+    logger.info("computing %s %s on %s", cls.experiment_name, config_hash(config), dev)
     t0 = time.perf_counter()
     outputs = config.compute(dev, bool(progress))
     wall = time.perf_counter() - t0
+    logger.info("computed %s %s in %.1f s", cls.experiment_name, config_hash(config), wall)
     arrays, scalars = _split_outputs(outputs, cls.experiment_name)
     return Result(
         name=cls.experiment_name,
@@ -1097,6 +1102,7 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
                 continue
             reason = _stale_reason(stored, config)
             if reason is None:
+                logger.info("using the stored Result %s", path)
                 return stored
             warnings.warn(f"recomputing {type(config).experiment_name}: the Result at {path} is stale ({reason})",
                           StaleResultWarning, stacklevel=2)
@@ -1104,4 +1110,5 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     _check_writable(target / type(config).experiment_name)  # fail now, not after the computation
     result = run(config, device=device, progress=progress)
     save_result(result, target)
+    logger.info("saved %s", result.path)
     return result

@@ -521,7 +521,7 @@ def cli_command(config, device: str = "cuda", out: str = "companion/data/results
     return " ".join(parts)
 
 
-def run_suite(configs: dict | None = None, device=None, out=None, progress: bool = True) -> dict:
+def run_suite(configs: dict | None = None, device=None, out=None, progress: bool = False) -> dict:
     """Run several configs (default :data:`GPU_CONFIGS`), reusing valid stored Results.
 
     Parameters
@@ -533,7 +533,8 @@ def run_suite(configs: dict | None = None, device=None, out=None, progress: bool
         Where to store.  Default: in a clone (or with ``$COMPANION_RESULTS``),
         :func:`companion.experiments.stored_root`, the folder the chapter reads; for an
         installed package, :func:`companion.experiments.cache_root` (never site-packages).
-    progress : bool, default True
+    progress : bool, default False
+        tqdm bars (the command line, `python -m companion run-suite injection-gpu`, turns them on).
 
     Returns
     -------

@@ -1,0 +1,546 @@
+"""Experiment suites: many configurations, one job each, through submitit (local or SLURM).
+
+A *suite* is a list of experiment configurations (:func:`companion.experiments.make_config`).
+:func:`run_suite` submits one job per configuration through `submitit
+<https://github.com/facebookincubator/submitit>`_ -- its ``LocalExecutor`` on this machine, its
+``SlurmExecutor`` on a cluster, its ``DebugExecutor`` in this process -- and every job calls
+:func:`companion.experiments.run_cached`, so its Result lands in the Result store (which is safe
+with concurrent writers: each pair is published under a lock, with checksums).  Configurations
+whose valid Result is already in the store are skipped before anything is submitted, so a suite
+that was interrupted, or that had failures, is resumed by running it again.  The command line is
+``python -m companion run-suite``.
+
+Suite files
+-----------
+JSON or YAML (YAML needs PyYAML), a list of entries or a mapping with a ``configs`` list::
+
+    # suite.yaml
+    configs:
+      - experiment: channel_statistics
+        label: minilm-small            # optional; default: the experiment name and the hash
+        config: {model: minilm-l6, n_texts: 64}
+      - experiment: injection_window
+        config: {model: gpt2-xl, n_prompts: 32, dtype: bfloat16}
+
+Each ``config`` holds field overrides of the experiment's default configuration, typed like
+``--set`` (a tuple may be written as a list).  Named suites (:data:`NAMED_SUITES`) need no file:
+``injection-gpu`` is :data:`companion.experiments.injection.GPU_CONFIGS` (hub models of several
+depths, for CUDA machines with network), ``framework-gpu`` the two large framework
+configurations, ``smoke`` three CPU-sized configurations that run in seconds.
+
+Functions
+---------
+load_suite
+    A suite file or a named suite -> a list of :class:`SuiteEntry`.
+run_suite
+    Submit, wait, and return a :class:`SuiteReport` (which entries were skipped, ran, failed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from companion import experiments as xp
+
+__all__ = [
+    "EXECUTORS",
+    "NAMED_SUITES",
+    "SuiteEntry",
+    "JobOutcome",
+    "SuiteReport",
+    "load_suite",
+    "entries_from_configs",
+    "parse_time",
+    "run_suite",
+]
+
+logger = logging.getLogger(__name__)
+
+#: submitit's executors by the names ``--executor`` accepts.
+EXECUTORS = ("local", "slurm", "debug")
+
+
+@dataclass(frozen=True)
+class SuiteEntry:
+    """One configuration of a suite.
+
+    Attributes
+    ----------
+    label : str
+        A name for the summary (unique within the suite).
+    config : a registered experiment config instance
+    """
+
+    label: str
+    config: Any
+
+    @property
+    def experiment(self) -> str:
+        """The experiment's registered name."""
+        return type(self.config).experiment_name
+
+    @property
+    def config_hash(self) -> str:
+        """The config hash, the key of its Result."""
+        return xp.config_hash(self.config)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What happened to one entry.
+
+    Attributes
+    ----------
+    entry : SuiteEntry
+    status : {"skipped", "done", "failed", "submitted"}
+        ``"skipped"``: a valid Result was already stored; ``"done"``: the job computed (or found)
+        it; ``"failed"``: the job raised or did not complete; ``"submitted"``: not waited for.
+    path : str or None
+        The Result's JSON file (skipped or done).
+    job_id : str or None
+        submitit's job id (its logs are in the log folder under that id).
+    error : str or None
+        The last line of the job's exception, for a failure.
+    wall_time : float or None
+        The Result's wall time in seconds.
+    """
+
+    entry: SuiteEntry
+    status: str
+    path: str | None = None
+    job_id: str | None = None
+    error: str | None = None
+    wall_time: float | None = None
+
+
+@dataclass
+class SuiteReport:
+    """The outcome of :func:`run_suite`, entry by entry, in the suite's order.
+
+    Attributes
+    ----------
+    outcomes : list of JobOutcome
+    log_folder : pathlib.Path
+        submitit's folder (pickled jobs, ``<job id>_log.out`` / ``.err``).
+    """
+
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    log_folder: Path | None = None
+
+    def count(self, status: str) -> int:
+        """Number of entries with this status."""
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def failed(self) -> list[JobOutcome]:
+        """The failed entries."""
+        return [o for o in self.outcomes if o.status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        """True when no entry failed."""
+        return not self.failed
+
+    def summary(self) -> str:
+        """A table, one line per entry, then the counts; failures repeat their error."""
+        width = max([len(o.entry.label) for o in self.outcomes] + [5])
+        lines = [f"{'label':{width}s}  {'experiment':20s} {'hash':16s}  {'status':9s}  detail"]
+        for o in self.outcomes:
+            if o.status == "failed":
+                detail = o.error or "failed"
+            elif o.status == "submitted":
+                detail = f"job {o.job_id}"
+            else:
+                detail = o.path or ""
+                if o.status == "done" and o.wall_time is not None:
+                    detail = f"{o.wall_time:.1f} s  {detail}"
+            lines.append(f"{o.entry.label:{width}s}  {o.entry.experiment:20s} {o.entry.config_hash:16s}  "
+                         f"{o.status:9s}  {detail}")
+        counts = ", ".join(f"{self.count(s)} {s}" for s in ("skipped", "done", "submitted", "failed")
+                           if self.count(s))
+        lines.append(f"{len(self.outcomes)} configurations: {counts or 'none'}")
+        if self.failed and self.log_folder is not None:
+            lines.append(f"logs of the failed jobs: {self.log_folder}/<job id>_log.err")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- building suites
+def entries_from_configs(configs) -> list[SuiteEntry]:
+    """Suite entries from configs: a dict label -> config, or a sequence of configs.
+
+    Raises
+    ------
+    TypeError
+        If an item is not a registered experiment config.
+    ValueError
+        If two entries share a label.
+    """
+    items = list(configs.items()) if isinstance(configs, dict) else [(None, c) for c in configs]
+    entries = []
+    for label, config in items:
+        if not hasattr(type(config), "experiment_name"):
+            raise TypeError(f"suite entries must be registered experiment configs, got {type(config).__name__}")
+        if label is None:
+            label = f"{type(config).experiment_name}-{xp.config_hash(config)[:8]}"
+        entries.append(SuiteEntry(str(label), config))
+    labels = [e.label for e in entries]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ValueError(f"suite labels must be unique; repeated: {', '.join(dupes)}")
+    return entries
+
+
+def _smoke() -> list[SuiteEntry]:
+    tiny = dict(d_model=8, max_depth=2, depths=(2,), gains=(1.0,), blocks=("mlp",), placements=("pre",),
+                batch=1, tokens=4)
+    return entries_from_configs({
+        "random-pre": xp.make_config("framework_random", tiny),
+        "random-post": xp.make_config("framework_random", {**tiny, "placements": ("post",)}),
+        "minilm-4-texts": xp.make_config("channel_statistics", model="minilm-l6", n_texts=4, batch_size=2,
+                                         thresholds=(1.0, 5.0)),
+    })
+
+
+def _injection_gpu() -> list[SuiteEntry]:
+    from companion.experiments.injection import GPU_CONFIGS
+
+    return entries_from_configs(dict(GPU_CONFIGS))
+
+
+def _framework_gpu() -> list[SuiteEntry]:
+    from companion.experiments.framework import GPU_RANDOM, GPU_TRAINED
+
+    return entries_from_configs({"framework-random": GPU_RANDOM, "framework-trained": GPU_TRAINED})
+
+
+#: Suites known by name: ``name -> (description, builder)``.
+NAMED_SUITES: dict[str, tuple[str, Callable[[], list[SuiteEntry]]]] = {
+    "smoke": ("three CPU-sized configurations (random stacks, MiniLM on 4 texts); seconds", _smoke),
+    "injection-gpu": ("injection_window on 13 hub models (GPT-2, Pythia, SmolLM2-1.7B, Llama, BERT); "
+                      "CUDA and network", _injection_gpu),
+    "framework-gpu": ("the large random-stack and trained-LM framework configurations; CUDA", _framework_gpu),
+}
+
+
+def _read_file(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as exc:  # pragma: no cover - PyYAML is in the 'suite' extra
+            raise ValueError(f"{path}: reading YAML needs PyYAML (pip install PyYAML), or write JSON") from exc
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); YAML files need the suffix .yaml or .yml") from exc
+
+
+def load_suite(source: str | Path) -> list[SuiteEntry]:
+    """The entries of a suite file (JSON or YAML) or of a named suite (:data:`NAMED_SUITES`).
+
+    Parameters
+    ----------
+    source : str or pathlib.Path
+        A name in :data:`NAMED_SUITES`, or the path of a suite file (see the module docstring).
+
+    Returns
+    -------
+    list of SuiteEntry
+
+    Raises
+    ------
+    ValueError
+        If the name is unknown and no such file exists, the file is malformed, an experiment is
+        unknown, a field is unknown or has a bad value, or two labels repeat.
+
+    Examples
+    --------
+    >>> [e.label for e in load_suite("smoke")]
+    ['random-pre', 'random-post', 'minilm-4-texts']
+    """
+    if isinstance(source, str) and source in NAMED_SUITES:
+        return NAMED_SUITES[source][1]()
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"{source!r} is neither a named suite ({', '.join(NAMED_SUITES)}) nor a file")
+    data = _read_file(path)
+    if isinstance(data, dict):
+        if "configs" not in data:
+            raise ValueError(f"{path}: a suite mapping needs a 'configs' list")
+        data = data["configs"]
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: the suite must be a non-empty list of configurations")
+    configs: dict = {}
+    for k, item in enumerate(data):
+        where = f"{path}, entry {k}"
+        if not isinstance(item, dict) or not isinstance(item.get("experiment"), str):
+            raise ValueError(f"{where}: each entry needs 'experiment: NAME' (and optionally 'config', 'label')")
+        unknown = set(item) - {"experiment", "config", "label"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; use experiment, config, label")
+        overrides = item.get("config") or {}
+        if not isinstance(overrides, dict):
+            raise ValueError(f"{where}: 'config' must be a mapping of field: value")
+        overrides = {key: tuple(v) if isinstance(v, list) else v for key, v in overrides.items()}
+        try:
+            config = xp.make_config(item["experiment"], overrides)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        label = item.get("label") or f"{item['experiment']}-{xp.config_hash(config)[:8]}"
+        if label in configs:
+            raise ValueError(f"{where}: the label {label!r} repeats")
+        configs[str(label)] = config
+    return entries_from_configs(configs)
+
+
+def parse_time(value) -> float:
+    """A time limit in minutes from ``90``, ``"90"``, ``"1:30"`` (h:mm) or ``"1:30:00"`` (h:mm:ss).
+
+    Raises
+    ------
+    ValueError
+        If it cannot be read or is not positive.
+
+    Examples
+    --------
+    >>> parse_time("1:30"), parse_time("0:00:30"), parse_time(45)
+    (90.0, 0.5, 45.0)
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        minutes = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"\d+(\.\d*)?", value.strip()):
+        minutes = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"\d+:\d{1,2}(:\d{1,2})?", value.strip()):
+        parts = [int(p) for p in value.strip().split(":")]
+        minutes = parts[0] * 60.0 + parts[1] + (parts[2] / 60 if len(parts) == 3 else 0)
+    else:
+        raise ValueError(f"time must be minutes (90) or h:mm[:ss] (1:30), got {value!r}")
+    if not minutes > 0:
+        raise ValueError(f"time must be positive, got {value!r}")
+    return minutes
+
+
+# --------------------------------------------------------------------------- running
+def _valid_result(config, results_dir) -> Path | None:
+    """The path of a valid stored Result of ``config`` (where run_cached would find it), or None."""
+    candidates = [Path(results_dir)] if results_dir is not None else [xp.stored_root(), xp.cache_root()]
+    for base in candidates:
+        path = xp.result_path(config, base)
+        if not path.exists():
+            continue
+        try:
+            stored = xp.load_result(path)
+        except ValueError:
+            continue
+        if xp._stale_reason(stored, config) is None:
+            return path
+    return None
+
+
+def _job(experiment: str, config: dict, results_dir: str | None, device: str | None, force: bool,
+         progress: bool) -> dict:
+    """What one submitit job runs (in its own process, or in this one for ``debug``)."""
+    cfg = xp.make_config(experiment, config)
+    logger.info("job: %s %s on %s", experiment, xp.config_hash(cfg), device or "auto")
+    result = xp.run_cached(cfg, device=device, results_dir=results_dir, force=force, progress=progress)
+    return {"path": str(result.path), "wall_time": result.wall_time, "device": result.device}
+
+
+def _executor(kind: str, folder: Path, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args):
+    import submitit
+
+    if kind not in EXECUTORS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    params: dict[str, Any] = {"timeout_min": max(1, int(round(minutes))), "name": "companion-suite"}
+    if gpus:
+        params["gpus_per_node"] = int(gpus)
+    if cpus:
+        params["cpus_per_task"] = int(cpus)
+    if mem_gb:
+        params["mem_gb"] = float(mem_gb)
+    if kind == "slurm":
+        if partition:
+            params["slurm_partition"] = partition
+        if parallel:
+            params["slurm_array_parallelism"] = int(parallel)
+        if slurm_args:
+            params["slurm_additional_parameters"] = dict(slurm_args)
+    ex = submitit.AutoExecutor(folder=folder, cluster=kind)
+    ex.update_parameters(**params)
+    return ex
+
+
+def run_suite(
+    entries,
+    executor: str = "local",
+    results_dir: str | Path | None = None,
+    device: str | None = None,
+    log_folder: str | Path | None = None,
+    partition: str | None = None,
+    gpus: int = 0,
+    time_limit="60",
+    cpus: int | None = None,
+    mem_gb: float | None = None,
+    parallel: int | None = None,
+    slurm_args: dict | None = None,
+    force: bool = False,
+    wait: bool = True,
+    progress: bool = False,
+    poll_s: float = 1.0,
+) -> SuiteReport:
+    """Submit one job per suite entry, skipping entries whose Result is stored, and wait.
+
+    Parameters
+    ----------
+    entries : list of SuiteEntry, dict label -> config, or a suite name or file
+        What to run (:func:`load_suite`, :func:`entries_from_configs`).
+    executor : {"local", "slurm", "debug"}, default "local"
+        ``local``: subprocesses on this machine (``parallel`` at a time, default 1);
+        ``slurm``: one SLURM job array (sbatch; run this on the cluster's login node);
+        ``debug``: in this process, one after another (pdb opens on a failure).
+    results_dir : path or None
+        Result store (as ``--out``): look only here and save here.  ``None``: look in
+        :func:`~companion.experiments.stored_root` and
+        :func:`~companion.experiments.cache_root`, save into the cache.  On a cluster, use a
+        folder on a shared file system.
+    device : str or None
+        Passed to every job (``None``: CUDA if the job sees a GPU, else CPU).
+    log_folder : path or None
+        submitit's folder (default ``<results store>/suite-logs``, or the cache's).
+    partition : str or None
+        SLURM partition.
+    gpus : int, default 0
+        GPUs per job (``gpus_per_node``).
+    time_limit : minutes or "h:mm[:ss]", default "60"
+        Time limit per job (SLURM's ``--time``; the local executor kills a job after it).
+    cpus, mem_gb : optional
+        CPUs and memory per job.
+    parallel : int or None
+        Jobs at a time: SLURM's array parallelism; the local executor's batch size (default 1,
+        so that jobs do not compete for one GPU).
+    slurm_args : dict or None
+        More sbatch options (``slurm_additional_parameters``), e.g. ``{"account": "proj"}``.
+    force : bool, default False
+        Run every entry, even those with a valid stored Result (which are then recomputed).
+    wait : bool, default True
+        Wait for the jobs; ``False`` returns after submitting (status ``"submitted"``).  Once
+        the jobs have ended, run the suite again: entries with a stored Result are skipped and
+        the rest resubmitted (an entry whose job is still running would be submitted twice;
+        the Result store keeps one complete Result even then).
+    progress : bool, default False
+        tqdm bars inside each job (written to its log) and over the suite here.
+    poll_s : float, default 1.0
+        Seconds between checks on running jobs.
+
+    Returns
+    -------
+    SuiteReport
+        ``report.ok`` is False if any entry failed; ``report.summary()`` is a table.
+
+    Raises
+    ------
+    ValueError
+        Unknown executor, bad time, an unwritable results folder, or a malformed suite.
+    ImportError
+        If submitit is not installed (``pip install fading-outliers-companion[suite]``).
+    """
+    if isinstance(entries, (str, Path)):
+        entries = load_suite(entries)
+    elif isinstance(entries, dict):
+        entries = entries_from_configs(entries)
+    entries = list(entries)
+    if not all(isinstance(e, SuiteEntry) for e in entries):
+        raise TypeError("entries must be SuiteEntry objects (see load_suite)")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    minutes = parse_time(time_limit)
+    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+        raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
+    store = Path(results_dir) if results_dir is not None else None
+    folder = Path(log_folder) if log_folder is not None else (store or xp.cache_root()) / "suite-logs"
+
+    outcomes: dict[int, JobOutcome] = {}
+    todo: list[int] = []
+    for k, entry in enumerate(entries):
+        found = None if force else _valid_result(entry.config, store)
+        if found is not None:
+            logger.info("skip %s: its Result is stored at %s", entry.label, found)
+            outcomes[k] = JobOutcome(entry, "skipped", path=str(found))
+        else:
+            todo.append(k)
+    if todo:
+        for k in todo:  # fail before submitting anything if a Result could not be written
+            target = store if store is not None else xp.cache_root()
+            xp._check_writable(target / entries[k].experiment)
+        folder.mkdir(parents=True, exist_ok=True)
+        ex = _executor(executor, folder, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args)
+        wave = len(todo) if executor == "slurm" else (parallel or 1)
+        bar = None
+        if progress and wait:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(todo), desc="suite", unit="job")
+        for start in range(0, len(todo), wave):
+            chunk = todo[start:start + wave]
+            with ex.batch():
+                jobs = [ex.submit(_job, entries[k].experiment, dataclasses.asdict(entries[k].config),
+                                  None if store is None else str(store), device, force, progress)
+                        for k in chunk]
+            for k, job in zip(chunk, jobs):
+                logger.info("submitted %s as job %s", entries[k].label, job.job_id)
+            if not wait:
+                for k, job in zip(chunk, jobs):
+                    outcomes[k] = JobOutcome(entries[k], "submitted", job_id=str(job.job_id))
+                continue
+            pending = dict(zip(chunk, jobs))
+            while pending:
+                for k, job in list(pending.items()):
+                    if executor != "debug" and not job.done():
+                        continue
+                    del pending[k]
+                    outcomes[k] = _collect(entries[k], job)
+                    if bar is not None:
+                        bar.update()
+                if pending:
+                    time.sleep(poll_s)
+        if bar is not None:
+            bar.close()
+    report = SuiteReport([outcomes[k] for k in range(len(entries))], folder if todo else None)
+    for o in report.failed:
+        logger.warning("%s failed: %s", o.entry.label, o.error)
+    return report
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|[A-Za-z_][\w.]*Error)\b.*")
+
+
+def _error_line(text: str) -> str | None:
+    """The exception line of a traceback inside submitit's error message (e.g. ``ValueError: ...``)."""
+    found = None
+    for line in text.splitlines():
+        if _EXCEPTION_LINE.match(line):
+            found = line.strip()
+    return found
+
+
+def _collect(entry: SuiteEntry, job) -> JobOutcome:
+    try:
+        out = job.result()
+    except Exception as exc:  # noqa: BLE001 - any failure of the job is reported, not raised
+        text = str(exc).strip()
+        error = _error_line(text) or f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+        logger.debug("job %s of %s failed:\n%s", job.job_id, entry.label, text or traceback.format_exc())
+        return JobOutcome(entry, "failed", job_id=str(job.job_id), error=error)
+    return JobOutcome(entry, "done", path=out["path"], job_id=str(job.job_id), wall_time=out["wall_time"])
