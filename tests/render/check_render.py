@@ -3,7 +3,8 @@
 For each chapter page, a small probe page served from the same local origin loads the chapter in an
 iframe, waits for MathJax to finish, and reports: how many formulas MathJax typeset, how many math
 elements are left untypeset, images that failed to load, whether MathJax came from _static, raw TeX
-left in the text outside maths and code, and unresolved references ("??").  A screenshot of the
+left in the text outside maths and code, code cells or outputs that scroll sideways, and
+unresolved references ("??").  A screenshot of the
 first chapter is saved for a human look.  Then every chapter is opened again in the theme's dark
 mode (dark_mode.py): figures must be opaque and text must keep its contrast; one dark screenshot per
 chapter goes to _build/render_dark/.
@@ -49,6 +50,10 @@ f.addEventListener('load', async () => {
     unresolved: (d.body.innerText.match(/\\?\\?/g) || []).length,
     theorems: d.querySelectorAll('.proof, .theorem, div[class*="theorem"]').length,
     raw_tex: RAW_TEX_JS(d),
+    // code cells and printed outputs wider than their box (a reader would have to scroll sideways)
+    scrolling_code: Array.from(d.querySelectorAll('.bd-article pre'))
+      .filter(p => p.scrollWidth > p.clientWidth + 2)
+      .map(p => (p.textContent.split('\\n').find(l => l.length > 0) || '').slice(0, 60)),
   };
   document.getElementById('result').textContent = JSON.stringify(result);
 });
@@ -124,6 +129,9 @@ def main(html_dir: str) -> int:
             if res["raw_tex"]:
                 problems.append(f"{len(res['raw_tex'])} pieces of raw TeX in the text: "
                                 f"{res['raw_tex'][:3]}")
+            if res["scrolling_code"]:
+                problems.append(f"{len(res['scrolling_code'])} horizontally scrolling code blocks: "
+                                f"{res['scrolling_code'][:3]}")
             if res["unresolved"]:
                 problems.append(f"{res['unresolved']} unresolved '??' references")
             status = "ok " if not problems else "BAD"
