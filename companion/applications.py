@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from companion.hooks import hooks
 from companion.stacks import StackConfig, TinyLM, byte_tokenize
 
 __all__ = [
@@ -245,18 +246,13 @@ def linear_input_statistics(
 
         return hook
 
-    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
     seen = 0
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                args, kwargs, mask = _split_inputs(batch)
-                current_mask[0] = mask
-                model(*args, **kwargs)
-                seen += 1
-    finally:
-        for h in handles:
-            h.remove()
+    with hooks(pre={mod: make_hook(name) for name, mod in modules.items()}), torch.no_grad():
+        for batch in batches:
+            args, kwargs, mask = _split_inputs(batch)
+            current_mask[0] = mask
+            model(*args, **kwargs)
+            seen += 1
     if seen == 0:
         raise ValueError("batches is empty; pass at least one batch")
     out = {}
@@ -294,13 +290,8 @@ def _map_inputs_once(model, inputs, modules, reduce):
 
         return hook
 
-    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    with hooks(pre={mod: make_hook(name) for name, mod in modules.items()}), torch.no_grad():
+        model(*args, **kwargs)
     out = {}
     for name, xs in store.items():
         if len(xs) != 1:
@@ -628,14 +619,8 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
 
         return hook
 
-    handles = []
-    try:
-        for name, mask in masks.items():
-            handles.append(modules[name].register_forward_pre_hook(make_hook(mask)))
+    with hooks(pre=[(modules[name], make_hook(mask)) for name, mask in masks.items()]):
         yield None
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def removal_error(x, weight, channels) -> dict[str, float]:

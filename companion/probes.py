@@ -46,6 +46,7 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 
+from companion.hooks import hooks
 from companion.models import LoadedModel, _check_batch_size, _check_model, tokenize
 
 __all__ = [
@@ -228,7 +229,6 @@ def _run(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
     L = m.n_layers
     states: list[torch.Tensor | None] = [None] * (L + 1)
     calls: list = [None] * L
-    handles = []
 
     def pre_hook(i):
         def hook(module, args, kwargs):
@@ -264,15 +264,11 @@ def _run(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
 
         return hook
 
-    try:
-        for i, block in enumerate(m.blocks):
-            handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
-            handles.append(block.register_forward_hook(post_hook(i)))
+    blocks = list(m.blocks)
+    with hooks(pre={b: pre_hook(i) for i, b in enumerate(blocks)},
+               forward={b: post_hook(i) for i, b in enumerate(blocks)}, pre_with_kwargs=True):
         with torch.no_grad():
             m.base(**_forward_inputs(m, enc))
-    finally:
-        for h in handles:
-            h.remove()
     if any(s is None for s in states):
         raise RuntimeError(f"{m.name}: not every block ran; the model's forward skipped blocks")
     return (states, calls) if record_calls else states
