@@ -44,13 +44,15 @@ import socket
 import threading
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from companion._validation import check_int
 
 __all__ = [
     "OFFLINE_MODELS",
@@ -906,7 +908,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     >>> enc["attention_mask"].shape[0]
     2
     """
-    _check_model(m)
+    check_model(m)
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, Sequence) or isinstance(texts, bytes):
@@ -929,9 +931,23 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     return enc.to(m.device)
 
 
-def _check_model(m) -> None:
+def encode(m: LoadedModel, texts, max_length=None) -> dict:
+    """Texts (or an encoding from :func:`tokenize`, reused) -> ``{name: tensor}`` on ``m.device``."""
+    if isinstance(texts, Mapping) and "input_ids" in texts:
+        enc = {k: v.to(m.device) for k, v in texts.items() if isinstance(v, torch.Tensor)}
+        if "attention_mask" not in enc:
+            enc["attention_mask"] = torch.ones_like(enc["input_ids"])
+        if enc["input_ids"].ndim != 2 or enc["input_ids"].shape[0] == 0:
+            raise ValueError("an encoding must hold input_ids of shape [batch, tokens] with batch >= 1")
+        return enc
+    return dict(tokenize(m, texts, max_length))
+
+
+def check_model(m, name: str = "m") -> LoadedModel:
+    """``m`` if it is a :class:`LoadedModel`, else a TypeError naming :func:`load`."""
     if not isinstance(m, LoadedModel):
-        raise TypeError(f"expected a LoadedModel from companion.models.load, got {type(m).__name__}")
+        raise TypeError(f"{name} must be a LoadedModel from companion.models.load, got {type(m).__name__}")
+    return m
 
 
 # --------------------------------------------------------------------------- heads
@@ -968,7 +984,7 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     --------
     >>> logp = torch.log_softmax(logits_from_residual(m, stream[-1]), -1)   # doctest: +SKIP
     """
-    _check_model(m)
+    check_model(m)
     if m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
     if not isinstance(h, torch.Tensor):
@@ -984,14 +1000,6 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
         if cap:
             logits = torch.tanh(logits / cap) * cap
     return logits
-
-
-def _check_batch_size(batch_size) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-        raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return int(batch_size)
 
 
 def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int | None = None,
@@ -1029,10 +1037,10 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     --------
     >>> next_token_loss(load("smollm2-135m"), ["The cat sat on the mat."])   # doctest: +SKIP
     """
-    _check_model(m)
+    check_model(m)
     if m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_int(batch_size, "batch_size", 1)
     if isinstance(texts, str):
         texts = [texts]
     texts = list(texts)
@@ -1091,8 +1099,8 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: 
     >>> e = sentence_embedding(load("minilm-l6"), ["a cat", "a kitten"])   # doctest: +SKIP
     >>> float(e[0] @ e[1])                                               # doctest: +SKIP
     """
-    _check_model(m)
-    batch_size = _check_batch_size(batch_size)
+    check_model(m)
+    batch_size = check_int(batch_size, "batch_size", 1)
     if isinstance(texts, str):
         texts = [texts]
     texts = list(texts)

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from companion._validation import is_int
+
 __all__ = [
     "StackConfig",
     "StackOutput",
@@ -60,11 +62,9 @@ _NORMAL_STD = 0.02
 
 
 # =========================================================================== configuration
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def _is_real(v) -> bool:
+def _is_finite_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
@@ -157,7 +157,7 @@ class StackConfig:
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
             v = getattr(self, name)
-            if not _is_int(v):
+            if not is_int(v):
                 raise TypeError(f"StackConfig.{name} must be an integer, got {v!r}")
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             if getattr(self, name) < 1:
@@ -169,9 +169,9 @@ class StackConfig:
                 f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
                 "choose a divisor of the width"
             )
-        if self.d_ff is not None and (not _is_int(self.d_ff) or self.d_ff < 1):
+        if self.d_ff is not None and (not is_int(self.d_ff) or self.d_ff < 1):
             raise ValueError(f"StackConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
-        if self.vocab_size is not None and (not _is_int(self.vocab_size) or self.vocab_size < 2):
+        if self.vocab_size is not None and (not is_int(self.vocab_size) or self.vocab_size < 2):
             raise ValueError(
                 f"StackConfig.vocab_size must be an integer >= 2 or None, got {self.vocab_size!r}"
             )
@@ -182,7 +182,7 @@ class StackConfig:
                     f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
                 )
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
-            if not _is_real(getattr(self, name)):
+            if not _is_finite_real(getattr(self, name)):
                 raise TypeError(
                     f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}"
                 )
@@ -255,11 +255,11 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     >>> round(beta ** 2, 4), round(lam ** 2 + beta ** 2, 12)
     (0.0052, 1.0)
     """
-    if not _is_int(n_layers):
+    if not is_int(n_layers):
         raise TypeError(f"n_layers must be an integer, got {n_layers!r}")
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    if not _is_real(k):
+    if not _is_finite_real(k):
         raise TypeError(f"k must be a finite real number, got {k!r}")
     if not 0 < k <= 2 * n_layers:
         raise ValueError(f"k must satisfy 0 < k <= 2*n_layers = {2 * n_layers}, got {k}")
@@ -446,7 +446,7 @@ class ResidualStack(nn.Module):
             return None, None
         L = self.config.n_layers
         B, T, d = x.shape
-        if not _is_int(layer) or not 0 <= layer <= L:
+        if not is_int(layer) or not 0 <= layer <= L:
             raise ValueError(f"inject_layer must be an integer in [0, {L}] (n_layers), got {layer!r}")
         if vector is None:
             raise ValueError("inject_layer was given without inject_vector")
@@ -473,7 +473,7 @@ class ResidualStack(nn.Module):
         vector = cast.expand(B, d)
         mask = torch.ones(T, dtype=x.dtype, device=x.device)
         if positions is not None:
-            if _is_int(positions):
+            if is_int(positions):
                 positions = [int(positions)]
             pos = torch.as_tensor(positions)
             if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
@@ -774,13 +774,13 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     if config.vocab_size != 256:
         raise ValueError(f"train_tiny_lm tokenises bytes: config.vocab_size must be 256, got {config.vocab_size}")
     for name, v in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len), ("seed", seed)):
-        if not _is_int(v):
+        if not is_int(v):
             raise TypeError(f"{name} must be an integer, got {v!r}")
         if v < (0 if name == "seed" else 1):
             raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")
-    if warmup is not None and (not _is_int(warmup) or warmup < 0):
+    if warmup is not None and (not is_int(warmup) or warmup < 0):
         raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
-    if not _is_real(lr) or lr <= 0:
+    if not _is_finite_real(lr) or lr <= 0:
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     if seq_len > config.max_len:
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
@@ -825,7 +825,7 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
 # =========================================================================== measurements
 def _check_counts(**kw) -> None:
     for name, v in kw.items():
-        if not _is_int(v):
+        if not is_int(v):
             raise TypeError(f"{name} must be an integer, got {v!r}")
         if v < (0 if name == "seed" else 1):
             raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")

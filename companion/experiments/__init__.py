@@ -110,6 +110,7 @@ __all__ = [
     "result_path",
     "results_root",
     "stored_root",
+    "stored_target",
     "cache_root",
     "add_checksums",
     "StaleResultWarning",
@@ -596,7 +597,7 @@ def stored_root() -> Path:
     return package_data("results")
 
 
-def _stored_target() -> Path:
+def stored_target() -> Path:
     """Where helpers that produce Results to keep write by default.
 
     :func:`stored_root` when it is meant to be written (a clone, or ``$COMPANION_RESULTS``),

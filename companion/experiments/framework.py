@@ -54,8 +54,8 @@ import torch
 
 from companion import framework as fw
 from companion.corpus import load_corpus
-from companion.experiments import (FRAMEWORK_SCHEMA, Result, _stored_target, load_result, register,
-                                   stored_root)
+from companion.experiments import (FRAMEWORK_SCHEMA, Result, load_result, register, stored_root,
+                                   stored_target)
 from companion.stacks import ResidualStack, StackConfig, TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = [
@@ -785,7 +785,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
-    path = Path(path) if path is not None else _stored_target() / stored_models_path().name
+    path = Path(path) if path is not None else stored_target() / stored_models_path().name
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():

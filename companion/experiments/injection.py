@@ -52,10 +52,10 @@ from companion.experiments import (
     load_result,
     make_config,
     register,
-    _stored_target,
     result_path,
     run_cached,
     stored_root,
+    stored_target,
 )
 
 __all__ = [
@@ -555,7 +555,7 @@ def run_suite(configs: dict | None = None, device=None, out=None, progress: bool
     configs = GPU_CONFIGS if configs is None else configs
     if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
         raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
-    folder = out if out is not None else _stored_target()
+    folder = out if out is not None else stored_target()
     done = {}
     for key, cfg in configs.items():
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from companion._validation import check_int
 from companion.experiments import register
 
 __all__ = ["ChannelStatisticsExperiment", "InjectionSweepExperiment", "INJECTION_METRICS", "TOKEN_GROUPS"]
@@ -29,12 +30,6 @@ def _texts(n_texts: int, min_words: int, max_words: int) -> list[str]:
     from companion.corpus import corpus_sentences
 
     return corpus_sentences(n_texts, min_words=min_words, max_words=max_words)
-
-
-def _check_positive(**values) -> None:
-    for key, value in values.items():
-        if value < 1:
-            raise ValueError(f"{key} must be >= 1, got {value}")
 
 
 def _model_facts(m) -> dict:
@@ -83,7 +78,8 @@ class ChannelStatisticsExperiment:
     def compute(self, device, progress):
         from companion import models, probes
 
-        _check_positive(n_texts=self.n_texts, batch_size=self.batch_size)
+        check_int(self.n_texts, "n_texts", 1)
+        check_int(self.batch_size, "batch_size", 1)
         m = models.load(self.model, device=device, dtype=self.dtype)
         texts = _texts(self.n_texts, self.min_words, self.max_words)
         st = probes.channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
@@ -93,11 +89,11 @@ class ChannelStatisticsExperiment:
 
 def _median_norms(m, texts, batch_size, max_length) -> torch.Tensor:
     """Median over tokens (first token of each text excluded) of ``‖h_l‖``, per layer ``l``."""
-    from companion import probes
+    from companion import models, probes
 
     norms = []
     for start in range(0, len(texts), batch_size):
-        enc = probes._encode(m, texts[start:start + batch_size], max_length)
+        enc = models.encode(m, texts[start:start + batch_size], max_length)
         keep = enc["attention_mask"].bool().clone()
         keep[:, 0] = False
         norms.append(probes.residual_stream(m, enc)[:, keep].float().norm(dim=-1).cpu())
@@ -173,7 +169,8 @@ class InjectionSweepExperiment:
     def compute(self, device, progress):
         from companion import models, probes
 
-        _check_positive(n_texts=self.n_texts, batch_size=self.batch_size)
+        check_int(self.n_texts, "n_texts", 1)
+        check_int(self.batch_size, "batch_size", 1)
         if self.positions not in ("prefix", "all", "last"):
             raise ValueError(f"positions must be 'prefix', 'all' or 'last', got {self.positions!r}")
         if not self.scales:
@@ -204,7 +201,7 @@ class InjectionSweepExperiment:
 
             batches = tqdm(batches, desc=f"injection sweep {m.name}", unit="batch")
         for start in batches:
-            enc = probes._encode(m, texts[start:start + self.batch_size], self.max_length)
+            enc = models.encode(m, texts[start:start + self.batch_size], self.max_length)
             sel = _injection_mask(enc["attention_mask"], self.positions)
             if (sel.sum(1) == 0).any():
                 raise ValueError("a text has no token to inject at (one-token text with positions='prefix')")
