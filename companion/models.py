@@ -234,6 +234,12 @@ class LoadedModel:
         return wrap(model, self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
 
+    def facts(self) -> dict:
+        """The description stored with every Result computed on this model."""
+        return {"model_name": self.name, "n_layers": self.n_layers, "d_model": self.d_model,
+                "placement": self.placement, "norm": self.norm, "kind": self.kind,
+                "dtype": str(self.dtype).replace("torch.", "")}
+
     def __repr__(self) -> str:
         return (
             f"LoadedModel(name={self.name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "

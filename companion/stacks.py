@@ -342,6 +342,19 @@ class Sublayer(nn.Module):
         self.norm = _make_norm(config)
         self.f = CausalSelfAttention(config, g) if kind == "attention" else MLP(config, g)
 
+    def forward(self, h: torch.Tensor, lam: float, beta: float, pre: bool):
+        """One residual update of the stream ``h`` ``[B, T, d]``.
+
+        Returns ``(h_next, norm_input, branch)``, each ``[B, T, d]``: the updated stream, what
+        the norm received and the branch ``beta * F(.)`` added to the stream.
+        """
+        if pre:                                  # Pre-LN:  h <- lam h + beta F(LN(h))
+            branch = beta * self.f(self.norm(h))
+            return lam * h + branch, h, branch
+        branch = beta * self.f(h)                # Post-LN: h <- LN(lam h + beta F(h))
+        norm_input = lam * h + branch
+        return self.norm(norm_input), norm_input, branch
+
 
 class Block(nn.Module):
     """The sublayers of one layer (attention then MLP for ``block="both"``)."""
@@ -518,41 +531,52 @@ class ResidualStack(nn.Module):
         self._check_input(x)
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
         cfg = self.config
-        lam, beta = cfg.residual_scale, cfg.branch_scale
-        pre = cfg.placement == "pre"
+        lam, beta, pre = cfg.residual_scale, cfg.branch_scale, cfg.placement == "pre"
+        rec = _Recorder()
 
-        h = x
-        streams, norm_inputs, branches = [], [], []
-        for layer in range(cfg.n_layers + 1):
+        h = x                                                         # [B, T, d]
+        for layer, block in enumerate(self.blocks):
             if layer == layer_inj:
-                h = h + addend
-            streams.append(h)
-            if layer == cfg.n_layers:
-                break
-            block_norm_inputs, block_branches = [], []
-            for sub in self.blocks[layer].sublayers:
-                if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
-                    norm_in = h
-                    branch = beta * sub.f(sub.norm(h))
-                    h = lam * h + branch
-                else:     # Post-LN: the norm sits on the stream, after the residual add
-                    branch = beta * sub.f(h)
-                    norm_in = lam * h + branch
-                    h = sub.norm(norm_in)
-                block_norm_inputs.append(norm_in)
-                block_branches.append(branch)
-            norm_inputs.append(torch.stack(block_norm_inputs))
-            branches.append(torch.stack(block_branches))
+                h = h + addend                                        # injection site h_l
+            rec.stream(h)
+            for sub in block.sublayers:
+                h, norm_input, branch = sub(h, lam, beta, pre)        # [B, T, d] each
+                rec.sublayer(layer, norm_input, branch)
+        if layer_inj == cfg.n_layers:
+            h = h + addend                                            # injection site h_L
+        rec.stream(h)
+        return rec.output(final=self.final_norm(h))                   # final: [B, T, d]
 
-        sub_norm_in = torch.stack(norm_inputs)          # [L, S, B, T, d]
-        sub_branch = torch.stack(branches)              # [L, S, B, T, d]
+
+class _Recorder:
+    """The named sites of one :meth:`ResidualStack.forward`: the stream ``h_l`` before every
+    block (and after the last), and every sublayer's norm input and branch."""
+
+    def __init__(self):
+        self.streams: list[torch.Tensor] = []                     # L+1 x [B, T, d]
+        self.norm_inputs: list[list[torch.Tensor]] = []           # L x S x [B, T, d]
+        self.branches: list[list[torch.Tensor]] = []              # L x S x [B, T, d]
+
+    def stream(self, h: torch.Tensor) -> None:
+        self.streams.append(h)
+
+    def sublayer(self, layer: int, norm_input: torch.Tensor, branch: torch.Tensor) -> None:
+        if layer == len(self.norm_inputs):
+            self.norm_inputs.append([])
+            self.branches.append([])
+        self.norm_inputs[layer].append(norm_input)
+        self.branches[layer].append(branch)
+
+    def output(self, final: torch.Tensor) -> StackOutput:
+        norm_in = torch.stack([torch.stack(b) for b in self.norm_inputs])   # [L, S, B, T, d]
+        branch = torch.stack([torch.stack(b) for b in self.branches])       # [L, S, B, T, d]
         return StackOutput(
-            stream=torch.stack(streams),                 # [L+1, B, T, d]
-            pre_norm=sub_norm_in[:, -1],
-            branch=sub_branch.sum(dim=1) if sub_branch.shape[1] > 1 else sub_branch[:, 0],
-            final=self.final_norm(h),
-            sublayer_norm_input=sub_norm_in,
-            sublayer_branch=sub_branch,
+            stream=torch.stack(self.streams),                                # [L+1, B, T, d]
+            pre_norm=norm_in[:, -1],                                         # [L, B, T, d]
+            branch=branch.sum(dim=1) if branch.shape[1] > 1 else branch[:, 0],
+            final=final,
+            sublayer_norm_input=norm_in,
+            sublayer_branch=branch,
         )
 
 
