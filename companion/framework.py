@@ -1,9 +1,11 @@
 """The three-effect framework: perturbation metrics, linearised predictions, the window.
 
 This module holds the analysis behind the chapter *The three-effect framework*
-(``book/three_effect_framework.ipynb``).  Its functions are pure numpy so that they apply
-equally to random stacks, small trained stacks (:mod:`companion.stacks`) and real models
-(:mod:`companion.probes`).
+(``book/three_effect_framework.ipynb``).  The metrics, predictions and windows are numpy
+functions of stream arrays (numpy arrays or torch tensors), so that they apply equally to random
+stacks, small trained stacks (:mod:`companion.stacks`) and real models (:mod:`companion.probes`);
+:func:`stack_injection_sweep` and :func:`sharpen_attention` run stacks and so use torch (imported
+inside those functions: importing this module does not load torch).
 
 Conventions
 -----------
