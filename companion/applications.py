@@ -219,7 +219,7 @@ def linear_input_statistics(
         return hook
 
     seen = 0
-    with hooks(pre={mod: make_hook(name) for name, mod in modules.items()}), torch.no_grad():
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
         for batch in batches:
             args, kwargs, mask = _split_inputs(batch)
             current_mask[0] = mask
@@ -262,7 +262,7 @@ def _map_inputs_once(model, inputs, modules, reduce):
 
         return hook
 
-    with hooks(pre={mod: make_hook(name) for name, mod in modules.items()}), torch.no_grad():
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
         model(*args, **kwargs)
     out = {}
     for name, xs in store.items():

@@ -65,6 +65,8 @@ __all__ = [
     "load",
     "wrap",
     "tokenize",
+    "encode",
+    "check_model",
     "logits_from_residual",
     "next_token_loss",
     "sentence_embedding",
@@ -938,7 +940,33 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
 
 
 def encode(m: LoadedModel, texts, max_length=None) -> dict:
-    """Texts (or an encoding from :func:`tokenize`, reused) -> ``{name: tensor}`` on ``m.device``."""
+    """Texts, or an encoding from :func:`tokenize` (reused), as the probes feed them to a model.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    texts : str, sequence of str, or a mapping with ``input_ids`` ``[batch, tokens]``
+    max_length : int or None
+        Truncation length for texts (default ``m.max_length``).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``input_ids`` and ``attention_mask`` (all ones if an encoding had none), plus any other
+        tensors of the encoding, on ``m.device``.
+
+    Raises
+    ------
+    ValueError
+        If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize`
+        for texts.
+
+    Examples
+    --------
+    >>> enc = encode(load("minilm-l6"), ["In the beginning."])   # doctest: +SKIP
+    >>> sorted(enc)                                             # doctest: +SKIP
+    ['attention_mask', 'input_ids', 'token_type_ids']
+    """
     if isinstance(texts, Mapping) and "input_ids" in texts:
         enc = {k: v.to(m.device) for k, v in texts.items() if isinstance(v, torch.Tensor)}
         if "attention_mask" not in enc:

@@ -342,19 +342,6 @@ class Sublayer(nn.Module):
         self.norm = _make_norm(config)
         self.f = CausalSelfAttention(config, g) if kind == "attention" else MLP(config, g)
 
-    def forward(self, h: torch.Tensor, lam: float, beta: float, pre: bool):
-        """One residual update of the stream ``h`` ``[B, T, d]``.
-
-        Returns ``(h_next, norm_input, branch)``, each ``[B, T, d]``: the updated stream, what
-        the norm received and the branch ``beta * F(.)`` added to the stream.
-        """
-        if pre:                                  # Pre-LN:  h <- lam h + beta F(LN(h))
-            branch = beta * self.f(self.norm(h))
-            return lam * h + branch, h, branch
-        branch = beta * self.f(h)                # Post-LN: h <- LN(lam h + beta F(h))
-        norm_input = lam * h + branch
-        return self.norm(norm_input), norm_input, branch
-
 
 class Block(nn.Module):
     """The sublayers of one layer (attention then MLP for ``block="both"``)."""
@@ -540,8 +527,15 @@ class ResidualStack(nn.Module):
                 h = h + addend                                        # injection site h_l
             rec.stream(h)
             for sub in block.sublayers:
-                h, norm_input, branch = sub(h, lam, beta, pre)        # [B, T, d] each
-                rec.sublayer(layer, norm_input, branch)
+                if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
+                    norm_in = h
+                    branch = beta * sub.f(sub.norm(h))
+                    h = lam * h + branch
+                else:     # Post-LN: the norm sits on the stream, after the residual add
+                    branch = beta * sub.f(h)
+                    norm_in = lam * h + branch
+                    h = sub.norm(norm_in)
+                rec.sublayer(layer, norm_in, branch)                  # [B, T, d] each
         if layer_inj == cfg.n_layers:
             h = h + addend                                            # injection site h_L
         rec.stream(h)
