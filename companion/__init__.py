@@ -1,13 +1,15 @@
 """Companion package of *Outliers and Fading Perturbations in Transformers*.
 
-The package is the single source of every number and figure in the book.  Its layers,
-in the one direction in which they import each other::
+The package is the single source of every number and figure in the book.  Its layers, bottom
+first; a module imports only from lower layers (CONTRIBUTING.md, enforced by
+``tests/test_architecture.py``)::
 
-    tails -> extremes                 (pure mathematics, numpy/scipy)
-    norms -> stacks                   (torch building blocks)
-    models -> probes                  (real pretrained Transformers)
-    experiments                       (config -> run -> Result, cached by config hash)
-    notebook, plots, CLI              (reader-facing)
+    foundation     _paths, _validation, determinism, corpus       (argument checks, data, kernels)
+    mathematics    _cgf, tails, concentration, extremes, norms    (numpy/scipy)
+    torch          hooks, stacks, quantization, models, probes    (building blocks, real models)
+    analyses       framework, injection, outliers, applications   (the chapters' analyses)
+    experiments    config -> run -> Result, cached by config hash
+    reader-facing  notebook (setup_notebook), python -m companion (CLI)
 
 Every chapter starts with :func:`setup_notebook`.
 """

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from companion.stacks import StackConfig, TinyLM, byte_tokenize
+from companion._validation import check_int, check_real
+from companion.hooks import hooks
+from companion.stacks import StackConfig, TinyLM
 
 __all__ = [
     "LinearInputStatistics",
@@ -63,34 +64,6 @@ __all__ = [
 
 
 # =========================================================================== argument checks
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _check_int(v, name: str, minimum: int) -> int:
-    if not _is_int(v):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return int(v)
-
-
-def _check_real(v, name: str, *, lo: float | None = None, lo_open: bool = False,
-                hi: float | None = None, hi_open: bool = False) -> float:
-    if not _is_real(v):
-        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    v = float(v)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
-    if hi is not None and (v >= hi if hi_open else v > hi):
-        raise ValueError(f"{name} must be {'<' if hi_open else '<='} {hi}, got {v}")
-    return v
 
 
 def _check_modules(modules) -> dict[str, torch.nn.Linear]:
@@ -245,18 +218,13 @@ def linear_input_statistics(
 
         return hook
 
-    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
     seen = 0
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                args, kwargs, mask = _split_inputs(batch)
-                current_mask[0] = mask
-                model(*args, **kwargs)
-                seen += 1
-    finally:
-        for h in handles:
-            h.remove()
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
+        for batch in batches:
+            args, kwargs, mask = _split_inputs(batch)
+            current_mask[0] = mask
+            model(*args, **kwargs)
+            seen += 1
     if seen == 0:
         raise ValueError("batches is empty; pass at least one batch")
     out = {}
@@ -294,13 +262,8 @@ def _map_inputs_once(model, inputs, modules, reduce):
 
         return hook
 
-    handles = [mod.register_forward_pre_hook(make_hook(name)) for name, mod in modules.items()]
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
+        model(*args, **kwargs)
     out = {}
     for name, xs in store.items():
         if len(xs) != 1:
@@ -435,7 +398,7 @@ def top_channels(values, k: int) -> np.ndarray:
     [1, 3]
     """
     v = _as_1d_float(values, "values")
-    k = _check_int(k, "k", 0)
+    k = check_int(k, "k", 0)
     if k > v.size:
         raise ValueError(f"k = {k} exceeds the number of channels {v.size}")
     order = np.lexsort((np.arange(v.size), -v))
@@ -527,7 +490,7 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     n = stats.mean.shape[0] if stats is not None else (w.shape[1] if w is not None else None)
     if n is None:
         raise ValueError("method 'random' needs stats or weight to know the number of neurons")
-    seed = _check_int(seed, "seed", 0)
+    seed = check_int(seed, "seed", 0)
     return np.random.default_rng(seed).random(n)
 
 
@@ -560,7 +523,7 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
     [1, 3]
     """
     s = _as_1d_float(scores, "scores")
-    f = _check_real(fraction, "fraction", lo=0.0, hi=1.0)
+    f = check_real(fraction, "fraction", lo=0.0, hi=1.0)
     k = int(round(f * s.size))
     return np.sort(np.argsort(s, kind="stable")[:k]).astype(np.int64)
 
@@ -628,14 +591,8 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
 
         return hook
 
-    handles = []
-    try:
-        for name, mask in masks.items():
-            handles.append(modules[name].register_forward_pre_hook(make_hook(mask)))
+    with hooks(pre=[(modules[name], make_hook(mask)) for name, mask in masks.items()]):
         yield None
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def removal_error(x, weight, channels) -> dict[str, float]:
@@ -746,7 +703,7 @@ def tail_clip_threshold(mean, std, delta: float):
     >>> round(tail_clip_threshold(1.0, 0.5, 0.01), 4)
     2.5174
     """
-    d = _check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    d = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     try:
         m = np.asarray(mean, dtype=np.float64)
         s = np.asarray(std, dtype=np.float64)
@@ -805,9 +762,9 @@ class TailClipper:
     """
 
     def __init__(self, delta: float = 0.01, window: int = 50, min_history: int = 20):
-        self.delta = _check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-        self.window = _check_int(window, "window", 2)
-        self.min_history = _check_int(min_history, "min_history", 2)
+        self.delta = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+        self.window = check_int(window, "window", 2)
+        self.min_history = check_int(min_history, "min_history", 2)
         if self.min_history > self.window:
             raise ValueError(f"min_history ({min_history}) must not exceed window ({window})")
         self._norms: deque[float] = deque(maxlen=self.window)
@@ -820,7 +777,7 @@ class TailClipper:
         ValueError
             If the norm is negative or not finite.
         """
-        g = _check_real(grad_norm, "grad_norm", lo=0.0)
+        g = check_real(grad_norm, "grad_norm", lo=0.0)
         self._norms.append(g)
 
     @property
@@ -905,8 +862,8 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
     >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)    # 0.1*18 + 1*(4 + 0)
     5.8
     """
-    lf = _check_real(lam_frobenius, "lam_frobenius", lo=0.0)
-    lm = _check_real(lam_colmean, "lam_colmean", lo=0.0)
+    lf = check_real(lam_frobenius, "lam_frobenius", lo=0.0)
+    lm = check_real(lam_colmean, "lam_colmean", lo=0.0)
     if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
         raise TypeError("weights must be a list of weight tensors")
     if len(weights) == 0:
@@ -1009,10 +966,10 @@ class TrainingControls:
     def __post_init__(self):
         if not isinstance(self.clip, str) or self.clip not in _CLIP_MODES:
             raise ValueError(f"clip must be one of {_CLIP_MODES}, got {self.clip!r}")
-        _check_real(self.clip_value, "clip_value", lo=0.0, lo_open=True)
+        check_real(self.clip_value, "clip_value", lo=0.0, lo_open=True)
         TailClipper(self.tail_delta, self.tail_window, self.tail_min_history)  # validates
-        _check_real(self.lam_frobenius, "lam_frobenius", lo=0.0)
-        _check_real(self.lam_colmean, "lam_colmean", lo=0.0)
+        check_real(self.lam_frobenius, "lam_frobenius", lo=0.0)
+        check_real(self.lam_colmean, "lam_colmean", lo=0.0)
         if not isinstance(self.reg_targets, tuple) or not all(isinstance(t, str) for t in self.reg_targets):
             raise TypeError("reg_targets must be a tuple of strings such as ('w_v', 'w_o')")
 
@@ -1132,12 +1089,12 @@ def train_with_controls(
         raise ValueError(f"config.vocab_size must be 256 (bytes), got {config.vocab_size}")
     if not isinstance(controls, TrainingControls):
         raise TypeError(f"controls must be a TrainingControls, got {type(controls).__name__}")
-    steps = _check_int(steps, "steps", 1)
-    batch_size = _check_int(batch_size, "batch_size", 1)
-    seq_len = _check_int(seq_len, "seq_len", 2)
-    seed = _check_int(seed, "seed", 0)
-    lr = _check_real(lr, "lr", lo=0.0, lo_open=True)
-    warmup = max(1, steps // 10) if warmup is None else _check_int(warmup, "warmup", 0)
+    steps = check_int(steps, "steps", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    seq_len = check_int(seq_len, "seq_len", 2)
+    seed = check_int(seed, "seed", 0)
+    lr = check_real(lr, "lr", lo=0.0, lo_open=True)
+    warmup = max(1, steps // 10) if warmup is None else check_int(warmup, "warmup", 0)
     if seq_len > config.max_len:
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
     train_ids = _check_ids(train_ids, "train_ids", seq_len + 2)
@@ -1226,8 +1183,8 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
     """
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
-    seq_len = _check_int(seq_len, "seq_len", 1)
-    batch_size = _check_int(batch_size, "batch_size", 1)
+    seq_len = check_int(seq_len, "seq_len", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
     ids = _check_ids(ids, "ids", seq_len + 1)
     n = (ids.numel() - 1) // seq_len
     starts = torch.arange(n) * seq_len
@@ -1322,8 +1279,8 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
     """
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
-    seq_len = _check_int(seq_len, "seq_len", 1)
-    max_windows = _check_int(max_windows, "max_windows", 1)
+    seq_len = check_int(seq_len, "seq_len", 1)
+    max_windows = check_int(max_windows, "max_windows", 1)
     mult = _as_1d_float(multiples, "multiples")
     if (mult <= 0).any():
         raise ValueError("multiples must be > 0")

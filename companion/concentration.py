@@ -44,7 +44,11 @@ import warnings
 import numpy as np
 from scipy import integrate, optimize, special, stats
 
-from companion import extremes, tails
+from companion import _cgf, tails
+from companion._validation import (
+    as_generator, as_real_array, check_bool, check_dist, check_sigma2, check_t, checkpoints,
+    freeze, is_discrete, row_counts,
+)
 
 __all__ = [
     "dot_product_law",
@@ -61,13 +65,13 @@ __all__ = [
 
 _LOG2 = math.log(2.0)
 #: A tail whose log-log slope is within this of 1 is exponential (as in companion.tails).
-_TAIL_TOL = tails._TAIL_TOL
+_TAIL_TOL = _cgf.TAIL_TOL
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
 #: where the supremum defining nu^2 is infinite (the measured rate carries a log correction).
 _EDGE_RTOL = 1e-3
 _NORM_METHODS = ("bernstein", "interpolation", "lipschitz")
 #: |lambda| * sd up to which the quadrature of companion.tails is accurate (about 1e-8 relative).
-_LAM_MAX = tails._LAM_MAX_UNBOUNDED
+_LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,7 +223,7 @@ def dot_product_law(d_k, scaled: bool = False):
     0.0232
     """
     d = _positive_int("d_k", d_k)
-    sc = tails._check_bool(scaled, "scaled")
+    sc = check_bool(scaled, "scaled")
     return _gaussian_dot(d, scale=1.0 / math.sqrt(d) if sc else 1.0)
 
 
@@ -228,26 +232,26 @@ def dot_product_law(d_k, scaled: bool = False):
 # ----------------------------------------------------------------------------------------------
 def _split_nodes(dist, mean: float, var: float, lam_abs: float):
     """Weighted nodes of ``dist``; continuous laws get an extra panel boundary at the mean."""
-    if tails._is_discrete(dist):
-        return tails._nodes(dist, mean, var, lam_range=(lam_abs, lam_abs))
+    if is_discrete(dist):
+        return _cgf.law_nodes(dist, mean, var, lam_range=(lam_abs, lam_abs))
     lower, upper = (float(v) for v in dist.support())
-    scale = tails._scale(dist, var)
-    cuts = set(tails._breakpoints(dist, lower, upper))
+    scale = _cgf.length_scale(dist, var)
+    cuts = set(_cgf.breakpoints(dist, lower, upper))
     if lower < mean < upper:
         cuts.add(mean)
     points = [lower, *sorted(cuts), upper]
     xs, logws = [], []
     for lo, hi in zip(points[:-1], points[1:]):
-        x, logjac = tails._panel(lo, hi, mean, scale)
+        x, logjac = _cgf.panel(lo, hi, mean, scale)
         xs.append(x)
-        logws.append(logjac - tails._neg_log_density(dist, x))
-    return tails._finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
+        logws.append(logjac - _cgf.neg_log_density(dist, x))
+    return _cgf.finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
 
 
 def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
     """(smallest exponential tail rate over the unbounded sides, heavier-than-exponential?)."""
     rate, heavy = math.inf, False
-    for tail in tails._tails(dist, mean, tails._scale(dist, var)).values():
+    for tail in _cgf.both_tails(dist, mean, _cgf.length_scale(dist, var)).values():
         if tail is None:
             continue
         if tail.beta < 1.0 - _TAIL_TOL or not tail.rate > 0:
@@ -336,13 +340,12 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     >>> round(psi1_norm([1.0, -1.0]), 6)              # 1 / ln 2
     1.442695
     """
-    cen = tails._check_bool(centred, "centred")
+    cen = check_bool(centred, "centred")
+    x = freeze(x, "x")
     if hasattr(x, "dist") and isinstance(getattr(x, "dist", None),
                                          (stats.rv_continuous, stats.rv_discrete)):
         return _psi1_dist(x, cen)
-    if isinstance(x, (stats.rv_continuous, stats.rv_discrete)):
-        raise TypeError("x must be a *frozen* distribution, e.g. scipy.stats.expon(), or a sample")
-    arr = tails._as_real_array(x, "x")
+    arr = as_real_array(x, "x")
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"a sample x must be a non-empty 1-D array; got shape {arr.shape}")
     if not np.isfinite(arr).all():
@@ -355,8 +358,8 @@ def psi1_norm(x, *, centred: bool = False) -> float:
 
 
 def _psi1_dist(dist, centred: bool) -> float:
-    tails._check_dist(dist, "x")
-    mean, var = tails._moments(dist)
+    dist = check_dist(dist, "x")
+    mean, var = _cgf.moments(dist)
     if not (np.isfinite(mean) and np.isfinite(var)):
         return math.inf
     if var == 0:
@@ -366,7 +369,7 @@ def _psi1_dist(dist, centred: bool) -> float:
         return math.inf
     lo_edge = 1.0 / rate if np.isfinite(rate) else 0.0
     nodes = _split_nodes(dist, mean, var, 0.0)
-    if tails._is_discrete(dist) and not hasattr(dist.dist, "xk"):
+    if is_discrete(dist) and not hasattr(dist.dist, "xk"):
         # a lattice with infinite support must reach where e^{|x|/s} times the pmf has decayed,
         # for every s the root search visits: s >= 0.999 E|X| / ln 2 (Jensen)
         vals = nodes.y if centred else nodes.y + nodes.mean
@@ -385,7 +388,8 @@ def subexponential_nu2(dist, b) -> float:
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
+    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
+        ``scipy.stats.norm``, is frozen with its defaults)
         The law of :math:`X` (it is centred by its mean).
     b : float
         The range parameter :math:`b>0`.
@@ -422,9 +426,9 @@ def subexponential_nu2(dist, b) -> float:
     >>> round(subexponential_nu2(stats.norm(0, 2), 1.0), 6)    # Gaussian: the variance
     4.0
     """
-    tails._check_dist(dist)
+    dist = check_dist(dist)
     bb = _real_scalar("b", b, positive=True)
-    mean, var = tails._moments(dist)
+    mean, var = _cgf.moments(dist)
     if not np.isfinite(mean):
         raise ValueError("dist has no finite mean, so its centred CGF is undefined")
     if not np.isfinite(var):
@@ -436,7 +440,7 @@ def subexponential_nu2(dist, b) -> float:
         return math.inf
     sd = math.sqrt(var)
     lower, upper = (float(v) for v in dist.support())
-    side_tails = tails._tails(dist, mean, sd)
+    side_tails = _cgf.both_tails(dist, mean, sd)
     ranges, candidates = {}, [float(var)]
     for side in (+1, -1):
         tail = side_tails[side]
@@ -459,10 +463,10 @@ def subexponential_nu2(dist, b) -> float:
     if lam_top == 0.0:
         return float(var)
     nodes = _split_nodes(dist, mean, var, lam_top)
-    nodes = tails._prune(nodes, tails._tilt(nodes.y, (ranges.get(-1, 0.0), ranges.get(+1, 0.0))))
+    nodes = _cgf.prune(nodes, _cgf.max_tilt(nodes.y, (ranges.get(-1, 0.0), ranges.get(+1, 0.0))))
     for side, lam_hi in ranges.items():
-        lam_lo = min(tails._LAM_MIN / sd, lam_hi / 10.0)
-        value, _, _ = tails._maximise_side(nodes, lam_lo, lam_hi, side)
+        lam_lo = min(_cgf.LAM_MIN / sd, lam_hi / 10.0)
+        value, _, _ = _cgf.maximise_side(nodes, lam_lo, lam_hi, side)
         candidates.append(value)
     return max(candidates)
 
@@ -511,18 +515,18 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     >>> float(bernstein_bound(200.0, 4.0, 4.0, n=100) / (2 * np.exp(-25.0)))  # e^{-200/8}
     1.0
     """
-    t_arr = tails._check_t(t)
-    s2 = tails._check_sigma2(nu2, "nu2")
-    b_arr = tails._as_real_array(b, "b")
+    t_arr = check_t(t)
+    s2 = check_sigma2(nu2, "nu2")
+    b_arr = as_real_array(b, "b")
     if np.isnan(b_arr).any() or (b_arr < 0).any() or not np.isfinite(b_arr).all():
         raise ValueError("b must be finite and >= 0 (b = 0 is the sub-Gaussian case)")
     nn = _positive_int("n", n)
-    two = tails._check_bool(two_sided, "two_sided")
+    two = check_bool(two_sided, "two_sided")
     t_b, s_b, b_b = _broadcast(t=t_arr, nu2=s2, b=b_arr)
     with np.errstate(divide="ignore"):
         linear = np.where(b_b > 0, t_b / (2.0 * np.where(b_b > 0, b_b, 1.0)), np.inf)
     exponent = np.minimum(t_b**2 / (2.0 * nn * s_b), linear)
-    return tails._scalar_or_array((2.0 if two else 1.0) * np.exp(-exponent))
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-exponent))
 
 
 def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
@@ -567,8 +571,8 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     >>> round(hoeffding_bound(1.0, [0.0, -1.0], [1.0, 1.0]), 4)   # 2 exp(-2 / (1 + 4))
     1.3406
     """
-    lo = tails._as_real_array(lower, "lower")
-    hi = tails._as_real_array(upper, "upper")
+    lo = as_real_array(lower, "lower")
+    hi = as_real_array(upper, "upper")
     if lo.shape != hi.shape or lo.ndim > 1:
         raise ValueError(
             f"lower and upper must be scalars or 1-D arrays of the same length (one range per "
@@ -633,10 +637,10 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     >>> round(maximal_bound(10**6, 2.0, b=0.2), 4)     # sub-exponential: still the sqrt part
     7.618
     """
-    arr = extremes._row_counts("N", N).astype(np.float64)
+    arr = row_counts("N", N).astype(np.float64)
     s2 = _real_scalar("sigma2", sigma2, positive=True)
     bb = _real_scalar("b", b, nonnegative=True)
-    two = tails._check_bool(two_sided, "two_sided")
+    two = check_bool(two_sided, "two_sided")
     big_l = np.log((2.0 if two else 1.0) * arr)
     if delta is not None:
         dd = _real_scalar("delta", delta)
@@ -644,7 +648,7 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
         big_l = big_l - math.log(dd)
     out = np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l)
-    return tails._scalar_or_array(out)
+    return _cgf.scalar_or_array(out)
 
 
 def _gauss_max_mean(n: float, absolute: bool) -> float:
@@ -711,11 +715,11 @@ def gaussian_max_expectation(N, absolute: bool = True):
     >>> round(gaussian_max_expectation(1), 6)                   # sqrt(2 / pi)
     0.797885
     """
-    arr = extremes._row_counts("N", N)
-    ab = tails._check_bool(absolute, "absolute")
+    arr = row_counts("N", N)
+    ab = check_bool(absolute, "absolute")
     flat = arr.reshape(-1)
     out = np.array([_gauss_max_mean(float(n), ab) for n in flat]).reshape(arr.shape)
-    return tails._scalar_or_array(out)
+    return _cgf.scalar_or_array(out)
 
 
 def gaussian_max_lower_bound(N, a=0.0):
@@ -756,7 +760,7 @@ def gaussian_max_lower_bound(N, a=0.0):
     >>> gaussian_max_lower_bound(5)
     0.0
     """
-    arr = extremes._row_counts("N", N).astype(np.float64)
+    arr = row_counts("N", N).astype(np.float64)
     aa = _real_scalar("a", a, nonnegative=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_n = np.log(arr)
@@ -764,7 +768,7 @@ def gaussian_max_lower_bound(N, a=0.0):
                       - 2.0 * aa, 0.0)
     ok = t2 >= 1.0
     out = np.where(ok, -math.expm1(-math.exp(aa)) * np.sqrt(np.where(ok, t2, 1.0)), 0.0)
-    return tails._scalar_or_array(out)
+    return _cgf.scalar_or_array(out)
 
 
 def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = True,
@@ -820,15 +824,15 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     >>> simulate_max([10, 100], 3, 0).shape
     (2, 3)
     """
-    sizes, scalar_n = extremes._checkpoints(N)
+    sizes, scalar_n = checkpoints(N)
     trials = _positive_int("n_trials", n_trials)
     if rng is None:
         raise TypeError("rng must be a numpy.random.Generator or a non-negative integer seed, "
                         "not None: the simulation must be reproducible")
-    gen = extremes._as_generator(rng)
+    gen = as_generator(rng)
     mu = _real_scalar("loc", loc)
     s = _real_scalar("scale", scale, positive=True)
-    ab = tails._check_bool(absolute, "absolute")
+    ab = check_bool(absolute, "absolute")
     if sampler is not None and not callable(sampler):
         raise TypeError(
             "sampler must be None or a callable (rng, shape) -> array, got "
@@ -917,13 +921,13 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
     >>> round(norm_concentration_bound(2.0, method="bernstein"), 4)
     1.2131
     """
-    t_arr = tails._check_t(t)
+    t_arr = check_t(t)
     s2 = _real_scalar("sigma2", sigma2, positive=True)
     if not isinstance(method, str):
         raise TypeError(f"method must be a string, one of {_NORM_METHODS}; got {method!r}")
     if method not in _NORM_METHODS:
         raise ValueError(f"method must be one of {_NORM_METHODS}; got {method!r}")
-    two = tails._check_bool(two_sided, "two_sided")
+    two = check_bool(two_sided, "two_sided")
     denom = {"bernstein": 8.0 * s2, "interpolation": math.pi**2 * s2 / 2.0,
              "lipschitz": 2.0 * s2}[method]
-    return tails._scalar_or_array((2.0 if two else 1.0) * np.exp(-(t_arr**2) / denom))
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-(t_arr**2) / denom))

@@ -41,6 +41,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy import special
 
+from companion._validation import as_generator, checkpoints, integer_counts
+
 __all__ = [
     "NOISE_LAWS",
     "SUBGAUSSIAN_NOISE_LAWS",
@@ -134,44 +136,10 @@ def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
         ) from None
 
 
-_INT64_MAX = int(np.iinfo(np.int64).max)
-
-
-def _integer_counts(name: str, N) -> np.ndarray:
-    """``N`` as an integer array, all >= 1 (int64, uint64, or object for Python ints beyond
-    64 bits)."""
-    arr = np.asarray(N)
-    if arr.dtype == object:  # Python ints beyond the 64-bit range
-        flat = arr.ravel().tolist()
-        if flat and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in flat):
-            if min(flat) < 1:
-                raise ValueError(f"{name} must be >= 1, got min({name}) = {min(flat)}")
-            return arr
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(
-            f"{name} must be a positive integer (number of rows) or an array of them, got "
-            f"{type(N).__name__} (dtype {arr.dtype}); write e.g. 10**6 rather than 1e6"
-        )
-    if arr.size and (arr < 1).any():
-        raise ValueError(f"{name} must be >= 1, got min({name}) = {int(arr.min())}")
-    return arr
-
-
-def _row_counts(name: str, N) -> np.ndarray:
-    """``N`` as a positive int64 array (a scalar or array of integers) for the simulation."""
-    arr = _integer_counts(name, N)
-    if arr.dtype == object or (arr.dtype == np.uint64 and arr.size and int(arr.max()) > _INT64_MAX):
-        raise ValueError(
-            f"{name} = {int(np.max(arr))} exceeds the int64 range ({_INT64_MAX:.3g}); a simulation "
-            "cannot draw that many rows (use the exact functions, which accept any N)"
-        )
-    return arr.astype(np.int64)
-
-
 def _row_counts_real(name: str, N) -> np.ndarray:
     """``N`` as float64 for the exact formulas: any positive integer, also beyond int64
     (rounded to 16 significant digits above 2**53)."""
-    arr = _integer_counts(name, N)
+    arr = integer_counts(name, N)
     if arr.dtype == object:
         flat = [float(v) for v in arr.ravel().tolist()]
         return np.asarray(flat, dtype=np.float64).reshape(arr.shape)
@@ -774,32 +742,6 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
 # --------------------------------------------------------------------------------------------
 # streamed simulation
 # --------------------------------------------------------------------------------------------
-def _as_generator(rng) -> np.random.Generator:
-    if rng is None:
-        return np.random.default_rng()
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        if rng < 0:
-            raise ValueError(f"an integer rng seed must be >= 0, got {rng}")
-        return np.random.default_rng(int(rng))
-    raise TypeError(
-        f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
-        f"{type(rng).__name__} (for a legacy RandomState use np.random.default_rng(seed))"
-    )
-
-
-def _checkpoints(N) -> tuple[np.ndarray, bool]:
-    """Sorted sample sizes at which counts are reported, and whether N was a scalar."""
-    arr = _row_counts("N", N)
-    if arr.ndim > 1:
-        raise ValueError(f"N must be an integer or a 1-D increasing sequence of integers, got shape {arr.shape}")
-    if arr.ndim == 1:
-        if arr.size == 0:
-            raise ValueError("N is an empty sequence; pass at least one sample size")
-        if (np.diff(arr) <= 0).any():
-            raise ValueError(f"the sample sizes in N must be strictly increasing, got {arr.tolist()}")
-    return np.atleast_1d(arr), arr.ndim == 0
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
@@ -955,7 +897,7 @@ def simulate_counts(
     (3, 2, 2)
     """
     law = _noise_name(noise)
-    sizes, scalar_n = _checkpoints(N)
+    sizes, scalar_n = checkpoints(N)
     m_arr, s_arr = _broadcast(mu=_real_array("mu", mu), sigma=_positive_sigma(sigma))
     t_arr = _nonnegative_t(t)
     if isinstance(rho, bool) or not isinstance(rho, numbers.Real):
@@ -968,7 +910,7 @@ def simulate_counts(
         raise TypeError(f"chunk_size must be an integer, got {type(chunk_size).__name__}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    gen = _as_generator(rng)
+    gen = as_generator(rng)
 
     channel_shape = m_arr.shape
     mus = m_arr.reshape(-1)

@@ -1,9 +1,11 @@
 """The three-effect framework: perturbation metrics, linearised predictions, the window.
 
 This module holds the analysis behind the chapter *The three-effect framework*
-(``book/three_effect_framework.ipynb``).  Its functions are pure numpy so that they apply
-equally to random stacks, small trained stacks (:mod:`companion.stacks`) and real models
-(:mod:`companion.probes`).
+(``book/three_effect_framework.ipynb``).  The metrics, predictions and windows are numpy
+functions of stream arrays (numpy arrays or torch tensors), so that they apply equally to random
+stacks, small trained stacks (:mod:`companion.stacks`) and real models (:mod:`companion.probes`);
+:func:`stack_injection_sweep` and :func:`sharpen_attention` run stacks and so use torch (imported
+inside those functions: importing this module does not load torch).
 
 Conventions
 -----------
@@ -46,9 +48,10 @@ random_direction, stack_injection_sweep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
+
+from companion._validation import as_float64, check_int, check_real
 
 __all__ = [
     "METRIC_NAMES",
@@ -66,6 +69,7 @@ __all__ = [
     "sharpen_attention",
     "InjectionSweep",
     "stack_injection_sweep",
+    "unit_vectors",
 ]
 
 #: Output effects an :class:`InjectionSweep` can report (see :meth:`InjectionSweep.effect`).
@@ -85,26 +89,6 @@ METRIC_NAMES = (
 # --------------------------------------------------------------------------------------------
 # argument handling
 # --------------------------------------------------------------------------------------------
-def _as_float64(x, name: str) -> np.ndarray:
-    """Convert a numpy array, torch tensor or nested sequence to a float64 numpy array."""
-    if x is None:
-        raise TypeError(f"{name} must be an array or tensor, got None")
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
-        x = x.detach().cpu()
-        if getattr(x, "is_complex", lambda: False)():
-            raise TypeError(f"{name} must be real-valued, got a complex tensor")
-        x = x.double().numpy()
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise TypeError(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.dtype == object or not (
-        np.issubdtype(arr.dtype, np.floating)
-        or np.issubdtype(arr.dtype, np.integer)
-        or np.issubdtype(arr.dtype, np.bool_)
-    ):
-        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-    return arr.astype(np.float64, copy=False)
 
 
 def _check_finite(arr: np.ndarray, name: str) -> None:
@@ -116,7 +100,7 @@ def _check_finite(arr: np.ndarray, name: str) -> None:
         )
 
 
-def _unit(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(v / ||v||, ||v|| == 0)`` along the last axis, whatever the magnitude of ``v``.
 
     Each vector is first divided by a power of two close to its largest entry (exact), so
@@ -135,24 +119,6 @@ def _unit(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
 
 #: Magnitudes whose squares are safely inside the normal float64 range.
 _SAFE_MIN, _SAFE_MAX = 1e-150, 1e150
-
-
-def _check_int(value, name: str, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not np.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,11 +196,11 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
         if arr is None:
             raise TypeError(f"{name} must be an array or tensor, got None")
     if not (hasattr(base, "shape") and hasattr(base, "__getitem__")):
-        base = _as_float64(base, "base")
+        base = as_float64(base, "base")
     if not (hasattr(inj, "shape") and hasattr(inj, "__getitem__")):
-        inj = _as_float64(inj, "inj")
+        inj = as_float64(inj, "inj")
     shape, ishape = tuple(base.shape), tuple(inj.shape)
-    vv = _as_float64(v, "v")
+    vv = as_float64(v, "v")
     if len(shape) < 2:
         raise ValueError(
             f"base must have shape [L+1, ..., d] (at least 2 dimensions), got shape {shape}"
@@ -259,15 +225,15 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
             f"shape {shape[1:]}; pass shape [d] or a per-position shape ending in d"
         ) from None
     _check_finite(vv, "v")
-    v_hat, zero = _unit(vv)
+    v_hat, zero = unit_vectors(vv)
     if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
 
     out = {k: np.empty(shape[:-1], dtype=np.float64) for k in METRIC_NAMES}
     with np.errstate(invalid="ignore", divide="ignore"):
         for layer in range(shape[0]):  # one layer at a time: bounded float64 temporaries
-            hb = _as_float64(base[layer], "base")
-            hi = _as_float64(inj[layer], "inj")
+            hb = as_float64(base[layer], "base")
+            hi = as_float64(inj[layer], "inj")
             _check_finite(hb, f"base[{layer}]")
             _check_finite(hi, f"inj[{layer}]")
             delta = hi - hb
@@ -337,8 +303,8 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     >>> float(normalisation_scale([2.0, 2.0], norm="rmsnorm"))
     2.0
     """
-    arr = _as_float64(x, "x")
-    eps = _check_real(eps, "eps")
+    arr = as_float64(x, "x")
+    eps = check_real(eps, "eps")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     if norm not in ("layernorm", "rmsnorm"):
@@ -429,12 +395,12 @@ def postln_contraction_factors(
     >>> postln_contraction_factors(u).ravel().tolist()
     [0.5, 2.0]
     """
-    u = _as_float64(ln_inputs, "ln_inputs")
+    u = as_float64(ln_inputs, "ln_inputs")
     if u.ndim < 2:
         raise ValueError(
             f"ln_inputs must have shape [L, ..., d] (at least 2 dimensions), got {u.shape}"
         )
-    lam = _check_real(residual_scale, "residual_scale")
+    lam = check_real(residual_scale, "residual_scale")
     if lam <= 0:
         raise ValueError(f"residual_scale (lambda) must be > 0, got {lam}")
     s = normalisation_scale(u, eps, norm)
@@ -442,8 +408,8 @@ def postln_contraction_factors(
         return lam / s
     if v is None:
         raise ValueError("ln_weight was given without v; pass the injected direction v as well")
-    g = _as_float64(ln_weight, "ln_weight")
-    vv = _as_float64(v, "v")
+    g = as_float64(ln_weight, "ln_weight")
+    vv = as_float64(v, "v")
     d = u.shape[-1]
     if vv.shape != (d,):
         raise ValueError(f"v must have shape ({d},), got {vv.shape}")
@@ -461,7 +427,7 @@ def postln_contraction_factors(
             f"ln_weight of shape {g.shape} does not broadcast to ln_inputs of shape {u.shape}; "
             "give it singleton axes for batch and tokens, e.g. [L, 1, 1, d]"
         ) from None
-    v_hat, zero = _unit(vv, flat=True)
+    v_hat, zero = unit_vectors(vv, flat=True)
     if zero:
         raise ValueError("v must be a non-zero vector")
     gain = np.sum(g * v_hat**2, axis=-1)  # v_hat' diag(gamma) v_hat, shape g.shape[:-1]
@@ -506,15 +472,15 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     >>> predicted_projection([0.5, 0.5, 2.0], inject_layer=1, initial=4.0).tolist()
     [0.0, 4.0, 2.0, 4.0]
     """
-    f = _as_float64(factors, "factors")
+    f = as_float64(factors, "factors")
     if f.ndim == 0 or f.shape[0] == 0:
         raise ValueError(f"factors must have shape [L, ...] with L >= 1, got {f.shape}")
     _check_finite(f, "factors")
     n_layers = f.shape[0]
-    ell = _check_int(inject_layer, "inject_layer", 0)
+    ell = check_int(inject_layer, "inject_layer", 0)
     if ell > n_layers:
         raise ValueError(f"inject_layer must be in [0, {n_layers}] (L = {n_layers}), got {ell}")
-    p0 = _as_float64(initial, "initial")
+    p0 = as_float64(initial, "initial")
     _check_finite(p0, "initial")
     try:
         p0 = np.broadcast_to(p0, f.shape[1:])
@@ -568,7 +534,7 @@ def fit_norm_growth(sq_norms) -> float:
     >>> fit_norm_growth([4.0, 6.0, 8.0, 10.0])
     0.5
     """
-    r = _as_float64(sq_norms, "sq_norms")
+    r = as_float64(sq_norms, "sq_norms")
     if r.ndim != 1 or r.size < 2:
         raise ValueError(f"sq_norms must be 1-D with at least 2 entries, got shape {r.shape}")
     _check_finite(r, "sq_norms")
@@ -620,10 +586,10 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
     >>> dilution_factor(1.0, 0, [0, 3]).tolist()
     [1.0, 0.5]
     """
-    c = _check_real(c, "c")
+    c = check_real(c, "c")
     if c < 0:
         raise ValueError(f"c must be >= 0 (norms grow in a Pre-LN stack), got {c}")
-    ell = _check_int(inject_layer, "inject_layer", 0)
+    ell = check_int(inject_layer, "inject_layer", 0)
     m = np.asarray(layers)
     if not np.issubdtype(m.dtype, np.integer):
         raise TypeError(f"layers must be integers, got dtype {m.dtype}")
@@ -757,7 +723,7 @@ def injection_window(
     >>> injection_window([0.9, 0.1, 0.8, 1.0], contiguous=False).layers.tolist()
     [0, 2, 3]
     """
-    e = _as_float64(effect, "effect")
+    e = as_float64(effect, "effect")
     if e.ndim != 1 or e.size == 0:
         raise ValueError(f"effect must be a non-empty 1-D array, got shape {e.shape}")
     _check_finite(e, "effect")
@@ -777,10 +743,10 @@ def injection_window(
             raise ValueError(f"layers has shape {lay.shape} but effect has shape {e.shape}")
         if np.any(np.diff(lay) <= 0) or lay[0] < 0:
             raise ValueError("layers must be non-negative and strictly increasing")
-    depth = e.size if n_layers is None else _check_int(n_layers, "n_layers", 1)
+    depth = e.size if n_layers is None else check_int(n_layers, "n_layers", 1)
     if lay[-1] > depth:
         raise ValueError(f"layers go up to {int(lay[-1])} but n_layers = {depth}")
-    tau = _check_real(threshold, "threshold")
+    tau = check_real(threshold, "threshold")
     if relative and not 0 < tau <= 1:
         raise ValueError(f"a relative threshold must lie in (0, 1], got {tau}")
     if not relative and tau <= 0:
@@ -860,14 +826,14 @@ def predicted_window(
     """
     if placement not in ("pre", "post"):
         raise ValueError(f"placement must be 'pre' or 'post', got {placement!r}")
-    L = _check_int(n_layers, "n_layers", 1)
-    tau = _check_real(threshold, "threshold")
+    L = check_int(n_layers, "n_layers", 1)
+    tau = check_real(threshold, "threshold")
     if not 0 < tau <= 1:
         raise ValueError(f"threshold must lie in (0, 1], got {tau}")
     if placement == "post":
         if factor is None:
             raise ValueError("placement='post' needs factor (the mean Post-LN factor f)")
-        f = _check_real(factor, "factor")
+        f = check_real(factor, "factor")
         if not 0 < f <= 1:
             raise ValueError(f"factor must lie in (0, 1] (LayerNorm contracts), got {f}")
         if f == 1:
@@ -878,7 +844,7 @@ def predicted_window(
         return L - n, L - 1
     if c is None:
         raise ValueError("placement='pre' needs c (the norm-growth slope)")
-    c = _check_real(c, "c")
+    c = check_real(c, "c")
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
     if c == 0:
@@ -930,8 +896,8 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
     >>> round(float(v @ v), 12), abs(float(v.sum())) < 1e-12
     (1.0, True)
     """
-    d = _check_int(d, "d", 2)
-    seed = _check_int(seed, "seed", 0)
+    d = check_int(d, "d", 2)
+    seed = check_int(seed, "seed", 0)
     if not isinstance(mean_zero, bool):
         raise TypeError(f"mean_zero must be a bool, got {type(mean_zero).__name__}")
     v = np.random.default_rng(seed).standard_normal(d)
@@ -992,10 +958,10 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
     if not isinstance(stack, ResidualStack):
         raise TypeError(f"stack must be a companion.stacks.ResidualStack, got {type(stack).__name__}")
-    sigma = _check_real(logit_std, "logit_std")
+    sigma = check_real(logit_std, "logit_std")
     if sigma <= 0:
         raise ValueError(f"logit_std must be > 0, got {sigma}")
-    seed = _check_int(seed, "seed", 0)
+    seed = check_int(seed, "seed", 0)
     attention = [sub.f for blk in stack.blocks for sub in blk.sublayers if sub.kind == "attention"]
     if not attention:
         raise ValueError(
@@ -1134,7 +1100,7 @@ class InjectionSweep:
             If ``layer`` is out of range, no injection layer lies below it, or ``kind`` or
             ``positions`` is unknown.
         """
-        m = _check_int(layer, "layer", 1)
+        m = check_int(layer, "layer", 1)
         if m > self.n_layers:
             raise ValueError(f"layer must be in [1, {self.n_layers}], got {m}")
         keep = self.layers < m
@@ -1261,12 +1227,12 @@ def stack_injection_sweep(
         )
     cfg = stack.config
     n_layers, d = cfg.n_layers, cfg.d_model
-    scale = _check_real(scale, "scale")
+    scale = check_real(scale, "scale")
     if scale <= 0:
         raise ValueError(f"scale must be > 0, got {scale}")
     if not isinstance(relative, bool):
         raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
-    seed = _check_int(seed, "seed", 0)
+    seed = check_int(seed, "seed", 0)
     lay = np.arange(n_layers) if layers is None else np.asarray(layers)
     if lay.ndim != 1 or lay.size == 0:
         raise ValueError(f"layers must be a non-empty 1-D sequence of integers, got {layers!r}")
@@ -1276,11 +1242,11 @@ def stack_injection_sweep(
         raise ValueError(
             f"layers must be strictly increasing stream indices in [0, {n_layers}], got {lay.tolist()}"
         )
-    v = random_direction(d, seed) if direction is None else _as_float64(direction, "direction")
+    v = random_direction(d, seed) if direction is None else as_float64(direction, "direction")
     if v.shape != (d,):
         raise ValueError(f"direction must have shape ({d},), got {v.shape}")
     _check_finite(v, "direction")
-    v, zero = _unit(v, flat=True)
+    v, zero = unit_vectors(v, flat=True)
     if zero:
         raise ValueError("direction must be a non-zero vector")
 

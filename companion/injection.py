@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from companion import framework, models, probes
+from companion._validation import check_int
 
 __all__ = [
     "GROUPS",
@@ -155,9 +156,6 @@ CONCEPTS: dict[str, ConceptSet] = {
 # --------------------------------------------------------------------------------------------
 # argument checks
 # --------------------------------------------------------------------------------------------
-def _check_model(m) -> None:
-    if not isinstance(m, models.LoadedModel):
-        raise TypeError(f"m must be a LoadedModel from companion.models.load, got {type(m).__name__}")
 
 
 def _check_texts(texts, name: str) -> list[str]:
@@ -172,14 +170,6 @@ def _check_texts(texts, name: str) -> list[str]:
         if not t.strip():
             raise ValueError(f"{name}[{i}] is empty; every text must contain visible characters")
     return texts
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -197,7 +187,7 @@ def _to_numpy(x, name: str) -> np.ndarray:
     return arr
 
 
-def _encode(m, texts, max_length):
+def _encode_with_offsets(m, texts, max_length):
     """Encoding of ``texts`` exactly as the probes tokenise them, plus offsets and special-token mask."""
     enc = models.tokenize(m, texts, max_length)
     extra = m.tokenizer(
@@ -306,7 +296,7 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     >>> p.injected.sum().item(), p.later.sum().item()                   # doctest: +SKIP
     (4, 4)
     """
-    _check_model(m)
+    models.check_model(m)
     first = _check_texts(first, "first")
     second = _check_texts(second, "second")
     if len(first) != len(second):
@@ -316,7 +306,7 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     if not isinstance(skip_first, bool):
         raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
     texts = [a.strip() + " " + b.strip() for a, b in zip(first, second)]
-    enc, offsets, real, special = _encode(m, texts, max_length)
+    enc, offsets, real, special = _encode_with_offsets(m, texts, max_length)
     content = _content_mask(m, real, special, skip_first)
     bound = torch.tensor([len(a.strip()) for a in first]).unsqueeze(1)
     starts = offsets[..., 0]
@@ -407,7 +397,7 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
     >>> cv.unit.shape                                              # doctest: +SKIP
     (31, 576)
     """
-    _check_model(m)
+    models.check_model(m)
     if pool not in ("mean", "last"):
         raise ValueError(f"pool must be 'mean' or 'last', got {pool!r}")
     if not isinstance(name, str):
@@ -420,7 +410,7 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
     neg = _check_texts(negative, "negative")
     means = []
     for texts in (pos, neg):
-        enc, _, real, special = _encode(m, texts, max_length)
+        enc, _, real, special = _encode_with_offsets(m, texts, max_length)
         content = _content_mask(m, real, special, skip_first)
         if not content.any(dim=1).all():
             row = int(torch.nonzero(~content.any(dim=1))[0, 0])
@@ -477,8 +467,8 @@ def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = No
     >>> np.round(np.linalg.norm(v, axis=1), 12).tolist()
     [1.0, 1.0]
     """
-    d = _check_int(d, "d", 1)
-    n = _check_int(n, "n", 1)
+    d = check_int(d, "d", 1)
+    n = check_int(n, "n", 1)
     if rng is None:
         rng = np.random.default_rng(0)
     if not isinstance(rng, np.random.Generator):
@@ -720,7 +710,7 @@ class InjectionTrack:
         ValueError
             If ``scale_index`` is out of range (and as ``injection_window`` raises).
         """
-        s = _check_int(scale_index, "scale_index", 0)
+        s = check_int(scale_index, "scale_index", 0)
         if s >= len(self.scales):
             raise ValueError(f"scale_index must be < {len(self.scales)}, got {s}")
         return framework.injection_window(self.effect()[:, s], layers=self.layers.astype(int),
@@ -811,7 +801,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     >>> tr.mean("relative_size", "last").shape                                                # doctest: +SKIP
     (3, 2, 31)
     """
-    _check_model(m)
+    models.check_model(m)
     if not isinstance(prompts, InjectionPrompts):
         raise TypeError(f"prompts must come from make_prompts, got {type(prompts).__name__}")
     if not isinstance(relative, bool):
@@ -833,7 +823,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         dirs = np.broadcast_to(dirs, (len(lay), d))
     elif dirs.shape != (len(lay), d):
         raise ValueError(f"directions must have shape ({d},) or ({len(lay)}, {d}), got {dirs.shape}")
-    unit, zero = framework._unit(dirs)
+    unit, zero = framework.unit_vectors(dirs)
     if np.any(zero):
         raise ValueError("a direction is the zero vector; pass non-zero directions")
     sc = _check_scales(scales)

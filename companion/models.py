@@ -45,13 +45,15 @@ import socket
 import threading
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from companion._validation import check_int
 
 __all__ = [
     "OFFLINE_MODELS",
@@ -64,6 +66,8 @@ __all__ = [
     "load",
     "wrap",
     "tokenize",
+    "encode",
+    "check_model",
     "logits_from_residual",
     "next_token_loss",
     "sentence_embedding",
@@ -234,6 +238,12 @@ class LoadedModel:
         model = _copy.deepcopy(self.model)
         return wrap(model, self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
+
+    def facts(self) -> dict:
+        """The description stored with every Result computed on this model."""
+        return {"model_name": self.name, "n_layers": self.n_layers, "d_model": self.d_model,
+                "placement": self.placement, "norm": self.norm, "kind": self.kind,
+                "dtype": str(self.dtype).replace("torch.", "")}
 
     def __repr__(self) -> str:
         return (
@@ -934,7 +944,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     >>> enc["attention_mask"].shape[0]
     2
     """
-    _check_model(m)
+    check_model(m)
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, Sequence) or isinstance(texts, bytes):
@@ -957,9 +967,49 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     return enc.to(m.device)
 
 
-def _check_model(m) -> None:
+def encode(m: LoadedModel, texts, max_length=None) -> dict:
+    """Texts, or an encoding from :func:`tokenize` (reused), as the probes feed them to a model.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    texts : str, sequence of str, or a mapping with ``input_ids`` ``[batch, tokens]``
+    max_length : int or None
+        Truncation length for texts (default ``m.max_length``).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``input_ids`` and ``attention_mask`` (all ones if an encoding had none), plus any other
+        tensors of the encoding, on ``m.device``.
+
+    Raises
+    ------
+    ValueError
+        If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize`
+        for texts.
+
+    Examples
+    --------
+    >>> enc = encode(load("minilm-l6"), ["In the beginning."])   # doctest: +SKIP
+    >>> sorted(enc)                                             # doctest: +SKIP
+    ['attention_mask', 'input_ids', 'token_type_ids']
+    """
+    if isinstance(texts, Mapping) and "input_ids" in texts:
+        enc = {k: v.to(m.device) for k, v in texts.items() if isinstance(v, torch.Tensor)}
+        if "attention_mask" not in enc:
+            enc["attention_mask"] = torch.ones_like(enc["input_ids"])
+        if enc["input_ids"].ndim != 2 or enc["input_ids"].shape[0] == 0:
+            raise ValueError("an encoding must hold input_ids of shape [batch, tokens] with batch >= 1")
+        return enc
+    return dict(tokenize(m, texts, max_length))
+
+
+def check_model(m, name: str = "m") -> LoadedModel:
+    """``m`` if it is a :class:`LoadedModel`, else a TypeError naming :func:`load`."""
     if not isinstance(m, LoadedModel):
-        raise TypeError(f"expected a LoadedModel from companion.models.load, got {type(m).__name__}")
+        raise TypeError(f"{name} must be a LoadedModel from companion.models.load, got {type(m).__name__}")
+    return m
 
 
 # --------------------------------------------------------------------------- heads
@@ -996,7 +1046,7 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     --------
     >>> logp = torch.log_softmax(logits_from_residual(m, stream[-1]), -1)   # doctest: +SKIP
     """
-    _check_model(m)
+    check_model(m)
     if m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
     if not isinstance(h, torch.Tensor):
@@ -1012,14 +1062,6 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
         if cap:
             logits = torch.tanh(logits / cap) * cap
     return logits
-
-
-def _check_batch_size(batch_size) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-        raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return int(batch_size)
 
 
 def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int | None = None,
@@ -1057,10 +1099,10 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     --------
     >>> next_token_loss(load("smollm2-135m"), ["The cat sat on the mat."])   # doctest: +SKIP
     """
-    _check_model(m)
+    check_model(m)
     if m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_int(batch_size, "batch_size", 1)
     if isinstance(texts, str):
         texts = [texts]
     texts = list(texts)
@@ -1119,8 +1161,8 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: 
     >>> e = sentence_embedding(load("minilm-l6"), ["a cat", "a kitten"])   # doctest: +SKIP
     >>> float(e[0] @ e[1])                                               # doctest: +SKIP
     """
-    _check_model(m)
-    batch_size = _check_batch_size(batch_size)
+    check_model(m)
+    batch_size = check_int(batch_size, "batch_size", 1)
     if isinstance(texts, str):
         texts = [texts]
     texts = list(texts)

@@ -894,6 +894,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     """
     import torch
 
+    from companion.hooks import hooks
     from companion.models import LoadedModel, tokenize
 
     if not isinstance(m, LoadedModel):
@@ -927,7 +928,6 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
 
     parts = {l: _attention_parts(m.blocks[l]) for l in layers}
     got: dict = {}
-    handles = []
 
     def out_hook(layer, name):
         def hook(module, args, output):
@@ -943,11 +943,10 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     ks = {l: [] for l in layers}
     text_idx, pos_idx = [], []
     rotated = False
-    try:
-        for l, (attn, qlin, klin) in parts.items():
-            handles.append(qlin.register_forward_hook(out_hook(l, "q")))
-            handles.append(klin.register_forward_hook(out_hook(l, "k")))
-            handles.append(attn.register_forward_pre_hook(pre_hook(l), with_kwargs=True))
+    forward = [(lin, out_hook(l, name)) for l, (_, qlin, klin) in parts.items()
+               for lin, name in ((qlin, "q"), (klin, "k"))]
+    pre = [(attn, pre_hook(l)) for l, (attn, _, _) in parts.items()]
+    with hooks(forward=forward, pre=pre, pre_with_kwargs=True):
         for start in range(0, len(texts), bs):
             chunk = list(texts[start:start + bs])
             enc = tokenize(m, chunk, max_length)
@@ -980,9 +979,6 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
             b_idx, p_idx = torch.nonzero(keep, as_tuple=True)
             text_idx.append((b_idx + start).cpu().numpy())
             pos_idx.append(p_idx.cpu().numpy())
-    finally:
-        for h in handles:
-            h.remove()
     text_arr = np.concatenate(text_idx)
     pos_arr = np.concatenate(pos_idx)
     scaling = float(getattr(parts[layers[0]][0], "scaling", 1.0 / math.sqrt(d_k)))

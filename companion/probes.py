@@ -39,14 +39,16 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 import torch
 
-from companion.models import LoadedModel, _check_batch_size, _check_model, tokenize
+from companion._validation import check_int, check_real
+from companion.hooks import hooks
+from companion.models import LoadedModel, check_model, encode
 
 __all__ = [
     "residual_stream",
@@ -60,16 +62,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- inputs
-def _encode(m: LoadedModel, texts, max_length=None):
-    """Texts -> BatchEncoding on the model's device (an encoding from ``tokenize`` is reused)."""
-    if isinstance(texts, Mapping) and "input_ids" in texts:
-        enc = {k: v.to(m.device) for k, v in texts.items() if isinstance(v, torch.Tensor)}
-        if "attention_mask" not in enc:
-            enc["attention_mask"] = torch.ones_like(enc["input_ids"])
-        if enc["input_ids"].ndim != 2 or enc["input_ids"].shape[0] == 0:
-            raise ValueError("an encoding must hold input_ids of shape [batch, tokens] with batch >= 1")
-        return enc
-    return dict(tokenize(m, texts, max_length))
 
 
 def _forward_inputs(m: LoadedModel, enc: dict) -> dict:
@@ -134,14 +126,6 @@ def _check_injected(vec: torch.Tensor, scales) -> None:
                 f"scale = {s:.4g} and |vector| up to {float(vec.abs().max()):.4g}; use a smaller "
                 f"scale or vector"
             )
-
-
-def _check_scale(scale, name="scale") -> float:
-    if isinstance(scale, bool) or not isinstance(scale, Real):
-        raise TypeError(f"{name} must be a real number, got {type(scale).__name__}")
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"{name} must be finite, got {scale}")
-    return float(scale)
 
 
 def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
@@ -228,7 +212,6 @@ def _run(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
     L = m.n_layers
     states: list[torch.Tensor | None] = [None] * (L + 1)
     calls: list = [None] * L
-    handles = []
 
     def pre_hook(i):
         def hook(module, args, kwargs):
@@ -264,15 +247,11 @@ def _run(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
 
         return hook
 
-    try:
-        for i, block in enumerate(m.blocks):
-            handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
-            handles.append(block.register_forward_hook(post_hook(i)))
+    blocks = list(m.blocks)
+    with hooks(pre={b: pre_hook(i) for i, b in enumerate(blocks)},
+               forward={b: post_hook(i) for i, b in enumerate(blocks)}, pre_with_kwargs=True):
         with torch.no_grad():
             m.base(**_forward_inputs(m, enc))
-    finally:
-        for h in handles:
-            h.remove()
     if any(s is None for s in states):
         raise RuntimeError(f"{m.name}: not every block ran; the model's forward skipped blocks")
     return (states, calls) if record_calls else states
@@ -315,8 +294,8 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     >>> residual_stream(m, ["One sentence.", "Two."]).shape      # doctest: +SKIP
     torch.Size([7, 2, 5, 384])
     """
-    _check_model(m)
-    enc = _encode(m, texts, max_length)
+    check_model(m)
+    enc = encode(m, texts, max_length)
     return torch.stack(_run(m, enc))
 
 
@@ -367,12 +346,12 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     >>> v = torch.randn(m.d_model); v /= v.norm()                      # doctest: +SKIP
     >>> h = inject(m, ["The cat sat."], layer=3, vector=v, scale=8.0)  # doctest: +SKIP
     """
-    _check_model(m)
+    check_model(m)
     layer = _check_layer(m, layer)
     vec = _check_vector(m, vector)
-    scale = _check_scale(scale)
+    scale = check_real(scale, "scale")
     _check_injected(vec, (scale,))
-    enc = _encode(m, texts, max_length)
+    enc = encode(m, texts, max_length)
     sel = position_mask(enc["attention_mask"], positions)
     delta = (scale * vec) * sel.unsqueeze(-1).to(vec.dtype)
     return torch.stack(_run(m, enc, add=(layer, delta)))
@@ -514,7 +493,7 @@ def injection_sweep(
     >>> sw.injected.shape                                             # doctest: +SKIP
     torch.Size([31, 2, 31, 4, 12, 576])
     """
-    _check_model(m)
+    check_model(m)
     L = m.n_layers
     if isinstance(layers, str):
         if layers != "all":
@@ -531,7 +510,7 @@ def injection_sweep(
     if vec.ndim == 1:
         vec = vec.expand(len(layers), -1)
     scalar = not isinstance(scale, (Sequence, np.ndarray, torch.Tensor))
-    scales = (_check_scale(scale),) if scalar else tuple(_check_scale(s, "every scale") for s in list(scale))
+    scales = (check_real(scale, "scale"),) if scalar else tuple(check_real(s, "every scale") for s in list(scale))
     if len(scales) == 0:
         raise ValueError("scale must be a number or a non-empty list of numbers")
     _check_injected(vec, scales)
@@ -540,7 +519,7 @@ def injection_sweep(
     if measure is not None and not callable(measure):
         raise TypeError("measure must be a callable measure(h_injected, h_base) or None")
 
-    enc = _encode(m, texts, max_length)
+    enc = encode(m, texts, max_length)
     sel = position_mask(enc["attention_mask"], positions)
     base, calls = _run(m, enc, record_calls=True)
     batch, tokens = sel.shape
@@ -717,9 +696,9 @@ def channel_statistics(
     >>> st.counts.shape                                                           # doctest: +SKIP
     (31, 3, 576)
     """
-    _check_model(m)
+    check_model(m)
     t = _check_thresholds(thresholds)
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_int(batch_size, "batch_size", 1)
     if not isinstance(skip_first, bool):
         raise TypeError(f"skip_first must be True or False, got {skip_first!r}")
     if isinstance(texts, str):
@@ -753,7 +732,7 @@ def channel_statistics(
         batches = tqdm(batches, desc=f"statistics {m.name}", unit="batch")
     with torch.no_grad():
         for start in batches:
-            enc = _encode(m, [texts[i] for i in order[start:start + batch_size]], max_length)
+            enc = encode(m, [texts[i] for i in order[start:start + batch_size]], max_length)
             keep = enc["attention_mask"].bool().clone()
             if skip_first:
                 keep[:, 0] = False

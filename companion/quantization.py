@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 
+from companion.hooks import hooks
+
 __all__ = [
     "GRANULARITIES",
     "qmax",
@@ -584,11 +586,5 @@ def quantize_linear_inputs(
 
         return hook
 
-    handles = {}
-    try:
-        for name, mod in modules.items():
-            handles[name] = mod.register_forward_pre_hook(make_hook(name))
-        yield handles
-    finally:
-        for h in handles.values():
-            h.remove()
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]) as handles:
+        yield dict(zip(modules, handles))

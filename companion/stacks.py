@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from companion._validation import is_int
+
 __all__ = [
     "StackConfig",
     "StackOutput",
@@ -60,11 +62,9 @@ _NORMAL_STD = 0.02
 
 
 # =========================================================================== configuration
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def _is_real(v) -> bool:
+def _is_finite_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
@@ -157,7 +157,7 @@ class StackConfig:
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
             v = getattr(self, name)
-            if not _is_int(v):
+            if not is_int(v):
                 raise TypeError(f"StackConfig.{name} must be an integer, got {v!r}")
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             if getattr(self, name) < 1:
@@ -169,9 +169,9 @@ class StackConfig:
                 f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
                 "choose a divisor of the width"
             )
-        if self.d_ff is not None and (not _is_int(self.d_ff) or self.d_ff < 1):
+        if self.d_ff is not None and (not is_int(self.d_ff) or self.d_ff < 1):
             raise ValueError(f"StackConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
-        if self.vocab_size is not None and (not _is_int(self.vocab_size) or self.vocab_size < 2):
+        if self.vocab_size is not None and (not is_int(self.vocab_size) or self.vocab_size < 2):
             raise ValueError(
                 f"StackConfig.vocab_size must be an integer >= 2 or None, got {self.vocab_size!r}"
             )
@@ -182,7 +182,7 @@ class StackConfig:
                     f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
                 )
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
-            if not _is_real(getattr(self, name)):
+            if not _is_finite_real(getattr(self, name)):
                 raise TypeError(
                     f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}"
                 )
@@ -255,11 +255,11 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     >>> round(beta ** 2, 4), round(lam ** 2 + beta ** 2, 12)
     (0.0052, 1.0)
     """
-    if not _is_int(n_layers):
+    if not is_int(n_layers):
         raise TypeError(f"n_layers must be an integer, got {n_layers!r}")
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    if not _is_real(k):
+    if not _is_finite_real(k):
         raise TypeError(f"k must be a finite real number, got {k!r}")
     if not 0 < k <= 2 * n_layers:
         raise ValueError(f"k must satisfy 0 < k <= 2*n_layers = {2 * n_layers}, got {k}")
@@ -446,7 +446,7 @@ class ResidualStack(nn.Module):
             return None, None
         L = self.config.n_layers
         B, T, d = x.shape
-        if not _is_int(layer) or not 0 <= layer <= L:
+        if not is_int(layer) or not 0 <= layer <= L:
             raise ValueError(f"inject_layer must be an integer in [0, {L}] (n_layers), got {layer!r}")
         if vector is None:
             raise ValueError("inject_layer was given without inject_vector")
@@ -473,7 +473,7 @@ class ResidualStack(nn.Module):
         vector = cast.expand(B, d)
         mask = torch.ones(T, dtype=x.dtype, device=x.device)
         if positions is not None:
-            if _is_int(positions):
+            if is_int(positions):
                 positions = [int(positions)]
             pos = torch.as_tensor(positions)
             if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
@@ -518,19 +518,15 @@ class ResidualStack(nn.Module):
         self._check_input(x)
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
         cfg = self.config
-        lam, beta = cfg.residual_scale, cfg.branch_scale
-        pre = cfg.placement == "pre"
+        lam, beta, pre = cfg.residual_scale, cfg.branch_scale, cfg.placement == "pre"
+        rec = _Recorder()
 
-        h = x
-        streams, norm_inputs, branches = [], [], []
-        for layer in range(cfg.n_layers + 1):
+        h = x                                                         # [B, T, d]
+        for layer, block in enumerate(self.blocks):
             if layer == layer_inj:
-                h = h + addend
-            streams.append(h)
-            if layer == cfg.n_layers:
-                break
-            block_norm_inputs, block_branches = [], []
-            for sub in self.blocks[layer].sublayers:
+                h = h + addend                                        # injection site h_l
+            rec.stream(h)
+            for sub in block.sublayers:
                 if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
                     norm_in = h
                     branch = beta * sub.f(sub.norm(h))
@@ -539,20 +535,42 @@ class ResidualStack(nn.Module):
                     branch = beta * sub.f(h)
                     norm_in = lam * h + branch
                     h = sub.norm(norm_in)
-                block_norm_inputs.append(norm_in)
-                block_branches.append(branch)
-            norm_inputs.append(torch.stack(block_norm_inputs))
-            branches.append(torch.stack(block_branches))
+                rec.sublayer(layer, norm_in, branch)                  # [B, T, d] each
+        if layer_inj == cfg.n_layers:
+            h = h + addend                                            # injection site h_L
+        rec.stream(h)
+        return rec.output(final=self.final_norm(h))                   # final: [B, T, d]
 
-        sub_norm_in = torch.stack(norm_inputs)          # [L, S, B, T, d]
-        sub_branch = torch.stack(branches)              # [L, S, B, T, d]
+
+class _Recorder:
+    """The named sites of one :meth:`ResidualStack.forward`: the stream ``h_l`` before every
+    block (and after the last), and every sublayer's norm input and branch."""
+
+    def __init__(self):
+        self.streams: list[torch.Tensor] = []                     # L+1 x [B, T, d]
+        self.norm_inputs: list[list[torch.Tensor]] = []           # L x S x [B, T, d]
+        self.branches: list[list[torch.Tensor]] = []              # L x S x [B, T, d]
+
+    def stream(self, h: torch.Tensor) -> None:
+        self.streams.append(h)
+
+    def sublayer(self, layer: int, norm_input: torch.Tensor, branch: torch.Tensor) -> None:
+        if layer == len(self.norm_inputs):
+            self.norm_inputs.append([])
+            self.branches.append([])
+        self.norm_inputs[layer].append(norm_input)
+        self.branches[layer].append(branch)
+
+    def output(self, final: torch.Tensor) -> StackOutput:
+        norm_in = torch.stack([torch.stack(b) for b in self.norm_inputs])   # [L, S, B, T, d]
+        branch = torch.stack([torch.stack(b) for b in self.branches])       # [L, S, B, T, d]
         return StackOutput(
-            stream=torch.stack(streams),                 # [L+1, B, T, d]
-            pre_norm=sub_norm_in[:, -1],
-            branch=sub_branch.sum(dim=1) if sub_branch.shape[1] > 1 else sub_branch[:, 0],
-            final=self.final_norm(h),
-            sublayer_norm_input=sub_norm_in,
-            sublayer_branch=sub_branch,
+            stream=torch.stack(self.streams),                                # [L+1, B, T, d]
+            pre_norm=norm_in[:, -1],                                         # [L, B, T, d]
+            branch=branch.sum(dim=1) if branch.shape[1] > 1 else branch[:, 0],
+            final=final,
+            sublayer_norm_input=norm_in,
+            sublayer_branch=branch,
         )
 
 
@@ -774,13 +792,13 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     if config.vocab_size != 256:
         raise ValueError(f"train_tiny_lm tokenises bytes: config.vocab_size must be 256, got {config.vocab_size}")
     for name, v in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len), ("seed", seed)):
-        if not _is_int(v):
+        if not is_int(v):
             raise TypeError(f"{name} must be an integer, got {v!r}")
         if v < (0 if name == "seed" else 1):
             raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")
-    if warmup is not None and (not _is_int(warmup) or warmup < 0):
+    if warmup is not None and (not is_int(warmup) or warmup < 0):
         raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
-    if not _is_real(lr) or lr <= 0:
+    if not _is_finite_real(lr) or lr <= 0:
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     if seq_len > config.max_len:
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
@@ -825,7 +843,7 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
 # =========================================================================== measurements
 def _check_counts(**kw) -> None:
     for name, v in kw.items():
-        if not _is_int(v):
+        if not is_int(v):
             raise TypeError(f"{name} must be an integer, got {v!r}")
         if v < (0 if name == "seed" else 1):
             raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")

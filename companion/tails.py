@@ -35,6 +35,11 @@ from typing import NamedTuple
 import numpy as np
 from scipy import optimize, special, stats
 
+from companion import _cgf
+from companion._validation import (
+    as_real_array, check_bool, check_dist, check_sigma2, check_t, freeze, is_discrete,
+)
+
 __all__ = [
     "ProxyResult",
     "bernoulli_optimal_proxy",
@@ -51,32 +56,12 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------------------------
-# Numerical settings (module constants, documented in the Notes of the public functions)
+# Numerical settings (module constants, documented in the Notes of the public functions;
+# the settings of the quadrature and the lambda search live in companion._cgf)
 # ----------------------------------------------------------------------------------------------
-#: Tail probes sit at ``mean +- scale * 2**k`` for these k (4 to 16384 scales from the mean).
-_TAIL_PROBE_POWERS = np.arange(2, 15)
-#: A log-log tail slope below ``2 - _TAIL_TOL`` is "heavier than Gaussian"; within ``_TAIL_TOL`` of 1 it
-#: is an exponential tail (MGF finite only below the tail rate); below ``1 - _TAIL_TOL`` the MGF is
-#: infinite for every lambda pointing into that tail.
-_TAIL_TOL = 0.02
-#: On a side with unbounded support, lambda is searched up to this many inverse standard deviations;
-#: the limit lambda -> infinity is added from the tail curvature.
-_LAM_MAX_UNBOUNDED = 20.0
-#: Smallest |lambda| * sd on the search grid; the limit lambda -> 0 (the variance) is added exactly.
-_LAM_MIN = 1e-4
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
 _LAM_CAP = 1e153
-#: Grid points per sign of lambda before the local refinement.
-_GRID_POINTS = 256
-#: Step of the double-exponential quadrature (bounded support / unbounded support).
-_H_BOUNDED = 1.0 / 128.0
-_H_UNBOUNDED = 1.0 / 256.0
-#: At most this many (lambda, node) pairs are held in memory at once.
-_CHUNK_ELEMENTS = 1 << 21
-#: Largest lattice (discrete law with infinite support) that is summed exactly.
-_MAX_LATTICE = 1 << 22
 
-_LOG2 = math.log(2.0)
 _TINY = float(np.finfo(float).tiny)  # smallest normal float64, 2.2e-308
 _HUGE = float(np.finfo(float).max)
 _SQRT_TINY = math.sqrt(_TINY)
@@ -111,28 +96,6 @@ class ProxyResult(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Argument checking
 # ----------------------------------------------------------------------------------------------
-def _check_dist(dist, name: str = "dist") -> None:
-    gen = getattr(dist, "dist", None)
-    if not isinstance(gen, (stats.rv_continuous, stats.rv_discrete)) or not callable(
-        getattr(dist, "support", None)
-    ):
-        raise TypeError(
-            f"{name} must be a frozen scipy.stats distribution, e.g. scipy.stats.norm(0, 1), "
-            f"scipy.stats.bernoulli(0.1) or scipy.stats.rv_discrete(values=(xk, pk))(); "
-            f"got {type(dist).__name__}"
-        )
-    with np.errstate(all="ignore"):
-        lower, upper = dist.support()
-    if np.ndim(lower) != 0 or np.ndim(upper) != 0:
-        raise ValueError(
-            f"{name} has array-valued parameters; freeze one distribution at a time "
-            f"(e.g. scipy.stats.norm(0, 1), not scipy.stats.norm([0, 1]))"
-        )
-    if np.isnan(lower) or np.isnan(upper):
-        raise ValueError(
-            f"{name} has invalid parameters (scipy reports a NaN support); check its shape, loc "
-            f"and scale arguments"
-        )
 
 
 def _check_method(method) -> str:
@@ -141,46 +104,6 @@ def _check_method(method) -> str:
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
     return method
-
-
-def _as_real_array(x, name: str) -> np.ndarray:
-    if isinstance(x, (str, bytes)) or (np.ndim(x) == 0 and isinstance(x, (bool, np.bool_))):
-        raise TypeError(f"{name} must be a real number or an array of real numbers; got {x!r}")
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # ragged lists and the like
-        raise TypeError(f"{name} must be array-like of real numbers ({exc})") from None
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise TypeError(
-            f"{name} must be a real number or an array of real numbers; got dtype {arr.dtype}"
-        )
-    return arr.astype(float)
-
-
-def _check_t(t) -> np.ndarray:
-    arr = _as_real_array(t, "t")
-    if np.isnan(arr).any():
-        raise ValueError("t contains NaN; pass thresholds t >= 0")
-    if (arr < 0).any():
-        raise ValueError(f"t must be >= 0 (a distance from the mean); got min(t) = {arr.min():.4g}")
-    return arr
-
-
-def _check_sigma2(sigma2, name: str = "sigma2") -> np.ndarray:
-    arr = _as_real_array(sigma2, name)
-    if np.isnan(arr).any():
-        raise ValueError(f"{name} contains NaN; pass a variance proxy > 0")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} must be finite; an infinite proxy gives no bound")
-    if (arr <= 0).any():
-        raise ValueError(f"{name} must be > 0 (a variance proxy); got min({name}) = {arr.min():.4g}")
-    return arr
-
-
-def _check_bool(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False; got {value!r}")
-    return bool(value)
 
 
 def _check_no_overflow(out: np.ndarray, what: str) -> None:
@@ -196,51 +119,10 @@ def _check_no_overflow(out: np.ndarray, what: str) -> None:
         )
 
 
-def _scalar_or_array(arr: np.ndarray):
-    return float(arr) if arr.ndim == 0 else arr
-
-
 # ----------------------------------------------------------------------------------------------
 # Elementary stable functions
 # ----------------------------------------------------------------------------------------------
 # Taylor coefficients of (e^z - 1 - z) / (z^2/2) = sum_k 2 z^k / (k+2)!  (used for |z| < 0.1)
-_PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
-
-
-def _log_phi(z: np.ndarray) -> np.ndarray:
-    """log(e^z - 1 - z), accurate for every real z (-inf at z = 0).
-
-    ``expm1(z) - z`` loses at most a factor 20 of relative precision for |z| >= 0.1; below, the Taylor
-    series (10 terms, truncation < 1e-16 relative) is used; above z = 1 the form
-    ``z + log1p(-(1+z) e^-z)`` avoids overflow.
-    """
-    z = np.asarray(z, dtype=float)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        zc = np.minimum(z, 1.0)
-        out = np.where(
-            z > 1.0, z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0))), np.log(np.expm1(zc) - zc)
-        )
-        small = np.abs(z) < 0.1
-        if small.any():
-            zs = z[small]
-            poly = np.zeros_like(zs)
-            for c in _PHI_COEFFS[::-1]:
-                poly = poly * zs + c
-            out[small] = 2.0 * np.log(np.abs(zs)) - _LOG2 + np.log(poly)
-    return out
-
-
-def _logsumexp_rows(a: np.ndarray) -> np.ndarray:
-    """log(sum(exp(a), axis=1)) for a 2-D array, -inf for rows that are entirely -inf."""
-    m = np.max(a, axis=1)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        return np.log(np.sum(np.exp(a - safe[:, None]), axis=1)) + safe
-
-
-def _log_cosh(u: np.ndarray) -> np.ndarray:
-    a = np.abs(u)
-    return a + np.log1p(np.exp(-2.0 * a)) - _LOG2
 
 
 def _log_sinhc(z: np.ndarray) -> np.ndarray:
@@ -264,53 +146,6 @@ def _log_sinhc(z: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # Describing a law: support, moments, tails
 # ----------------------------------------------------------------------------------------------
-def _is_discrete(dist) -> bool:
-    return isinstance(dist.dist, stats.rv_discrete)
-
-
-def _family(dist) -> str:
-    return type(dist.dist).__name__
-
-
-def _atoms(dist) -> tuple[np.ndarray, np.ndarray]:
-    """Atoms (location included) and probabilities of an ``rv_discrete(values=...)`` law, the
-    atoms of probability 0 left out."""
-    gen = dist.dist
-    xk = np.asarray(gen.xk, dtype=float)
-    pk = np.asarray(gen.pk, dtype=float)
-    loc = float(dist.support()[0]) - float(np.min(xk))
-    live = pk > 0
-    return xk[live] + loc, pk[live]
-
-
-def _moments(dist) -> tuple[float, float]:
-    """Mean and variance of ``dist`` (scipy's values, repaired where they are known to fail).
-
-    scipy computes the variance of a finite discrete law as E[X^2] - (E X)^2, which cancels:
-    a point mass can get a variance of -2e-18 and atoms far from 0 a negative or zero one.  For
-    those laws the variance is recomputed from the atoms by two passes when scipy's value is not
-    clearly accurate (relative error above ~1e-12, i.e. mean^2 > 1e4 var), and a single atom is
-    an exact point mass.  Any other law's variance is clamped at 0 (it is >= 0 exactly).
-    """
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            mean = float(dist.mean())
-            var = float(dist.var())
-        except Exception as exc:  # a user-defined law whose generic moment integration fails
-            raise ValueError(
-                f"scipy could not compute the mean and variance of dist ({exc}); define _stats "
-                f"(or _munp) on the distribution class"
-            ) from exc
-        if _family(dist) == "rv_sample":
-            x, p = _atoms(dist)
-            if x.size == 1:
-                return float(x[0]), 0.0
-            if not (np.isfinite(var) and var > 0 and mean * mean <= 1e4 * var):
-                mean = float(np.dot(p, x))
-                mean += float(np.dot(p, x - mean))
-                var = float(np.dot(p, (x - mean) ** 2))
-    return mean, max(var, 0.0)
 
 
 #: Spreads (IQR of a continuous law, width of the atoms of a finite one) handled by the numerics:
@@ -324,10 +159,10 @@ _MAX_LOCATION_RATIO = 1e8
 
 def _spread(dist, var: float) -> float:
     """A width of the law that does not under/overflow like the variance (0 for a point mass)."""
-    if _family(dist) == "rv_sample":
-        x, _ = _atoms(dist)
+    if _cgf.family(dist) == "rv_sample":
+        x, _ = _cgf.atoms(dist)
         return float(np.ptp(x))
-    if _is_discrete(dist):  # integer lattice: spacing 1
+    if is_discrete(dist):  # integer lattice: spacing 1
         return 0.0 if var == 0 else max(1.0, math.sqrt(var)) if np.isfinite(var) else 1.0
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -353,7 +188,7 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
         )
     if (
         centred_nodes
-        and not _is_discrete(dist)
+        and not is_discrete(dist)
         and np.isfinite(mean)
         and abs(mean) > _MAX_LOCATION_RATIO * spread
     ):
@@ -365,280 +200,9 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
         )
 
 
-def _scale(dist, var: float) -> float:
-    """A positive length scale: the standard deviation, or the IQR when the variance is infinite."""
-    if np.isfinite(var) and var > 0:
-        return math.sqrt(var)
-    with np.errstate(all="ignore"):
-        iqr = float(dist.ppf(0.75) - dist.ppf(0.25))
-    return iqr if np.isfinite(iqr) and iqr > 0 else 1.0
-
-
-class _Tail(NamedTuple):
-    """What the far tail on one side looks like.
-
-    beta: log-log slope of -log density (2 = Gaussian, 1 = exponential, ~0 = polynomial),
-    rate: asymptotic slope of -log density (the MGF is infinite beyond it when beta ~ 1),
-    s2: limit of 2K(lambda)/lambda^2 as lambda -> +-infinity (inf when heavier than Gaussian).
-    """
-
-    beta: float
-    rate: float
-    s2: float
-
-
-def _neg_log_density(dist, x: np.ndarray) -> np.ndarray:
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if _is_discrete(dist):
-            val = -np.asarray(dist.logpmf(x), dtype=float)
-        else:
-            val = -np.asarray(dist.logpdf(x), dtype=float)
-    return np.where(np.isnan(val), np.inf, val)
-
-
-def _tail(dist, side: int, mean: float, scale: float) -> _Tail:
-    """Classify the tail of ``dist`` on ``side`` (+1 right, -1 left); the support is unbounded there."""
-    discrete = _is_discrete(dist)
-    unit = max(scale, 1.0) if discrete else scale
-    offsets = unit * 2.0 ** _TAIL_PROBE_POWERS
-    x = mean + side * offsets
-    if discrete:
-        x = np.round(x)
-    ref = np.round(mean) if discrete else mean
-    ell = _neg_log_density(dist, x)
-    ell_ref = _neg_log_density(dist, np.array([ref]))[0]
-    if not np.isfinite(ell_ref):
-        finite = ell[np.isfinite(ell)]
-        ell_ref = float(finite.min()) if finite.size else 0.0
-    delta = ell - ell_ref
-    dist_from_mean = np.abs(x - mean)
-    good = np.flatnonzero(np.isfinite(delta) & (delta > 0))
-    # use the outermost pair of consecutive probes with a finite, positive excess
-    pair = None
-    for i in good[::-1]:
-        if i - 1 in good:
-            pair = (i - 1, i)
-            break
-    if pair is None:
-        if np.isinf(ell[-1]) and np.isfinite(ell[0]):
-            # the density vanishes in the far tail: lighter than any Gaussian
-            return _Tail(beta=np.inf, rate=np.inf, s2=0.0)
-        # no decay measurable (flat or increasing density far out): treat as heavy
-        return _Tail(beta=0.0, rate=0.0, s2=np.inf)
-    i, j = pair
-    beta = math.log(delta[j] / delta[i]) / math.log(dist_from_mean[j] / dist_from_mean[i])
-    rate = (ell[j] - ell[i]) / (dist_from_mean[j] - dist_from_mean[i])
-    if beta < 2.0 - _TAIL_TOL:
-        return _Tail(beta=beta, rate=rate, s2=np.inf)
-    if beta > 2.0 + _TAIL_TOL:
-        return _Tail(beta=beta, rate=rate, s2=0.0)
-    # Gaussian-like tail: the curvature of -log density gives lim 2K/lambda^2 = 1/ell''
-    xc = x[j]
-    h = max(1.0, round(dist_from_mean[j] / 64.0)) if discrete else dist_from_mean[j] / 64.0
-    def curvature(xc: float, h: float) -> float:
-        e3 = _neg_log_density(dist, np.array([xc - h, xc, xc + h]))
-        return (e3[0] - 2.0 * e3[1] + e3[2]) / h**2
-
-    far = curvature(x[j], h)
-    near = curvature(x[i], max(1.0, round(h / 2.0)) if discrete else h / 2.0)
-    if not (np.isfinite(far) and far > 0):
-        return _Tail(beta=beta, rate=rate, s2=np.inf)
-    # ell'' = 1/s2 + c/x^2 (e.g. a log x term): Richardson's step between x and 2x removes c
-    extrapolated = (4.0 * far - near) / 3.0 if np.isfinite(near) else far
-    second = extrapolated if extrapolated > 0 else far
-    return _Tail(beta=beta, rate=rate, s2=1.0 / second)
-
-
-def _tails(dist, mean: float, scale: float) -> dict[int, _Tail | None]:
-    lower, upper = dist.support()
-    return {
-        +1: _tail(dist, +1, mean, scale) if np.isinf(upper) else None,
-        -1: _tail(dist, -1, mean, scale) if np.isinf(lower) else None,
-    }
-
-
 # ----------------------------------------------------------------------------------------------
 # Node sets: a law as weighted points (built once, reused for every lambda)
 # ----------------------------------------------------------------------------------------------
-class _Nodes(NamedTuple):
-    y: np.ndarray  # centred nodes, x - mean (mean taken over the nodes themselves)
-    logw: np.ndarray  # log probability weights, logsumexp(logw) = 0
-    mean: float  # mean over the nodes (the centring used)
-    var: float  # variance over the nodes
-
-
-def _finalise(x: np.ndarray, logw: np.ndarray, what: str) -> _Nodes:
-    keep = np.isfinite(logw) & np.isfinite(x)
-    x, logw = x[keep], logw[keep]
-    if x.size == 0:
-        raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
-    total = special.logsumexp(logw)
-    if abs(math.expm1(total)) > 1e-6:
-        warnings.warn(
-            f"quadrature of the {what} recovers a total mass of {math.exp(total):.8g}, not 1; "
-            f"results may be inaccurate (a density with a strong singularity or a very narrow peak?)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    logw = logw - total
-    w = np.exp(logw)
-    live = w > 0  # far nodes with underflowing weight must not meet x**2 = inf (0 * inf)
-    mean = float(np.dot(w[live], x[live]))
-    y = x - mean
-    y = y - float(np.dot(w[live], y[live]))  # second pass removes the rounding of the first
-    var = float(np.dot(w[live], y[live] ** 2))
-    return _Nodes(y=y, logw=logw, mean=mean, var=var)
-
-
-def _tilt(y: np.ndarray, lam_range: tuple[float, float]) -> np.ndarray:
-    """Largest lambda * y over lambda in [-lam_range[0], lam_range[1]], node by node."""
-    return lam_range[1] * np.maximum(y, 0.0) + lam_range[0] * np.maximum(-y, 0.0)
-
-
-def _prune(nodes: _Nodes, tilt: np.ndarray) -> _Nodes:
-    """Keep the nodes whose tilted log-weight ``logw + tilt`` is above -60.
-
-    With ``tilt >= lam * y`` for every lambda used, each dropped term adds less than e^-60 (1e-26) to
-    E e^{lam Y} >= 1, far below double precision even summed over thousands of nodes.
-    """
-    keep = nodes.logw + tilt > -60.0
-    return nodes._replace(y=nodes.y[keep], logw=nodes.logw[keep])
-
-
-def _lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> float:
-    """Far end of the lattice on ``side`` where the pmf, tilted by ``e^{lam_abs |k - mean|}``, has decayed.
-
-    ``lam_abs`` is the largest |lambda| pointing into this side.
-    """
-    start = math.floor(mean) if side > 0 else math.ceil(mean)
-    width = 64.0 * max(scale, 1.0)
-    half = _MAX_LATTICE // 2 - 1  # each side gets at most half of the lattice budget
-    while True:
-        if width > half:
-            warnings.warn(
-                f"the lattice was truncated at {half} points from the mean; the tilted law may not "
-                f"have decayed there (|lambda| too large?)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return float(start + side * half)
-        end = math.ceil(mean + width) if side > 0 else math.floor(mean - width)
-        k = np.arange(min(start, end), max(start, end) + 1.0)
-        logp = -_neg_log_density(dist, k)
-        tilted = logp + lam_abs * np.abs(k - mean)
-        edge, inner, edge_p = (
-            (tilted[-1], tilted[-2], logp[-1]) if side > 0 else (tilted[0], tilted[1], logp[0])
-        )
-        if edge < np.max(tilted) - 60.0 and edge < inner and edge_p < np.max(logp) - 2000.0:
-            return float(end)
-        width *= 2.0
-
-
-def _nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0)) -> _Nodes:
-    """Weighted nodes of ``dist``.
-
-    ``lam_range = (largest |lambda| with lambda < 0, largest lambda > 0)`` matters only for discrete
-    laws with infinite support, whose lattice must reach where the tilted pmf has decayed.
-    """
-    lower, upper = (float(v) for v in dist.support())
-    scale = _scale(dist, var)
-    if _is_discrete(dist):
-        gen = dist.dist
-        if hasattr(gen, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
-            loc = lower - float(np.min(gen.xk))
-            x = np.asarray(gen.xk, dtype=float) + loc
-        else:
-            lo, hi = lower, upper
-            if np.isinf(lo):
-                lo = _lattice_range(dist, mean, scale, -1, lam_range[0])
-            if np.isinf(hi):
-                hi = _lattice_range(dist, mean, scale, +1, lam_range[1])
-            if hi - lo + 1 > _MAX_LATTICE:
-                raise ValueError(
-                    f"the support of dist has {hi - lo + 1:.4g} points, more than {_MAX_LATTICE}; "
-                    f"use a closed form or a smaller law"
-                )
-            x = np.arange(lo, hi + 1.0)
-        return _finalise(x, -_neg_log_density(dist, x), "discrete law")
-
-    points = [lower, *_breakpoints(dist, lower, upper), upper]
-    xs, logws = [], []
-    for lo, hi in zip(points[:-1], points[1:]):
-        x, logjac = _panel(lo, hi, mean, scale)
-        xs.append(x)
-        logws.append(logjac - _neg_log_density(dist, x))
-    return _finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
-
-
-def _breakpoints(dist, lower: float, upper: float) -> list[float]:
-    """Interior points where a known family's density has a kink or a singularity."""
-    name = dist.dist.name
-    try:
-        shapes, loc, scale = dist.dist._parse_args(*dist.args, **dist.kwds)
-    except Exception:  # pragma: no cover - a user-defined generator with unusual arguments
-        return []
-    shapes = [float(np.asarray(v)) for v in shapes]
-    loc, scale = float(np.asarray(loc)), float(np.asarray(scale))
-    if name == "triang":
-        pts = [loc + shapes[0] * scale]
-    elif name == "trapezoid":
-        pts = [loc + shapes[0] * scale, loc + shapes[1] * scale]
-    elif name in ("laplace", "laplace_asymmetric", "dweibull", "dgamma", "gennorm", "dpareto_lognorm"):
-        pts = [loc]
-    else:
-        pts = []
-    return sorted(p for p in set(pts) if lower < p < upper)
-
-
-def _panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Double-exponential nodes and log-weights (step times Jacobian) on one panel [lo, hi].
-
-    tanh-sinh on a finite panel, exp-sinh on a half line, sinh-sinh on the whole line; the nodes
-    reach e^-700 of the panel length from a finite end and e^600 scales into an infinite one.
-    """
-    half_pi = 0.5 * math.pi
-    if np.isfinite(lo) and np.isfinite(hi):
-        h = _H_BOUNDED
-        tmax = math.asinh(350.0 / half_pi)
-        t = np.arange(-tmax, tmax + h / 2, h)
-        u = half_pi * np.sinh(t)
-        length = hi - lo
-        frac = special.expit(-2.0 * np.abs(u))  # 1 / (1 + e^{2|u|}): distance to the nearer end
-        x = np.where(t < 0, lo + length * frac, hi - length * frac)
-        logjac = math.log(length / 2.0) + math.log(half_pi) + np.log(np.cosh(t)) - 2.0 * _log_cosh(u)
-        inside = (x > lo) & (x < hi)
-    elif np.isinf(lo) and np.isinf(hi):
-        h = _H_UNBOUNDED
-        tmax = math.asinh(600.0 / half_pi)
-        t = np.arange(-tmax, tmax + h / 2, h)
-        u = half_pi * np.sinh(t)
-        with np.errstate(over="ignore"):
-            x = centre + scale * np.sinh(u)
-        logjac = math.log(scale) + _log_cosh(u) + math.log(half_pi) + np.log(np.cosh(t))
-        inside = np.isfinite(x)
-    else:
-        h = _H_UNBOUNDED
-        tmax = math.asinh(600.0 / half_pi)
-        t = np.arange(-tmax, tmax + h / 2, h)
-        u = half_pi * np.sinh(t)
-        origin, side = (lo, +1.0) if np.isfinite(lo) else (hi, -1.0)
-        with np.errstate(over="ignore"):
-            x = origin + side * scale * np.exp(u)
-        logjac = math.log(scale) + u + math.log(half_pi) + np.log(np.cosh(t))
-        inside = np.isfinite(x) & (x != origin)
-    return x[inside], math.log(h) + logjac[inside]
-
-
-def _cgf_nodes(nodes: _Nodes, lam: np.ndarray) -> np.ndarray:
-    """K(lambda) = log(1 + E[e^{lam Y} - 1 - lam Y]) over the nodes, for a 1-D array ``lam``."""
-    out = np.empty(lam.shape, dtype=float)
-    step = max(1, _CHUNK_ELEMENTS // max(1, nodes.y.size))
-    for s in range(0, lam.size, step):
-        lc = lam[s : s + step]
-        terms = nodes.logw[None, :] + _log_phi(lc[:, None] * nodes.y[None, :])
-        out[s : s + step] = np.logaddexp(0.0, _logsumexp_rows(terms))
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -657,8 +221,8 @@ def _bernoulli_argmax(p: float) -> float:
 
 
 def _closed_form_proxy(dist) -> ProxyResult | None:
-    fam = _family(dist)
-    mean, var = _moments(dist)
+    fam = _cgf.family(dist)
+    mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
     if fam == "norm_gen":
         return ProxyResult(var, var, 0.0, "closed_form")
@@ -714,13 +278,13 @@ def _bernoulli_cgf(p: float, lam: np.ndarray) -> np.ndarray:
     out = np.logaddexp(math.log1p(-p), math.log(p) + lam) - p * lam
     if small.any():
         ls = lam[small]
-        out[small] = p * np.exp(_log_phi(ls)) - _log1p_minus(p * np.expm1(ls))
+        out[small] = p * np.exp(_cgf.log_phi(ls)) - _log1p_minus(p * np.expm1(ls))
     return out
 
 
 def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
-    fam = _family(dist)
-    mean, var = _moments(dist)
+    fam = _cgf.family(dist)
+    mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
     with np.errstate(all="ignore"):
         if fam == "norm_gen":
@@ -747,7 +311,7 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
             return n * _bernoulli_cgf(p, lam)
         if fam == "poisson_gen":
             mu = var
-            return mu * np.exp(_log_phi(lam))
+            return mu * np.exp(_cgf.log_phi(lam))
         if fam == "t_gen":
             return np.where(lam == 0.0, 0.0, np.inf)
     return None
@@ -761,7 +325,8 @@ def log_mgf(dist, lam, *, method: str = "auto"):
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
+    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
+        ``scipy.stats.norm``, is frozen with its defaults)
         The law of :math:`X` (continuous or discrete, including ``rv_discrete(values=...)``).
     lam : float or array_like
         Values of :math:`\lambda` (finite reals); any shape.
@@ -808,14 +373,14 @@ def log_mgf(dist, lam, *, method: str = "auto"):
     >>> np.round(log_mgf(stats.laplace(0, 1), [0.5, 1.0]), 4)   # -log(1 - lam^2), infinite at 1
     array([0.2877,    inf])
     """
-    _check_dist(dist)
+    dist = check_dist(dist)
     method = _check_method(method)
-    lam_arr = _as_real_array(lam, "lam")
+    lam_arr = as_real_array(lam, "lam")
     if np.isnan(lam_arr).any():
         raise ValueError("lam contains NaN; pass finite real values of lambda")
     if not np.isfinite(lam_arr).all():
         raise ValueError("lam must be finite; K(lambda) is only defined for real lambda")
-    mean, var = _moments(dist)
+    mean, var = _cgf.moments(dist)
     if not np.isfinite(mean):
         raise ValueError(
             "dist has no finite mean, so the centred cumulant generating function is undefined"
@@ -825,24 +390,24 @@ def log_mgf(dist, lam, *, method: str = "auto"):
     if method != "numeric":
         closed = _closed_form_cgf(dist, flat)
         if closed is not None:
-            return _scalar_or_array(np.asarray(closed, dtype=float).reshape(lam_arr.shape))
+            return _cgf.scalar_or_array(np.asarray(closed, dtype=float).reshape(lam_arr.shape))
         if method == "closed_form":
             raise ValueError(
                 f"no closed-form CGF is implemented for {dist.dist.name}; use method='numeric'"
             )
     out = np.zeros(flat.shape)
     if var == 0 or flat.size == 0:
-        return _scalar_or_array(out.reshape(lam_arr.shape))
-    scale = _scale(dist, var)
-    tails = _tails(dist, mean, scale)
+        return _cgf.scalar_or_array(out.reshape(lam_arr.shape))
+    scale = _cgf.length_scale(dist, var)
+    tails = _cgf.both_tails(dist, mean, scale)
     infinite = np.zeros(flat.shape, dtype=bool)
     for side, tail in tails.items():
         if tail is None:
             continue
         pointing = side * flat > 0
-        if tail.beta < 1.0 - _TAIL_TOL:
+        if tail.beta < 1.0 - _cgf.TAIL_TOL:
             infinite |= pointing
-        elif tail.beta <= 1.0 + _TAIL_TOL:
+        elif tail.beta <= 1.0 + _cgf.TAIL_TOL:
             # the measured rate carries ~1e-11 relative rounding: lambda within 1e-9 of it is "at" it
             infinite |= pointing & (np.abs(flat) >= tail.rate * (1.0 - 1e-9))
     finite = ~infinite & (flat != 0)
@@ -851,10 +416,10 @@ def log_mgf(dist, lam, *, method: str = "auto"):
         _check_representable(dist, mean, var, centred_nodes=True)
         fin = flat[finite]
         lam_range = (float(max(0.0, -fin.min())), float(max(0.0, fin.max())))
-        nodes = _nodes(dist, mean, var, lam_range=lam_range)
-        nodes = _prune(nodes, _tilt(nodes.y, lam_range))
-        out[finite] = _cgf_nodes(nodes, flat[finite])
-    return _scalar_or_array(out.reshape(lam_arr.shape))
+        nodes = _cgf.law_nodes(dist, mean, var, lam_range=lam_range)
+        nodes = _cgf.prune(nodes, _cgf.max_tilt(nodes.y, lam_range))
+        out[finite] = _cgf.cgf_nodes(nodes, flat[finite])
+    return _cgf.scalar_or_array(out.reshape(lam_arr.shape))
 
 
 def proxy_profile(dist, lam, *, method: str = "auto"):
@@ -862,7 +427,8 @@ def proxy_profile(dist, lam, *, method: str = "auto"):
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
+    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
+        ``scipy.stats.norm``, is frozen with its defaults)
         The law of :math:`X`.
     lam : float or array_like
         Values of :math:`\lambda` (finite reals); at :math:`\lambda=0` the limit
@@ -892,33 +458,13 @@ def proxy_profile(dist, lam, *, method: str = "auto"):
     >>> np.round(proxy_profile(stats.uniform(0, 1), [0.0, 6.0]), 4)
     array([0.0833, 0.067 ])
     """
+    dist = check_dist(dist)
     k = log_mgf(dist, lam, method=method)
     lam_arr = np.asarray(lam, dtype=float)
-    _, var = _moments(dist)
+    _, var = _cgf.moments(dist)
     with np.errstate(divide="ignore", invalid="ignore"):
         prof = np.where(lam_arr == 0, var, 2.0 * np.asarray(k) / np.where(lam_arr == 0, 1.0, lam_arr) ** 2)
-    return _scalar_or_array(np.asarray(prof, dtype=float))
-
-
-def _maximise_side(nodes: _Nodes, lam_lo: float, lam_hi: float, side: int) -> tuple[float, float, bool]:
-    """max over lam in [lam_lo, lam_hi] (times ``side``) of 2K/lam^2: (value, argmax, at_upper_end)."""
-    grid = side * np.geomspace(lam_lo, lam_hi, _GRID_POINTS)
-    prof = 2.0 * _cgf_nodes(nodes, grid) / grid**2
-    i = int(np.argmax(prof))
-
-    def neg_profile(v: float) -> float:
-        lam = side * math.exp(v)
-        return -2.0 * float(_cgf_nodes(nodes, np.array([lam]))[0]) / lam**2
-
-    lo_i, hi_i = max(i - 1, 0), min(i + 1, grid.size - 1)
-    bounds = (math.log(abs(grid[lo_i])), math.log(abs(grid[hi_i])))
-    res = optimize.minimize_scalar(
-        neg_profile, bounds=bounds, method="bounded", options={"xatol": 1e-11}
-    )
-    best_val, best_lam = float(prof[i]), float(grid[i])
-    if -res.fun > best_val:
-        best_val, best_lam = float(-res.fun), side * math.exp(res.x)
-    return best_val, best_lam, i == grid.size - 1
+    return _cgf.scalar_or_array(np.asarray(prof, dtype=float))
 
 
 def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = False):
@@ -926,7 +472,8 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
+    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
+        ``scipy.stats.norm``, is frozen with its defaults)
         The law of :math:`X`: continuous (``stats.norm(0, 1)``, ``stats.beta(2, 5)``...) or discrete
         (``stats.bernoulli(0.1)``, ``stats.rv_discrete(values=(xk, pk))()``...).
     method : {"auto", "numeric", "closed_form"}, default "auto"
@@ -1005,10 +552,10 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     >>> optimal_variance_proxy(stats.laplace(0, 1), method="numeric")
     inf
     """
-    _check_dist(dist)
+    dist = check_dist(dist)
     method = _check_method(method)
-    full_output = _check_bool(full_output, "full_output")
-    _check_representable(dist, *_moments(dist), centred_nodes=False)
+    full_output = check_bool(full_output, "full_output")
+    _check_representable(dist, *_cgf.moments(dist), centred_nodes=False)
     result = None
     if method != "numeric":
         result = _closed_form_proxy(dist)
@@ -1022,18 +569,18 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
 
 def _numeric_proxy(dist) -> ProxyResult:
-    mean, var = _moments(dist)
+    mean, var = _cgf.moments(dist)
     if not (np.isfinite(mean) and np.isfinite(var)):
         return ProxyResult(math.inf, var, math.nan, "numeric")
     if var == 0:
         return ProxyResult(0.0, 0.0, 0.0, "numeric")
     _check_representable(dist, mean, var, centred_nodes=True)
     sd = math.sqrt(var)
-    tails = _tails(dist, mean, sd)
+    tails = _cgf.both_tails(dist, mean, sd)
     if any(t is not None and not np.isfinite(t.s2) for t in tails.values()):
         return ProxyResult(math.inf, var, math.nan, "numeric")
     lower, upper = (float(v) for v in dist.support())
-    nodes = _nodes(dist, mean, var, lam_range=(_LAM_MAX_UNBOUNDED / sd, _LAM_MAX_UNBOUNDED / sd))
+    nodes = _cgf.law_nodes(dist, mean, var, lam_range=(_cgf.LAM_MAX_UNBOUNDED / sd, _cgf.LAM_MAX_UNBOUNDED / sd))
     v = nodes.var
     candidates = [(v, 0.0)]
     ranges, reaches = {}, {}
@@ -1047,18 +594,18 @@ def _numeric_proxy(dist) -> ProxyResult:
                 # p -> 0) has it near 2/p; it is capped where lam^2 and lam * reach stay finite
                 ranges[side] = min(2.0 * reach / v, _LAM_CAP / max(reach, 1.0))
         else:
-            ranges[side] = _LAM_MAX_UNBOUNDED / sd
+            ranges[side] = _cgf.LAM_MAX_UNBOUNDED / sd
             candidates.append((tail.s2, side * math.inf))
-    nodes = _prune(nodes, _tilt(nodes.y, (ranges.get(-1, 0.0), ranges.get(+1, 0.0))))
+    nodes = _cgf.prune(nodes, _cgf.max_tilt(nodes.y, (ranges.get(-1, 0.0), ranges.get(+1, 0.0))))
     for side, lam_hi in ranges.items():
         tail = tails[side]
-        lam_lo = min(_LAM_MIN / sd, lam_hi / 10.0)
+        lam_lo = min(_cgf.LAM_MIN / sd, lam_hi / 10.0)
         if side in reaches:
             # lam * reach must be small at the start of the grid, or the maximiser of a skewed
             # law (lambda* = 2 ln((1-p)/p) for Bernoulli(p)) can lie below it; unchanged while
             # reach < 100 sd
             lam_lo = min(lam_lo, 1e-2 / reaches[side])
-        value, arg, at_end = _maximise_side(nodes, lam_lo, lam_hi, side)
+        value, arg, at_end = _cgf.maximise_side(nodes, lam_lo, lam_hi, side)
         candidates.append((value, arg))
         if tail is not None and at_end and value > tail.s2:
             warnings.warn(
@@ -1116,7 +663,7 @@ def bernoulli_optimal_proxy(p):
     >>> bernoulli_optimal_proxy([0.0, 0.5])
     array([0.  , 0.25])
     """
-    arr = _as_real_array(p, "p")
+    arr = as_real_array(p, "p")
     if np.isnan(arr).any():
         raise ValueError("p contains NaN; pass probabilities in [0, 1]")
     if ((arr < 0) | (arr > 1)).any():
@@ -1132,7 +679,7 @@ def bernoulli_optimal_proxy(p):
     log_odds = np.where(np.isfinite(ratio), np.log1p(ratio), np.log1p(-q) - np.log(q))
     out[inner] = (1.0 - 2.0 * q) / (2.0 * log_odds)
     out[(arr == 0) | (arr == 1)] = 0.0
-    return _scalar_or_array(out)
+    return _cgf.scalar_or_array(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1178,9 +725,9 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
     >>> np.round(subgaussian_tail_bound([0.0, 2.0], 1.0, two_sided=False), 4)
     array([1.    , 0.1353])
     """
-    t_arr = _check_t(t)
-    s2 = _check_sigma2(sigma2)
-    two = _check_bool(two_sided, "two_sided")
+    t_arr = check_t(t)
+    s2 = check_sigma2(sigma2)
+    two = check_bool(two_sided, "two_sided")
     try:
         t_b, s_b = np.broadcast_arrays(t_arr, s2)
     except ValueError:
@@ -1196,7 +743,7 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
         if odd.any():
             expo = np.where(odd, 0.5 * (t_b / np.sqrt(s_b)) ** 2, expo)
         bound = np.exp(-expo)
-    return _scalar_or_array((2.0 if two else 1.0) * bound)
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * bound)
 
 
 def chernoff_lambda(t, sigma2):
@@ -1232,8 +779,8 @@ def chernoff_lambda(t, sigma2):
     >>> chernoff_lambda(3.0, 2.0)
     1.5
     """
-    t_arr = _check_t(t)
-    s2 = _check_sigma2(sigma2)
+    t_arr = check_t(t)
+    s2 = check_sigma2(sigma2)
     try:
         with np.errstate(over="ignore"):
             lam = np.asarray(t_arr / s2, dtype=float)
@@ -1242,7 +789,7 @@ def chernoff_lambda(t, sigma2):
             f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
         ) from None
     _check_no_overflow(lam, "lambda* = t / sigma2")
-    return _scalar_or_array(lam)
+    return _cgf.scalar_or_array(lam)
 
 
 def hoeffding_proxy(a, b):
@@ -1277,8 +824,8 @@ def hoeffding_proxy(a, b):
     >>> hoeffding_proxy(0.0, 1.0)
     0.25
     """
-    a_arr = _as_real_array(a, "a")
-    b_arr = _as_real_array(b, "b")
+    a_arr = as_real_array(a, "a")
+    b_arr = as_real_array(b, "b")
     for name, arr in (("a", a_arr), ("b", b_arr)):
         if np.isnan(arr).any():
             raise ValueError(f"{name} contains NaN; pass the finite ends of the range")
@@ -1293,7 +840,7 @@ def hoeffding_proxy(a, b):
     with np.errstate(over="ignore"):
         out = (b_b - a_b) ** 2 / 4.0
     _check_no_overflow(out, "(b - a)^2 / 4")
-    return _scalar_or_array(out)
+    return _cgf.scalar_or_array(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1304,7 +851,8 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
+    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
+        ``scipy.stats.norm``, is frozen with its defaults)
         The law of :math:`X`.
     centred : bool, default False
         If True, compute :math:`\|X-\mathbb EX\|_{\psi_2}` (the quantity compared with the variance
@@ -1345,28 +893,28 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     >>> round(psi2_norm(rademacher) ** -2, 6)          # ln 2
     0.693147
     """
-    _check_dist(dist)
-    centred = _check_bool(centred, "centred")
-    mean, var = _moments(dist)
+    dist = check_dist(dist)
+    centred = check_bool(centred, "centred")
+    mean, var = _cgf.moments(dist)
     _check_representable(dist, mean, var, centred_nodes=var > 0 and np.isfinite(var))
     if not (np.isfinite(mean) and np.isfinite(var)):
         return math.inf
     if var == 0:
-        return 0.0 if centred else abs(mean) / math.sqrt(_LOG2)
+        return 0.0 if centred else abs(mean) / math.sqrt(_cgf.LOG2)
     if not centred and abs(mean) > 1e150:
         raise ValueError(
             f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X first "
             f"(||cX||_psi2 = |c| ||X||_psi2), or pass centred=True"
         )
     sd = math.sqrt(var)
-    tails = _tails(dist, mean, sd)
+    tails = _cgf.both_tails(dist, mean, sd)
     s2_tail = 0.0
     for tail in tails.values():
         if tail is not None:
             if not np.isfinite(tail.s2):
                 return math.inf
             s2_tail = max(s2_tail, tail.s2)
-    nodes = _nodes(dist, mean, var)
+    nodes = _cgf.law_nodes(dist, mean, var)
     x = nodes.y if centred else nodes.y + nodes.mean
     # nodes beyond 1e153 (x^2 > 1e306) carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian
     # tail with sd <= 1e150: drop them before squaring.  (A cut at 1e150 dropped the nodes
@@ -1374,7 +922,7 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     near = np.abs(x) < (1e150 if sd < 1e140 else 1e153)
     x2, logw = x[near] ** 2, nodes.logw[near]
     second_moment = float(np.dot(np.exp(logw), x2))
-    lo = math.log(0.999 * math.sqrt(second_moment / _LOG2))
+    lo = math.log(0.999 * math.sqrt(second_moment / _cgf.LOG2))
     if s2_tail > 0:
         lo = max(lo, 0.5 * math.log(2.0 * s2_tail) + 1e-9)
     with np.errstate(divide="ignore", over="ignore"):
@@ -1384,12 +932,12 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
         # Jensen's bracket is far below the root (mass p -> 0 at a far atom: E X^2 = p, root
         # 1/sqrt(ln(1/p))) and e^{x^2/s^2} overflows there.  Every term of E e^{X^2/s^2} <= 2
         # gives s^2 >= x_i^2 / (ln 2 - ln w_i): there no term exceeds 2 and their sum is >= 2.
-        lo = max(lo, 0.5 * float(np.max(log_x2 - np.log(_LOG2 - logw))))
+        lo = max(lo, 0.5 * float(np.max(log_x2 - np.log(_cgf.LOG2 - logw))))
     keep = logw + x2 * math.exp(-2.0 * lo) > -60.0  # negligible for every s >= e^lo
     x2, logw = x2[keep], logw[keep]
 
     def excess(log_s: float) -> float:
-        return float(special.logsumexp(logw + x2 * math.exp(-2.0 * log_s))) - _LOG2
+        return float(special.logsumexp(logw + x2 * math.exp(-2.0 * log_s))) - _cgf.LOG2
 
     if excess(lo) <= 0:
         return math.exp(lo)
@@ -1443,15 +991,15 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
     >>> linear_map_proxy([3.0, 4.0], 1.0, dependent=True)
     49.0
     """
-    w_arr = _as_real_array(w, "w")
-    dep = _check_bool(dependent, "dependent")
+    w_arr = as_real_array(w, "w")
+    dep = check_bool(dependent, "dependent")
     if w_arr.ndim not in (1, 2):
         raise ValueError(f"w must be a vector (n,) or a matrix (n, m); got shape {w_arr.shape}")
     if w_arr.shape[0] == 0 or w_arr.size == 0:
         raise ValueError("w is empty; pass at least one weight")
     if not np.isfinite(w_arr).all():
         raise ValueError("w contains NaN or infinite entries")
-    s2 = _check_sigma2(sigma2)
+    s2 = check_sigma2(sigma2)
     if s2.ndim > 1 or (s2.ndim == 1 and s2.shape[0] != w_arr.shape[0]):
         raise ValueError(
             f"sigma2 must be a scalar or have shape ({w_arr.shape[0]},) to match w; got shape {s2.shape}"
@@ -1508,15 +1056,15 @@ def empirical_tail(samples, t, *, two_sided: bool = True):
     >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
     array([1. , 0.6, 0.2])
     """
-    x = _as_real_array(samples, "samples")
+    x = as_real_array(samples, "samples")
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"samples must be a non-empty 1-D array; got shape {x.shape}")
     if not np.isfinite(x).all():
         raise ValueError("samples contain NaN or infinite values")
-    t_arr = _check_t(t)
-    two = _check_bool(two_sided, "two_sided")
+    t_arr = check_t(t)
+    two = check_bool(two_sided, "two_sided")
     v = np.sort(np.abs(x) if two else x)
-    return _scalar_or_array(_count_at_least(v, t_arr) / x.size)
+    return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
 
 
 def monte_carlo_tail(
@@ -1573,8 +1121,7 @@ def monte_carlo_tail(
     >>> bool(abs(p[0] - 0.3173) < 0.005)
     True
     """
-    if isinstance(sampler, (stats.rv_continuous, stats.rv_discrete)):
-        raise TypeError("sampler must be a *frozen* distribution, e.g. scipy.stats.norm(0, 1)")
+    sampler = freeze(sampler, "sampler")
     is_dist = hasattr(sampler, "dist") and isinstance(
         getattr(sampler, "dist", None), (stats.rv_continuous, stats.rv_discrete)
     )
@@ -1584,7 +1131,7 @@ def monte_carlo_tail(
             f"got {type(sampler).__name__}"
         )
     if is_dist:
-        _check_dist(sampler, "sampler")
+        sampler = check_dist(sampler, "sampler")
     for name, val in (("n_samples", n_samples), ("chunk_size", chunk_size)):
         if isinstance(val, bool) or not isinstance(val, numbers.Integral):
             raise TypeError(f"{name} must be an integer; got {val!r}")
@@ -1594,11 +1141,11 @@ def monte_carlo_tail(
         raise TypeError(
             f"rng must be a numpy.random.Generator (np.random.default_rng(seed)); got {type(rng).__name__}"
         )
-    t_arr = _check_t(t)
-    two = _check_bool(two_sided, "two_sided")
+    t_arr = check_t(t)
+    two = check_bool(two_sided, "two_sided")
     shift = 0.0
     if is_dist:
-        shift, _ = _moments(sampler)
+        shift, _ = _cgf.moments(sampler)
         if not np.isfinite(shift):
             raise ValueError("sampler has no finite mean; its centred tail is undefined")
     flat_t = t_arr.ravel()
@@ -1617,4 +1164,4 @@ def monte_carlo_tail(
         v = np.sort(np.abs(x) if two else x)
         counts += _count_at_least(v, flat_t)
         done += m
-    return _scalar_or_array((counts / n_samples).reshape(t_arr.shape))
+    return _cgf.scalar_or_array((counts / n_samples).reshape(t_arr.shape))

@@ -181,7 +181,7 @@ def test_psi1_sample_triangle_inequality_and_centring(pairs):
     ("abc", TypeError, "real"),
     ([1 + 1j], TypeError, "real"),
     ([True, False], TypeError, "real"),
-    (stats.norm, TypeError, "frozen"),
+    (stats.bernoulli, TypeError, "frozen"),
 ])
 def test_psi1_rejects_bad_input(bad, exc, match):
     with pytest.raises(exc, match=match):

@@ -94,7 +94,7 @@ def test_results_folders_in_a_clone(monkeypatch):
     assert _paths.source_checkout() == REPO
     assert xp.results_root() == REPO / "results"
     assert xp.cache_root() == REPO / "results" / "cache"
-    assert xp._stored_target() == xp.stored_root()        # GPU runs to commit, from a clone
+    assert xp.stored_target() == xp.stored_root()        # GPU runs to commit, from a clone
     assert ei.cli_command(ei.InjectionWindowExperiment()).endswith("--out companion/data/results")
 
 
@@ -104,7 +104,7 @@ def test_results_folders_of_an_installed_package(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(xp, "source_checkout", lambda: None)
     cache = tmp_path / ".cache" / "companion" / "results" / "cache"
-    assert xp.cache_root() == cache and xp._stored_target() == cache
+    assert xp.cache_root() == cache and xp.stored_target() == cache
     assert xp.result_path(ei.InjectionWindowExperiment()).parent.parent == cache
     assert xp.stored_root() == Path(companion.__file__).parent / "data" / "results"
 
@@ -112,7 +112,7 @@ def test_results_folders_of_an_installed_package(monkeypatch, tmp_path):
 def test_companion_results_moves_both_folders(monkeypatch, tmp_path):
     monkeypatch.setenv("COMPANION_RESULTS", str(tmp_path))
     assert xp.stored_root() == tmp_path / "stored" and xp.cache_root() == tmp_path / "cache"
-    assert xp._stored_target() == tmp_path / "stored"
+    assert xp.stored_target() == tmp_path / "stored"
     assert xf.stored_models_path() == tmp_path / "stored" / "framework_tiny_lms.npz"
     assert ei.stored_results() == {}
 

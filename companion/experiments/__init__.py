@@ -111,6 +111,8 @@ __all__ = [
     "result_path",
     "results_root",
     "stored_root",
+    "stored_results",
+    "stored_target",
     "cache_root",
     "add_checksums",
     "StaleResultWarning",
@@ -601,7 +603,7 @@ def stored_root() -> Path:
     return package_data("results")
 
 
-def _stored_target() -> Path:
+def stored_target() -> Path:
     """Where helpers that produce Results to keep write by default.
 
     :func:`stored_root` when it is meant to be written (a clone, or ``$COMPANION_RESULTS``),
@@ -610,6 +612,48 @@ def _stored_target() -> Path:
     if os.environ.get("COMPANION_RESULTS") or source_checkout() is not None:
         return stored_root()
     return cache_root()
+
+
+def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
+    """Every valid stored Result of experiment ``name`` (any config), newest first.
+
+    Parameters
+    ----------
+    name : str
+        A registered experiment name (:func:`experiment_names`).
+    root : path, optional
+        Folder holding ``<name>/<hash>.json`` files (default :func:`stored_root`,
+        ``companion/data/results``).
+
+    Returns
+    -------
+    list of Result
+        Results of ``name`` whose schema matches the current code; others are skipped (they
+        would be recomputed by :func:`run_cached`, never shown).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not registered.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     stored_results("channel_statistics", root=tmp)
+    []
+    """
+    cls = get_experiment(name)
+    base = Path(root) if root is not None else stored_root()
+    found = []
+    for path in sorted((base / name).glob("*.json")):
+        try:
+            result = load_result(path)
+        except ValueError:
+            continue
+        if result.name == name and result.schema == _schema(cls):
+            found.append(result)
+    return sorted(found, key=lambda r: r.created, reverse=True)
 
 
 def result_path(config, results_dir: str | Path | None = None) -> Path:

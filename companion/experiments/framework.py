@@ -52,10 +52,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from companion import experiments as xp
 from companion import framework as fw
 from companion.corpus import load_corpus
-from companion.experiments import (FRAMEWORK_SCHEMA, Result, _stored_target, load_result, register,
-                                   stored_root)
+from companion.experiments import Result, register, stored_root, stored_target
 from companion.stacks import ResidualStack, StackConfig, TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = [
@@ -785,7 +785,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
-    path = Path(path) if path is not None else _stored_target() / stored_models_path().name
+    path = Path(path) if path is not None else stored_target() / stored_models_path().name
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():
@@ -901,17 +901,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     classes = {"framework_random": RandomWindowsConfig, "framework_trained": TrainedWindowsConfig}
     if name not in classes:
         raise ValueError(f"name must be one of {sorted(classes)}, got {name!r}")
-    base = Path(root) if root is not None else stored_root()
-    schema = f"{FRAMEWORK_SCHEMA}.{classes[name].schema}"
-    found = []
-    for path in sorted((base / name).glob("*.json")):
-        try:
-            result = load_result(path)
-        except ValueError:
-            continue
-        if result.name == name and result.schema == schema:
-            found.append(result)
-    return sorted(found, key=lambda r: r.created, reverse=True)
+    return xp.stored_results(name, root)
 
 
 # ============================================================================ GPU-scale presets

@@ -45,17 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from companion import experiments as xp
 from companion.experiments import (
-    FRAMEWORK_SCHEMA,
     Result,
     config_hash,
-    load_result,
     make_config,
     register,
-    _stored_target,
-    result_path,
     run_cached,
-    stored_root,
+    stored_target,
 )
 
 __all__ = [
@@ -457,25 +454,12 @@ def stored_results(configs: dict | None = None, folder=None) -> dict:
     TypeError
         If ``configs`` is not a dict of injection_window configs.
     """
-    from pathlib import Path
-
     configs = GPU_CONFIGS if configs is None else configs
     if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
         raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
-    base = Path(folder) if folder is not None else stored_root()
-    schema = f"{FRAMEWORK_SCHEMA}.{InjectionWindowExperiment.schema}"
-    found = {}
-    for key, cfg in configs.items():
-        path = result_path(cfg, base)
-        if not path.exists():
-            continue
-        try:
-            r = load_result(path)
-        except ValueError:
-            continue
-        if r.schema == schema and r.config_hash == config_hash(cfg) == config_hash(make_config(InjectionWindowExperiment, r.config)):
-            found[key] = r
-    return found
+    by_hash = {r.config_hash: r for r in xp.stored_results("injection_window", folder)
+               if r.config_hash == config_hash(make_config(InjectionWindowExperiment, r.config))}
+    return {key: by_hash[config_hash(cfg)] for key, cfg in configs.items() if config_hash(cfg) in by_hash}
 
 
 def cli_command(config, device: str = "cuda", out: str = "companion/data/results") -> str:
@@ -556,7 +540,7 @@ def run_suite(configs: dict | None = None, device=None, out=None, progress: bool
     configs = GPU_CONFIGS if configs is None else configs
     if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
         raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
-    folder = out if out is not None else _stored_target()
+    folder = out if out is not None else stored_target()
     done = {}
     for key, cfg in configs.items():
         try:

@@ -1,10 +1,9 @@
-"""Real-model experiments: residual-stream channel statistics and injection sweeps.
+"""The ``injection_sweep`` experiment: inject ``c v`` at every layer of a real model.
 
-Both read English text from :mod:`companion.corpus` and run the probes of
-:mod:`companion.probes` on any model :func:`companion.models.load` knows.  The defaults are
-the small CPU configurations used in the chapters; the CLI runs larger ones, e.g.::
+Reads English text from :mod:`companion.corpus` and runs :func:`companion.probes.injection_sweep`
+on any model :func:`companion.models.load` knows.  The defaults are the small CPU configuration
+used in the chapters; the CLI runs larger ones, e.g.::
 
-    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 --device cuda
     python -m companion run injection_sweep --model EleutherAI/pythia-1.4b --set n_texts=64
 """
 
@@ -15,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from companion._validation import check_int
 from companion.experiments import register
 
-__all__ = ["ChannelStatisticsExperiment", "InjectionSweepExperiment", "INJECTION_METRICS", "TOKEN_GROUPS"]
+__all__ = ["InjectionSweepExperiment", "INJECTION_METRICS", "TOKEN_GROUPS"]
 
 #: Metrics of :class:`InjectionSweepExperiment`, in the order of its arrays' metric axis.
 INJECTION_METRICS = ("proj", "dist", "rel", "cos", "norm_ratio")
@@ -25,79 +25,13 @@ INJECTION_METRICS = ("proj", "dist", "rel", "cos", "norm_ratio")
 TOKEN_GROUPS = ("injected", "last")
 
 
-def _texts(n_texts: int, min_words: int, max_words: int) -> list[str]:
-    from companion.corpus import corpus_sentences
-
-    return corpus_sentences(n_texts, min_words=min_words, max_words=max_words)
-
-
-def _check_positive(**values) -> None:
-    for key, value in values.items():
-        if value < 1:
-            raise ValueError(f"{key} must be >= 1, got {value}")
-
-
-def _model_facts(m) -> dict:
-    return {"model_name": m.name, "n_layers": m.n_layers, "d_model": m.d_model, "placement": m.placement,
-            "norm": m.norm, "kind": m.kind, "dtype": str(m.dtype).replace("torch.", "")}
-
-
-@register("channel_statistics", schema=1)
-@dataclass(frozen=True)
-class ChannelStatisticsExperiment:
-    """Per-layer, per-channel mean, variance, extremes and counts C_j(t) over corpus sentences.
-
-    Attributes
-    ----------
-    model : str
-        A name for :func:`companion.models.load`.
-    n_texts, min_words, max_words : int
-        The first ``n_texts`` corpus sentences with ``min_words``-``max_words`` words.
-    max_length : int
-        Token truncation.
-    batch_size : int
-    thresholds : tuple of float
-        The ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``.
-    skip_first : bool
-        Exclude the first token of each text (where massive activations sit).
-    dtype : str
-        Weights' floating-point type (``"float32"``; ``"bfloat16"`` for large models on a GPU).
-
-    Notes
-    -----
-    Result arrays: ``mean``, ``var``, ``min``, ``max``, ``max_abs`` ``[L+1, d]``; ``counts``
-    ``[L+1, len(thresholds), d]``; ``thresholds``.  Scalars: ``n_tokens``, ``n_texts`` and the
-    model's description (``n_layers``, ``d_model``, ``placement``, ``norm`` ...).
-    """
-
-    model: str = "smollm2-135m"
-    n_texts: int = 64
-    min_words: int = 8
-    max_words: int = 40
-    max_length: int = 64
-    batch_size: int = 16
-    thresholds: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
-    skip_first: bool = False
-    dtype: str = "float32"
-
-    def compute(self, device, progress):
-        from companion import models, probes
-
-        _check_positive(n_texts=self.n_texts, batch_size=self.batch_size)
-        m = models.load(self.model, device=device, dtype=self.dtype)
-        texts = _texts(self.n_texts, self.min_words, self.max_words)
-        st = probes.channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
-                                       max_length=self.max_length, skip_first=self.skip_first, progress=progress)
-        return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **_model_facts(m)}
-
-
 def _median_norms(m, texts, batch_size, max_length) -> torch.Tensor:
     """Median over tokens (first token of each text excluded) of ``‖h_l‖``, per layer ``l``."""
-    from companion import probes
+    from companion import models, probes
 
     norms = []
     for start in range(0, len(texts), batch_size):
-        enc = probes._encode(m, texts[start:start + batch_size], max_length)
+        enc = models.encode(m, texts[start:start + batch_size], max_length)
         keep = enc["attention_mask"].bool().clone()
         keep[:, 0] = False
         norms.append(probes.residual_stream(m, enc)[:, keep].float().norm(dim=-1).cpu())
@@ -172,8 +106,10 @@ class InjectionSweepExperiment:
 
     def compute(self, device, progress):
         from companion import models, probes
+        from companion.corpus import corpus_sentences
 
-        _check_positive(n_texts=self.n_texts, batch_size=self.batch_size)
+        check_int(self.n_texts, "n_texts", 1)
+        check_int(self.batch_size, "batch_size", 1)
         if self.positions not in ("prefix", "all", "last"):
             raise ValueError(f"positions must be 'prefix', 'all' or 'last', got {self.positions!r}")
         if not self.scales:
@@ -184,7 +120,7 @@ class InjectionSweepExperiment:
         for layer in layers:
             if not 0 <= layer <= L:
                 raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layer}")
-        texts = _texts(self.n_texts, self.min_words, self.max_words)
+        texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
         g = torch.Generator().manual_seed(self.seed)
         v = torch.randn(m.d_model, generator=g, dtype=torch.float64)
         v = (v / v.norm()).to(device=m.device, dtype=torch.float32)
@@ -204,7 +140,7 @@ class InjectionSweepExperiment:
 
             batches = tqdm(batches, desc=f"injection sweep {m.name}", unit="batch")
         for start in batches:
-            enc = probes._encode(m, texts[start:start + self.batch_size], self.max_length)
+            enc = models.encode(m, texts[start:start + self.batch_size], self.max_length)
             sel = _injection_mask(enc["attention_mask"], self.positions)
             if (sel.sum(1) == 0).any():
                 raise ValueError("a text has no token to inject at (one-token text with positions='prefix')")
@@ -248,7 +184,7 @@ class InjectionSweepExperiment:
         result = {**out, "magnitude": magnitude.numpy(), "median_norm": med.numpy(),
                   "layers": np.asarray(layers), "scales": np.asarray(self.scales, dtype=np.float64),
                   "n_texts": len(texts), "metrics": list(INJECTION_METRICS), "groups": list(TOKEN_GROUPS),
-                  **_model_facts(m)}
+                  **m.facts()}
         if m.kind == "causal-lm":
             result.update(kl_last=kl, top1_changed=changed)
         return result

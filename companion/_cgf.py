@@ -1,0 +1,424 @@
+"""Numerical core of the sub-Gaussian proxies (package-internal).
+
+Moments, quadrature nodes, tilted laws and the one-sided maximisations behind the optimal
+variance proxy and the cumulant-generating function ``K(lam) = log E exp(lam (X - mu))``.
+:mod:`companion.tails` and :mod:`companion.concentration` check their arguments (with
+:mod:`companion._validation`) and then call these functions.  The names carry no underscore
+because both modules import them; the module itself is private.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+from scipy import optimize, special
+
+from companion._validation import is_discrete
+
+#: Tail probes sit at ``mean +- scale * 2**k`` for these k (4 to 16384 scales from the mean).
+TAIL_PROBE_POWERS = np.arange(2, 15)
+#: A log-log tail slope below ``2 - TAIL_TOL`` is "heavier than Gaussian"; within ``TAIL_TOL`` of 1 it
+#: is an exponential tail (MGF finite only below the tail rate); below ``1 - TAIL_TOL`` the MGF is
+#: infinite for every lambda pointing into that tail.
+TAIL_TOL = 0.02
+#: On a side with unbounded support, lambda is searched up to this many inverse standard deviations;
+#: the limit lambda -> infinity is added from the tail curvature.
+LAM_MAX_UNBOUNDED = 20.0
+#: Smallest |lambda| * sd on the search grid; the limit lambda -> 0 (the variance) is added exactly.
+LAM_MIN = 1e-4
+#: Grid points per sign of lambda before the local refinement.
+GRID_POINTS = 256
+#: Step of the double-exponential quadrature (bounded support / unbounded support).
+H_BOUNDED = 1.0 / 128.0
+H_UNBOUNDED = 1.0 / 256.0
+#: At most this many (lambda, node) pairs are held in memory at once.
+CHUNK_ELEMENTS = 1 << 21
+#: Largest lattice (discrete law with infinite support) that is summed exactly.
+MAX_LATTICE = 1 << 22
+
+LOG2 = math.log(2.0)
+
+
+def scalar_or_array(arr: np.ndarray):
+    return float(arr) if arr.ndim == 0 else arr
+
+
+PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
+
+
+def log_phi(z: np.ndarray) -> np.ndarray:
+    """log(e^z - 1 - z), accurate for every real z (-inf at z = 0).
+
+    ``expm1(z) - z`` loses at most a factor 20 of relative precision for |z| >= 0.1; below, the Taylor
+    series (10 terms, truncation < 1e-16 relative) is used; above z = 1 the form
+    ``z + log1p(-(1+z) e^-z)`` avoids overflow.
+    """
+    z = np.asarray(z, dtype=float)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        zc = np.minimum(z, 1.0)
+        out = np.where(
+            z > 1.0, z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0))), np.log(np.expm1(zc) - zc)
+        )
+        small = np.abs(z) < 0.1
+        if small.any():
+            zs = z[small]
+            poly = np.zeros_like(zs)
+            for c in PHI_COEFFS[::-1]:
+                poly = poly * zs + c
+            out[small] = 2.0 * np.log(np.abs(zs)) - LOG2 + np.log(poly)
+    return out
+
+
+def logsumexp_rows(a: np.ndarray) -> np.ndarray:
+    """log(sum(exp(a), axis=1)) for a 2-D array, -inf for rows that are entirely -inf."""
+    m = np.max(a, axis=1)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.sum(np.exp(a - safe[:, None]), axis=1)) + safe
+
+
+def log_cosh(u: np.ndarray) -> np.ndarray:
+    a = np.abs(u)
+    return a + np.log1p(np.exp(-2.0 * a)) - LOG2
+
+
+def family(dist) -> str:
+    return type(dist.dist).__name__
+
+
+def atoms(dist) -> tuple[np.ndarray, np.ndarray]:
+    """Atoms (location included) and probabilities of an ``rv_discrete(values=...)`` law, the
+    atoms of probability 0 left out."""
+    gen = dist.dist
+    xk = np.asarray(gen.xk, dtype=float)
+    pk = np.asarray(gen.pk, dtype=float)
+    loc = float(dist.support()[0]) - float(np.min(xk))
+    live = pk > 0
+    return xk[live] + loc, pk[live]
+
+
+def moments(dist) -> tuple[float, float]:
+    """Mean and variance of ``dist`` (scipy's values, repaired where they are known to fail).
+
+    scipy computes the variance of a finite discrete law as E[X^2] - (E X)^2, which cancels:
+    a point mass can get a variance of -2e-18 and atoms far from 0 a negative or zero one.  For
+    those laws the variance is recomputed from the atoms by two passes when scipy's value is not
+    clearly accurate (relative error above ~1e-12, i.e. mean^2 > 1e4 var), and a single atom is
+    an exact point mass.  Any other law's variance is clamped at 0 (it is >= 0 exactly).
+    """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            mean = float(dist.mean())
+            var = float(dist.var())
+        except Exception as exc:  # a user-defined law whose generic moment integration fails
+            raise ValueError(
+                f"scipy could not compute the mean and variance of dist ({exc}); define _stats "
+                f"(or _munp) on the distribution class"
+            ) from exc
+        if family(dist) == "rv_sample":
+            x, p = atoms(dist)
+            if x.size == 1:
+                return float(x[0]), 0.0
+            if not (np.isfinite(var) and var > 0 and mean * mean <= 1e4 * var):
+                mean = float(np.dot(p, x))
+                mean += float(np.dot(p, x - mean))
+                var = float(np.dot(p, (x - mean) ** 2))
+    return mean, max(var, 0.0)
+
+
+def length_scale(dist, var: float) -> float:
+    """A positive length scale: the standard deviation, or the IQR when the variance is infinite."""
+    if np.isfinite(var) and var > 0:
+        return math.sqrt(var)
+    with np.errstate(all="ignore"):
+        iqr = float(dist.ppf(0.75) - dist.ppf(0.25))
+    return iqr if np.isfinite(iqr) and iqr > 0 else 1.0
+
+
+class Tail(NamedTuple):
+    """What the far tail on one side looks like.
+
+    beta: log-log slope of -log density (2 = Gaussian, 1 = exponential, ~0 = polynomial),
+    rate: asymptotic slope of -log density (the MGF is infinite beyond it when beta ~ 1),
+    s2: limit of 2K(lambda)/lambda^2 as lambda -> +-infinity (inf when heavier than Gaussian).
+    """
+
+    beta: float
+    rate: float
+    s2: float
+
+
+def neg_log_density(dist, x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if is_discrete(dist):
+            val = -np.asarray(dist.logpmf(x), dtype=float)
+        else:
+            val = -np.asarray(dist.logpdf(x), dtype=float)
+    return np.where(np.isnan(val), np.inf, val)
+
+
+def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
+    """Classify the tail of ``dist`` on ``side`` (+1 right, -1 left); the support is unbounded there."""
+    discrete = is_discrete(dist)
+    unit = max(scale, 1.0) if discrete else scale
+    offsets = unit * 2.0 ** TAIL_PROBE_POWERS
+    x = mean + side * offsets
+    if discrete:
+        x = np.round(x)
+    ref = np.round(mean) if discrete else mean
+    ell = neg_log_density(dist, x)
+    ell_ref = neg_log_density(dist, np.array([ref]))[0]
+    if not np.isfinite(ell_ref):
+        finite = ell[np.isfinite(ell)]
+        ell_ref = float(finite.min()) if finite.size else 0.0
+    delta = ell - ell_ref
+    dist_from_mean = np.abs(x - mean)
+    good = np.flatnonzero(np.isfinite(delta) & (delta > 0))
+    # use the outermost pair of consecutive probes with a finite, positive excess
+    pair = None
+    for i in good[::-1]:
+        if i - 1 in good:
+            pair = (i - 1, i)
+            break
+    if pair is None:
+        if np.isinf(ell[-1]) and np.isfinite(ell[0]):
+            # the density vanishes in the far tail: lighter than any Gaussian
+            return Tail(beta=np.inf, rate=np.inf, s2=0.0)
+        # no decay measurable (flat or increasing density far out): treat as heavy
+        return Tail(beta=0.0, rate=0.0, s2=np.inf)
+    i, j = pair
+    beta = math.log(delta[j] / delta[i]) / math.log(dist_from_mean[j] / dist_from_mean[i])
+    rate = (ell[j] - ell[i]) / (dist_from_mean[j] - dist_from_mean[i])
+    if beta < 2.0 - TAIL_TOL:
+        return Tail(beta=beta, rate=rate, s2=np.inf)
+    if beta > 2.0 + TAIL_TOL:
+        return Tail(beta=beta, rate=rate, s2=0.0)
+    # Gaussian-like tail: the curvature of -log density gives lim 2K/lambda^2 = 1/ell''
+    xc = x[j]
+    h = max(1.0, round(dist_from_mean[j] / 64.0)) if discrete else dist_from_mean[j] / 64.0
+    def curvature(xc: float, h: float) -> float:
+        e3 = neg_log_density(dist, np.array([xc - h, xc, xc + h]))
+        return (e3[0] - 2.0 * e3[1] + e3[2]) / h**2
+
+    far = curvature(x[j], h)
+    near = curvature(x[i], max(1.0, round(h / 2.0)) if discrete else h / 2.0)
+    if not (np.isfinite(far) and far > 0):
+        return Tail(beta=beta, rate=rate, s2=np.inf)
+    # ell'' = 1/s2 + c/x^2 (e.g. a log x term): Richardson's step between x and 2x removes c
+    extrapolated = (4.0 * far - near) / 3.0 if np.isfinite(near) else far
+    second = extrapolated if extrapolated > 0 else far
+    return Tail(beta=beta, rate=rate, s2=1.0 / second)
+
+
+def both_tails(dist, mean: float, scale: float) -> dict[int, Tail | None]:
+    lower, upper = dist.support()
+    return {
+        +1: side_tail(dist, +1, mean, scale) if np.isinf(upper) else None,
+        -1: side_tail(dist, -1, mean, scale) if np.isinf(lower) else None,
+    }
+
+
+class Nodes(NamedTuple):
+    y: np.ndarray  # centred nodes, x - mean (mean taken over the nodes themselves)
+    logw: np.ndarray  # log probability weights, logsumexp(logw) = 0
+    mean: float  # mean over the nodes (the centring used)
+    var: float  # variance over the nodes
+
+
+def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
+    keep = np.isfinite(logw) & np.isfinite(x)
+    x, logw = x[keep], logw[keep]
+    if x.size == 0:
+        raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
+    total = special.logsumexp(logw)
+    if abs(math.expm1(total)) > 1e-6:
+        warnings.warn(
+            f"quadrature of the {what} recovers a total mass of {math.exp(total):.8g}, not 1; "
+            f"results may be inaccurate (a density with a strong singularity or a very narrow peak?)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    logw = logw - total
+    w = np.exp(logw)
+    live = w > 0  # far nodes with underflowing weight must not meet x**2 = inf (0 * inf)
+    mean = float(np.dot(w[live], x[live]))
+    y = x - mean
+    y = y - float(np.dot(w[live], y[live]))  # second pass removes the rounding of the first
+    var = float(np.dot(w[live], y[live] ** 2))
+    return Nodes(y=y, logw=logw, mean=mean, var=var)
+
+
+def max_tilt(y: np.ndarray, lam_range: tuple[float, float]) -> np.ndarray:
+    """Largest lambda * y over lambda in [-lam_range[0], lam_range[1]], node by node."""
+    return lam_range[1] * np.maximum(y, 0.0) + lam_range[0] * np.maximum(-y, 0.0)
+
+
+def prune(nodes: Nodes, tilt: np.ndarray) -> Nodes:
+    """Keep the nodes whose tilted log-weight ``logw + tilt`` is above -60.
+
+    With ``tilt >= lam * y`` for every lambda used, each dropped term adds less than e^-60 (1e-26) to
+    E e^{lam Y} >= 1, far below double precision even summed over thousands of nodes.
+    """
+    keep = nodes.logw + tilt > -60.0
+    return nodes._replace(y=nodes.y[keep], logw=nodes.logw[keep])
+
+
+def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> float:
+    """Far end of the lattice on ``side`` where the pmf, tilted by ``e^{lam_abs |k - mean|}``, has decayed.
+
+    ``lam_abs`` is the largest |lambda| pointing into this side.
+    """
+    start = math.floor(mean) if side > 0 else math.ceil(mean)
+    width = 64.0 * max(scale, 1.0)
+    half = MAX_LATTICE // 2 - 1  # each side gets at most half of the lattice budget
+    while True:
+        if width > half:
+            warnings.warn(
+                f"the lattice was truncated at {half} points from the mean; the tilted law may not "
+                f"have decayed there (|lambda| too large?)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return float(start + side * half)
+        end = math.ceil(mean + width) if side > 0 else math.floor(mean - width)
+        k = np.arange(min(start, end), max(start, end) + 1.0)
+        logp = -neg_log_density(dist, k)
+        tilted = logp + lam_abs * np.abs(k - mean)
+        edge, inner, edge_p = (
+            (tilted[-1], tilted[-2], logp[-1]) if side > 0 else (tilted[0], tilted[1], logp[0])
+        )
+        if edge < np.max(tilted) - 60.0 and edge < inner and edge_p < np.max(logp) - 2000.0:
+            return float(end)
+        width *= 2.0
+
+
+def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0)) -> Nodes:
+    """Weighted nodes of ``dist``.
+
+    ``lam_range = (largest |lambda| with lambda < 0, largest lambda > 0)`` matters only for discrete
+    laws with infinite support, whose lattice must reach where the tilted pmf has decayed.
+    """
+    lower, upper = (float(v) for v in dist.support())
+    scale = length_scale(dist, var)
+    if is_discrete(dist):
+        gen = dist.dist
+        if hasattr(gen, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
+            loc = lower - float(np.min(gen.xk))
+            x = np.asarray(gen.xk, dtype=float) + loc
+        else:
+            lo, hi = lower, upper
+            if np.isinf(lo):
+                lo = lattice_range(dist, mean, scale, -1, lam_range[0])
+            if np.isinf(hi):
+                hi = lattice_range(dist, mean, scale, +1, lam_range[1])
+            if hi - lo + 1 > MAX_LATTICE:
+                raise ValueError(
+                    f"the support of dist has {hi - lo + 1:.4g} points, more than {MAX_LATTICE}; "
+                    f"use a closed form or a smaller law"
+                )
+            x = np.arange(lo, hi + 1.0)
+        return finalise(x, -neg_log_density(dist, x), "discrete law")
+
+    points = [lower, *breakpoints(dist, lower, upper), upper]
+    xs, logws = [], []
+    for lo, hi in zip(points[:-1], points[1:]):
+        x, logjac = panel(lo, hi, mean, scale)
+        xs.append(x)
+        logws.append(logjac - neg_log_density(dist, x))
+    return finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
+
+
+def breakpoints(dist, lower: float, upper: float) -> list[float]:
+    """Interior points where a known family's density has a kink or a singularity."""
+    name = dist.dist.name
+    try:
+        shapes, loc, scale = dist.dist._parse_args(*dist.args, **dist.kwds)
+    except Exception:  # pragma: no cover - a user-defined generator with unusual arguments
+        return []
+    shapes = [float(np.asarray(v)) for v in shapes]
+    loc, scale = float(np.asarray(loc)), float(np.asarray(scale))
+    if name == "triang":
+        pts = [loc + shapes[0] * scale]
+    elif name == "trapezoid":
+        pts = [loc + shapes[0] * scale, loc + shapes[1] * scale]
+    elif name in ("laplace", "laplace_asymmetric", "dweibull", "dgamma", "gennorm", "dpareto_lognorm"):
+        pts = [loc]
+    else:
+        pts = []
+    return sorted(p for p in set(pts) if lower < p < upper)
+
+
+def panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Double-exponential nodes and log-weights (step times Jacobian) on one panel [lo, hi].
+
+    tanh-sinh on a finite panel, exp-sinh on a half line, sinh-sinh on the whole line; the nodes
+    reach e^-700 of the panel length from a finite end and e^600 scales into an infinite one.
+    """
+    half_pi = 0.5 * math.pi
+    if np.isfinite(lo) and np.isfinite(hi):
+        h = H_BOUNDED
+        tmax = math.asinh(350.0 / half_pi)
+        t = np.arange(-tmax, tmax + h / 2, h)
+        u = half_pi * np.sinh(t)
+        length = hi - lo
+        frac = special.expit(-2.0 * np.abs(u))  # 1 / (1 + e^{2|u|}): distance to the nearer end
+        x = np.where(t < 0, lo + length * frac, hi - length * frac)
+        logjac = math.log(length / 2.0) + math.log(half_pi) + np.log(np.cosh(t)) - 2.0 * log_cosh(u)
+        inside = (x > lo) & (x < hi)
+    elif np.isinf(lo) and np.isinf(hi):
+        h = H_UNBOUNDED
+        tmax = math.asinh(600.0 / half_pi)
+        t = np.arange(-tmax, tmax + h / 2, h)
+        u = half_pi * np.sinh(t)
+        with np.errstate(over="ignore"):
+            x = centre + scale * np.sinh(u)
+        logjac = math.log(scale) + log_cosh(u) + math.log(half_pi) + np.log(np.cosh(t))
+        inside = np.isfinite(x)
+    else:
+        h = H_UNBOUNDED
+        tmax = math.asinh(600.0 / half_pi)
+        t = np.arange(-tmax, tmax + h / 2, h)
+        u = half_pi * np.sinh(t)
+        origin, side = (lo, +1.0) if np.isfinite(lo) else (hi, -1.0)
+        with np.errstate(over="ignore"):
+            x = origin + side * scale * np.exp(u)
+        logjac = math.log(scale) + u + math.log(half_pi) + np.log(np.cosh(t))
+        inside = np.isfinite(x) & (x != origin)
+    return x[inside], math.log(h) + logjac[inside]
+
+
+def cgf_nodes(nodes: Nodes, lam: np.ndarray) -> np.ndarray:
+    """K(lambda) = log(1 + E[e^{lam Y} - 1 - lam Y]) over the nodes, for a 1-D array ``lam``."""
+    out = np.empty(lam.shape, dtype=float)
+    step = max(1, CHUNK_ELEMENTS // max(1, nodes.y.size))
+    for s in range(0, lam.size, step):
+        lc = lam[s : s + step]
+        terms = nodes.logw[None, :] + log_phi(lc[:, None] * nodes.y[None, :])
+        out[s : s + step] = np.logaddexp(0.0, logsumexp_rows(terms))
+    return out
+
+
+def maximise_side(nodes: Nodes, lam_lo: float, lam_hi: float, side: int) -> tuple[float, float, bool]:
+    """max over lam in [lam_lo, lam_hi] (times ``side``) of 2K/lam^2: (value, argmax, at_upper_end)."""
+    grid = side * np.geomspace(lam_lo, lam_hi, GRID_POINTS)
+    prof = 2.0 * cgf_nodes(nodes, grid) / grid**2
+    i = int(np.argmax(prof))
+
+    def neg_profile(v: float) -> float:
+        lam = side * math.exp(v)
+        return -2.0 * float(cgf_nodes(nodes, np.array([lam]))[0]) / lam**2
+
+    lo_i, hi_i = max(i - 1, 0), min(i + 1, grid.size - 1)
+    bounds = (math.log(abs(grid[lo_i])), math.log(abs(grid[hi_i])))
+    res = optimize.minimize_scalar(
+        neg_profile, bounds=bounds, method="bounded", options={"xatol": 1e-11}
+    )
+    best_val, best_lam = float(prof[i]), float(grid[i])
+    if -res.fun > best_val:
+        best_val, best_lam = float(-res.fun), side * math.exp(res.x)
+    return best_val, best_lam, i == grid.size - 1

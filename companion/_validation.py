@@ -1,0 +1,240 @@
+"""Argument checks shared by the public functions of the package (package-internal).
+
+The split follows scipy: a public function checks its arguments with the functions here
+(one implementation, one wording of each error message) and then calls private code that
+computes.  Nothing here computes a result of the book; everything raises ``TypeError`` for a
+wrong kind of argument and ``ValueError`` for a right kind with a wrong value.
+
+The module depends on numpy and scipy only, so every layer of the package may use it.  Its
+names carry no underscore because other companion modules import them; the module itself is
+private (``companion._validation``), not part of the reader-facing API.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+from scipy import stats
+
+
+def is_int(v) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def is_real(v) -> bool:
+    """A real number (Python or numpy, integers included), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def check_int(value, name: str, minimum: int | None = None) -> int:
+    """``value`` as an ``int``; TypeError unless an integer, ValueError if below ``minimum``."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_real(value, name: str, *, lo: float | None = None, lo_open: bool = False,
+               hi: float | None = None, hi_open: bool = False) -> float:
+    """``value`` as a finite ``float`` in the interval given by ``lo``/``hi`` (closed unless
+    ``lo_open``/``hi_open``)."""
+    if not is_real(value):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        raise ValueError(f"{name} must be {'<' if hi_open else '<='} {hi}, got {v}")
+    return v
+
+
+def as_float64(x, name: str) -> np.ndarray:
+    """Convert a numpy array, torch tensor or nested sequence to a float64 numpy array."""
+    if x is None:
+        raise TypeError(f"{name} must be an array or tensor, got None")
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
+        x = x.detach().cpu()
+        if getattr(x, "is_complex", lambda: False)():
+            raise TypeError(f"{name} must be real-valued, got a complex tensor")
+        x = x.double().numpy()
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise TypeError(f"{name} could not be converted to an array: {exc}") from exc
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.floating)
+        or np.issubdtype(arr.dtype, np.integer)
+        or np.issubdtype(arr.dtype, np.bool_)
+    ):
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def freeze(dist, name: str = "dist"):
+    """``dist`` frozen: an unfrozen scipy.stats distribution that needs no shape parameter
+    (``scipy.stats.norm``, ``scipy.stats.expon``, ``scipy.stats.rv_discrete(values=...)``) becomes
+    ``dist()`` with its default ``loc``/``scale``; anything else is returned unchanged.
+
+    TypeError for an unfrozen distribution that needs shape parameters (``scipy.stats.bernoulli``
+    needs ``p``): only the caller knows their values.
+    """
+    if isinstance(dist, (stats.rv_continuous, stats.rv_discrete)):
+        if dist.numargs:
+            label = f"scipy.stats.{dist.name}" if getattr(stats, str(dist.name), None) is dist else "this distribution"
+            example = ", ".join(f"{s.strip()}=..." for s in (dist.shapes or "").split(","))
+            raise TypeError(
+                f"{name} must be a frozen scipy.stats distribution: {label} is unfrozen and needs "
+                f"its shape parameter(s) {dist.shapes}; freeze it with its parameters, e.g. "
+                f"{label}({example})"
+            )
+        return dist()
+    return dist
+
+
+def check_dist(dist, name: str = "dist"):
+    """``dist`` as a frozen scipy.stats distribution with scalar, valid parameters
+    (see :func:`freeze` for the unfrozen ones that are accepted)."""
+    dist = freeze(dist, name)
+    gen = getattr(dist, "dist", None)
+    if not isinstance(gen, (stats.rv_continuous, stats.rv_discrete)) or not callable(
+        getattr(dist, "support", None)
+    ):
+        raise TypeError(
+            f"{name} must be a frozen scipy.stats distribution, e.g. scipy.stats.norm(0, 1), "
+            f"scipy.stats.bernoulli(0.1) or scipy.stats.rv_discrete(values=(xk, pk))(); "
+            f"got {type(dist).__name__}"
+        )
+    with np.errstate(all="ignore"):
+        lower, upper = dist.support()
+    if np.ndim(lower) != 0 or np.ndim(upper) != 0:
+        raise ValueError(
+            f"{name} has array-valued parameters; freeze one distribution at a time "
+            f"(e.g. scipy.stats.norm(0, 1), not scipy.stats.norm([0, 1]))"
+        )
+    if np.isnan(lower) or np.isnan(upper):
+        raise ValueError(
+            f"{name} has invalid parameters (scipy reports a NaN support); check its shape, loc "
+            f"and scale arguments"
+        )
+    return dist
+
+
+
+def as_real_array(x, name: str) -> np.ndarray:
+    if isinstance(x, (str, bytes)) or (np.ndim(x) == 0 and isinstance(x, (bool, np.bool_))):
+        raise TypeError(f"{name} must be a real number or an array of real numbers; got {x!r}")
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{name} must be array-like of real numbers ({exc})") from None
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise TypeError(
+            f"{name} must be a real number or an array of real numbers; got dtype {arr.dtype}"
+        )
+    return arr.astype(float)
+
+
+
+def check_t(t) -> np.ndarray:
+    arr = as_real_array(t, "t")
+    if np.isnan(arr).any():
+        raise ValueError("t contains NaN; pass thresholds t >= 0")
+    if (arr < 0).any():
+        raise ValueError(f"t must be >= 0 (a distance from the mean); got min(t) = {arr.min():.4g}")
+    return arr
+
+
+
+def check_sigma2(sigma2, name: str = "sigma2") -> np.ndarray:
+    arr = as_real_array(sigma2, name)
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN; pass a variance proxy > 0")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite; an infinite proxy gives no bound")
+    if (arr <= 0).any():
+        raise ValueError(f"{name} must be > 0 (a variance proxy); got min({name}) = {arr.min():.4g}")
+    return arr
+
+
+
+def check_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {value!r}")
+    return bool(value)
+
+
+
+def is_discrete(dist) -> bool:
+    return isinstance(dist.dist, stats.rv_discrete)
+
+
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+
+def integer_counts(name: str, N) -> np.ndarray:
+    """``N`` as an integer array, all >= 1 (int64, uint64, or object for Python ints beyond
+    64 bits)."""
+    arr = np.asarray(N)
+    if arr.dtype == object:  # Python ints beyond the 64-bit range
+        flat = arr.ravel().tolist()
+        if flat and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in flat):
+            if min(flat) < 1:
+                raise ValueError(f"{name} must be >= 1, got min({name}) = {min(flat)}")
+            return arr
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"{name} must be a positive integer (number of rows) or an array of them, got "
+            f"{type(N).__name__} (dtype {arr.dtype}); write e.g. 10**6 rather than 1e6"
+        )
+    if arr.size and (arr < 1).any():
+        raise ValueError(f"{name} must be >= 1, got min({name}) = {int(arr.min())}")
+    return arr
+
+
+
+def row_counts(name: str, N) -> np.ndarray:
+    """``N`` as a positive int64 array (a scalar or array of integers) for the simulation."""
+    arr = integer_counts(name, N)
+    if arr.dtype == object or (arr.dtype == np.uint64 and arr.size and int(arr.max()) > INT64_MAX):
+        raise ValueError(
+            f"{name} = {int(np.max(arr))} exceeds the int64 range ({INT64_MAX:.3g}); a simulation "
+            "cannot draw that many rows (use the exact functions, which accept any N)"
+        )
+    return arr.astype(np.int64)
+
+
+
+def as_generator(rng) -> np.random.Generator:
+    if rng is None:
+        return np.random.default_rng()
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        if rng < 0:
+            raise ValueError(f"an integer rng seed must be >= 0, got {rng}")
+        return np.random.default_rng(int(rng))
+    raise TypeError(
+        f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
+        f"{type(rng).__name__} (for a legacy RandomState use np.random.default_rng(seed))"
+    )
+
+
+
+def checkpoints(N) -> tuple[np.ndarray, bool]:
+    """Sorted sample sizes at which counts are reported, and whether N was a scalar."""
+    arr = row_counts("N", N)
+    if arr.ndim > 1:
+        raise ValueError(f"N must be an integer or a 1-D increasing sequence of integers, got shape {arr.shape}")
+    if arr.ndim == 1:
+        if arr.size == 0:
+            raise ValueError("N is an empty sequence; pass at least one sample size")
+        if (np.diff(arr) <= 0).any():
+            raise ValueError(f"the sample sizes in N must be strictly increasing, got {arr.tolist()}")
+    return np.atleast_1d(arr), arr.ndim == 0

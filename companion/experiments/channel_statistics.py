@@ -1,0 +1,68 @@
+"""The ``channel_statistics`` experiment: residual-stream channel statistics of a real model.
+
+Reads English text from :mod:`companion.corpus` and streams :func:`companion.probes.channel_statistics`
+over it, on any model :func:`companion.models.load` knows.  The defaults are the small CPU
+configuration used in the chapters; the CLI runs larger ones, e.g.::
+
+    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 --device cuda
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from companion._validation import check_int
+from companion.experiments import register
+
+__all__ = ["ChannelStatisticsExperiment"]
+
+
+@register("channel_statistics", schema=1)
+@dataclass(frozen=True)
+class ChannelStatisticsExperiment:
+    """Per-layer, per-channel mean, variance, extremes and counts C_j(t) over corpus sentences.
+
+    Attributes
+    ----------
+    model : str
+        A name for :func:`companion.models.load`.
+    n_texts, min_words, max_words : int
+        The first ``n_texts`` corpus sentences with ``min_words``-``max_words`` words.
+    max_length : int
+        Token truncation.
+    batch_size : int
+    thresholds : tuple of float
+        The ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``.
+    skip_first : bool
+        Exclude the first token of each text (where massive activations sit).
+    dtype : str
+        Weights' floating-point type (``"float32"``; ``"bfloat16"`` for large models on a GPU).
+
+    Notes
+    -----
+    Result arrays: ``mean``, ``var``, ``min``, ``max``, ``max_abs`` ``[L+1, d]``; ``counts``
+    ``[L+1, len(thresholds), d]``; ``thresholds``.  Scalars: ``n_tokens``, ``n_texts`` and the
+    model's description (``n_layers``, ``d_model``, ``placement``, ``norm`` ...).
+    """
+
+    model: str = "smollm2-135m"
+    n_texts: int = 64
+    min_words: int = 8
+    max_words: int = 40
+    max_length: int = 64
+    batch_size: int = 16
+    thresholds: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+    skip_first: bool = False
+    dtype: str = "float32"
+
+    def compute(self, device, progress):
+        from companion import models, probes
+        from companion.corpus import corpus_sentences
+
+        check_int(self.n_texts, "n_texts", 1)
+        check_int(self.batch_size, "batch_size", 1)
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
+        st = probes.channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
+                                       max_length=self.max_length, skip_first=self.skip_first, progress=progress)
+        return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **m.facts()}

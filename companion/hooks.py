@@ -1,0 +1,85 @@
+"""One way to hook a model: attach PyTorch hooks for a ``with`` block, always remove them.
+
+Every capture, injection, quantisation and pruning site of the package goes through
+:func:`hooks` (in the spirit of TransformerLens's ``model.hooks(...)``): the hooks sit on the
+real modules (nothing is folded or rewritten), and they are removed when the block ends, also
+when it ends with an exception, so a model never keeps a stray hook.
+
+>>> import torch
+>>> lin = torch.nn.Linear(2, 2)
+>>> seen = []
+>>> with hooks(forward={lin: lambda mod, args, out: seen.append(out.shape)}):
+...     _ = lin(torch.zeros(3, 2))
+>>> seen, len(lin._forward_hooks)
+([torch.Size([3, 2])], 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["hooks"]
+
+HookSpec = Mapping[torch.nn.Module, Callable] | Iterable[tuple[torch.nn.Module, Callable]]
+
+
+def _pairs(spec, label: str) -> list[tuple[torch.nn.Module, Callable]]:
+    if spec is None:
+        return []
+    items = list(spec.items() if isinstance(spec, Mapping) else spec)
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(f"{label} must be a mapping module -> hook or pairs (module, hook), got {item!r}")
+        module, fn = item
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"{label}: hooks attach to torch.nn.Module objects, got {type(module).__name__}")
+        if not callable(fn):
+            raise TypeError(f"{label}: the hook for {type(module).__name__} is not callable")
+    return items
+
+
+@contextmanager
+def hooks(forward: HookSpec | None = None, pre: HookSpec | None = None, *,
+          forward_with_kwargs: bool = False, pre_with_kwargs: bool = False) -> Iterator[list]:
+    """Attach forward and forward-pre hooks for the duration of a ``with`` block.
+
+    Parameters
+    ----------
+    forward : mapping ``{module: fn}`` or iterable of ``(module, fn)``, optional
+        Forward hooks, ``fn(module, args, output)`` (``fn(module, args, kwargs, output)`` with
+        ``forward_with_kwargs``); a non-``None`` return value replaces the output.
+    pre : mapping ``{module: fn}`` or iterable of ``(module, fn)``, optional
+        Forward-pre hooks, ``fn(module, args)`` (``fn(module, args, kwargs)`` with
+        ``pre_with_kwargs``); a non-``None`` return value replaces the inputs.
+    forward_with_kwargs, pre_with_kwargs : bool
+        Passed to ``register_forward_hook`` / ``register_forward_pre_hook`` as ``with_kwargs``.
+
+    Yields
+    ------
+    list of torch.utils.hooks.RemovableHandle
+        The handles, pre hooks first, each group in the order given.
+
+    Raises
+    ------
+    TypeError
+        If an entry is not a ``(torch.nn.Module, callable)`` pair.
+
+    Notes
+    -----
+    The hooks are removed when the block exits, normally or by an exception, and also when
+    attaching a later hook fails.
+    """
+    pre_pairs, fwd_pairs = _pairs(pre, "pre"), _pairs(forward, "forward")
+    handles: list = []
+    try:
+        for module, fn in pre_pairs:
+            handles.append(module.register_forward_pre_hook(fn, with_kwargs=pre_with_kwargs))
+        for module, fn in fwd_pairs:
+            handles.append(module.register_forward_hook(fn, with_kwargs=forward_with_kwargs))
+        yield handles
+    finally:
+        for h in handles:
+            h.remove()

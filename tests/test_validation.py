@@ -1,0 +1,86 @@
+"""companion._validation: the shared argument checks, and unfrozen scipy distributions.
+
+Every public function that takes a distribution accepts an unfrozen one that needs no shape
+parameter (frozen with its defaults, ``dist()``) and gives the same numbers as for ``dist()``;
+an unfrozen one that needs shape parameters raises a TypeError that says to freeze it.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from companion import concentration as conc
+from companion import tails
+from companion._validation import check_dist, check_int, check_real, freeze, is_int, is_real
+
+RV_SAMPLE = stats.rv_discrete(values=([-1, 0, 2], [0.25, 0.5, 0.25]))
+
+
+@pytest.mark.parametrize("gen", [stats.norm, stats.expon, stats.uniform, RV_SAMPLE])
+def test_unfrozen_without_shapes_is_frozen_with_defaults(gen):
+    frozen = freeze(gen)
+    assert frozen.dist.name == gen.name and frozen.args == () and frozen.kwds == {}
+    assert check_dist(gen).mean() == gen().mean()
+
+
+def test_frozen_and_other_values_pass_through_freeze():
+    d = stats.norm(1.0, 2.0)
+    assert freeze(d) is d
+    assert freeze(3.0) == 3.0
+
+
+@pytest.mark.parametrize("gen, shapes", [(stats.bernoulli, "p"), (stats.gamma, "a"), (stats.beta, "a, b")])
+def test_unfrozen_with_shapes_raises_type_error_saying_to_freeze(gen, shapes):
+    with pytest.raises(TypeError, match=r"frozen scipy.stats distribution.*needs its shape") as info:
+        check_dist(gen, "dist")
+    msg = str(info.value)
+    assert f"scipy.stats.{gen.name}" in msg and shapes in msg and "freeze it with its parameters" in msg
+
+
+@pytest.mark.parametrize("func", [
+    tails.optimal_variance_proxy,
+    tails.psi2_norm,
+    lambda d: tails.log_mgf(d, [0.5, 1.0]),
+    lambda d: tails.proxy_profile(d, [0.5, 1.0]),
+    lambda d: conc.subexponential_nu2(d, 2.0),
+    lambda d: conc.psi1_norm(d),
+])
+@pytest.mark.parametrize("gen", [stats.norm, stats.expon, RV_SAMPLE])
+def test_public_functions_accept_unfrozen_without_shapes(func, gen):
+    a, b = func(gen), func(gen())
+    np.testing.assert_array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+
+
+@pytest.mark.parametrize("func", [
+    tails.optimal_variance_proxy, tails.psi2_norm, conc.psi1_norm,
+    lambda d: conc.subexponential_nu2(d, 2.0),
+    lambda d: tails.monte_carlo_tail(d, 1.0, 10, np.random.default_rng(0)),
+])
+def test_public_functions_reject_unfrozen_with_shapes(func):
+    with pytest.raises(TypeError, match="freeze it with its parameters"):
+        func(stats.bernoulli)
+
+
+def test_monte_carlo_tail_accepts_unfrozen_norm():
+    p = tails.monte_carlo_tail(stats.norm, [1.0], 20_000, np.random.default_rng(0))
+    q = tails.monte_carlo_tail(stats.norm(), [1.0], 20_000, np.random.default_rng(0))
+    assert p[0] == q[0]
+
+
+def test_scalar_checks():
+    assert is_int(np.int64(3)) and not is_int(True) and not is_int(3.0)
+    assert is_real(2) and is_real(np.float32(1.5)) and not is_real(False)
+    assert check_int(np.int32(4), "n", 1) == 4 and type(check_int(np.int32(4), "n")) is int
+    with pytest.raises(TypeError, match="n must be an integer, got bool"):
+        check_int(True, "n")
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        check_int(0, "n", 1)
+    assert check_real(1, "x") == 1.0
+    with pytest.raises(ValueError, match="x must be finite"):
+        check_real(math.inf, "x")
+    with pytest.raises(ValueError, match="x must be > 0, got 0.0"):
+        check_real(0, "x", lo=0, lo_open=True)
+    with pytest.raises(ValueError, match="x must be <= 1, got 2.0"):
+        check_real(2, "x", hi=1)
