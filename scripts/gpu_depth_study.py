@@ -8,12 +8,13 @@ network, no model packages.  Usage::
     python scripts/gpu_depth_study.py --tiny --device cpu --out /tmp/x   # seconds (the test)
     python scripts/gpu_depth_study.py --set steps=500       # any DepthStudy field
 
-Sizing (measured on the CPU-size run, float64, one core; stated in the chapter *The depth
-study*): training costs about 6 ms per step per layer at width 32 with 8 x 64 bytes per step,
-i.e. about 6 * 512 * 12 * 32**2 ~ 38 MFLOP per layer-step, ~6 GFLOP/s.  GPU_CONFIG (width 128,
-32 x 128 bytes per step, 1000 steps) costs 6 * 4096 * 12 * 128**2 ~ 4.8 GFLOP per layer-step
-(+ ~25% attention), and the family has 3 * (4 + 8 + 16 + 32 + 64) = 372 layers: 372 * 1000 *
-6 GFLOP ~ 2.2 PFLOP, i.e. ~3 min at an effective 12 TFLOP/s (float32 without tensor cores on an
+Sizing (from the stored CPU-size run, float64, one core of a shared 2-core machine; printed in
+the chapter *The depth study*, section 6): training took 46 min of wall time for 372 layers x 300
+steps, 25 ms per layer-step of wall time, about 7.5 ms of CPU time (the run had ~30% of a core),
+for 3 * 512 * (24 * 32**2 + 2 * 64 * 32) ~ 44 MFLOP per layer-step: ~2-6 GFLOP/s.  GPU_CONFIG
+(width 128, 32 x 128 bytes per step, 1000 steps) costs 3 * 4096 * (24 * 128**2 + 2 * 128 * 128)
+~ 5.2 GFLOP per layer-step, and the family has 3 * (4 + 8 + 16 + 32 + 64) = 372 layers: 372 *
+1000 * 5.2 GFLOP ~ 1.9 PFLOP, i.e. ~3 min at an effective 12 TFLOP/s (float32 without tensor cores on an
 H100/H200, 20% of peak for these small matrices).  At this width a step is also bounded below
 by kernel launches (~45 launches per sublayer forward and backward, ~8 us each): 372 * 1000 *
 2 * 45 * 8 us ~ 4.5 min.  The measurements (forward passes only) add ~1 min: about 8 minutes in
