@@ -26,7 +26,7 @@ PORTABLE_PATHS ?= tests book
 .PHONY: help env book test test-package test-notebooks test-portable test-portable-ci test-explore benchmarks \
 	check-render lock clean
 .PHONY: help env book test test-package test-notebooks benchmarks check-render lock clean
-.PHONY: test-wheel test-lowest
+.PHONY: test-wheel test-lowest gpu-results
 
 help:
 	@echo "make env          create .venv and install the pinned environment (constraints.txt)"
@@ -39,6 +39,7 @@ help:
 	@echo "                  (light and dark theme)"
 	@echo "make pdf          typeset the whole book as a PDF (XeLaTeX) into _build/latex/book.pdf and check it"
 	@echo "make test-wheel   build the wheel, install it into a fresh venv, use it from outside the repo"
+	@echo "make gpu-results  the depth study at GPU size on cuda (scripts/gpu_depth_study.py), Result into OUT"
 	@echo "make test-lowest  package tests against the lowest declared versions (fresh .venv-lowest)"
 
 env: $(STAMP)
@@ -90,6 +91,12 @@ test-portable-ci: $(STAMP)
 # Hypothesis randomized with many examples over several seeds (CI runs the derandomized profile).
 test-explore: $(STAMP)
 	PYTHON=$(BIN)/python bash tests/explore_hypothesis.sh
+
+# The depth study at GPU size (scripts/gpu_depth_study.py): needs only the repository and PyTorch
+# with CUDA, no .venv and no network; writes the Result under $OUT (default: companion/data/results).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-results:
+	$(GPU_PYTHON) scripts/gpu_depth_study.py --device cuda --out "$${OUT:-companion/data/results}"
 
 benchmarks: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
