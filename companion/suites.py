@@ -344,7 +344,7 @@ def _valid_result(config, results_dir) -> Path | None:
             stored = xp.load_result(path)
         except ValueError:
             continue
-        if xp._stale_reason(stored, config) is None:
+        if xp.stale_reason(stored, config) is None:
             return path
     return None
 
@@ -483,7 +483,7 @@ def run_suite(
     if todo:
         for k in todo:  # fail before submitting anything if a Result could not be written
             target = store if store is not None else xp.cache_root()
-            xp._check_writable(target / entries[k].experiment)
+            xp.check_writable(target / entries[k].experiment)
         folder.mkdir(parents=True, exist_ok=True)
         ex = _executor(executor, folder, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args)
         wave = len(todo) if executor == "slurm" else (parallel or 1)

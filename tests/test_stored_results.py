@@ -36,7 +36,7 @@ def test_whole_corpus_statistics_are_stored_and_current(model):
     assert path.exists(), (f"missing {path}; create it with python -m companion run channel_statistics "
                            f"--model {model} ... --out companion/data/results (see the outliers chapter)")
     result = xp.load_result(path)
-    assert xp._stale_reason(result, cfg) is None
+    assert xp.stale_reason(result, cfg) is None
     # run_cached must return the stored Result (it would otherwise recompute for many minutes)
     def refuse(*args, **kwargs):
         raise AssertionError("run_cached tried to recompute a stored Result")

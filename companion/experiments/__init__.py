@@ -115,6 +115,8 @@ __all__ = [
     "stored_target",
     "cache_root",
     "add_checksums",
+    "check_writable",
+    "stale_reason",
     "StaleResultWarning",
     "CorruptResultWarning",
     "CorruptResultError",
@@ -764,7 +766,7 @@ def _pair_lock(json_path: Path):
             os.close(fd)
 
 
-def _check_writable(folder: Path) -> None:
+def check_writable(folder: Path) -> None:
     """Raise ValueError (before any work is done) if Results cannot be written into ``folder``."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -1058,7 +1060,21 @@ def add_checksums(path: str | Path) -> bool:
     return True
 
 
-def _stale_reason(result: Result, config) -> str | None:
+def stale_reason(result: Result, config) -> str | None:
+    """Why a stored ``result`` cannot stand for ``config`` (None if it can).
+
+    Parameters
+    ----------
+    result : Result
+        A loaded Result.
+    config
+        A registered experiment config.
+
+    Returns
+    -------
+    str or None
+        A short reason (another experiment, another schema, another config hash), or None.
+    """
     cls = type(config)
     if result.name != cls.experiment_name:
         return f"it belongs to experiment {result.name!r}"
@@ -1144,14 +1160,14 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
             except ValueError as exc:
                 warnings.warn(f"recomputing {type(config).experiment_name}: {exc}", StaleResultWarning, stacklevel=2)
                 continue
-            reason = _stale_reason(stored, config)
+            reason = stale_reason(stored, config)
             if reason is None:
                 logger.info("using the stored Result %s", path)
                 return stored
             warnings.warn(f"recomputing {type(config).experiment_name}: the Result at {path} is stale ({reason})",
                           StaleResultWarning, stacklevel=2)
     target = candidates[-1]
-    _check_writable(target / type(config).experiment_name)  # fail now, not after the computation
+    check_writable(target / type(config).experiment_name)  # fail now, not after the computation
     result = run(config, device=device, progress=progress)
     save_result(result, target)
     logger.info("saved %s", result.path)
