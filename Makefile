@@ -83,8 +83,9 @@ test-portable: $(STAMP)
 # CI's share of the portability check (time budget): the scalar `default` kernel set over the
 # tests and chapters whose outputs amplify rounding (training, fake quantisation, chaotic stacks,
 # exceedance counts).  The full `make test-portable` found no difference in the other chapters.
-PORTABLE_CI_PATHS := tests/test_determinism.py tests/test_framework.py book/three_effect_framework.ipynb \
-	book/signal_propagation.ipynb book/applications.ipynb book/outliers_real_models.ipynb
+PORTABLE_CI_PATHS := tests/test_determinism.py tests/test_framework.py tests/test_depth_study.py \
+	book/three_effect_framework.ipynb book/signal_propagation.ipynb book/applications.ipynb \
+	book/outliers_real_models.ipynb book/depth_study.ipynb
 test-portable-ci: $(STAMP)
 	$(MAKE) test-portable KERNEL_SETS=default PORTABLE_PATHS="$(PORTABLE_CI_PATHS)"
 
