@@ -6,6 +6,8 @@ objects; none calls ``plt.show()``.  The figure style is set once by
 
 * :func:`tail_curves` -- tail probabilities on a log scale: exact curves with zeros masked,
   bounds clipped at 1 (a probability);
+* :func:`counts` -- simulated counts (zeros masked) beside their expectation and bounds, on
+  log axes;
 * :func:`band` -- a profile with its interval as a shaded band (non-finite abscissae dropped);
 * :func:`interval_errorbars` -- estimates with asymmetric intervals ``[lo, hi]``;
 * :func:`depth_axis` -- a depth axis on a base-2 log scale with a tick at every depth;
@@ -19,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from companion._validation import as_float64, check_int, check_real
+from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["band", "depth_axis", "depth_colours", "finish", "interval_errorbars", "tail_curves"]
+__all__ = ["band", "counts", "depth_axis", "depth_colours", "finish", "interval_errorbars", "tail_curves"]
 
 
 def _check_axes(ax):
@@ -41,7 +43,7 @@ def _vector(x, name: str, size: int | None = None) -> np.ndarray:
     return arr
 
 
-def tail_curves(ax, t, exact=None, bounds=None, *, styles=None, lw_bound: float = 0.9):
+def tail_curves(ax, t, exact=None, bounds=None, *, lw_bound: float = 0.9, ms: float = 3):
     """Tail probabilities against ``t`` on a logarithmic y-axis.
 
     Parameters
@@ -49,14 +51,15 @@ def tail_curves(ax, t, exact=None, bounds=None, *, styles=None, lw_bound: float 
     ax : matplotlib.axes.Axes
     t : array_like, 1-D
         The abscissa.
-    exact : dict[str, array_like], optional
-        ``label -> values``: exact or simulated tails; zeros are masked (not drawn), as a log
-        scale cannot show them.
-    bounds : dict[str, array_like], optional
-        ``label -> values``: bounds, drawn as ``min(1, value)`` with thinner lines.
-    styles : dict[str, str], optional
-        ``label -> matplotlib format string`` (e.g. ``"C0--"``); default: the colour cycle,
-        solid for exact curves and dashed for bounds.
+    exact : dict, optional
+        ``label -> values`` or ``label -> (values, fmt)``: exact or simulated tails; zeros are
+        masked (not drawn), as a log scale cannot show them.  ``fmt`` is a matplotlib format
+        string such as ``"C0"`` or ``"ko"``; default: the next colour, solid.
+    bounds : dict, optional
+        The same for bounds, drawn as ``min(1, value)`` with lines of width ``lw_bound``;
+        default format: the next colour, dashed.
+    ms : float
+        Marker size, for formats with markers.
 
     Returns
     -------
@@ -65,25 +68,60 @@ def tail_curves(ax, t, exact=None, bounds=None, *, styles=None, lw_bound: float 
     """
     _check_axes(ax)
     t = _vector(t, "t")
-    styles = {} if styles is None else dict(styles)
     lw_bound = check_real(lw_bound, "lw_bound", lo=0.0, lo_open=True)
+    ms = check_real(ms, "ms", lo=0.0)
     lines = []
     for kind, curves in (("exact", exact), ("bounds", bounds)):
         if curves is None:
             continue
         if not isinstance(curves, dict):
             raise TypeError(f"{kind} must be a dict label -> values, got {type(curves).__name__}")
-        for label, values in curves.items():
+        for label, entry in curves.items():
+            values, fmt = entry if isinstance(entry, tuple) else (entry, None)
+            if fmt is not None and not isinstance(fmt, str):
+                raise TypeError(f"the format of {kind}[{label!r}] must be a string, got "
+                                f"{type(fmt).__name__}")
             y = _vector(values, f"{kind}[{label!r}]", t.size)
             if kind == "exact":
                 y = np.where(y > 0, y, np.nan)
-                fmt, kw = styles.get(label, "-"), {}
+                fmt, kw = fmt or "-", {}
             else:
                 y = np.minimum(1.0, y)
-                fmt, kw = styles.get(label, "--"), {"lw": lw_bound}
-            lines.extend(ax.semilogy(t, y, fmt, label=label, **kw))
+                fmt, kw = fmt or "--", {"lw": lw_bound}
+            lines.extend(ax.semilogy(t, y, fmt, label=label, ms=ms, **kw))
     if not lines:
         raise ValueError("tail_curves needs at least one curve in exact or bounds")
+    return lines
+
+
+def counts(ax, x, simulated=None, expected=None, *, upper=None, lower=None, color=None,
+           label=None, fmt: str = "o", ms: float = 3, loglog: bool = False):
+    """Counts against ``x`` on a log y-axis (log-log if ``loglog``), in one colour.
+
+    ``simulated`` is drawn with ``fmt`` (zeros masked: a log axis cannot show them),
+    ``expected`` as a solid line, ``upper`` dashed and ``lower`` dotted where it is positive.
+    ``label`` goes to the first curve drawn; ``color`` defaults to the next colour of the cycle.
+    Returns the list of ``Line2D`` drawn, in the order simulated, expected, upper, lower.
+    """
+    _check_axes(ax)
+    x = _vector(x, "x")
+    loglog = check_bool(loglog, "loglog")
+    draw = ax.loglog if loglog else ax.semilogy
+    lines = []
+    for name, values, style, kw in (("simulated", simulated, fmt, {"ms": ms}),
+                                    ("expected", expected, "-", {"lw": 1}),
+                                    ("upper", upper, "--", {"lw": 1}),
+                                    ("lower", lower, ":", {"lw": 1.5})):
+        if values is None:
+            continue
+        y = _vector(values, name, x.size)
+        keep = y > 0 if name in ("simulated", "lower") else np.ones(x.size, bool)
+        xs, ys = (x, np.where(keep, y, np.nan)) if name == "simulated" else (x[keep], y[keep])
+        colour = color if color is not None or not lines else lines[0].get_color()
+        line, = draw(xs, ys, style, color=colour, label=None if lines else label, **kw)
+        lines.append(line)
+    if not lines:
+        raise ValueError("counts needs at least one of simulated, expected, upper, lower")
     return lines
 
 

@@ -26,8 +26,7 @@ def test_tail_curves_masks_zeros_and_clips_bounds(ax):
     t = np.linspace(0, 5, 11)
     exact = np.exp(-t)
     exact[-2:] = 0.0
-    lines = plots.tail_curves(ax, t, {"exact": exact}, {"bound": 3 * np.exp(-t / 2)},
-                              styles={"bound": "k:"})
+    lines = plots.tail_curves(ax, t, {"exact": exact}, {"bound": (3 * np.exp(-t / 2), "k:")})
     assert len(lines) == 2 and all(isinstance(line, Line2D) for line in lines)
     assert len(ax.get_lines()) == 2 and ax.get_yscale() == "log"
     y_exact, y_bound = (line.get_ydata() for line in lines)
@@ -47,6 +46,8 @@ def test_tail_curves_rejects_bad_input(ax):
         plots.tail_curves(ax, t, [np.ones(5)])
     with pytest.raises(TypeError, match="Axes"):
         plots.tail_curves(None, t, {"a": np.ones(5)})
+    with pytest.raises(TypeError, match="format"):
+        plots.tail_curves(ax, t, {"a": (np.ones(5), 3)})
     with pytest.raises(ValueError, match="one-dimensional"):
         plots.tail_curves(ax, np.ones((2, 2)), {"a": np.ones(4)})
 
@@ -116,3 +117,27 @@ def test_importing_plots_does_not_load_matplotlib_pyplot():
     code = "import sys, companion.plots; print('matplotlib.pyplot' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_counts_draws_each_curve_in_one_colour(ax):
+    n = np.array([10.0, 100.0, 1000.0, 10000.0])
+    sim = np.array([0.0, 3.0, 40.0, 390.0])
+    lines = plots.counts(ax, n, sim, 0.04 * n, upper=0.05 * n, lower=0.03 * n - 1,
+                         label="mu = 2", loglog=True)
+    assert len(lines) == 4 and len(ax.get_lines()) == 4
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert np.isnan(lines[0].get_ydata()[0]) and len(lines[0].get_ydata()) == 4
+    assert len(lines[3].get_xdata()) == 3          # the lower bound only where positive
+    assert len({line.get_color() for line in lines}) == 1
+    assert [line.get_label() for line in lines][0] == "mu = 2"
+    assert [line.get_linestyle() for line in lines[1:]] == ["-", "--", ":"]
+
+
+def test_counts_rejects_bad_input(ax):
+    n = np.arange(1.0, 4.0)
+    with pytest.raises(ValueError, match="at least one"):
+        plots.counts(ax, n)
+    with pytest.raises(ValueError, match="3 entries"):
+        plots.counts(ax, n, np.ones(2))
+    with pytest.raises(TypeError, match="loglog"):
+        plots.counts(ax, n, np.ones(3), loglog="yes")
