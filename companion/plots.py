@@ -12,18 +12,22 @@ objects; none calls ``plt.show()``.  The figure style is set once by
 * :func:`interval_errorbars` -- estimates with asymmetric intervals ``[lo, hi]``;
 * :func:`depth_axis` -- a depth axis on a base-2 log scale with a tick at every depth;
 * :func:`depth_colours` -- one viridis colour per depth, shallow to deep;
-* :func:`finish` -- the figure's title and a tight layout.
+* :func:`finish` -- the figure's title and a tight layout;
+* :func:`table` -- an aligned text table (header right-aligned over formatted columns).
 
 Matplotlib is imported inside the functions, so importing the package never loads it.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["band", "counts", "depth_axis", "depth_colours", "finish", "interval_errorbars", "tail_curves"]
+__all__ = ["band", "counts", "depth_axis", "depth_colours", "finish", "interval_errorbars", "table",
+           "tail_curves"]
 
 
 def _check_axes(ax):
@@ -191,3 +195,36 @@ def finish(fig, title: str | None = None, *, fontsize: float = 9):
         fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
     return fig
+
+
+_WIDTH = re.compile(r"^(?:.?[<>=^])?[+\- ]?z?#?0?(\d+)")
+
+
+def table(columns, rows, fmts, *, sep: str = " ") -> str:
+    """An aligned text table: a header line, then one line per row; returns the text.
+
+    Each column is formatted with its format spec (``format(value, spec)``, e.g. ``"8.4g"``);
+    its header is right-aligned to the spec's width (or written as is if the spec has none).
+    Columns are joined by ``sep``.  ``rows`` is any iterable of sequences, e.g. ``zip(x, y)``.
+
+    >>> print(table(["x", "x^2"], [(1, 1), (2.5, 6.25)], ["4g", "6.3g"]))
+       x    x^2
+       1      1
+     2.5   6.25
+    """
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError("columns must be a sequence of strings")
+    if isinstance(fmts, str) or not all(isinstance(f, str) for f in fmts):
+        raise TypeError("fmts must be a sequence of format specs (strings)")
+    if len(columns) != len(fmts):
+        raise ValueError(f"{len(columns)} columns but {len(fmts)} format specs")
+    if not isinstance(sep, str):
+        raise TypeError(f"sep must be a string, got {type(sep).__name__}")
+    widths = [int(m.group(1)) if (m := _WIDTH.match(f)) else 0 for f in fmts]
+    lines = [sep.join(f"{c:>{w}}" for c, w in zip(columns, widths))]
+    for k, row in enumerate(rows):
+        row = tuple(row)
+        if len(row) != len(fmts):
+            raise ValueError(f"row {k} has {len(row)} entries, expected {len(fmts)}")
+        lines.append(sep.join(format(v, f) for v, f in zip(row, fmts)))
+    return "\n".join(lines)

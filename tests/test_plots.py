@@ -141,3 +141,23 @@ def test_counts_rejects_bad_input(ax):
         plots.counts(ax, n, np.ones(2))
     with pytest.raises(TypeError, match="loglog"):
         plots.counts(ax, n, np.ones(3), loglog="yes")
+
+
+def test_table_aligns_header_and_rows():
+    text = plots.table(["u/sigma", "bound"], zip([0.5, 1.0], [0.8825, 0.6065]), ["8.3g", "14.4g"])
+    assert text.splitlines() == [" u/sigma          bound",
+                                 "     0.5         0.8825",
+                                 "       1         0.6065"]
+    assert plots.table(["a"], [], ["d"]) == "a"
+    assert plots.table(["name", "v"], [("x", 1)], ["<6", ">3"], sep="|") == "  name|  v\nx     |  1"
+
+
+def test_table_rejects_bad_input():
+    with pytest.raises(ValueError, match="2 columns but 1"):
+        plots.table(["a", "b"], [], ["8g"])
+    with pytest.raises(ValueError, match="row 0 has 1 entries"):
+        plots.table(["a", "b"], [(1,)], ["8g", "8g"])
+    with pytest.raises(TypeError, match="columns"):
+        plots.table("ab", [], ["8g", "8g"])
+    with pytest.raises(TypeError, match="fmts"):
+        plots.table(["a"], [], [8])
