@@ -9,7 +9,7 @@ first; a module imports only from lower layers (CONTRIBUTING.md, enforced by
     torch          hooks, stacks, quantization, models, probes    (building blocks, real models)
     analyses       framework, injection, outliers, applications   (the chapters' analyses)
     experiments    config -> run -> Result, cached by config hash
-    reader-facing  notebook (setup_notebook), python -m companion (CLI)
+    reader-facing  notebook (setup_notebook), plots (figures), suites, python -m companion
 
 Every chapter starts with :func:`setup_notebook`.
 """
