@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from companion import extremes
+from companion._validation import check_int
 from companion import framework as fw
 from companion.corpus import load_corpus
 from companion.experiments import register
@@ -79,11 +80,6 @@ COUNT_THRESHOLDS = (4.0, 6.0)
 #: ``|mu| / sigma`` above which a channel counts as mean-dominated.
 MEAN_DOMINATED = 3.0
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def _pos_int(v, name, minimum=1):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"DepthStudy.{name} must be an integer >= {minimum}, got {v!r}")
 
 
 @register("depth_study", schema=1)
@@ -163,7 +159,7 @@ class DepthStudy:
         if not self.depths or not self.placements or not self.scales:
             raise ValueError("DepthStudy.depths, placements and scales must be non-empty")
         for d in self.depths:
-            _pos_int(d, "depths")
+            check_int(d, "DepthStudy.depths", minimum=1)
         if len(set(self.depths)) != len(self.depths):
             raise ValueError(f"DepthStudy.depths must be distinct, got {self.depths}")
         for p in self.placements:
@@ -174,9 +170,9 @@ class DepthStudy:
         for name in ("d_model", "n_heads", "steps", "batch_size", "seq_len", "n_prompts",
                      "prompt_len", "n_targets", "n_random", "n_heldout", "max_inject_layers",
                      "n_outlier_prompts", "n_boot"):
-            _pos_int(getattr(self, name), name)
-        _pos_int(self.warmup, "warmup", 0)
-        _pos_int(self.seed, "seed", 0)
+            check_int(getattr(self, name), f"DepthStudy.{name}", minimum=1)
+        check_int(self.warmup, "DepthStudy.warmup", minimum=0)
+        check_int(self.seed, "DepthStudy.seed", minimum=0)
         if self.d_model % self.n_heads:
             raise ValueError(f"DepthStudy.n_heads = {self.n_heads} must divide d_model = {self.d_model}")
         if self.d_model < 2:
