@@ -83,7 +83,7 @@ test-portable: $(STAMP)
 # CI's share of the portability check (time budget): the scalar `default` kernel set over the
 # tests and chapters whose outputs amplify rounding (training, fake quantisation, chaotic stacks,
 # exceedance counts).  The full `make test-portable` found no difference in the other chapters.
-PORTABLE_CI_PATHS := tests/test_determinism.py tests/test_framework.py tests/test_depth_study.py \
+PORTABLE_CI_PATHS := tests/test_determinism.py tests/test_experiments_framework.py tests/test_engine.py tests/test_depth_study.py \
 	book/three_effect_framework.ipynb book/signal_propagation.ipynb book/applications.ipynb \
 	book/outliers_real_models.ipynb book/depth_study.ipynb
 test-portable-ci: $(STAMP)
@@ -129,7 +129,7 @@ test-wheel: $(STAMP)
 # are CUDA builds: the first run downloads about 3 GB. Deselected: retraining reproduces the
 # committed TinyLM weights only with the book's torch (the same kernels, bit for bit).
 LOWEST := .venv-lowest
-LOWEST_DESELECT := --deselect tests/test_framework.py::test_stored_weights_are_reproduced_by_training
+LOWEST_DESELECT := --deselect tests/test_experiments_framework.py::test_stored_weights_are_reproduced_by_training
 test-lowest:
 	rm -rf $(LOWEST)
 	$(PYTHON) -m venv $(LOWEST)

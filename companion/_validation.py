@@ -238,3 +238,37 @@ def checkpoints(N) -> tuple[np.ndarray, bool]:
         if (np.diff(arr) <= 0).any():
             raise ValueError(f"the sample sizes in N must be strictly increasing, got {arr.tolist()}")
     return np.atleast_1d(arr), arr.ndim == 0
+
+
+def check_tuple(value, name: str, kind: type, allowed=None, minimum=None) -> tuple:
+    """A non-empty tuple of ``kind`` (int, float or str) without repeats, each in ``allowed`` and
+    ``>= minimum`` when given; TypeError for a wrong container or item type, ValueError else."""
+    if not isinstance(value, tuple) or not value:
+        raise TypeError(f"{name} must be a non-empty tuple, got {value!r}")
+    for item in value:
+        if kind is int and not is_int(item):
+            raise TypeError(f"{name} must hold integers, got {item!r}")
+        if kind is float and not is_real(item):
+            raise TypeError(f"{name} must hold numbers, got {item!r}")
+        if kind is str and not isinstance(item, str):
+            raise TypeError(f"{name} must hold strings, got {item!r}")
+        if allowed is not None and item not in allowed:
+            raise ValueError(f"{name} entries must be among {allowed}, got {item!r}")
+        if minimum is not None and item < minimum:
+            raise ValueError(f"{name} entries must be >= {minimum}, got {item!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{name} must not repeat entries, got {value!r}")
+    return value
+
+
+def check_positive(value, name: str, integer: bool = False):
+    """``value`` > 0: an integer (``integer=True``) or a finite real number; TypeError for a wrong
+    type (a bool, NaN or inf included), ValueError if it is not positive."""
+    if integer:
+        if not is_int(value):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+    elif not is_real(value) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value

@@ -27,9 +27,9 @@ residual_stream
     ``[L+1, batch, tokens, d]`` for a batch of texts (one forward pass).
 inject
     The residual stream of the run in which ``scale · vector`` is added to ``h_layer``.
-injection_sweep
-    The baseline and the injected runs for many layers (and scales) at once; blocks before
-    the injection layer are never recomputed, and the conditions run as one batch.
+ModelAdapter
+    The model as the injection engine sees it (:mod:`companion.engine`: sweeps over many
+    layers and scales that never recompute the blocks before an injection layer).
 channel_statistics
     Per layer and channel: mean, variance, min, max, max |x| and exceedance counts
     ``C_j(t) = #{tokens: |h_j| > t}``, streamed over a corpus with an exact merge.
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -48,13 +48,12 @@ import torch
 
 from companion._validation import check_int, check_real
 from companion.hooks import hooks
-from companion.models import LoadedModel, check_model, encode
+from companion.models import LoadedModel, check_model, encode, logits_from_residual
 
 __all__ = [
     "residual_stream",
     "inject",
-    "injection_sweep",
-    "SweepResult",
+    "ModelAdapter",
     "channel_statistics",
     "ChannelStatistics",
     "position_mask",
@@ -357,7 +356,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     return torch.stack(_run(m, enc, add=(layer, delta)))
 
 
-# --------------------------------------------------------------------------- sweeps
+# --------------------------------------------------------------------------- the engine's adapter
 def _expand(value, k: int, batch: int):
     """Repeat a captured block argument across ``k`` stacked conditions (condition-major)."""
     if k == 1:
@@ -377,17 +376,6 @@ def _expand(value, k: int, batch: int):
     return value
 
 
-def _arity(fn) -> int:
-    """Number of positional parameters ``fn`` accepts (a large number for ``*args``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 2
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return 99
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-
-
 def _call_block(block, h, call, k, batch):
     rest, kwargs, as_kw = call
     rest = _expand(rest, k, batch)
@@ -396,190 +384,67 @@ def _call_block(block, h, call, k, batch):
     return out[0] if isinstance(out, tuple) else out
 
 
-@dataclass(frozen=True)
-class SweepResult:
-    """Baseline and injected residual streams of :func:`injection_sweep`.
+class ModelAdapter:
+    """A real Transformer seen the way the injection engine (:mod:`companion.engine`) sees a model.
 
-    Attributes
-    ----------
-    baseline : torch.Tensor, shape ``[L+1, batch, tokens, d]``
-        The run without injection (always the full stream).
-    injected : torch.Tensor
-        ``[n_layers, L+1, batch, tokens, d]`` for a scalar ``scale``, or
-        ``[n_layers, n_scales, L+1, batch, tokens, d]`` for a sequence of scales; with a
-        ``measure`` the trailing ``batch, tokens, d`` are replaced by what ``measure`` returns.
-        For layers below the injection layer the injected run equals the baseline.
-    layers : tuple of int
-    scales : float or tuple of float
-    attention_mask : torch.Tensor, shape ``[batch, tokens]``
-    injected_mask : torch.Tensor of bool, shape ``[batch, tokens]``
-        The positions that received the vector.
-    """
-
-    baseline: torch.Tensor
-    injected: torch.Tensor
-    layers: tuple
-    scales: float | tuple
-    attention_mask: torch.Tensor
-    injected_mask: torch.Tensor
-
-
-def injection_sweep(
-    m: LoadedModel,
-    texts,
-    layers,
-    vector,
-    scale=1.0,
-    positions=None,
-    measure: Callable | None = None,
-    max_batch_tokens: int = 16384,
-    max_length: int | None = None,
-) -> SweepResult:
-    """Baseline run and one injected run per (layer, scale), sharing all common computation.
+    The counterpart of :class:`companion.stacks.StackAdapter`, with the same attributes and
+    methods: ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (the raw
+    residual stream ``[h_0, ..., h_L]`` of one hooked forward, computed on first use);
+    ``attention_mask``; ``position_mask(positions)`` (:func:`position_mask`);
+    ``check_vector(vector, rows, scales)``; ``block(i, h, k)``: block ``i`` of the real model
+    called on ``h`` with the exact arguments transformers passed to it in the baseline run
+    (attention masks, rotary ``position_embeddings`` ...; recorded with forward pre-hooks with
+    ``with_kwargs=True``), repeated for ``k`` runs stacked along the batch axis; ``output(h)``
+    (the final norm, identity for a post-norm model) and ``logits(h)``
+    (:func:`companion.models.logits_from_residual` for a causal LM, ``None`` for an encoder).
 
     Parameters
     ----------
     m : LoadedModel
     texts : str, sequence of str, or an encoding from :func:`companion.models.tokenize`
-    layers : sequence of int in ``[0, L]`` (or ``"all"`` for ``0 .. L``)
-        Injection layers, same indexing as :func:`inject`; repeats are not allowed.
-    vector : array ``[d]`` or ``[n_layers, d]``
-        One vector for every layer, or one per injection layer (e.g. a concept vector read at
-        that layer).
-    scale : float or sequence of float
-        Magnitude(s) ``c`` of the injected ``c · v``.
-    positions : None, sequence of int, or boolean ``[batch, tokens]``
-        As in :func:`inject`.
-    measure : callable or None
-        ``measure(h_injected, h_base) -> Tensor`` with ``h_injected`` of shape
-        ``[K, batch, tokens, d]`` (``K`` runs at one layer) and ``h_base`` of shape
-        ``[batch, tokens, d]``; must return a tensor of shape ``[K, ...]`` (the same trailing
-        shape at every layer) and must not modify its inputs.  Applied at every layer as the
-        sweep proceeds, so the injected streams are never all held in memory.  A callable
-        with four parameters is called as ``measure(h_injected, h_base, layer, conditions)``
-        with the residual-stream index ``layer`` and ``conditions`` a ``[K, 2]`` LongTensor of
-        (index into ``layers``, index into the scales) for each of the ``K`` runs.
-    max_batch_tokens : int, default 16384
-        At most this many token rows (runs × batch × tokens) go through a block at once.
     max_length : int or None
-
-    Returns
-    -------
-    SweepResult
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
-    ValueError
-        If a layer is outside ``[0, L]`` or repeated, ``vector`` has the wrong shape or is not
-        finite, a scale is not finite, ``vector`` or some ``scale · vector`` overflows the
-        model's dtype, ``texts`` is empty or ``positions`` is invalid.
-
-    Notes
-    -----
-    One baseline forward records every ``h_l`` and the exact arguments transformers passes to
-    each block (attention masks, rotary ``position_embeddings`` ...; forward pre-hooks with
-    ``with_kwargs=True``).  A run injected at ``l`` then starts from ``h_l + c·v`` and replays
-    only blocks ``l .. L-1`` with those arguments, repeated along the batch axis: at block ``i``
-    all runs with ``l ≤ i`` are stacked into one batch.  Injecting at every layer of an
-    ``L``-block model therefore costs about ``L(L+1)/2`` block evaluations instead of
-    ``L(L+1)`` for one full forward per layer (``benchmarks/bench_probes.py``).  Results equal
-    :func:`inject` up to floating-point reordering (tested to ``1e-4`` relative).
-
-    Examples
-    --------
-    >>> sw = injection_sweep(m, texts, "all", v, scale=[2.0, 8.0])   # doctest: +SKIP
-    >>> sw.injected.shape                                             # doctest: +SKIP
-    torch.Size([31, 2, 31, 4, 12, 576])
+    TypeError, ValueError
+        As :func:`companion.models.encode` (wrong model type, empty texts).
     """
-    check_model(m)
-    L = m.n_layers
-    if isinstance(layers, str):
-        if layers != "all":
-            raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
-        layers = list(range(L + 1))
-    if isinstance(layers, Integral) and not isinstance(layers, bool):
-        layers = [layers]
-    if not isinstance(layers, (Sequence, np.ndarray, range)) or len(layers) == 0:
-        raise ValueError("layers must be a non-empty list of integers in [0, L] or 'all'")
-    layers = tuple(_check_layer(m, l, "every layer") for l in layers)
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"layers contains repeats: {layers}")
-    vec = _check_vector(m, vector, rows=len(layers))
-    if vec.ndim == 1:
-        vec = vec.expand(len(layers), -1)
-    scalar = not isinstance(scale, (Sequence, np.ndarray, torch.Tensor))
-    scales = (check_real(scale, "scale"),) if scalar else tuple(check_real(s, "every scale") for s in list(scale))
-    if len(scales) == 0:
-        raise ValueError("scale must be a number or a non-empty list of numbers")
-    _check_injected(vec, scales)
-    if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, Integral) or max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
-    if measure is not None and not callable(measure):
-        raise TypeError("measure must be a callable measure(h_injected, h_base) or None")
 
-    enc = encode(m, texts, max_length)
-    sel = position_mask(enc["attention_mask"], positions)
-    base, calls = _run(m, enc, record_calls=True)
-    batch, tokens = sel.shape
-    selmask = sel.unsqueeze(-1).to(m.dtype)
-    full_args = measure is not None and _arity(measure) >= 4
+    def __init__(self, m: LoadedModel, texts, max_length: int | None = None):
+        check_model(m)
+        self.model = m
+        self.encoding = encode(m, texts, max_length)
+        self.n_layers, self.d_model, self.dtype, self.device = m.n_layers, m.d_model, m.dtype, m.device
+        self.name = m.name
+        self._run = None
 
-    def reduce(h_inj, i, group):
-        if measure is None:
-            return h_inj
-        if full_args:
-            ids = torch.tensor(group, dtype=torch.long).reshape(-1, 2)
-            return measure(h_inj, base[i], i, ids)
-        return measure(h_inj, base[i])
+    @property
+    def baseline(self) -> list[torch.Tensor]:
+        if self._run is None:
+            self._run = _run(self.model, self.encoding, record_calls=True)
+        return self._run[0]
 
-    # conditions (layer index j, scale index s), ordered by injection layer
-    conds = sorted(((j, s) for j in range(len(layers)) for s in range(len(scales))), key=lambda c: layers[c[0]])
-    order = {c: n for n, c in enumerate(conds)}
-    per_batch = max(1, int(max_batch_tokens) // (batch * tokens))
-    store: list[list[torch.Tensor | None]] = [[None] * (L + 1) for _ in range(len(conds))]
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self.encoding["attention_mask"]
 
-    with torch.no_grad():
-        for start in range(0, len(conds), per_batch):
-            chunk = conds[start:start + per_batch]
-            active: list[tuple[int, int]] = []
-            h = None
-            for i in range(L + 1):
-                entering = [c for c in chunk if layers[c[0]] == i]
-                if entering:
-                    new = torch.stack([base[i] + (scales[s] * vec[j]) * selmask for j, s in entering])
-                    new = new.reshape(len(entering) * batch, tokens, -1)
-                    h = new if h is None else torch.cat([h, new])
-                    active.extend(entering)
-                if active:
-                    red = reduce(h.reshape(len(active), batch, tokens, -1), i, active)
-                    for k, c in enumerate(active):
-                        store[order[c]][i] = red[k]
-                # runs not injected yet equal the baseline at this layer
-                waiting = [c for c in chunk if layers[c[0]] > i]
-                if waiting:
-                    if measure is None:
-                        for c in waiting:
-                            store[order[c]][i] = base[i]
-                    else:
-                        red = reduce(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
-                        for k, c in enumerate(waiting):
-                            store[order[c]][i] = red[k]
-                if i < L and active:
-                    h = _call_block(m.blocks[i], h, calls[i], len(active), batch)
+    def position_mask(self, positions) -> torch.Tensor:
+        return position_mask(self.attention_mask, positions)
 
-    stacked = torch.stack([torch.stack(store[order[(j, s)]]) for j in range(len(layers)) for s in range(len(scales))])
-    shape = (len(layers),) if scalar else (len(layers), len(scales))
-    injected = stacked.reshape(*shape, *stacked.shape[1:])
-    return SweepResult(
-        baseline=torch.stack(base),
-        injected=injected,
-        layers=layers,
-        scales=scales[0] if scalar else scales,
-        attention_mask=enc["attention_mask"],
-        injected_mask=sel,
-    )
+    def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
+        vec = _check_vector(self.model, vector, rows)
+        _check_injected(vec, scales)
+        return vec
+
+    def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
+        self.baseline  # noqa: B018 - records the block calls
+        return _call_block(self.model.blocks[i], h, self._run[1][i], k, self.attention_mask.shape[0])
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.model.final_norm is None else self.model.final_norm(h)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        return logits_from_residual(self.model, h) if self.model.kind == "causal-lm" else None
 
 
 # --------------------------------------------------------------------------- channel statistics

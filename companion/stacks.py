@@ -38,13 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion._validation import is_int
+from companion._validation import check_int, check_real, is_int
 
 __all__ = [
     "StackConfig",
     "StackOutput",
     "ResidualStack",
     "TinyLM",
+    "StackAdapter",
+    "sharpen_attention",
     "dslm_scales",
     "byte_tokenize",
     "unigram_loss",
@@ -517,8 +519,6 @@ class ResidualStack(nn.Module):
         """
         self._check_input(x)
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
-        cfg = self.config
-        lam, beta, pre = cfg.residual_scale, cfg.branch_scale, cfg.placement == "pre"
         rec = _Recorder()
 
         h = x                                                         # [B, T, d]
@@ -527,19 +527,33 @@ class ResidualStack(nn.Module):
                 h = h + addend                                        # injection site h_l
             rec.stream(h)
             for sub in block.sublayers:
-                if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
-                    norm_in = h
-                    branch = beta * sub.f(sub.norm(h))
-                    h = lam * h + branch
-                else:     # Post-LN: the norm sits on the stream, after the residual add
-                    branch = beta * sub.f(h)
-                    norm_in = lam * h + branch
-                    h = sub.norm(norm_in)
-                rec.sublayer(layer, norm_in, branch)                  # [B, T, d] each
-        if layer_inj == cfg.n_layers:
+                h, norm_in, branch = self._residual_add(sub, h)       # [B, T, d] each
+                rec.sublayer(layer, norm_in, branch)
+        if layer_inj == self.config.n_layers:
             h = h + addend                                            # injection site h_L
         rec.stream(h)
         return rec.output(final=self.final_norm(h))                   # final: [B, T, d]
+
+    def _residual_add(self, sub: Sublayer, h: torch.Tensor):
+        """One sublayer: ``(new stream, norm input, branch)``, the equations of the module docstring."""
+        lam, beta = self.config.residual_scale, self.config.branch_scale
+        if self.config.placement == "pre":  # Pre-LN: the norm sits on the branch, never on the stream
+            branch = beta * sub.f(sub.norm(h))                        # [B, T, d]
+            return lam * h + branch, h, branch
+        branch = beta * sub.f(h)            # Post-LN: the norm sits on the stream, after the add
+        norm_in = lam * h + branch                                    # [B, T, d]
+        return sub.norm(norm_in), norm_in, branch
+
+    def apply_block(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """Block ``layer`` applied to a stream ``h`` of shape ``[batch, tokens, d_model]``.
+
+        Exactly the update :meth:`forward` makes between ``stream[layer]`` and
+        ``stream[layer + 1]`` (no validation, no recording): the block call that
+        :class:`StackAdapter` hands to the injection engine (:mod:`companion.engine`).
+        """
+        for sub in self.blocks[layer].sublayers:
+            h, _, _ = self._residual_add(sub, h)
+        return h
 
 
 class _Recorder:
@@ -647,6 +661,17 @@ class TinyLM(nn.Module):
             If ``ids`` is not 2-D, too long, or out of the vocabulary (and see
             :meth:`ResidualStack.forward`).
         """
+        out = self.stack(self.embed(ids), **inject_kwargs)
+        return self.unembed(out.final), out
+
+    def embed(self, ids) -> torch.Tensor:
+        """The input stream ``x_0 = E[ids] + P[positions]``, shape ``[batch, tokens, d_model]``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`forward`.
+        """
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer torch.Tensor [batch, tokens], got {type(ids).__name__}"
                             + (f" of dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else ""))
@@ -657,9 +682,190 @@ class TinyLM(nn.Module):
             raise ValueError(f"sequence length {T} exceeds config.max_len = {self.config.max_len}")
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
             raise ValueError(f"ids must lie in [0, {self.config.vocab_size - 1}]")
-        x = self.tok_emb(ids) + self.pos_emb(torch.arange(T, device=ids.device))
-        out = self.stack(x, **inject_kwargs)
-        return self.unembed(out.final), out
+        return self.tok_emb(ids) + self.pos_emb(torch.arange(T, device=ids.device))  # [B, T, d]
+
+
+# =========================================================================== the engine's adapter
+class StackAdapter:
+    """A :class:`ResidualStack` or :class:`TinyLM` seen the way the injection engine sees a model.
+
+    :mod:`companion.engine` injects into and measures random stacks, trained stacks and real
+    models with one loop; it needs from a model only what this class (and
+    :class:`companion.probes.ModelAdapter`, its counterpart for real Transformers) exposes:
+
+    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``
+        Depth ``L``, width, parameter dtype and device, a label.
+    ``baseline``
+        The residual stream ``[h_0, ..., h_L]`` of the run without injection (each
+        ``[batch, tokens, d]``), computed once, on first use, under ``torch.no_grad``.
+    ``attention_mask``
+        ``[batch, tokens]``, 1 for every token (stacks have no padding).
+    ``position_mask(positions)``, ``check_vector(vector, rows, scales)``
+        The token positions that receive the vector; the vector, validated and cast.
+    ``block(i, h, k)``
+        Block ``i`` applied to ``h`` (``k`` runs stacked along the batch axis).
+    ``output(h)``, ``logits(h)``
+        The final norm of ``h_L``; the next-token logits of a :class:`TinyLM` (``None`` for a
+        bare stack).
+
+    Parameters
+    ----------
+    model : ResidualStack or TinyLM
+    inputs : torch.Tensor
+        ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a ``TinyLM``.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is neither a ``ResidualStack`` nor a ``TinyLM``.
+    """
+
+    def __init__(self, model, inputs):
+        if isinstance(model, TinyLM):
+            self.stack, self.lm = model.stack, model
+        elif isinstance(model, ResidualStack):
+            self.stack, self.lm = model, None
+        else:
+            raise TypeError(
+                f"model must be a companion.stacks.ResidualStack or TinyLM, got {type(model).__name__}"
+            )
+        self.inputs = inputs
+        cfg = self.stack.config
+        p = next(model.parameters())
+        self.n_layers, self.d_model, self.dtype, self.device = cfg.n_layers, cfg.d_model, p.dtype, p.device
+        self.name = type(model).__name__
+        self._record = None
+
+    @property
+    def record(self) -> StackOutput:
+        """The :class:`StackOutput` of the baseline run (computed once)."""
+        if self._record is None:
+            with torch.no_grad():
+                x = self.inputs if self.lm is None else self.lm.embed(self.inputs)
+                self._record = self.stack(x)
+        return self._record
+
+    @property
+    def baseline(self) -> list[torch.Tensor]:
+        return list(self.record.stream)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        B, T = self.record.stream.shape[1:3]
+        return torch.ones(B, T, dtype=torch.long, device=self.device)
+
+    def position_mask(self, positions) -> torch.Tensor:
+        """``[B, T]`` bool: ``None`` = every token; integers = these tokens of every sequence."""
+        B, T = self.record.stream.shape[1:3]
+        if positions is None:
+            return torch.ones(B, T, dtype=torch.bool, device=self.device)
+        if is_int(positions):
+            positions = [int(positions)]
+        pos = torch.as_tensor(np.asarray(positions))
+        if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
+            raise ValueError(
+                f"positions must be None or a non-empty 1-D list of integer token positions, "
+                f"got {positions!r}"
+            )
+        if int(pos.min()) < 0 or int(pos.max()) >= T:
+            raise ValueError(f"positions must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
+        mask = torch.zeros(T, dtype=torch.bool, device=self.device)
+        mask[pos.to(self.device)] = True
+        return mask.expand(B, T)
+
+    def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
+        """``vector`` (``[d]`` or ``[rows, d]``) as a tensor of the stack's dtype; ValueError if
+        it is not finite there, or some ``scale * vector`` overflows."""
+        d = self.d_model
+        v = torch.as_tensor(np.asarray(vector)) if not isinstance(vector, torch.Tensor) else vector
+        if not v.is_floating_point():
+            raise ValueError(f"vector must be a floating-point tensor, got dtype {v.dtype}")
+        if tuple(v.shape) != (d,) and (rows is None or tuple(v.shape) != (rows, d)):
+            raise ValueError(f"vector must have shape ({d},) or ({rows}, {d}), got {tuple(v.shape)}")
+        cast = v.to(dtype=self.dtype, device=self.device)
+        for s in (1.0, *scales):
+            if not torch.isfinite(s * cast).all():
+                raise ValueError(
+                    f"scale * vector reaches {float(v.abs().max()) * abs(s):.4g}, beyond the range of "
+                    f"the stack's dtype {self.dtype} (max {torch.finfo(self.dtype).max:.4g}); "
+                    "use a smaller scale"
+                )
+        return cast
+
+    def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
+        return self.stack.apply_block(i, h)
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        return self.stack.final_norm(h)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        return None if self.lm is None else self.lm.unembed(self.output(h))
+
+
+def sharpen_attention(stack, logit_std: float, seed: int = 0):
+    r"""Re-draw every attention sublayer's query and key maps so the logits spread by ``logit_std``.
+
+    Parameters
+    ----------
+    stack : companion.stacks.ResidualStack
+        A stack with attention sublayers (``block`` is ``"attention"`` or ``"both"``); it is
+        modified in place.
+    logit_std : float
+        Target standard deviation :math:`\sigma_a > 0` of the attention logits for unit-variance
+        inputs.
+    seed : int, default 0
+        Seed of the new weights.
+
+    Returns
+    -------
+    companion.stacks.ResidualStack
+        The same stack (for chaining).
+
+    Raises
+    ------
+    TypeError
+        If ``stack`` is not a ``ResidualStack`` or ``logit_std``/``seed`` have the wrong type.
+    ValueError
+        If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
+
+    Notes
+    -----
+    :math:`W_Q` and :math:`W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries (biases stay 0).
+    For an input :math:`x` with :math:`\|x\|^2 = d` every query and key coordinate is then
+    :math:`N(0, \sigma_a)`, and a logit :math:`q\cdot k/\sqrt{d_h}` (a sum of :math:`d_h`
+    products) has variance :math:`\sigma_a^2`.  The stacks' default (Xiong et al.'s
+    :math:`W_Q = 0`) is the other extreme: uniform attention.  Large :math:`\sigma_a` makes
+    attention nearly a hard arg-max whose choice a small perturbation can flip.
+
+    Examples
+    --------
+    >>> st = sharpen_attention(ResidualStack(StackConfig(d_model=16, n_layers=1, n_heads=2)), 4.0)
+    >>> attn = st.blocks[0].sublayers[0].f
+    >>> bool(attn.w_q.weight.abs().sum() > 0)
+    True
+    """
+    if not isinstance(stack, ResidualStack):
+        raise TypeError(f"stack must be a companion.stacks.ResidualStack, got {type(stack).__name__}")
+    sigma = check_real(logit_std, "logit_std")
+    if sigma <= 0:
+        raise ValueError(f"logit_std must be > 0, got {sigma}")
+    seed = check_int(seed, "seed", 0)
+    attention = [sub.f for blk in stack.blocks for sub in blk.sublayers if sub.kind == "attention"]
+    if not attention:
+        raise ValueError(
+            f"the stack has no attention sublayer (block = {stack.config.block!r}); "
+            "use block='attention' or 'both'"
+        )
+    d = stack.config.d_model
+    g = torch.Generator().manual_seed(seed)
+    std = math.sqrt(sigma / d)
+    with torch.no_grad():
+        for attn in attention:
+            for lin in (attn.w_q, attn.w_k):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g, dtype=torch.float64) * std)
+                if lin.bias is not None:
+                    lin.bias.zero_()
+    return stack
 
 
 def byte_tokenize(text) -> torch.Tensor:

@@ -24,7 +24,7 @@ JSON or YAML (YAML needs PyYAML), a list of entries or a mapping with a ``config
 
 Each ``config`` holds field overrides of the experiment's default configuration, typed like
 ``--set`` (a tuple may be written as a list).  Named suites (:data:`NAMED_SUITES`) need no file:
-``injection-gpu`` is :data:`companion.experiments.injection.GPU_CONFIGS` (hub models of several
+``injection-gpu`` is :data:`companion.experiments.injection_window.GPU_CONFIGS` (hub models of several
 depths, for CUDA machines with network), ``framework-gpu`` the two large framework
 configurations, ``smoke`` three CPU-sized configurations that run in seconds.
 
@@ -210,13 +210,14 @@ def _smoke() -> list[SuiteEntry]:
 
 
 def _injection_gpu() -> list[SuiteEntry]:
-    from companion.experiments.injection import GPU_CONFIGS
+    from companion.experiments.injection_window import GPU_CONFIGS
 
     return entries_from_configs(dict(GPU_CONFIGS))
 
 
 def _framework_gpu() -> list[SuiteEntry]:
-    from companion.experiments.framework import GPU_RANDOM, GPU_TRAINED
+    from companion.experiments.framework_random import GPU_RANDOM
+    from companion.experiments.framework_trained import GPU_TRAINED
 
     return entries_from_configs({"framework-random": GPU_RANDOM, "framework-trained": GPU_TRAINED})
 

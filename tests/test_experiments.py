@@ -260,16 +260,16 @@ def test_injection_sweep_experiment_invariants(results, name):
     cfg = ex.make_config("injection_sweep", model=name, n_texts=3, batch_size=2, layers=layers, scales=(0.5, 2.0))
     r = ex.run(cfg, device="cpu")
     a = r.arrays
-    assert a["proj"].shape == (3, 2, L + 1, 2, 3) and a["magnitude"].shape == (3, 2)
+    assert a["projection"].shape == (3, 2, L + 1, 2, 3) and a["magnitude"].shape == (3, 2)
     np.testing.assert_allclose(a["magnitude"][:, 1] / a["magnitude"][:, 0], 4.0, rtol=1e-6)
     np.testing.assert_allclose(a["magnitude"][:, 0], 0.5 * a["median_norm"][list(layers)], rtol=1e-5)
     for j, layer in enumerate(layers):
         # at the injection layer the injected tokens moved by exactly c along v; the last token did not move
-        np.testing.assert_allclose(a["proj"][j, :, layer, 0], a["magnitude"][j][:, None] * np.ones(3), rtol=2e-3)
-        np.testing.assert_allclose(a["dist"][j, :, layer, 1], 0.0, atol=1e-6)
+        np.testing.assert_allclose(a["projection"][j, :, layer, 0], a["magnitude"][j][:, None] * np.ones(3), rtol=2e-3)
+        np.testing.assert_allclose(a["delta_norm"][j, :, layer, 1], 0.0, atol=1e-6)
         # before it, the runs coincide
-        assert np.all(a["dist"][j, :, :layer] == 0) and np.allclose(a["cos"][j, :, :layer], 1.0, atol=1e-6)
-    assert np.all(a["cos"] <= 1 + 1e-5) and np.all(a["rel"] >= 0)
+        assert np.all(a["delta_norm"][j, :, :layer] == 0) and np.allclose(a["cos_inj_base"][j, :, :layer], 1.0, atol=1e-6)
+    assert np.all(a["cos_inj_base"] <= 1 + 1e-5) and np.all(a["relative_size"] >= 0)
     if m.kind == "causal-lm":
         assert a["kl_last"].shape == (3, 2, 3) and np.all(a["kl_last"] >= 0)
         # injected at L, the last (not injected) token's prediction is untouched; earlier injections reach it

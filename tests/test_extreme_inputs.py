@@ -567,8 +567,9 @@ def test_tail_clip_threshold_beyond_the_float_range():
         app.tail_clip_threshold(1.0, 1e308, 0.01)
 
 
-# =========================================================================== framework
-from companion import framework as fw  # noqa: E402
+# =========================================================================== perturbation
+from companion import engine, perturbation as fw  # noqa: E402
+from companion.directions import random_direction  # noqa: E402
 from companion.stacks import ResidualStack, StackConfig  # noqa: E402
 
 
@@ -602,9 +603,9 @@ def test_directions_of_any_size(size):
     np.testing.assert_allclose(got, ref, rtol=1e-15)
     stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2))
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
-    d = fw.random_direction(8, seed=1)
-    sw_ref = fw.stack_injection_sweep(stack, x, scale=0.1, direction=d)
-    sw = fw.stack_injection_sweep(stack, x, scale=0.1, direction=d * size)
+    d = random_direction(8, seed=1)
+    sw_ref = engine.stack_injection_sweep(stack, x, scale=0.1, direction=d)
+    sw = engine.stack_injection_sweep(stack, x, scale=0.1, direction=d * size)
     np.testing.assert_allclose(sw.metrics["projection"], sw_ref.metrics["projection"], rtol=1e-12)
 
 
@@ -613,7 +614,7 @@ def test_stack_injection_beyond_the_stack_dtype():
     stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2))
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="torch.float32"):
-        fw.stack_injection_sweep(stack, x, scale=1e39, relative=False)
+        engine.stack_injection_sweep(stack, x, scale=1e39, relative=False)
     with pytest.raises(ValueError, match="torch.float32"):  # finite in float64, inf after the cast
         stack(x, inject_layer=1, inject_vector=np.full(8, 1e39))
 
@@ -627,7 +628,7 @@ def test_fit_norm_growth_and_dilution_at_the_float_limits():
 
 
 # =========================================================================== injection
-from companion import injection as inj_mod  # noqa: E402
+from companion import perturbation as inj_mod  # noqa: E402
 
 
 @pytest.mark.parametrize("size", [1e-200, 1e200])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from companion import models, probes
+from companion import engine, models, probes
 
 TEXTS = ["The Lord is my shepherd; I shall not want.", "He maketh me to lie down in green pastures."]
 
@@ -131,7 +131,7 @@ def test_wrap_detects_architecture_and_probes_work(minilm, kind, placement, norm
     last = m.final_norm(hs[3]) if placement == "pre" else hs[3]
     torch.testing.assert_close(last, ref[3], rtol=0, atol=0)
     v = torch.ones(32) / 32**0.5
-    sw = probes.injection_sweep(m, enc, "all", v, scale=3.0)
+    sw = engine.injection_sweep(m, enc, "all", v, scale=3.0)
     real = enc["attention_mask"].bool()
     for layer in range(4):
         one = probes.inject(m, enc, layer, v, scale=3.0)

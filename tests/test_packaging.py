@@ -20,8 +20,8 @@ import companion
 from companion import _paths
 from companion import experiments as xp
 from companion.corpus import corpus_dir
-from companion.experiments import framework as xf
-from companion.experiments import injection as ei
+from companion.experiments import framework_trained as xf
+from companion.experiments import injection_window as ei
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
@@ -114,7 +114,7 @@ def test_companion_results_moves_both_folders(monkeypatch, tmp_path):
     assert xp.stored_root() == tmp_path / "stored" and xp.cache_root() == tmp_path / "cache"
     assert xp.stored_target() == tmp_path / "stored"
     assert xf.stored_models_path() == tmp_path / "stored" / "framework_tiny_lms.npz"
-    assert ei.stored_results() == {}
+    assert ei.gpu_results() == {}
 
 
 def test_source_checkout_needs_this_distributions_pyproject(monkeypatch, tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from companion import models, probes
+from companion import engine, models, probes
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +158,7 @@ def test_injection_sweep_equals_individual_injections_minilm(minilm):
     enc = models.tokenize(m, TEXTS)
     v = _vector(m, 2)
     scales = [0.5, 4.0]
-    sw = probes.injection_sweep(m, enc, "all", v, scale=scales, max_batch_tokens=3 * enc["input_ids"].numel())
+    sw = engine.injection_sweep(m, enc, "all", v, scale=scales, max_batch_tokens=3 * enc["input_ids"].numel())
     L = m.n_layers
     assert sw.injected.shape == (L + 1, 2, L + 1, *enc["input_ids"].shape, m.d_model)
     assert sw.layers == tuple(range(L + 1)) and sw.scales == (0.5, 4.0)
@@ -178,7 +178,7 @@ def test_injection_sweep_equals_individual_injections_smollm2(smol):
     layers = [0, 7, L - 1, L]
     g = torch.Generator().manual_seed(3)
     vecs = torch.randn(len(layers), m.d_model, generator=g)
-    sw = probes.injection_sweep(m, enc, layers, vecs, scale=2.0, positions=[0, 1])
+    sw = engine.injection_sweep(m, enc, layers, vecs, scale=2.0, positions=[0, 1])
     assert sw.injected.shape == (len(layers), L + 1, *enc["input_ids"].shape, m.d_model)
     real = enc["attention_mask"].bool()
     for j, layer in enumerate(layers):
@@ -199,8 +199,8 @@ def test_injection_sweep_measure_matches_full_streams(smol):
         return (h_inj[:, idx, last] - h_base[idx, last]).norm(dim=-1)
 
     layers = [1, 3, 5]
-    full = probes.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], max_batch_tokens=1)
-    red = probes.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], measure=measure)
+    full = engine.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], max_batch_tokens=1)
+    red = engine.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], measure=measure)
     assert red.injected.shape == (3, 2, m.n_layers + 1, len(TEXTS))
     last = enc["attention_mask"].sum(1) - 1
     idx = torch.arange(len(TEXTS))
@@ -216,7 +216,7 @@ def test_injection_sweep_measure_matches_full_streams(smol):
         c = torch.tensor([1.0, 10.0])[conditions[:, 1]]
         return ((h_inj - h_base) @ v)[:, :, 0] / c[:, None]
 
-    proj = probes.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], measure=measure4)
+    proj = engine.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], measure=measure4)
     assert sorted(set(seen)) == list(range(m.n_layers + 1))
     ref = ((full.injected[..., 0, :] - full.baseline[:, :, 0]) @ v) / torch.tensor([1.0, 10.0]).view(1, 2, 1, 1)
     torch.testing.assert_close(proj.injected, ref, rtol=1e-4, atol=1e-3)
@@ -302,25 +302,25 @@ def test_bad_inputs_raise(minilm):
     with pytest.raises(ValueError, match="outside"):
         probes.inject(m, TEXTS, 1, v, positions=[200])
     with pytest.raises(ValueError, match="repeats"):
-        probes.injection_sweep(m, TEXTS, [1, 1], v)
+        engine.injection_sweep(m, TEXTS, [1, 1], v)
     with pytest.raises(ValueError, match="in \\[0, 6\\]"):
-        probes.injection_sweep(m, TEXTS, [0, 7], v)
+        engine.injection_sweep(m, TEXTS, [0, 7], v)
     with pytest.raises(ValueError, match="non-empty"):
-        probes.injection_sweep(m, TEXTS, [], v)
+        engine.injection_sweep(m, TEXTS, [], v)
     with pytest.raises(ValueError, match="'all'"):
-        probes.injection_sweep(m, TEXTS, "every", v)
+        engine.injection_sweep(m, TEXTS, "every", v)
     with pytest.raises(ValueError, match="shape"):
-        probes.injection_sweep(m, TEXTS, [1, 2], torch.ones(3, m.d_model))
+        engine.injection_sweep(m, TEXTS, [1, 2], torch.ones(3, m.d_model))
     with pytest.raises(ValueError, match="non-empty"):
-        probes.injection_sweep(m, TEXTS, [1], v, scale=[])
+        engine.injection_sweep(m, TEXTS, [1], v, scale=[])
     with pytest.raises(ValueError, match="finite"):
-        probes.injection_sweep(m, TEXTS, [1], v, scale=[1.0, float("nan")])
+        engine.injection_sweep(m, TEXTS, [1], v, scale=[1.0, float("nan")])
     with pytest.raises(TypeError, match="callable"):
-        probes.injection_sweep(m, TEXTS, [1], v, measure="norm")
+        engine.injection_sweep(m, TEXTS, [1], v, measure="norm")
     with pytest.raises(ValueError, match="max_batch_tokens"):
-        probes.injection_sweep(m, TEXTS, [1], v, max_batch_tokens=0)
+        engine.injection_sweep(m, TEXTS, [1], v, max_batch_tokens=0)
     with pytest.raises(ValueError, match="empty"):
-        probes.injection_sweep(m, [], [1], v)
+        engine.injection_sweep(m, [], [1], v)
     with pytest.raises(ValueError, match=">= 0"):
         probes.channel_statistics(m, TEXTS, [-1.0])
     with pytest.raises(ValueError, match="finite"):
@@ -366,9 +366,9 @@ def test_vectors_that_overflow_the_model_dtype_are_refused(minilm):
     with pytest.raises(ValueError, match="torch.float32"):
         probes.inject(minilm, TEXTS[:1], 1, big)
     with pytest.raises(ValueError, match="torch.float32"):
-        probes.injection_sweep(minilm, TEXTS[:1], [1, 2], big)
+        engine.injection_sweep(minilm, TEXTS[:1], [1, 2], big)
     v = _vector(minilm)
     with pytest.raises(ValueError, match="torch.float32"):  # scale * vector overflows float32
         probes.inject(minilm, TEXTS[:1], 1, v, scale=1e39)
     with pytest.raises(ValueError, match="torch.float32"):
-        probes.injection_sweep(minilm, TEXTS[:1], [1, 2], v, scale=[1.0, 1e39])
+        engine.injection_sweep(minilm, TEXTS[:1], [1, 2], v, scale=[1.0, 1e39])

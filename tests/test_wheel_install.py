@@ -94,7 +94,7 @@ SMOKE = textwrap.dedent('''
     out["embeddings"] = models.sentence_embedding(m, sentences[:2]).tolist()
 
     from companion import experiments as xp
-    from companion.experiments import framework as xf
+    from companion.experiments import framework_trained as xf
     out["stored_root"] = str(xp.stored_root())
     out["cache_root"] = str(xp.cache_root())
     real_run = xp.run

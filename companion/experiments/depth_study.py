@@ -27,10 +27,10 @@ Each trained model is measured (:func:`measure_model`):
     quantile of chance; its first and last layer, centre and coverage (fraction of the grid in
     the window), as fractions of depth, get bootstrap intervals over prompts and targets.
 (b) **Stream growth and the framework's laws.**  ``E||h_l||^2 / d`` per layer and its Pre-LN
-    growth slope (:func:`companion.framework.fit_norm_growth`); for random directions injected
+    growth slope (:func:`companion.perturbation.fit_norm_growth`); for random directions injected
     at ``l0 = L // 4``, the measured projection on ``v`` at every later layer beside the
-    Pre-LN dilution law (:func:`companion.framework.dilution_factor`) and the Post-LN product
-    rule (:func:`companion.framework.postln_contraction_factors` with the learned gains).
+    Pre-LN dilution law (:func:`companion.perturbation.dilution_factor`) and the Post-LN product
+    rule (:func:`companion.perturbation.postln_contraction_factors` with the learned gains).
 (c) **Outliers per layer.**  Per channel, ``max |x| / rms`` (rms over all entries of the
     layer), ``|mu| / sigma``; the number of mean-dominated channels (``|mu|/sigma > 3``); and
     Theorem 2's exceedance counts at ``t = 4 rms`` and ``6 rms`` beside the Gaussian expectation
@@ -52,8 +52,8 @@ import torch.nn.functional as F
 from scipy import stats
 
 from companion import extremes
+from companion import perturbation as fw
 from companion._validation import check_int
-from companion import framework as fw
 from companion.corpus import load_corpus
 from companion.experiments import register
 from companion.stacks import StackConfig, TinyLM, byte_tokenize, dslm_scales, train_tiny_lm

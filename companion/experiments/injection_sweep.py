@@ -1,7 +1,8 @@
 """The ``injection_sweep`` experiment: inject ``c v`` at every layer of a real model.
 
-Reads English text from :mod:`companion.corpus` and runs :func:`companion.probes.injection_sweep`
-on any model :func:`companion.models.load` knows.  The defaults are the small CPU configuration
+Reads English text from :mod:`companion.corpus` and runs :func:`companion.engine.injection_sweep`
+on any model :func:`companion.models.load` knows, measuring every layer with the metric
+vocabulary of :mod:`companion.perturbation`.  The defaults are the small CPU configuration
 used in the chapters; the CLI runs larger ones, e.g.::
 
     python -m companion run injection_sweep --model EleutherAI/pythia-1.4b --set n_texts=64
@@ -17,10 +18,8 @@ import torch
 from companion._validation import check_int
 from companion.experiments import register
 
-__all__ = ["InjectionSweepExperiment", "INJECTION_METRICS", "TOKEN_GROUPS"]
+__all__ = ["InjectionSweepExperiment", "TOKEN_GROUPS"]
 
-#: Metrics of :class:`InjectionSweepExperiment`, in the order of its arrays' metric axis.
-INJECTION_METRICS = ("proj", "dist", "rel", "cos", "norm_ratio")
 #: Token groups of :class:`InjectionSweepExperiment`: the injected tokens (mean), the last token.
 TOKEN_GROUPS = ("injected", "last")
 
@@ -51,7 +50,7 @@ def _injection_mask(mask: torch.Tensor, where: str) -> torch.Tensor:
     return sel
 
 
-@register("injection_sweep", schema=1)
+@register("injection_sweep", schema=2)
 @dataclass(frozen=True)
 class InjectionSweepExperiment:
     """Inject c·v into the residual stream at every layer and follow it to the output.
@@ -81,14 +80,19 @@ class InjectionSweepExperiment:
     Result arrays, with ``n_l = len(layers)``, ``n_s = len(scales)``, ``G = 2`` token groups
     (:data:`TOKEN_GROUPS`: mean over the injected tokens; the last token) and ``n`` texts:
 
-    * ``proj, dist, rel, cos, norm_ratio`` -- ``[n_l, n_s, L+1, G, n]``: with
-      ``δ = h_inj − h_base`` at each layer, ``proj = δ·v`` (``v`` unit), ``dist = ‖δ‖``,
-      ``rel = ‖δ‖/‖h_base‖``, ``cos = cos(h_inj, h_base)``, ``norm_ratio = ‖h_inj‖/‖h_base‖``.
-      For layers before the injection layer the runs coincide (``δ = 0``, ``cos = 1``).
-    * ``magnitude`` ``[n_l, n_s]`` -- the injected norm ``c``; ``proj / c`` is 1 at injection.
+    * one array per name of :data:`companion.perturbation.METRIC_NAMES` (``projection``,
+      ``cos_delta_v``, ``delta_norm``, ``relative_size``, ``cos_inj_base``, ``norm_ratio``;
+      definitions in :func:`companion.perturbation.perturbation_metrics`), each
+      ``[n_l, n_s, L+1, G, n]`` float32; the mean over the injected tokens ignores undefined
+      (NaN) values.  For layers before the injection layer the runs coincide (``delta = 0``).
+    * ``magnitude`` ``[n_l, n_s]`` -- the injected norm ``c``; ``projection / c`` is 1 at injection.
     * ``median_norm`` ``[L+1]``; ``layers``; ``scales``.
-    * causal LMs only: ``kl_last`` ``[n_l, n_s, n]`` -- ``KL(p_base ‖ p_inj)`` of the next-token
-      distributions at the last token (nats), and ``top1_changed`` (0/1) the same shape.
+    * causal LMs only: ``kl_last`` ``[n_l, n_s, n]`` --
+      :func:`companion.perturbation.next_token_kl` at the last token (nats), and
+      ``top1_changed`` (0/1) the same shape.
+
+    Schema 2 (this version) names the metrics as above; schema 1 called four of them ``proj``,
+    ``dist``, ``rel`` and ``cos`` and computed them in float32.
     """
 
     model: str = "smollm2-135m"
@@ -105,8 +109,10 @@ class InjectionSweepExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
-        from companion import models, probes
+        from companion import models
         from companion.corpus import corpus_sentences
+        from companion.engine import injection_sweep
+        from companion.perturbation import METRIC_NAMES, next_token_kl, perturbation_metrics
 
         check_int(self.n_texts, "n_texts", 1)
         check_int(self.batch_size, "batch_size", 1)
@@ -124,13 +130,14 @@ class InjectionSweepExperiment:
         g = torch.Generator().manual_seed(self.seed)
         v = torch.randn(m.d_model, generator=g, dtype=torch.float64)
         v = (v / v.norm()).to(device=m.device, dtype=torch.float32)
+        v_np = v.double().cpu().numpy()
         med = _median_norms(m, texts, self.batch_size, self.max_length)
         base_norm = torch.tensor([float(med[layer]) if self.relative else 1.0 for layer in layers])
         magnitude = base_norm[:, None] * torch.tensor(self.scales, dtype=torch.float32)[None, :]
         vectors = base_norm[:, None].to(m.device) * v[None, :]  # the scales multiply these
 
         n_l, n_s, G = len(layers), len(self.scales), len(TOKEN_GROUPS)
-        out = {k: np.zeros((n_l, n_s, L + 1, G, len(texts)), dtype=np.float32) for k in INJECTION_METRICS}
+        out = {k: np.zeros((n_l, n_s, L + 1, G, len(texts)), dtype=np.float32) for k in METRIC_NAMES}
         kl = np.zeros((n_l, n_s, len(texts)), dtype=np.float32)
         changed = np.zeros((n_l, n_s, len(texts)), dtype=np.int8)
 
@@ -146,44 +153,41 @@ class InjectionSweepExperiment:
                 raise ValueError("a text has no token to inject at (one-token text with positions='prefix')")
             rows = torch.arange(sel.shape[0], device=sel.device)
             last = enc["attention_mask"].sum(1) - 1
-            w = sel.to(torch.float32) / sel.sum(1, keepdim=True)  # mean over injected tokens
+            injected = sel.cpu().numpy()
             finals = {"h": [], "ids": []}  # last-token states at layer L, one entry per chunk of runs
 
             def measure(h_inj, h_base, layer, conditions):
-                hi, hb = h_inj.float(), h_base.float()
-                delta = hi - hb
-                eps = torch.finfo(torch.float32).tiny
-                nb = hb.norm(dim=-1).clamp_min(eps)
-                ni = hi.norm(dim=-1).clamp_min(eps)
-                per_token = torch.stack([
-                    delta @ v, delta.norm(dim=-1), delta.norm(dim=-1) / nb,
-                    (hi * hb).sum(-1) / (ni * nb), ni / nb,
-                ], dim=1)  # [K, metrics, B, T]
-                injected = (per_token * w).sum(-1)
-                at_last = per_token[:, :, rows, last]
+                hi = h_inj.detach().to("cpu", torch.float64).numpy()            # [K, B, T, d]
+                hb = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi.shape)
+                met = perturbation_metrics(hb, hi, v_np)                       # name -> [K, B, T]
+                per_token = np.stack([met[k] for k in METRIC_NAMES], axis=1)   # [K, metrics, B, T]
+                ok = injected & np.isfinite(per_token)
+                mean_inj = np.where(ok, per_token, 0.0).sum(-1) / np.maximum(ok.sum(-1), 1)
+                mean_inj = np.where(ok.sum(-1) > 0, mean_inj, np.nan)
+                at_last = per_token[:, :, rows.cpu().numpy(), last.cpu().numpy()]
                 if layer == L and m.kind == "causal-lm":
                     finals["h"].append(h_inj[:, rows, last].clone())
                     finals["ids"].append(conditions.clone())
-                return torch.stack([injected, at_last], dim=2)  # [K, metrics, G, B]
+                return torch.from_numpy(np.stack([mean_inj, at_last], axis=2))  # [K, metrics, G, B]
 
-            sw = probes.injection_sweep(m, enc, layers, vectors, scale=list(self.scales), positions=sel,
-                                        measure=measure)
+            sw = injection_sweep(m, enc, layers, vectors, scale=list(self.scales), positions=sel,
+                                 measure=measure)
             got = sw.injected.cpu().numpy()  # [n_l, n_s, L+1, metrics, G, B]
             batch_slice = slice(start, start + sel.shape[0])
-            for k, name in enumerate(INJECTION_METRICS):
+            for k, name in enumerate(METRIC_NAMES):
                 out[name][..., batch_slice] = got[:, :, :, k]
             if m.kind == "causal-lm":
-                logp_base = torch.log_softmax(models.logits_from_residual(m, sw.baseline[L][rows, last]).float(), -1)
-                logp_inj = torch.log_softmax(models.logits_from_residual(m, torch.cat(finals["h"])).float(), -1)
-                div = (logp_base.exp() * (logp_base - logp_inj)).sum(-1).clamp_min(0)  # [K, B]
-                flip = logp_base.argmax(-1) != logp_inj.argmax(-1)
+                logits_base = models.logits_from_residual(m, sw.baseline[L][rows, last])   # [B, V]
+                logits_inj = models.logits_from_residual(m, torch.cat(finals["h"]))        # [K, B, V]
+                div = next_token_kl(logits_base.expand_as(logits_inj), logits_inj)         # [K, B]
+                flip = (logits_base.argmax(-1) != logits_inj.argmax(-1)).cpu().numpy()
                 for k, (j, s) in enumerate(torch.cat(finals["ids"]).tolist()):
-                    kl[j, s, batch_slice] = div[k].cpu().numpy()
-                    changed[j, s, batch_slice] = flip[k].cpu().numpy()
+                    kl[j, s, batch_slice] = div[k]
+                    changed[j, s, batch_slice] = flip[k]
 
         result = {**out, "magnitude": magnitude.numpy(), "median_norm": med.numpy(),
                   "layers": np.asarray(layers), "scales": np.asarray(self.scales, dtype=np.float64),
-                  "n_texts": len(texts), "metrics": list(INJECTION_METRICS), "groups": list(TOKEN_GROUPS),
+                  "n_texts": len(texts), "metrics": list(METRIC_NAMES), "groups": list(TOKEN_GROUPS),
                   **m.facts()}
         if m.kind == "causal-lm":
             result.update(kl_last=kl, top1_changed=changed)

@@ -3,7 +3,7 @@
 Retrains the depth-2 models of ``framework_tiny_lms`` (the ones the test suite retrains) under
 every kernel set this CPU has, each in its own process, and prints the largest difference of the
 training losses and of the float16-rounded weights from the stored ones and between kernel sets.
-The tolerances of ``tests/test_framework.py::test_stored_weights_are_reproduced_by_training``
+The tolerances of ``tests/test_experiments_framework.py::test_stored_weights_are_reproduced_by_training``
 are derived from these numbers.  Run: ``.venv/bin/python tests/portability/training_spread.py``.
 """
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import sys, numpy as np, torch
-import companion.experiments.framework as xf
+import companion.experiments.framework_trained as xf
 torch.set_num_threads(1); torch.use_deterministic_algorithms(True)
 out = {}
 cfg = xf.TrainedWindowsConfig(**eval(sys.argv[2]))
@@ -58,7 +58,7 @@ def _distances(run: dict, stored: dict) -> tuple[float, float]:
 
 def main() -> None:
     from companion.determinism import available_kernel_sets
-    import companion.experiments.framework as xf
+    import companion.experiments.framework_trained as xf
 
     stored = xf.load_models()
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,5 @@
-"""Tests for companion.injection (and the experiment companion.experiments.injection).
+"""Tests for companion.directions, the engine's track_injection, and the experiment
+companion.experiments.injection_window.
 
 Pure functions are checked against closed forms and hand-written references; the sweep is
 checked against a forward hook written here from scratch (not the probes' hooks) on both
@@ -13,108 +14,34 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion import framework, injection as inj
-
-
-# --------------------------------------------------------------------------------------------
-# next_token_kl
-# --------------------------------------------------------------------------------------------
-def test_kl_closed_form_two_tokens():
-    # p = (1/2, 1/2), q = (3/4, 1/4): KL = 1/2 log(2/3) + 1/2 log 2
-    want = 0.5 * np.log(0.5 / 0.75) + 0.5 * np.log(0.5 / 0.25)
-    got = inj.next_token_kl([0.0, 0.0], [np.log(3.0), 0.0])
-    assert got.shape == ()
-    assert abs(float(got) - want) < 1e-12
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.floats(-50, 50))
-def test_kl_properties(seed, shift):
-    rng = np.random.default_rng(seed)
-    a = 3 * rng.standard_normal((4, 11))
-    b = 3 * rng.standard_normal((4, 11))
-    kl = inj.next_token_kl(a, b)
-    assert kl.shape == (4,)
-    assert np.all(kl >= 0)
-    np.testing.assert_allclose(inj.next_token_kl(a, a), 0.0, atol=1e-12)
-    # logits are defined up to an additive constant per row
-    np.testing.assert_allclose(inj.next_token_kl(a + shift, b - shift), kl, rtol=1e-9, atol=1e-10)
-    # reference: the definition with explicit probabilities
-    p = np.exp(a - a.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
-    q = np.exp(b - b.max(-1, keepdims=True)); q /= q.sum(-1, keepdims=True)
-    np.testing.assert_allclose(kl, np.sum(p * np.log(p / q), -1), rtol=1e-9, atol=1e-12)
-
-
-def test_kl_accepts_torch_and_is_asymmetric():
-    a = torch.tensor([[4.0, 0.0, 0.0]])
-    b = torch.tensor([[0.0, 0.0, 0.0]])
-    assert not np.isclose(inj.next_token_kl(a, b)[0], inj.next_token_kl(b, a)[0])
-
-
-def test_kl_errors():
-    with pytest.raises(ValueError, match="shape"):
-        inj.next_token_kl(np.zeros((2, 3)), np.zeros((2, 4)))
-    with pytest.raises(ValueError, match="NaN"):
-        inj.next_token_kl([0.0, np.nan], [0.0, 0.0])
-    with pytest.raises(ValueError, match="vocabulary"):
-        inj.next_token_kl(np.float64(1.0), np.float64(1.0))
-    with pytest.raises(TypeError, match="real numbers"):
-        inj.next_token_kl(["a", "b"], ["c", "d"])
-
-
-# --------------------------------------------------------------------------------------------
-# embedding_change
-# --------------------------------------------------------------------------------------------
-def test_embedding_change_values():
-    e = np.array([[1.0, 0.0], [1.0, 1.0], [2.0, 0.0]])
-    f = np.array([[0.0, 3.0], [-1.0, -1.0], [5.0, 0.0]])
-    np.testing.assert_allclose(inj.embedding_change(e, f), [1.0, 2.0, 0.0], atol=1e-15)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10_000), st.floats(0.1, 100))
-def test_embedding_change_scale_invariant(seed, c):
-    rng = np.random.default_rng(seed)
-    a, b = rng.standard_normal((2, 5, 7))
-    got = inj.embedding_change(a, b)
-    np.testing.assert_allclose(inj.embedding_change(c * a, b / c), got, rtol=1e-9, atol=1e-12)
-    assert np.all((got >= 0) & (got <= 2))
-
-
-def test_embedding_change_errors():
-    with pytest.raises(ValueError, match="shape"):
-        inj.embedding_change(np.ones((2, 3)), np.ones((3, 3)))
-    with pytest.raises(ValueError, match="zero vector"):
-        inj.embedding_change(np.zeros((1, 3)), np.ones((1, 3)))
-    with pytest.raises(ValueError, match="NaN"):
-        inj.embedding_change([[np.inf, 1.0]], [[1.0, 1.0]])
-    with pytest.raises(ValueError, match="last axis"):
-        inj.embedding_change(np.float64(1.0), np.float64(1.0))
+from companion import directions as dr
+from companion import engine
+from companion import perturbation as pt
 
 
 # --------------------------------------------------------------------------------------------
 # random_unit_vectors, typical_norms
 # --------------------------------------------------------------------------------------------
 def test_random_unit_vectors_norms_and_reproducibility():
-    v = inj.random_unit_vectors(300, 50, np.random.default_rng(3))
+    v = dr.random_unit_vectors(300, 50, np.random.default_rng(3))
     assert v.shape == (50, 300)
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-12)
-    np.testing.assert_array_equal(v, inj.random_unit_vectors(300, 50, np.random.default_rng(3)))
-    np.testing.assert_array_equal(inj.random_unit_vectors(5), inj.random_unit_vectors(5))
+    np.testing.assert_array_equal(v, dr.random_unit_vectors(300, 50, np.random.default_rng(3)))
+    np.testing.assert_array_equal(dr.random_unit_vectors(5), dr.random_unit_vectors(5))
     # nearly orthogonal to a fixed direction: E cos^2 = 1/d exactly for the uniform law
-    cos2 = inj.random_unit_vectors(300, 4000, np.random.default_rng(4))[:, 0] ** 2
+    cos2 = dr.random_unit_vectors(300, 4000, np.random.default_rng(4))[:, 0] ** 2
     assert abs(cos2.mean() * 300 - 1.0) < 0.1
 
 
 def test_random_unit_vectors_errors():
     with pytest.raises(ValueError, match="d must be >= 1"):
-        inj.random_unit_vectors(0)
+        dr.random_unit_vectors(0)
     with pytest.raises(ValueError, match="n must be >= 1"):
-        inj.random_unit_vectors(3, 0)
+        dr.random_unit_vectors(3, 0)
     with pytest.raises(TypeError, match="integer"):
-        inj.random_unit_vectors(3.5)
+        dr.random_unit_vectors(3.5)
     with pytest.raises(TypeError, match="Generator"):
-        inj.random_unit_vectors(3, 1, rng=np.random.RandomState(0))
+        dr.random_unit_vectors(3, 1, rng=np.random.RandomState(0))
 
 
 def test_typical_norms_median_over_mask():
@@ -122,27 +49,27 @@ def test_typical_norms_median_over_mask():
     h[0, :, :, 0] = [[1.0, 2.0, 100.0], [3.0, 4.0, 5.0]]
     h[1, :, :, 1] = [[-6.0, 7.0, 8.0], [9.0, 10.0, 11.0]]
     mask = np.array([[True, True, False], [True, False, True]])
-    np.testing.assert_allclose(inj.typical_norms(h, mask), [np.median([1, 2, 3, 5]), np.median([6, 7, 9, 11])])
-    np.testing.assert_allclose(inj.typical_norms(torch.tensor(h), torch.tensor(mask)), [2.5, 8.0])
+    np.testing.assert_allclose(dr.typical_norms(h, mask), [np.median([1, 2, 3, 5]), np.median([6, 7, 9, 11])])
+    np.testing.assert_allclose(dr.typical_norms(torch.tensor(h), torch.tensor(mask)), [2.5, 8.0])
 
 
 def test_typical_norms_errors():
     h = np.ones((2, 1, 3, 4))
     with pytest.raises(TypeError, match="boolean"):
-        inj.typical_norms(h, np.ones((1, 3)))
+        dr.typical_norms(h, np.ones((1, 3)))
     with pytest.raises(ValueError, match="mask"):
-        inj.typical_norms(h, np.ones((2, 3), bool))
+        dr.typical_norms(h, np.ones((2, 3), bool))
     with pytest.raises(ValueError, match="selects no"):
-        inj.typical_norms(h, np.zeros((1, 3), bool))
+        dr.typical_norms(h, np.zeros((1, 3), bool))
     with pytest.raises(ValueError, match="NaN"):
-        inj.typical_norms(np.full((2, 1, 3, 4), np.nan), np.ones((1, 3), bool))
+        dr.typical_norms(np.full((2, 1, 3, 4), np.nan), np.ones((1, 3), bool))
 
 
 def test_group_means_nan_aware():
     values = np.array([[[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]]])  # K=1, B=2, T=3
     groups = np.array([[[True, True, False], [False, True, True]],
                        [[False, True, False], [True, False, False]]])  # G=2
-    got = inj._group_means(values, groups)
+    got = engine._group_means(values, groups)
     assert got.shape == (1, 2, 2)
     np.testing.assert_allclose(got[0], [[1.0, np.nan], [5.5, 4.0]])
 
@@ -152,10 +79,10 @@ def _toy_track(effect):
     effect = np.asarray(effect, dtype=float)  # [n_inj, n_scales, B]
     n_inj, n_sc, B = effect.shape
     L = 4
-    met = {k: np.zeros((n_inj, n_sc, L + 1, B, 3)) for k in framework.METRIC_NAMES}
+    met = {k: np.zeros((n_inj, n_sc, L + 1, B, 3)) for k in pt.METRIC_NAMES}
     met["cos_delta_v"][:] = np.nan
     met["cos_delta_v"][0, 0, 2, :, 0] = [0.5, 0.7, np.nan][:B]
-    return inj.InjectionTrack(model="toy", n_layers=L, layers=np.arange(n_inj), scales=np.ones(n_sc),
+    return engine.InjectionTrack(model="toy", n_layers=L, layers=np.arange(n_inj), scales=np.ones(n_sc),
                               relative=True, coefficient=np.ones((n_inj, n_sc)), typical_norm=np.ones(L + 1),
                               metrics=met, output_effect=effect, effect_name="kl_last")
 
@@ -183,7 +110,7 @@ def test_injection_track_summaries():
 
 
 def test_concept_sets_are_well_formed():
-    for name, c in inj.CONCEPTS.items():
+    for name, c in dr.CONCEPTS.items():
         assert c.name == name
         pos, neg = c.texts()
         assert len(pos) == len(neg) >= 8
@@ -268,7 +195,7 @@ def _reference_group_means(metric, groups):
 @pytest.mark.slow
 def test_make_prompts_groups_follow_the_text(minilm, smol):
     for m in (minilm, smol):
-        p = inj.make_prompts(m, FIRST, SECOND, max_length=64)
+        p = dr.make_prompts(m, FIRST, SECOND, max_length=64)
         ids = p.encoding["input_ids"]
         for b in range(2):
             first_ids = ids[b][p.injected[b]].tolist()
@@ -296,19 +223,19 @@ def test_make_prompts_groups_follow_the_text(minilm, smol):
 @pytest.mark.slow
 def test_make_prompts_errors(minilm):
     with pytest.raises(ValueError, match="same length"):
-        inj.make_prompts(minilm, FIRST, SECOND[:1])
+        dr.make_prompts(minilm, FIRST, SECOND[:1])
     with pytest.raises(ValueError, match="empty"):
-        inj.make_prompts(minilm, [], [])
+        dr.make_prompts(minilm, [], [])
     with pytest.raises(ValueError, match="empty"):
-        inj.make_prompts(minilm, ["  "], ["x y"])
+        dr.make_prompts(minilm, ["  "], ["x y"])
     with pytest.raises(TypeError, match="list of strings"):
-        inj.make_prompts(minilm, "one text", "another")
+        dr.make_prompts(minilm, "one text", "another")
     with pytest.raises(TypeError, match="skip_first"):
-        inj.make_prompts(minilm, FIRST, SECOND, skip_first="yes")
+        dr.make_prompts(minilm, FIRST, SECOND, skip_first="yes")
     with pytest.raises(ValueError, match="no later token"):
-        inj.make_prompts(minilm, FIRST, SECOND, max_length=8)
+        dr.make_prompts(minilm, FIRST, SECOND, max_length=8)
     with pytest.raises(TypeError, match="LoadedModel"):
-        inj.make_prompts("minilm-l6", FIRST, SECOND)
+        dr.make_prompts("minilm-l6", FIRST, SECOND)
 
 
 @pytest.mark.slow
@@ -318,7 +245,7 @@ def test_concept_vectors_match_a_direct_mean(minilm, smol):
     neg = ["Tell me about the table", "Tell me about the pencil"]
     for m in (minilm, smol):
         for pool in ("last", "mean"):
-            cv = inj.concept_vectors(m, pos, neg, pool=pool, name="t")
+            cv = dr.concept_vectors(m, pos, neg, pool=pool, name="t")
             assert cv.unit.shape == (m.n_layers + 1, m.d_model)
             np.testing.assert_allclose(np.linalg.norm(cv.unit, axis=1), 1.0, rtol=1e-12)
             # reference: one text at a time, no padding involved
@@ -340,13 +267,13 @@ def test_concept_vectors_match_a_direct_mean(minilm, smol):
 @pytest.mark.slow
 def test_concept_vectors_errors(minilm):
     with pytest.raises(ValueError, match="pool"):
-        inj.concept_vectors(minilm, ["a b"], ["c d"], pool="max")
+        dr.concept_vectors(minilm, ["a b"], ["c d"], pool="max")
     with pytest.raises(ValueError, match="identical"):
-        inj.concept_vectors(minilm, ["the same words"], ["the same words"])
+        dr.concept_vectors(minilm, ["the same words"], ["the same words"])
     with pytest.raises(ValueError, match="empty"):
-        inj.concept_vectors(minilm, [], ["c d"])
+        dr.concept_vectors(minilm, [], ["c d"])
     with pytest.raises(TypeError, match="name"):
-        inj.concept_vectors(minilm, ["a b"], ["c d"], name=3)
+        dr.concept_vectors(minilm, ["a b"], ["c d"], name=3)
 
 
 @pytest.mark.slow
@@ -354,14 +281,14 @@ def test_concept_vectors_errors(minilm):
 def test_track_injection_matches_hand_written_hooks(which, request):
     from companion import probes
     m = request.getfixturevalue(which)
-    p = inj.make_prompts(m, FIRST, SECOND, max_length=64)
+    p = dr.make_prompts(m, FIRST, SECOND, max_length=64)
     layers = [0, 2, m.n_layers - 1]
     scales = [0.5, 2.0]
     rng = np.random.default_rng(7)
-    dirs = inj.random_unit_vectors(m.d_model, len(layers), rng) * np.array([[1.0], [3.0], [0.5]])
-    tr = inj.track_injection(m, p, layers, dirs, scales)
+    dirs = dr.random_unit_vectors(m.d_model, len(layers), rng) * np.array([[1.0], [3.0], [0.5]])
+    tr = engine.track_injection(m, p, layers, dirs, scales)
     base, base_out = _hooked_stream(m, p.encoding, 0, torch.zeros(()))
-    norms = inj.typical_norms(base, p.injected)
+    norms = dr.typical_norms(base, p.injected)
     np.testing.assert_allclose(tr.typical_norm, norms, rtol=1e-5)
     groups = p.groups.numpy()
     mask = p.encoding["attention_mask"].double()
@@ -372,8 +299,8 @@ def test_track_injection_matches_hand_written_hooks(which, request):
             assert tr.coefficient[j, s] == pytest.approx(c)
             delta = torch.tensor(c * v_hat, dtype=torch.float32) * p.injected.unsqueeze(-1)
             h, out = _hooked_stream(m, p.encoding, layer, delta)
-            met = framework.perturbation_metrics(base, h, v_hat)
-            for name in framework.METRIC_NAMES:
+            met = pt.perturbation_metrics(base, h, v_hat)
+            for name in pt.METRIC_NAMES:
                 ref = _reference_group_means(met[name], groups)
                 np.testing.assert_allclose(tr.metrics[name][j, s], ref, rtol=2e-3, atol=2e-3 * (
                     1 + np.nanmax(np.abs(ref))), equal_nan=True, err_msg=f"{name} at layer {layer}")
@@ -393,38 +320,38 @@ def test_track_injection_matches_hand_written_hooks(which, request):
     # cannot see an injection at earlier positions (no attention is left)
     assert np.all(tr.metrics["delta_norm"][1, :, :2] == 0)
     if m.kind == "causal-lm":
-        tr_end = inj.track_injection(m, p, [m.n_layers], dirs[0], [1.0], norms=norms)
+        tr_end = engine.track_injection(m, p, [m.n_layers], dirs[0], [1.0], norms=norms)
         assert np.all(tr_end.output_effect == 0)
         assert np.all(tr_end.metrics["delta_norm"][0, 0, -1, :, 1:] == 0)
     # argument errors
     with pytest.raises(TypeError, match="make_prompts"):
-        inj.track_injection(m, p.encoding, layers, dirs, scales)
+        engine.track_injection(m, p.encoding, layers, dirs, scales)
     with pytest.raises(ValueError, match="strictly increasing"):
-        inj.track_injection(m, p, [2, 1], dirs[0], [1.0], norms=norms)
+        engine.track_injection(m, p, [2, 1], dirs[0], [1.0], norms=norms)
     with pytest.raises(ValueError, match="strictly increasing"):
-        inj.track_injection(m, p, [m.n_layers + 1], dirs[0], [1.0], norms=norms)
+        engine.track_injection(m, p, [m.n_layers + 1], dirs[0], [1.0], norms=norms)
     with pytest.raises(TypeError, match="integer"):
-        inj.track_injection(m, p, [1.5], dirs[0], [1.0], norms=norms)
+        engine.track_injection(m, p, [1.5], dirs[0], [1.0], norms=norms)
     with pytest.raises(ValueError, match="empty"):
-        inj.track_injection(m, p, [], dirs[0], [1.0], norms=norms)
+        engine.track_injection(m, p, [], dirs[0], [1.0], norms=norms)
     with pytest.raises(ValueError, match="shape"):
-        inj.track_injection(m, p, [1, 2], dirs, [1.0], norms=norms)
+        engine.track_injection(m, p, [1, 2], dirs, [1.0], norms=norms)
     with pytest.raises(ValueError, match="zero vector"):
-        inj.track_injection(m, p, [1], np.zeros(m.d_model), [1.0], norms=norms)
+        engine.track_injection(m, p, [1], np.zeros(m.d_model), [1.0], norms=norms)
     with pytest.raises(ValueError, match="> 0"):
-        inj.track_injection(m, p, [1], dirs[0], [0.0], norms=norms)
+        engine.track_injection(m, p, [1], dirs[0], [0.0], norms=norms)
     with pytest.raises(ValueError, match="empty"):
-        inj.track_injection(m, p, [1], dirs[0], [], norms=norms)
+        engine.track_injection(m, p, [1], dirs[0], [], norms=norms)
     with pytest.raises(TypeError, match="real number"):
-        inj.track_injection(m, p, [1], dirs[0], ["1"], norms=norms)
+        engine.track_injection(m, p, [1], dirs[0], ["1"], norms=norms)
     with pytest.raises(ValueError, match="positive"):
-        inj.track_injection(m, p, [1], dirs[0], [1.0], norms=np.zeros(m.n_layers + 1))
+        engine.track_injection(m, p, [1], dirs[0], [1.0], norms=np.zeros(m.n_layers + 1))
     with pytest.raises(TypeError, match="relative"):
-        inj.track_injection(m, p, [1], dirs[0], [1.0], relative="yes", norms=norms)
+        engine.track_injection(m, p, [1], dirs[0], [1.0], relative="yes", norms=norms)
     with pytest.raises(TypeError, match="sequence"):
-        inj.track_injection(m, p, "all", dirs[0], [1.0], norms=norms)
+        engine.track_injection(m, p, "all", dirs[0], [1.0], norms=norms)
     # absolute magnitudes: the coefficient is the scale itself
-    tr_abs = inj.track_injection(m, p, [1], dirs[0], [3.0], relative=False, norms=norms)
+    tr_abs = engine.track_injection(m, p, [1], dirs[0], [3.0], relative=False, norms=norms)
     assert tr_abs.coefficient.tolist() == [[3.0]]
     rel = tr_abs.mean("relative_size", "injected")[0, 0, 1]
     inv = 3.0 / np.linalg.norm(base[1].double().numpy(), axis=-1)  # [B, T]
@@ -433,11 +360,11 @@ def test_track_injection_matches_hand_written_hooks(which, request):
 
 
 # ============================================================================================
-# the experiment companion.experiments.injection
+# the experiment companion.experiments.injection_window
 # ============================================================================================
 def test_experiment_is_registered_and_validates():
     from companion import experiments
-    from companion.experiments import injection as ei
+    from companion.experiments import injection_window as ei
 
     assert "injection_window" in experiments.experiment_names()
     cls = experiments.get_experiment("injection_window")
@@ -459,7 +386,7 @@ def test_experiment_is_registered_and_validates():
 
 
 def test_gpu_configs_cover_several_depths_and_families():
-    from companion.experiments import injection as ei
+    from companion.experiments import injection_window as ei
 
     names = set(ei.GPU_CONFIGS)
     assert {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"} <= names
@@ -474,7 +401,7 @@ def test_cli_command_rebuilds_the_same_config():
 
     from companion import experiments
     from companion.__main__ import _parse_overrides, build_parser
-    from companion.experiments import injection as ei
+    from companion.experiments import injection_window as ei
 
     for cfg in list(ei.GPU_CONFIGS.values())[:3] + list(ei.CPU_CONFIGS.values()):
         line = ei.cli_command(cfg)
@@ -489,7 +416,7 @@ def test_cli_command_rebuilds_the_same_config():
 
 def test_result_readers_reject_other_results():
     from companion.experiments import Result
-    from companion.experiments import injection as ei
+    from companion.experiments import injection_window as ei
 
     other = Result(name="channel_statistics", config={}, arrays={}, scalars={}, versions={}, device="cpu",
                    wall_time=0.0, schema="1.1", config_hash="0")
@@ -498,7 +425,7 @@ def test_result_readers_reject_other_results():
     with pytest.raises(TypeError, match="Result"):
         ei.tracks({"arrays": {}})
     with pytest.raises(TypeError, match="dict"):
-        ei.stored_results(configs=[ei.InjectionWindowExperiment()])
+        ei.gpu_results(configs=[ei.InjectionWindowExperiment()])
     with pytest.raises(TypeError, match="dict"):
         ei.run_suite(configs={"x": "gpt2"})
 
@@ -510,7 +437,7 @@ TINY = dict(model="minilm-l6", n_prompts=2, min_words=6, max_words=12, layers=(0
 @pytest.mark.slow
 def test_experiment_run_store_and_read_back(tmp_path):
     from companion import experiments
-    from companion.experiments import injection as ei
+    from companion.experiments import injection_window as ei
 
     cfg = ei.InjectionWindowExperiment(**TINY)
     res = experiments.run(cfg, device="cpu")
@@ -529,9 +456,9 @@ def test_experiment_run_store_and_read_back(tmp_path):
 
     m = models.load("minilm-l6", device="cpu")
     sent = corpus_sentences(4, 6, 12)
-    p = inj.make_prompts(m, sent[0::2], sent[1::2], max_length=cfg.max_length)
-    rv = inj.random_unit_vectors(m.d_model, 1, np.random.default_rng(0))[0]
-    tr = inj.track_injection(m, p, [0, 3, 6], rv, [0.25, 1.0])
+    p = dr.make_prompts(m, sent[0::2], sent[1::2], max_length=cfg.max_length)
+    rv = dr.random_unit_vectors(m.d_model, 1, np.random.default_rng(0))[0]
+    tr = engine.track_injection(m, p, [0, 3, 6], rv, [0.25, 1.0])
     got = ei.tracks(res)[("random0", "rel")]
     np.testing.assert_allclose(got.output_effect, tr.output_effect, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(got.mean("relative_size", "later"), tr.mean("relative_size", "later"), rtol=1e-5)
@@ -541,7 +468,7 @@ def test_experiment_run_store_and_read_back(tmp_path):
     for r in rows:
         assert r["best"] in (0, 3, 6) and r["best_fraction"] == r["best"] / 6
         assert r["device"].startswith("cpu") and "torch" in r["versions"]
-        w = framework.injection_window(ei.tracks(res)[(r["direction"], "rel")].effect()[:, 1],
+        w = pt.injection_window(ei.tracks(res)[(r["direction"], "rel")].effect()[:, 1],
                                        layers=[0, 3, 6], n_layers=6)
         assert (w.first, w.last) == (r["first"], r["last"])
     assert len(ei.window_summary(res, scale=0.5, mode="abs")) == 2
@@ -557,7 +484,7 @@ def test_experiment_run_store_and_read_back(tmp_path):
     # the direction-averaged window
     mean = np.mean([t.effect()[:, 1] for (d, mo), t in ei.tracks(res).items() if mo == "rel"], axis=0)
     wm = ei.mean_window(res, scale=1.0)
-    ref = framework.injection_window(mean, layers=[0, 3, 6], n_layers=6)
+    ref = pt.injection_window(mean, layers=[0, 3, 6], n_layers=6)
     assert (wm.best, wm.first, wm.last) == (ref.best, ref.first, ref.last)
     assert ei.mean_window(res, scale=0.5, mode="abs").n_layers == 6
     with pytest.raises(ValueError, match="not run"):
@@ -566,19 +493,19 @@ def test_experiment_run_store_and_read_back(tmp_path):
         ei.mean_window(res, mode="lin")
     # stored Results are found only when hash and schema match
     experiments.save_result(res, tmp_path)
-    found = ei.stored_results({"tiny": cfg}, folder=tmp_path)
+    found = ei.gpu_results({"tiny": cfg}, folder=tmp_path)
     assert list(found) == ["tiny"] and found["tiny"].device == res.device
-    assert ei.stored_results({"other": ei.InjectionWindowExperiment(**{**TINY, "n_prompts": 3})},
+    assert ei.gpu_results({"other": ei.InjectionWindowExperiment(**{**TINY, "n_prompts": 3})},
                              folder=tmp_path) == {}
     path = experiments.result_path(cfg, tmp_path)
     text = path.read_text().replace(res.schema, "1.999")
     path.write_text(text)
-    assert ei.stored_results({"tiny": cfg}, folder=tmp_path) == {}
+    assert ei.gpu_results({"tiny": cfg}, folder=tmp_path) == {}
 
 
 @pytest.mark.slow
 def test_run_suite_skips_models_it_cannot_load(tmp_path, monkeypatch, capsys):
-    from companion.experiments import injection as ei
+    from companion.experiments import injection_window as ei
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfgs = {"missing": ei.InjectionWindowExperiment(**{**TINY, "model": "no-such-org/no-such-model"})}
@@ -591,18 +518,18 @@ def test_run_suite_skips_models_it_cannot_load(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("size", [1e-200, 1e200])
 def test_track_injection_directions_of_any_size(minilm, size):
     """||v|| underflowed ("zero vector") or overflowed (v / inf = 0, a zero injection)."""
-    p = inj.make_prompts(minilm, FIRST, SECOND, max_length=32)
-    d = inj.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
-    ref = inj.track_injection(minilm, p, [1], d, [1.0])
-    got = inj.track_injection(minilm, p, [1], d * size, [1.0], norms=ref.typical_norm)
-    for name in framework.METRIC_NAMES:
+    p = dr.make_prompts(minilm, FIRST, SECOND, max_length=32)
+    d = dr.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
+    ref = engine.track_injection(minilm, p, [1], d, [1.0])
+    got = engine.track_injection(minilm, p, [1], d * size, [1.0], norms=ref.typical_norm)
+    for name in pt.METRIC_NAMES:
         np.testing.assert_allclose(got.metrics[name], ref.metrics[name], rtol=1e-6, equal_nan=True)
 
 
 @pytest.mark.slow
 def test_track_injection_scales_beyond_the_model_dtype(minilm):
     """alpha * n_l * v beyond float32 became inf in the model and NaN in every metric."""
-    p = inj.make_prompts(minilm, FIRST, SECOND, max_length=32)
-    d = inj.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
+    p = dr.make_prompts(minilm, FIRST, SECOND, max_length=32)
+    d = dr.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
     with pytest.raises(ValueError, match="torch.float32"):
-        inj.track_injection(minilm, p, [1], d, [1e39], relative=False)
+        engine.track_injection(minilm, p, [1], d, [1e39], relative=False)

@@ -1,11 +1,11 @@
-"""The three-effect framework: perturbation metrics, linearised predictions, the window.
+"""Perturbation metrics, output effects, linearised predictions and the injection window.
 
-This module holds the analysis behind the chapter *The three-effect framework*
-(``book/three_effect_framework.ipynb``).  The metrics, predictions and windows are numpy
-functions of stream arrays (numpy arrays or torch tensors), so that they apply equally to random
-stacks, small trained stacks (:mod:`companion.stacks`) and real models (:mod:`companion.probes`);
-:func:`stack_injection_sweep` and :func:`sharpen_attention` run stacks and so use torch (imported
-inside those functions: importing this module does not load torch).
+The one metric vocabulary of the package: every injection -- into a random stack, a trained
+:class:`~companion.stacks.TinyLM` or a real model (:mod:`companion.engine`) -- is measured with
+the functions here, so a metric name means the same thing in every chapter and every Result.
+The functions are numpy functions of stream arrays (numpy arrays or torch tensors);
+:func:`next_token_kl` imports torch inside the function, so importing this module does not load
+torch.
 
 Conventions
 -----------
@@ -18,10 +18,12 @@ was added to the stream at some layer; ``base`` is the run without it.  The diff
 
 Public functions
 ----------------
-perturbation_metrics
+perturbation_metrics, METRIC_NAMES
     Projection on the injected direction, cos(delta, v), ||delta||, ||delta||/||h_base||,
-    cos(h_inj, h_base) and the norm ratio, per layer (the metric definitions shared with the
-    real-model injection chapter).
+    cos(h_inj, h_base) and the norm ratio, per layer: the metric vocabulary.
+next_token_kl, embedding_change
+    The output effects: KL divergence of next-token distributions (the one KL of the package),
+    1 - cos of sentence embeddings.
 normalisation_scale
     sqrt(Var(x) + eps) along the last axis: the scale that LayerNorm divides by.
 postln_contraction_factors, predicted_projection
@@ -34,15 +36,6 @@ injection_window, predicted_window
     The operational "window": the injection layers whose output effect is at least a stated
     fraction of the largest one, with its position as a fraction of depth; and the window
     that the two first-order laws predict for the readable projection.
-sharpen_attention
-    Re-draw the query and key maps of a random stack's attention so that its logits have a
-    chosen spread (large spread: the chaotic regime in which nearby runs separate).
-random_direction, stack_injection_sweep
-    A seeded random unit direction orthogonal to the all-ones vector, and the injection sweep
-    over layers of a :class:`companion.stacks.ResidualStack` or ``TinyLM`` (baseline run
-    once, one injected run per layer, every metric above per layer and position, the output
-    change, the next-token KL divergence for a language model, and the skip-path prediction
-    of the projection).
 """
 
 from __future__ import annotations
@@ -55,8 +48,9 @@ from companion._validation import as_float64, check_int, check_real
 
 __all__ = [
     "METRIC_NAMES",
-    "EFFECT_KINDS",
     "perturbation_metrics",
+    "next_token_kl",
+    "embedding_change",
     "normalisation_scale",
     "postln_contraction_factors",
     "predicted_projection",
@@ -65,17 +59,11 @@ __all__ = [
     "Window",
     "injection_window",
     "predicted_window",
-    "random_direction",
-    "sharpen_attention",
-    "InjectionSweep",
-    "stack_injection_sweep",
     "unit_vectors",
 ]
 
-#: Output effects an :class:`InjectionSweep` can report (see :meth:`InjectionSweep.effect`).
-EFFECT_KINDS = ("output_change", "output_projection", "kl")
-
-#: Keys of the dictionary returned by :func:`perturbation_metrics`, in a stable order.
+#: Keys of the dictionary returned by :func:`perturbation_metrics`, in a stable order: the
+#: metric vocabulary of every injection measurement (stacks, real models, experiments).
 METRIC_NAMES = (
     "projection",
     "cos_delta_v",
@@ -89,7 +77,6 @@ METRIC_NAMES = (
 # --------------------------------------------------------------------------------------------
 # argument handling
 # --------------------------------------------------------------------------------------------
-
 
 def _check_finite(arr: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(arr)):
@@ -655,6 +642,11 @@ class Window:
         """Number of injection layers in the window divided by ``L``."""
         return len(self.layers) / self.n_layers
 
+    @property
+    def fractions(self) -> list[float]:
+        """``[best, first, last, size]`` as fractions of depth (a row of a stored window array)."""
+        return [self.best_fraction, self.first_fraction, self.last_fraction, self.size_fraction]
+
 
 def injection_window(
     effect,
@@ -859,469 +851,109 @@ def predicted_window(
 
 
 # --------------------------------------------------------------------------------------------
-# injection sweeps on stacks
+# output effects
 # --------------------------------------------------------------------------------------------
-def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarray:
-    r"""A seeded random unit vector in :math:`\mathbb R^d`, by default orthogonal to **1**.
+def _finite64(x, name: str) -> np.ndarray:
+    arr = as_float64(x, name)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite values; check the run that produced it")
+    return arr
+
+
+def next_token_kl(logits_base, logits_inj) -> np.ndarray:
+    r"""KL divergence :math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of next-token distributions.
 
     Parameters
     ----------
-    d : int
-        Dimension, ``d >= 2``.
-    seed : int, default 0
-        Seed of ``numpy.random.default_rng``.
-    mean_zero : bool, default True
-        Remove the component along the all-ones vector (so LayerNorm's mean removal does not
-        act on it: assumption (i) of the Post-LN proposition).
+    logits_base, logits_inj : torch.Tensor or array_like, shape ``[..., vocab]``
+        Unnormalised logits of the baseline and the injected run (same shape).
 
     Returns
     -------
-    numpy.ndarray, shape ``[d]``, unit Euclidean norm.
+    numpy.ndarray, shape ``[...]``
+        :math:`\sum_w p_{base}(w)\,(\log p_{base}(w) - \log p_{inj}(w))` in nats, >= 0.
 
     Raises
     ------
     TypeError
-        If ``d`` or ``seed`` is not an integer, or ``mean_zero`` is not a bool.
+        If an input is not real-valued.
     ValueError
-        If ``d`` < 2 or ``seed`` < 0.
+        If the shapes differ, the last axis is empty, or a value is NaN/inf.
 
     Notes
     -----
-    A standard Gaussian vector, centred if asked, divided by its norm: uniform on the unit
-    sphere (of the mean-zero hyperplane when ``mean_zero``).
+    Computed from ``log_softmax`` in float64 (stable for any logit scale).  The direction
+    :math:`\mathrm{KL}(p_{base}\|p_{inj})` weights the tokens the unperturbed model expects: it
+    asks how surprised the original model's predictions would be by the injected ones.
 
     Examples
     --------
-    >>> v = random_direction(8, seed=1)
-    >>> round(float(v @ v), 12), abs(float(v.sum())) < 1e-12
-    (1.0, True)
-    """
-    d = check_int(d, "d", 2)
-    seed = check_int(seed, "seed", 0)
-    if not isinstance(mean_zero, bool):
-        raise TypeError(f"mean_zero must be a bool, got {type(mean_zero).__name__}")
-    v = np.random.default_rng(seed).standard_normal(d)
-    if mean_zero:
-        v -= v.mean()
-    return v / np.linalg.norm(v)
-
-
-def sharpen_attention(stack, logit_std: float, seed: int = 0):
-    r"""Re-draw every attention sublayer's query and key maps so the logits spread by ``logit_std``.
-
-    Parameters
-    ----------
-    stack : companion.stacks.ResidualStack
-        A stack with attention sublayers (``block`` is ``"attention"`` or ``"both"``); it is
-        modified in place.
-    logit_std : float
-        Target standard deviation :math:`\sigma_a > 0` of the attention logits for unit-variance
-        inputs.
-    seed : int, default 0
-        Seed of the new weights.
-
-    Returns
-    -------
-    companion.stacks.ResidualStack
-        The same stack (for chaining).
-
-    Raises
-    ------
-    TypeError
-        If ``stack`` is not a ``ResidualStack`` or ``logit_std``/``seed`` have the wrong type.
-    ValueError
-        If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
-
-    Notes
-    -----
-    :math:`W_Q` and :math:`W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries (biases stay 0).
-    For an input :math:`x` with :math:`\|x\|^2 = d` every query and key coordinate is then
-    :math:`N(0, \sigma_a)`, and a logit :math:`q\cdot k/\sqrt{d_h}` (a sum of :math:`d_h`
-    products) has variance :math:`\sigma_a^2`.  The stacks' default (Xiong et al.'s
-    :math:`W_Q = 0`) is the other extreme: uniform attention.  Large :math:`\sigma_a` makes
-    attention nearly a hard arg-max whose choice a small perturbation can flip.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from companion.stacks import StackConfig, ResidualStack
-    >>> st = sharpen_attention(ResidualStack(StackConfig(d_model=16, n_layers=1, n_heads=2)), 4.0)
-    >>> attn = st.blocks[0].sublayers[0].f
-    >>> bool(attn.w_q.weight.abs().sum() > 0)
-    True
-    """
-    import math
-
-    import torch
-
-    from companion.stacks import ResidualStack
-
-    if not isinstance(stack, ResidualStack):
-        raise TypeError(f"stack must be a companion.stacks.ResidualStack, got {type(stack).__name__}")
-    sigma = check_real(logit_std, "logit_std")
-    if sigma <= 0:
-        raise ValueError(f"logit_std must be > 0, got {sigma}")
-    seed = check_int(seed, "seed", 0)
-    attention = [sub.f for blk in stack.blocks for sub in blk.sublayers if sub.kind == "attention"]
-    if not attention:
-        raise ValueError(
-            f"the stack has no attention sublayer (block = {stack.config.block!r}); "
-            "use block='attention' or 'both'"
-        )
-    d = stack.config.d_model
-    g = torch.Generator().manual_seed(seed)
-    std = math.sqrt(sigma / d)
-    with torch.no_grad():
-        for attn in attention:
-            for lin in (attn.w_q, attn.w_k):
-                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g, dtype=torch.float64) * std)
-                if lin.bias is not None:
-                    lin.bias.zero_()
-    return stack
-
-
-@dataclass
-class InjectionSweep:
-    """Result of :func:`stack_injection_sweep` (all arrays numpy float64 on the CPU).
-
-    Attributes
-    ----------
-    layers : numpy.ndarray of int, shape ``[K]``
-        Injection layers (stream indices).
-    n_layers : int
-        Depth ``L`` of the stack.
-    placement : str
-        ``"pre"`` or ``"post"``.
-    direction : numpy.ndarray, shape ``[d]``
-        The unit direction ``v``.
-    amplitude : numpy.ndarray, shape ``[K]``
-        :math:`\\|\\delta_\\ell\\|` added at each injected position.
-    injected : numpy.ndarray of bool, shape ``[T]``
-        Which token positions received the vector.
-    metrics : dict of str to numpy.ndarray, each ``[K, L+1, B, T]``
-        :func:`perturbation_metrics` of the injected run against the baseline, for each
-        injection layer.
-    predicted_projection : numpy.ndarray, shape ``[K, L+1, B, T]``
-        Skip-path prediction of ``metrics["projection"]``: Post-LN, the product of the
-        factors of :func:`postln_contraction_factors` (one per sublayer norm); Pre-LN,
-        :math:`\\lambda^{S(m-\\ell)} p_\\ell` (S sublayers per block).  0 at positions that
-        were not injected.
-    output_change : numpy.ndarray, shape ``[K, B, T]``
-        :math:`\\|y_{inj} - y_{base}\\| / \\|y_{base}\\|` for the stack's final output ``y``
-        (after the final norm, if any).
-    output_projection : numpy.ndarray, shape ``[K, B, T]``
-        :math:`(y_{inj} - y_{base})\\cdot\\hat v / \\|y_{base}\\|`: how much of the injected
-        direction can still be read at the output, relative to the output's size.
-    kl : numpy.ndarray or None, shape ``[K, B, T]``
-        For a language model, :math:`\\mathrm{KL}(p_{base}\\,\\|\\,p_{inj})` of the
-        next-token distributions (nats); ``None`` for a bare stack.
-    base_sq_norm : numpy.ndarray, shape ``[L+1]``
-        :math:`\\mathbb E\\|h_l\\|^2` of the baseline over batch and tokens.
-    base_norm : numpy.ndarray, shape ``[L+1, B, T]``
-        :math:`\\|h_l\\|` of the baseline at every layer and position.
-    """
-
-    layers: np.ndarray
-    n_layers: int
-    placement: str
-    direction: np.ndarray
-    amplitude: np.ndarray
-    injected: np.ndarray
-    metrics: dict
-    predicted_projection: np.ndarray
-    output_change: np.ndarray
-    output_projection: np.ndarray
-    kl: np.ndarray | None
-    base_sq_norm: np.ndarray
-    base_norm: np.ndarray
-
-    def effect(self, kind: str = "output_change", positions: str = "all") -> np.ndarray:
-        """Output effect per injection layer, averaged over batch and the chosen tokens.
-
-        Parameters
-        ----------
-        kind : {"output_change", "output_projection", "kl"}
-            ``"output_change"``: mean of :attr:`output_change`; ``"output_projection"``:
-            absolute value of the mean of :attr:`output_projection` (the part of the injected
-            direction readable at the output); ``"kl"``: mean of :attr:`kl`.
-        positions : {"all", "injected", "later"}
-            Average over every token, over the injected tokens, or over the tokens after the
-            last injected one (the protocol of Hahami et al., who read the last token).
-
-        Returns
-        -------
-        numpy.ndarray, shape ``[K]``
-
-        Raises
-        ------
-        ValueError
-            If ``kind`` or ``positions`` is unknown, ``kind="kl"`` for a bare stack, or no
-            token lies after the last injected one.
-        """
-        if kind not in EFFECT_KINDS:
-            raise ValueError(f"kind must be one of {EFFECT_KINDS}, got {kind!r}")
-        values = {"output_change": self.output_change, "output_projection": self.output_projection,
-                  "kl": self.kl}[kind]
-        if values is None:
-            raise ValueError("kind='kl' needs a language model (TinyLM); this sweep ran a bare stack")
-        mean = values[:, :, self.position_mask(positions)].mean(axis=(1, 2))
-        return np.abs(mean) if kind == "output_projection" else mean
-
-    def effect_at(
-        self, layer: int, kind: str = "relative_projection", positions: str = "all"
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Effect read at stream index ``layer`` of the injections made before it.
-
-        Because block ``l`` of a stack depends only on ``(seed, l)``, the first ``m`` blocks
-        of a deep stack *are* the stack of depth ``m``: reading the stream at index ``m``
-        gives the output of the depth-``m`` stack, so one sweep serves every depth.
-
-        Parameters
-        ----------
-        layer : int
-            Stream index ``m`` (``1 <= m <= L``) at which to read.
-        kind : {"relative_projection", "relative_size"}
-            ``"relative_projection"``: :math:`|\\operatorname{mean}(p_m/\\|h_m\\|)|`, the
-            part of the injected direction still readable, relative to the stream's size;
-            ``"relative_size"``: :math:`\\operatorname{mean}(\\|\\delta_m\\|/\\|h_m\\|)`.
-        positions : {"all", "injected", "later"}
-            Tokens to average over (see :meth:`effect`).
-
-        Returns
-        -------
-        (numpy.ndarray of int, numpy.ndarray)
-            The injection layers ``l < m`` of this sweep and the effect of each.
-
-        Raises
-        ------
-        TypeError
-            If ``layer`` is not an integer.
-        ValueError
-            If ``layer`` is out of range, no injection layer lies below it, or ``kind`` or
-            ``positions`` is unknown.
-        """
-        m = check_int(layer, "layer", 1)
-        if m > self.n_layers:
-            raise ValueError(f"layer must be in [1, {self.n_layers}], got {m}")
-        keep = self.layers < m
-        if not keep.any():
-            raise ValueError(f"no injection layer of this sweep lies below layer {m}")
-        pos = self.position_mask(positions)
-        if kind == "relative_projection":
-            vals = self.metrics["projection"][keep, m] / self.base_norm[m]
-            return self.layers[keep], np.abs(vals[:, :, pos].mean(axis=(1, 2)))
-        if kind == "relative_size":
-            vals = self.metrics["relative_size"][keep, m]
-            return self.layers[keep], vals[:, :, pos].mean(axis=(1, 2))
-        raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
-
-    def position_mask(self, positions: str = "all") -> np.ndarray:
-        """Boolean mask over tokens: ``"all"``, ``"injected"`` or ``"later"`` (see :meth:`effect`)."""
-        if positions == "all":
-            return np.ones_like(self.injected)
-        if positions == "injected":
-            return self.injected.copy()
-        if positions == "later":
-            mask = np.zeros_like(self.injected)
-            last = int(np.flatnonzero(self.injected)[-1])
-            mask[last + 1 :] = True
-            if not mask.any():
-                raise ValueError("no token lies after the last injected position")
-            return mask
-        raise ValueError(f"positions must be 'all', 'injected' or 'later', got {positions!r}")
-
-    def window(
-        self, threshold: float = 0.5, kind: str = "output_change", positions: str = "all",
-        relative: bool = True, contiguous: bool = True,
-    ) -> Window:
-        """:func:`injection_window` of :meth:`effect` (same parameters)."""
-        return injection_window(
-            self.effect(kind, positions), layers=self.layers, n_layers=self.n_layers,
-            threshold=threshold, relative=relative, contiguous=contiguous,
-        )
-
-
-def stack_injection_sweep(
-    model,
-    inputs,
-    layers=None,
-    scale: float = 0.1,
-    relative: bool = True,
-    direction=None,
-    positions=None,
-    seed: int = 0,
-) -> InjectionSweep:
-    r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
-
-    Parameters
-    ----------
-    model : companion.stacks.ResidualStack or companion.stacks.TinyLM
-        The stack (random or trained).  It is run under ``torch.no_grad`` on its own device.
-    inputs : torch.Tensor
-        ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a
-        ``TinyLM``.
-    layers : sequence of int, optional
-        Injection layers (stream indices ``0 <= l <= L``), strictly increasing.  Default
-        ``0, ..., L-1``.
-    scale : float, default 0.1
-        With ``relative=True`` the injected norm is
-        :math:`a_\ell = \text{scale}\cdot\sqrt{\mathbb E\|h_\ell\|^2}` (the baseline's
-        root-mean-square stream norm at that layer, over batch and tokens); otherwise
-        :math:`a_\ell = \text{scale}`.
-    relative : bool, default True
-        See ``scale``.
-    direction : array_like, shape ``[d]``, optional
-        The direction ``v`` (normalised here).  Default :func:`random_direction` with
-        ``seed``.
-    positions : int or sequence of int, optional
-        Token positions that receive the vector (``None``: all).
-    seed : int, default 0
-        Seed of the default direction.
-
-    Returns
-    -------
-    InjectionSweep
-
-    Raises
-    ------
-    TypeError
-        If ``model`` is neither a ``ResidualStack`` nor a ``TinyLM``, ``relative`` is not a
-        bool, or ``scale``/``seed`` have the wrong type.
-    ValueError
-        If ``scale`` <= 0, ``layers`` is empty, not strictly increasing or out of
-        ``[0, L]``, ``direction`` has the wrong shape or is zero, or ``inputs``/``positions``
-        are rejected by the model's forward pass.
-
-    Notes
-    -----
-    The baseline runs once; each injection layer costs one forward pass (the stacks do not
-    expose a restart at block :math:`\ell`).  The skip-path prediction is the first-order
-    statement of the chapter's propositions: Post-LN multiplies the projection by
-    :math:`\lambda\,\hat v^\top\operatorname{diag}(\gamma)\hat v/s(u)` at every norm
-    (:func:`postln_contraction_factors`), Pre-LN by :math:`\lambda` at every sublayer.  The
-    KL divergence is :math:`\sum_x p_{base}(x)\,(\log p_{base}(x) - \log p_{inj}(x))`.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from companion.stacks import StackConfig, ResidualStack
-    >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2, placement="post"))
-    >>> sw = stack_injection_sweep(stack, torch.randn(2, 4, 16), scale=1e-4)
-    >>> sw.metrics["projection"].shape, sw.effect("output_change").shape
-    ((3, 4, 2, 4), (3,))
-    >>> p, q = sw.metrics["projection"][0, 0], sw.predicted_projection[0, 0]  # at injection
-    >>> bool(np.allclose(p, q, rtol=1e-3))
-    True
+    >>> float(next_token_kl([0.0, 0.0], [0.0, 0.0]))
+    0.0
+    >>> round(float(next_token_kl([0.0, 0.0], [np.log(3.0), 0.0])), 4)   # KL(1/2,1/2 || 3/4,1/4)
+    0.1438
     """
     import torch
 
-    from companion.stacks import ResidualStack, TinyLM
+    a = torch.as_tensor(_finite64(logits_base, "logits_base"))
+    b = torch.as_tensor(_finite64(logits_inj, "logits_inj"))
+    if a.shape != b.shape:
+        raise ValueError(f"logits_base has shape {tuple(a.shape)} but logits_inj has {tuple(b.shape)}")
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError("logits must have a non-empty last (vocabulary) axis")
+    la = torch.log_softmax(a, dim=-1)
+    lb = torch.log_softmax(b, dim=-1)
+    terms = la.exp() * (la - lb)
+    # a token with p_base = 0 (log-probability -inf: logits 1e308 apart) contributes 0, not 0 * inf
+    terms = torch.where(torch.isneginf(la), torch.zeros_like(terms), terms)
+    kl = terms.sum(-1)
+    return kl.clamp_min(0.0).numpy()
 
-    if isinstance(model, TinyLM):
-        stack, is_lm = model.stack, True
-    elif isinstance(model, ResidualStack):
-        stack, is_lm = model, False
-    else:
-        raise TypeError(
-            f"model must be a companion.stacks.ResidualStack or TinyLM, got {type(model).__name__}"
-        )
-    cfg = stack.config
-    n_layers, d = cfg.n_layers, cfg.d_model
-    scale = check_real(scale, "scale")
-    if scale <= 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
-    seed = check_int(seed, "seed", 0)
-    lay = np.arange(n_layers) if layers is None else np.asarray(layers)
-    if lay.ndim != 1 or lay.size == 0:
-        raise ValueError(f"layers must be a non-empty 1-D sequence of integers, got {layers!r}")
-    if not np.issubdtype(lay.dtype, np.integer):
-        raise TypeError(f"layers must be integers, got dtype {lay.dtype}")
-    if lay[0] < 0 or lay[-1] > n_layers or np.any(np.diff(lay) <= 0):
-        raise ValueError(
-            f"layers must be strictly increasing stream indices in [0, {n_layers}], got {lay.tolist()}"
-        )
-    v = random_direction(d, seed) if direction is None else as_float64(direction, "direction")
-    if v.shape != (d,):
-        raise ValueError(f"direction must have shape ({d},), got {v.shape}")
-    _check_finite(v, "direction")
-    v, zero = unit_vectors(v, flat=True)
-    if zero:
-        raise ValueError("direction must be a non-zero vector")
 
-    param = next(model.parameters())
-    v_t = torch.as_tensor(v, dtype=param.dtype, device=param.device)
+def embedding_change(e_base, e_inj) -> np.ndarray:
+    r"""Change of a sentence embedding: :math:`1 - \cos(e_{base}, e_{inj})`.
 
-    def forward(**kw):
-        if is_lm:
-            logits, out = model(inputs, **kw)
-            return torch.log_softmax(logits.double(), dim=-1), out
-        return None, model(inputs, **kw)
+    Parameters
+    ----------
+    e_base, e_inj : torch.Tensor or array_like, shape ``[..., d]``
+        Embeddings of the baseline and the injected run (need not be normalised).
 
-    with torch.no_grad():
-        logp_base, base = forward()
-        stream_b = base.stream
-        n_tok = stream_b.shape[2]
-        mask = torch.zeros(n_tok, dtype=torch.bool)
-        if positions is None:
-            mask[:] = True
-        else:
-            mask[torch.as_tensor(np.atleast_1d(np.asarray(positions)))] = True
-        base_sq = stream_b.double().pow(2).sum(-1)  # [L+1, B, T]
-        sq = base_sq.mean(dim=(1, 2)).cpu().numpy()  # [L+1]
-        base_norm = base_sq.sqrt().cpu().numpy()
-        amps = scale * np.sqrt(sq[lay]) if relative else np.full(lay.size, scale)
-        top = float(torch.finfo(param.dtype).max)
-        if not np.all(amps * float(v_t.abs().max()) <= top):
-            raise ValueError(
-                f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
-                f"of the stack's dtype {param.dtype} (max {top:.4g}); use a smaller scale"
-            )
+    Returns
+    -------
+    numpy.ndarray, shape ``[...]``
+        In ``[0, 2]``; 0 when the two point the same way.
 
-        # skip-path factors of the baseline: [L, B, T]
-        lam = cfg.residual_scale
-        n_sub = base.sublayer_norm_input.shape[1]
-        if cfg.placement == "post":
-            ln_w = torch.stack(
-                [torch.stack([sub.norm.weight for sub in blk.sublayers]) for blk in stack.blocks]
-            )  # [L, S, d]
-            f = postln_contraction_factors(
-                base.sublayer_norm_input, eps=cfg.eps, residual_scale=lam,
-                ln_weight=ln_w.detach().double().cpu().numpy()[:, :, None, None, :], v=v,
-                norm=cfg.norm,
-            )  # [L, S, B, T]
-            factors = np.prod(f, axis=1)
-        else:
-            factors = np.full(stream_b.shape[1:3], lam**n_sub)[None].repeat(n_layers, axis=0)
-        mask_np = mask.numpy()
+    Raises
+    ------
+    TypeError
+        If an input is not real-valued.
+    ValueError
+        If the shapes differ, a vector is zero, or a value is NaN/inf.
 
-        final_b = base.final.double()
-        final_b_norm = final_b.norm(dim=-1)
-        K = lay.size
-        shape = (K,) + tuple(stream_b.shape[:3])
-        metrics = {k: np.empty(shape) for k in METRIC_NAMES}
-        predicted = np.empty(shape)
-        output_change = np.empty((K,) + tuple(stream_b.shape[1:3]))
-        output_projection = np.empty_like(output_change)
-        v_t64 = torch.as_tensor(v, dtype=torch.float64, device=param.device)
-        kl = np.empty_like(output_change) if is_lm else None
-        for k, ell in enumerate(lay.tolist()):
-            logp_inj, out = forward(
-                inject_layer=ell, inject_vector=float(amps[k]) * v_t, inject_positions=positions
-            )
-            m = perturbation_metrics(stream_b, out.stream, v)
-            for name in METRIC_NAMES:
-                metrics[name][k] = m[name]
-            predicted[k] = predicted_projection(factors, ell, amps[k] * mask_np[None, :])
-            dy = out.final.double() - final_b
-            output_change[k] = (dy.norm(dim=-1) / final_b_norm).cpu().numpy()
-            output_projection[k] = ((dy @ v_t64) / final_b_norm).cpu().numpy()
-            if is_lm:
-                kl[k] = (logp_base.exp() * (logp_base - logp_inj)).sum(-1).cpu().numpy()
-    return InjectionSweep(
-        layers=lay.astype(int), n_layers=n_layers, placement=cfg.placement, direction=v,
-        amplitude=np.asarray(amps, dtype=np.float64), injected=mask_np, metrics=metrics,
-        predicted_projection=predicted, output_change=output_change,
-        output_projection=output_projection, kl=kl, base_sq_norm=sq, base_norm=base_norm,
-    )
+    Notes
+    -----
+    Sentence-transformers compares embeddings by cosine similarity :cite:p:`reimers2019sbert`,
+    so :math:`1 - \cos` is the change a user of the embedding sees.  Each vector is divided by a
+    power of two near its largest entry first (exact), so embeddings of any magnitude in the
+    float64 range give the same value.
+
+    Examples
+    --------
+    >>> embedding_change([[1.0, 0.0]], [[0.0, 2.0]]).tolist()
+    [1.0]
+    """
+    a = _finite64(e_base, "e_base")
+    b = _finite64(e_inj, "e_inj")
+    if a.shape != b.shape:
+        raise ValueError(f"e_base has shape {a.shape} but e_inj has {b.shape}")
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError("embeddings must have a non-empty last axis")
+    # divide each vector by a power of two near its largest entry (exact): the norms neither
+    # overflow (entries near 1e200 gave cos = 0) nor underflow (near 1e-200: "zero vector")
+    a, b = (np.ldexp(x, -np.frexp(np.max(np.abs(x), axis=-1, keepdims=True))[1]) for x in (a, b))
+    na = np.linalg.norm(a, axis=-1)
+    nb = np.linalg.norm(b, axis=-1)
+    if np.any(na == 0) or np.any(nb == 0):
+        raise ValueError("an embedding is the zero vector; its direction is undefined")
+    cos = np.clip(np.sum(a * b, axis=-1) / (na * nb), -1.0, 1.0)
+    return 1.0 - cos

@@ -11,24 +11,24 @@ with network access to the Hugging Face hub::
 
 (from a clone of the repository; :func:`cli_command` prints the exact command of each stored config, and :func:`run_suite` runs
 a list of configs, skipping those already stored.)  The chapter renders every stored GPU Result
-it finds (:func:`stored_results`), labelled with the hardware and versions it ran on.
+it finds (:func:`gpu_results`), labelled with the hardware and versions it ran on.
 
 What one run does
 -----------------
 1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
-   (:func:`companion.injection.make_prompts`): the first sentence is injected, the second is
+   (:func:`companion.directions.make_prompts`): the first sentence is injected, the second is
    never injected and ends with the last token.
 2. The typical residual norm ``n_l`` (median over the injected positions) is measured per layer.
-3. Directions: one concept vector per name in ``concepts`` (:data:`companion.injection.CONCEPTS`,
+3. Directions: one concept vector per name in ``concepts`` (:data:`companion.directions.CONCEPTS`,
    read at every layer) and ``n_random`` random unit vectors.
-4. For every direction, :func:`companion.injection.track_injection` at the injection layers
+4. For every direction, :func:`companion.engine.track_injection` at the injection layers
    ``layers`` with relative magnitudes ``rel_scales`` (the added vector is ``alpha * n_l * v``)
    and, if ``abs_scales`` is not empty, with absolute magnitudes ``c = beta * n_ref`` equal at
    every layer (``n_ref`` the typical norm at ``abs_reference_fraction`` of the depth, the way a
    fixed coefficient is used in the literature).
 
 Result arrays (``D`` directions, ``n_inj`` layers, ``S`` magnitudes, ``B`` prompts, 3 position
-groups, 6 metrics in the order of :data:`companion.framework.METRIC_NAMES`):
+groups, 6 metrics in the order of :data:`companion.perturbation.METRIC_NAMES`):
 ``<direction>_<rel|abs>_metrics`` ``[n_inj, S, L+1, B, 3, 6]`` (float32),
 ``<direction>_<rel|abs>_effect`` ``[n_inj, S, B]``, ``<direction>_<rel|abs>_coefficient``
 ``[n_inj, S]``, ``layers``, ``typical_norm`` ``[L+1]``, ``concept_norm`` ``[len(concepts), L+1]``
@@ -62,14 +62,14 @@ __all__ = [
     "tracks",
     "window_summary",
     "mean_window",
-    "stored_results",
+    "gpu_results",
     "cli_command",
     "run_suite",
 ]
 
 
 def _check_names(values, name):
-    from companion.injection import CONCEPTS
+    from companion.directions import CONCEPTS
 
     for v in values:
         if v not in CONCEPTS:
@@ -102,7 +102,7 @@ class InjectionWindowExperiment:
     abs_reference_fraction : float
         ``n_ref`` is the typical norm at layer ``round(fraction * L)``.
     concepts : tuple of str
-        Names in :data:`companion.injection.CONCEPTS`.
+        Names in :data:`companion.directions.CONCEPTS`.
     n_random : int
         Number of random unit directions (>= 0; at least one direction overall).
     seed : int
@@ -111,7 +111,7 @@ class InjectionWindowExperiment:
         Weights' type (``"float32"``; half precision would add noise at the level of small
         perturbations, so it is not recommended here).
     max_batch_tokens : int
-        Memory bound of the sweep (:func:`companion.probes.injection_sweep`).
+        Memory bound of the sweep (:func:`companion.engine.injection_sweep`).
     """
 
     model: str = "smollm2-135m"
@@ -163,9 +163,11 @@ class InjectionWindowExperiment:
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
-        from companion import injection as inj
+        from companion import directions as dr
         from companion import models, probes
         from companion.corpus import corpus_sentences
+        from companion.engine import track_injection
+        from companion.perturbation import METRIC_NAMES
 
         self.validate()
         m = models.load(self.model, device=device, dtype=self.dtype)
@@ -174,9 +176,9 @@ class InjectionWindowExperiment:
         if layers[-1] > L:
             raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
         sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
-        prompts = inj.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
+        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
         base = probes.residual_stream(m, prompts.encoding)
-        norms = inj.typical_norms(base, prompts.injected)
+        norms = dr.typical_norms(base, prompts.injected)
         del base
         ref_layer = int(round(self.abs_reference_fraction * L))
 
@@ -184,13 +186,13 @@ class InjectionWindowExperiment:
         units = {}
         concept_norm = np.zeros((len(self.concepts), L + 1))
         for i, name in enumerate(self.concepts):
-            c = inj.CONCEPTS[name]
+            c = dr.CONCEPTS[name]
             pos, neg = c.texts()
-            cv = inj.concept_vectors(m, pos, neg, pool=c.pool, name=name, max_length=self.max_length)
+            cv = dr.concept_vectors(m, pos, neg, pool=c.pool, name=name, max_length=self.max_length)
             units[name] = cv.unit
             directions[name] = cv.unit[layers]
             concept_norm[i] = cv.norm
-        rand = inj.random_unit_vectors(m.d_model, max(self.n_random, 1), np.random.default_rng(self.seed))
+        rand = dr.random_unit_vectors(m.d_model, max(self.n_random, 1), np.random.default_rng(self.seed))
         for k in range(self.n_random):
             directions[f"random{k}"] = rand[k]
         cos_random = np.stack([units[name] @ rand[0] for name in self.concepts]) if self.concepts \
@@ -206,9 +208,9 @@ class InjectionWindowExperiment:
             items = tqdm(items, desc=f"injection {m.name}", unit="sweep")
         effect_name = ""
         for dname, (mode, scales, relative) in items:
-            tr = inj.track_injection(m, prompts, layers, directions[dname], scales, relative=relative,
-                                     norms=norms, max_batch_tokens=self.max_batch_tokens)
-            stacked = np.stack([tr.metrics[k] for k in inj.framework.METRIC_NAMES], -1)
+            tr = track_injection(m, prompts, layers, directions[dname], scales, relative=relative,
+                                 norms=norms, max_batch_tokens=self.max_batch_tokens)
+            stacked = np.stack([tr.metrics[k] for k in METRIC_NAMES], -1)
             out[f"{dname}_{mode}_metrics"] = stacked.astype(np.float32)
             out[f"{dname}_{mode}_effect"] = tr.output_effect
             out[f"{dname}_{mode}_coefficient"] = tr.coefficient
@@ -271,7 +273,7 @@ def _check_result(result) -> None:
 
 
 def tracks(result) -> dict:
-    """The :class:`~companion.injection.InjectionTrack` s stored in a Result.
+    """The :class:`~companion.engine.InjectionTrack` s stored in a Result.
 
     Parameters
     ----------
@@ -295,8 +297,8 @@ def tracks(result) -> dict:
     >>> tr = tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")]   # doctest: +SKIP
     >>> tr.window(scale_index=1).best_fraction                             # doctest: +SKIP
     """
-    from companion.framework import METRIC_NAMES
-    from companion.injection import InjectionTrack
+    from companion.engine import InjectionTrack
+    from companion.perturbation import METRIC_NAMES
 
     _check_result(result)
     a, sc = result.arrays, result.scalars
@@ -333,11 +335,11 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
         The relative magnitude ``alpha`` (``mode="rel"``) or the multiple ``beta`` of ``n_ref``
         (``mode="abs"``) whose effects define the window; must be one of the config's.
     threshold : float, default 0.5
-        Relative threshold :math:`\tau` of :func:`companion.framework.injection_window`
+        Relative threshold :math:`\tau` of :func:`companion.perturbation.injection_window`
         (contiguous run around the best layer).
     mode : {"rel", "abs"}
     contiguous : bool, default True
-        Passed to :func:`companion.framework.injection_window`: the run of consecutive tested
+        Passed to :func:`companion.perturbation.injection_window`: the run of consecutive tested
         layers around the best one, or (``False``) every layer that reaches the threshold.
 
     Returns
@@ -399,8 +401,8 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
 
     Returns
     -------
-    companion.framework.Window
-        :func:`companion.framework.injection_window` (contiguous, relative threshold) of
+    companion.perturbation.Window
+        :func:`companion.perturbation.injection_window` (contiguous, relative threshold) of
         :math:`\bar E(\ell)`, the mean over directions of the prompt-averaged effect.
 
     Raises
@@ -426,15 +428,15 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
     hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
     if hit.size == 0:
         raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
-    from companion.framework import injection_window
+    from companion.perturbation import injection_window
 
     effects = [tr.effect()[:, hit[0]] for (d, m_), tr in tracks(result).items() if m_ == mode]
     return injection_window(np.mean(effects, axis=0), layers=np.asarray(result.arrays["layers"]),
                             n_layers=int(result.scalars["n_layers"]), threshold=threshold)
 
 
-def stored_results(configs: dict | None = None, folder=None) -> dict:
-    """The valid stored Results of the GPU configs (those that have been run and committed).
+def gpu_results(configs: dict | None = None, folder=None) -> dict:
+    """The stored Results of the GPU configs (those that have been run and committed), by name.
 
     Parameters
     ----------

@@ -1,10 +1,10 @@
-"""Inject a direction into the residual stream of a real Transformer and follow it.
+"""Directions to inject and the prompts to inject them into.
 
-This module holds the analysis behind the chapter *Injection in real Transformers*
-(``book/injection_real_models.ipynb``) and the experiment :mod:`companion.experiments.injection`.
-It runs the model only through :mod:`companion.probes` (forward hooks on the real modules) and
-measures the perturbation only through :func:`companion.framework.perturbation_metrics`, so the
-metrics mean the same thing here as on the random stacks of *The three-effect framework*.
+What an injection experiment adds to the residual stream, and where: the concept sets and the
+concept vectors read from a real model (difference of mean activations), seeded random
+directions (the control), the two-segment prompts with their position groups, and the typical
+residual norms that scale a relative injection.  The injection itself and its measurement are
+:mod:`companion.engine`; the metrics are :mod:`companion.perturbation`.
 
 Indexing
 --------
@@ -18,44 +18,35 @@ Protocol
 A prompt is two segments of text, ``first + " " + second``.  The vector is added at the tokens
 of ``first`` (the *injected* positions; the first token of a causal model, which acts as an
 attention sink with a residual norm far above the others' -- over a hundred times in the middle
-layers of SmolLM2 -- and the special tokens of an encoder are left out), and the perturbation is measured at three groups of
-positions: the injected ones, the *later* ones (tokens of ``second``, never injected), and the
-*last* token (the position at which a causal model predicts the next token; the literature
-measures there).
+layers of SmolLM2 -- and the special tokens of an encoder are left out), and the perturbation is
+measured at three groups of positions: the injected ones, the *later* ones (tokens of
+``second``, never injected), and the *last* token (the position at which a causal model
+predicts the next token; the literature measures there).
 
 Public functions
 ----------------
 CONCEPTS, ConceptSet
     The word and sentence sets from which concept vectors are read.
-make_prompts, InjectionPrompts
+make_prompts, InjectionPrompts, GROUPS
     Tokenised two-segment prompts with their position groups.
 concept_vectors, ConceptVectors
     Difference of mean activations between two sets of texts, at every layer.
-random_unit_vectors
-    Random directions (the control).
+random_unit_vectors, random_direction
+    Random directions (the control): uniform on the sphere, or one seeded unit vector
+    orthogonal to the all-ones vector (for the stacks' LayerNorm analysis).
 typical_norms
     Median residual norm per layer over chosen positions (to scale injections relatively).
-next_token_kl, embedding_change
-    The output effects: KL divergence of next-token distributions, 1 - cos of sentence
-    embeddings.
-track_injection, InjectionTrack
-    Inject at many layers and magnitudes; per-layer metrics per position group and the output
-    effect of every run.  ``InjectionTrack.window`` applies the operational window definition
-    of :func:`companion.framework.injection_window` (shared with the random stacks) to the
-    output effect.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 import torch
 
-from companion import framework, models, probes
+from companion import models, probes
 from companion._validation import check_int
 
 __all__ = [
@@ -67,11 +58,8 @@ __all__ = [
     "ConceptVectors",
     "concept_vectors",
     "random_unit_vectors",
+    "random_direction",
     "typical_norms",
-    "next_token_kl",
-    "embedding_change",
-    "InjectionTrack",
-    "track_injection",
 ]
 
 #: Names of the position groups, in the order used along the ``group`` axis of every result.
@@ -524,360 +512,46 @@ def typical_norms(stream, mask) -> np.ndarray:
     return np.median(norms, axis=1)
 
 
-# --------------------------------------------------------------------------------------------
-# output effects
-# --------------------------------------------------------------------------------------------
-def next_token_kl(logits_base, logits_inj) -> np.ndarray:
-    r"""KL divergence :math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of next-token distributions.
+def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarray:
+    r"""A seeded random unit vector in :math:`\mathbb R^d`, by default orthogonal to **1**.
 
     Parameters
     ----------
-    logits_base, logits_inj : torch.Tensor or array_like, shape ``[..., vocab]``
-        Unnormalised logits of the baseline and the injected run (same shape).
+    d : int
+        Dimension, ``d >= 2``.
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``.
+    mean_zero : bool, default True
+        Remove the component along the all-ones vector (so LayerNorm's mean removal does not
+        act on it: assumption (i) of the Post-LN proposition).
 
     Returns
     -------
-    numpy.ndarray, shape ``[...]``
-        :math:`\sum_w p_{base}(w)\,(\log p_{base}(w) - \log p_{inj}(w))` in nats, >= 0.
+    numpy.ndarray, shape ``[d]``, unit Euclidean norm.
 
     Raises
     ------
     TypeError
-        If an input is not real-valued.
+        If ``d`` or ``seed`` is not an integer, or ``mean_zero`` is not a bool.
     ValueError
-        If the shapes differ, the last axis is empty, or a value is NaN/inf.
+        If ``d`` < 2 or ``seed`` < 0.
 
     Notes
     -----
-    Computed from ``log_softmax`` in float64 (stable for any logit scale).  The direction
-    :math:`\mathrm{KL}(p_{base}\|p_{inj})` weights the tokens the unperturbed model expects: it
-    asks how surprised the original model's predictions would be by the injected ones.
+    A standard Gaussian vector, centred if asked, divided by its norm: uniform on the unit
+    sphere (of the mean-zero hyperplane when ``mean_zero``).
 
     Examples
     --------
-    >>> float(next_token_kl([0.0, 0.0], [0.0, 0.0]))
-    0.0
-    >>> round(float(next_token_kl([0.0, 0.0], [np.log(3.0), 0.0])), 4)   # KL(1/2,1/2 || 3/4,1/4)
-    0.1438
+    >>> v = random_direction(8, seed=1)
+    >>> round(float(v @ v), 12), abs(float(v.sum())) < 1e-12
+    (1.0, True)
     """
-    a = torch.as_tensor(_to_numpy(logits_base, "logits_base"))
-    b = torch.as_tensor(_to_numpy(logits_inj, "logits_inj"))
-    if a.shape != b.shape:
-        raise ValueError(f"logits_base has shape {tuple(a.shape)} but logits_inj has {tuple(b.shape)}")
-    if a.ndim == 0 or a.shape[-1] == 0:
-        raise ValueError("logits must have a non-empty last (vocabulary) axis")
-    la = torch.log_softmax(a, dim=-1)
-    lb = torch.log_softmax(b, dim=-1)
-    terms = la.exp() * (la - lb)
-    # a token with p_base = 0 (log-probability -inf: logits 1e308 apart) contributes 0, not 0 * inf
-    terms = torch.where(torch.isneginf(la), torch.zeros_like(terms), terms)
-    kl = terms.sum(-1)
-    return kl.clamp_min(0.0).numpy()
-
-
-def embedding_change(e_base, e_inj) -> np.ndarray:
-    r"""Change of a sentence embedding: :math:`1 - \cos(e_{base}, e_{inj})`.
-
-    Parameters
-    ----------
-    e_base, e_inj : torch.Tensor or array_like, shape ``[..., d]``
-        Embeddings of the baseline and the injected run (need not be normalised).
-
-    Returns
-    -------
-    numpy.ndarray, shape ``[...]``
-        In ``[0, 2]``; 0 when the two point the same way.
-
-    Raises
-    ------
-    TypeError
-        If an input is not real-valued.
-    ValueError
-        If the shapes differ, a vector is zero, or a value is NaN/inf.
-
-    Notes
-    -----
-    Sentence-transformers compares embeddings by cosine similarity :cite:p:`reimers2019sbert`,
-    so :math:`1 - \cos` is the change a user of the embedding sees.  Each vector is divided by a
-    power of two near its largest entry first (exact), so embeddings of any magnitude in the
-    float64 range give the same value.
-
-    Examples
-    --------
-    >>> embedding_change([[1.0, 0.0]], [[0.0, 2.0]]).tolist()
-    [1.0]
-    """
-    a = _to_numpy(e_base, "e_base")
-    b = _to_numpy(e_inj, "e_inj")
-    if a.shape != b.shape:
-        raise ValueError(f"e_base has shape {a.shape} but e_inj has {b.shape}")
-    if a.ndim == 0 or a.shape[-1] == 0:
-        raise ValueError("embeddings must have a non-empty last axis")
-    # divide each vector by a power of two near its largest entry (exact): the norms neither
-    # overflow (entries near 1e200 gave cos = 0) nor underflow (near 1e-200: "zero vector")
-    a, b = (np.ldexp(x, -np.frexp(np.max(np.abs(x), axis=-1, keepdims=True))[1]) for x in (a, b))
-    na = np.linalg.norm(a, axis=-1)
-    nb = np.linalg.norm(b, axis=-1)
-    if np.any(na == 0) or np.any(nb == 0):
-        raise ValueError("an embedding is the zero vector; its direction is undefined")
-    cos = np.clip(np.sum(a * b, axis=-1) / (na * nb), -1.0, 1.0)
-    return 1.0 - cos
-
-
-# --------------------------------------------------------------------------------------------
-# the sweep
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class InjectionTrack:
-    """Per-layer metrics and output effects of injections at many layers and magnitudes.
-
-    Attributes
-    ----------
-    model : str
-    n_layers : int
-        Depth ``L``.
-    layers : numpy.ndarray of int, shape ``[n_inj]``
-        Injection layers (stream indices).
-    scales : numpy.ndarray, shape ``[n_scales]``
-        The magnitudes as given: relative ``alpha`` (``relative=True``) or absolute ``c``.
-    relative : bool
-    coefficient : numpy.ndarray, shape ``[n_inj, n_scales]``
-        The absolute length ``c`` of the added vector ``c * v_hat``.
-    typical_norm : numpy.ndarray, shape ``[L+1]``
-        Median baseline ``||h_l||`` at the injected positions.
-    metrics : dict of str to numpy.ndarray, each ``[n_inj, n_scales, L+1, batch, 3]``
-        :func:`companion.framework.perturbation_metrics`, averaged over the positions of each
-        group of :data:`GROUPS` in each prompt (NaN where undefined, e.g. ``cos_delta_v``
-        before the injection layer).
-    output_effect : numpy.ndarray, shape ``[n_inj, n_scales, batch]``
-        KL divergence at the last token (causal LM) or ``1 - cos`` of the sentence embedding
-        (encoder) between the injected and the baseline run.
-    effect_name : str
-        ``"kl_last"`` or ``"embedding_change"``.
-    """
-
-    model: str
-    n_layers: int
-    layers: np.ndarray
-    scales: np.ndarray
-    relative: bool
-    coefficient: np.ndarray
-    typical_norm: np.ndarray
-    metrics: dict
-    output_effect: np.ndarray
-    effect_name: str
-
-    def mean(self, metric: str, group: str = "last") -> np.ndarray:
-        """Prompt-averaged metric, shape ``[n_inj, n_scales, L+1]``.
-
-        Raises
-        ------
-        ValueError
-            For an unknown metric or group name.
-        """
-        if metric not in self.metrics:
-            raise ValueError(f"unknown metric {metric!r}; choose from {sorted(self.metrics)}")
-        if group not in GROUPS:
-            raise ValueError(f"unknown group {group!r}; choose from {GROUPS}")
-        a = self.metrics[metric][..., GROUPS.index(group)]
-        with np.errstate(invalid="ignore"):
-            ok = np.isfinite(a)
-            n = ok.sum(-1)
-            s = np.where(ok, a, 0.0).sum(-1)
-            return np.where(n > 0, s / np.maximum(n, 1), np.nan)
-
-    def effect(self) -> np.ndarray:
-        """Prompt-averaged output effect, shape ``[n_inj, n_scales]``."""
-        return self.output_effect.mean(-1)
-
-    def window(self, scale_index: int = 0, threshold: float = 0.5, relative: bool = True,
-               contiguous: bool = True):
-        """:func:`companion.framework.injection_window` of the prompt-averaged output effect.
-
-        Parameters
-        ----------
-        scale_index : int
-            Which magnitude (index into ``scales``).
-        threshold, relative, contiguous
-            As in :func:`companion.framework.injection_window`.
-
-        Returns
-        -------
-        companion.framework.Window
-
-        Raises
-        ------
-        ValueError
-            If ``scale_index`` is out of range (and as ``injection_window`` raises).
-        """
-        s = check_int(scale_index, "scale_index", 0)
-        if s >= len(self.scales):
-            raise ValueError(f"scale_index must be < {len(self.scales)}, got {s}")
-        return framework.injection_window(self.effect()[:, s], layers=self.layers.astype(int),
-                                          n_layers=self.n_layers, threshold=threshold, relative=relative,
-                                          contiguous=contiguous)
-
-
-def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
-    ok = groups[None] & np.isfinite(values)[:, None]  # [K, G, B, T]
-    s = np.where(ok, values[:, None], 0.0).sum(-1)
-    n = ok.sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(n > 0, s / np.maximum(n, 1), np.nan)
-    return np.moveaxis(out, 1, 2)
-
-
-def _check_scales(scales) -> np.ndarray:
-    if isinstance(scales, Real) and not isinstance(scales, bool):
-        scales = [scales]
-    if isinstance(scales, (str, bytes)) or not isinstance(scales, (Sequence, np.ndarray)):
-        raise TypeError("scales must be a number or a sequence of numbers")
-    out = []
-    for s in scales:
-        if isinstance(s, bool) or not isinstance(s, Real):
-            raise TypeError(f"every scale must be a real number, got {s!r}")
-        if not math.isfinite(float(s)) or float(s) <= 0:
-            raise ValueError(f"every scale must be finite and > 0, got {s}")
-        out.append(float(s))
-    if not out:
-        raise ValueError("scales is empty; pass at least one magnitude")
-    return np.asarray(out)
-
-
-def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, relative: bool = True,
-                    norms=None, max_batch_tokens: int = 16384) -> InjectionTrack:
-    r"""Inject ``c * v_hat`` at each layer and magnitude; measure every layer and the output.
-
-    Parameters
-    ----------
-    m : LoadedModel
-    prompts : InjectionPrompts
-        From :func:`make_prompts` (for the same model).
-    layers : sequence of int
-        Injection layers (stream indices in ``[0, L]``), strictly increasing.
-    directions : array_like, shape ``[d]`` or ``[n_inj, d]``
-        One direction for every layer (e.g. a random unit vector) or one per injection layer
-        (e.g. ``ConceptVectors.unit[layers]``).  Normalised here.
-    scales : float or sequence of float
-        Magnitudes, > 0.  With ``relative=True`` they are :math:`\alpha` and the added vector at
-        layer :math:`\ell` is :math:`\alpha\, n_\ell\, \hat v` (:func:`typical_norms`);
-        otherwise they are the absolute length :math:`c`.
-    relative : bool, default True
-    norms : array_like, shape ``[L+1]``, optional
-        Typical norms to use; computed from a baseline run of ``prompts`` when omitted.
-    max_batch_tokens : int, default 16384
-        Passed to :func:`companion.probes.injection_sweep` (memory bound per block call).
-
-    Returns
-    -------
-    InjectionTrack
-
-    Raises
-    ------
-    TypeError
-        Wrong argument types.
-    ValueError
-        Layers outside ``[0, L]``, not increasing; a direction of the wrong shape or zero;
-        non-positive scales; ``norms`` of the wrong shape or non-positive; injected vectors
-        beyond the range of the model's dtype.
-
-    Notes
-    -----
-    Runs :func:`companion.probes.injection_sweep` once (blocks before an injection layer are
-    never recomputed), with a ``measure`` that applies
-    :func:`companion.framework.perturbation_metrics` at every layer as the sweep proceeds,
-    each run against its own direction, and keeps only the per-group means and the output row
-    (the last token's state for a causal LM, the mean-pooled state for an encoder, kept at the
-    last layer only), so memory stays O(runs x (layers + d) x batch).  The
-    output effect is :func:`next_token_kl` of the logits at the last token
-    (:func:`companion.models.logits_from_residual`) for a causal LM, and
-    :func:`embedding_change` of the mean-pooled final state for an encoder (the
-    all-MiniLM-L6-v2 embedding up to its final normalisation, which :math:`1-\cos` ignores).
-
-    Examples
-    --------
-    >>> tr = track_injection(m, p, [0, 3, 6], random_unit_vectors(m.d_model)[0], [0.5, 2.0])  # doctest: +SKIP
-    >>> tr.mean("relative_size", "last").shape                                                # doctest: +SKIP
-    (3, 2, 31)
-    """
-    models.check_model(m)
-    if not isinstance(prompts, InjectionPrompts):
-        raise TypeError(f"prompts must come from make_prompts, got {type(prompts).__name__}")
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be True or False, got {relative!r}")
-    L, d = m.n_layers, m.d_model
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, (Sequence, np.ndarray, range)):
-        raise TypeError("layers must be a sequence of integers")
-    lay = []
-    for x in layers:
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Integral, np.integer)):
-            raise TypeError(f"every layer must be an integer, got {x!r}")
-        lay.append(int(x))
-    if not lay:
-        raise ValueError("layers is empty; pass at least one injection layer")
-    if any(x < 0 or x > L for x in lay) or any(b <= a for a, b in zip(lay, lay[1:])):
-        raise ValueError(f"layers must be strictly increasing integers in [0, {L}], got {lay}")
-    dirs = _to_numpy(directions, "directions")
-    if dirs.shape == (d,):
-        dirs = np.broadcast_to(dirs, (len(lay), d))
-    elif dirs.shape != (len(lay), d):
-        raise ValueError(f"directions must have shape ({d},) or ({len(lay)}, {d}), got {dirs.shape}")
-    unit, zero = framework.unit_vectors(dirs)
-    if np.any(zero):
-        raise ValueError("a direction is the zero vector; pass non-zero directions")
-    sc = _check_scales(scales)
-    if norms is None:
-        base = probes.residual_stream(m, prompts.encoding)
-        norms = typical_norms(base, prompts.injected)
-        del base
-    norms = _to_numpy(norms, "norms")
-    if norms.shape != (L + 1,) or np.any(norms <= 0):
-        raise ValueError(f"norms must be {L + 1} positive numbers (one per layer), got shape {norms.shape}")
-    factor = norms[lay] if relative else np.ones(len(lay))
-    coefficient = factor[:, None] * sc[None, :]
-
-    groups = prompts.groups.numpy()
-    mask = prompts.encoding["attention_mask"].to("cpu", torch.float64)
-    last = prompts.last
-    causal = m.kind == "causal-lm"
-    n_metric = len(framework.METRIC_NAMES)
-    B = prompts.batch
-    n_inj, n_sc = len(lay), len(sc)
-    rows = torch.zeros(n_inj, n_sc, B, d, dtype=torch.float64)  # output rows at layer L
-
-    def measure(h_inj, h_base, layer, conditions):
-        # conditions[k] = (index into lay, index into sc) of run k: each run is measured
-        # against the direction it was injected along
-        hi = h_inj.detach().to("cpu", torch.float64)
-        hi64 = hi.numpy()[None]  # one "layer" axis of K runs for perturbation_metrics
-        hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]
-        cond = conditions.cpu()
-        v = unit[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
-        met = framework.perturbation_metrics(hb64, hi64, v)
-        if layer == L:
-            row = hi[:, last] if causal else (hi * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
-            rows[cond[:, 0], cond[:, 1]] = row  # [K, B, d]: last token (causal) or mean-pooled state
-        return torch.from_numpy(np.stack([_group_means(met[name][0], groups)
-                                          for name in framework.METRIC_NAMES], -1))  # [K, B, 3, n_metric]
-
-    vecs = torch.from_numpy(factor[:, None] * unit)
-    sw = probes.injection_sweep(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
-                                measure=measure, max_batch_tokens=max_batch_tokens)
-    grouped = sw.injected.to(torch.float64).numpy()  # [n_inj, n_sc, L+1, B, 3, n_metric]
-    hb = sw.baseline[L].detach().to("cpu", torch.float64)
-    base_row = hb[last] if causal else (hb * mask[..., None]).sum(1) / mask.sum(1)[:, None]
-    metrics = {name: np.ascontiguousarray(grouped[..., i]) for i, name in enumerate(framework.METRIC_NAMES)}
-    if causal:
-        lb = models.logits_from_residual(m, base_row.to(torch.float32))
-        effect = np.empty((n_inj, n_sc, B))
-        for j in range(n_inj):
-            li = models.logits_from_residual(m, rows[j].to(torch.float32))  # [n_sc, B, vocab]
-            effect[j] = next_token_kl(lb.expand_as(li), li)
-        name = "kl_last"
-    else:
-        effect = embedding_change(base_row.expand_as(rows), rows)
-        name = "embedding_change"
-    return InjectionTrack(model=m.name, n_layers=L, layers=np.asarray(lay), scales=sc, relative=relative,
-                          coefficient=coefficient, typical_norm=norms, metrics=metrics,
-                          output_effect=effect, effect_name=name)
+    d = check_int(d, "d", 2)
+    seed = check_int(seed, "seed", 0)
+    if not isinstance(mean_zero, bool):
+        raise TypeError(f"mean_zero must be a bool, got {type(mean_zero).__name__}")
+    v = np.random.default_rng(seed).standard_normal(d)
+    if mean_zero:
+        v -= v.mean()
+    return v / np.linalg.norm(v)

@@ -1,73 +1,58 @@
-"""Experiments of the chapter *The three-effect framework*: windows on random and trained stacks.
+"""Experiment ``framework_trained``: injection windows of small trained language models.
 
-Two registered experiments, each a frozen config whose ``compute`` calls a plain function (one
-code path for the chapter, the CLI and any CUDA machine; only the sizes change):
-
-``framework_random`` -- :class:`RandomWindowsConfig` / :func:`run_random_windows`
-    Random-initialised :class:`~companion.stacks.ResidualStack` s of one maximal depth, for
-    every placement x block type x block-output gain.  One injection sweep per stack (every
-    injection layer) is read at stream index ``L`` for each depth ``L`` of ``depths``: the
-    first ``L`` blocks of a stack are the depth-``L`` stack (the stacks seed every block from
-    ``(seed, layer)``), so one sweep serves every depth.
-``framework_trained`` -- :class:`TrainedWindowsConfig` / :func:`run_trained_windows`
-    :class:`~companion.stacks.TinyLM` s of several widths and depths, trained on the committed
-    corpus (:func:`train_models`), then swept (:func:`sweep_trained`): next-byte KL divergence
-    at the injected and at later positions, the projection readable at the output, and the
-    windows; the same architectures at initialisation are swept for comparison.
+:class:`TrainedWindowsConfig` / :func:`run_trained_windows`: :class:`~companion.stacks.TinyLM` s
+of several widths and depths, trained on the committed corpus (:func:`train_models`), then swept
+(:func:`sweep_trained`, through :func:`companion.engine.stack_injection_sweep`): next-byte KL
+divergence at the injected and at later positions, the projection readable at the output, and
+the windows; the same architectures at initialisation are swept for comparison (chapter *The
+three-effect framework*).  The random-stack counterpart is
+:mod:`companion.experiments.framework_random`.
 
 Sizes
 -----
-The defaults are CPU-sized.  The GPU-scale configurations are :data:`GPU_RANDOM` and
-:data:`GPU_TRAINED` (the depth question needs many depths and widths).  On any CUDA machine::
+The defaults are CPU-sized; :data:`GPU_TRAINED` is the GPU-scale configuration.  On any CUDA
+machine::
 
     python -m companion run framework_trained --device cuda \
         --set widths=128,256,512 --set depths=2,4,8,16,32 --set steps=3000 \
         --set batch_size=64 --set seq_len=256 --set warmup=600 --set lr=0.001 \
         --set eval_sequences=32 --set inject_start=64 --set inject_stop=128 --set n_directions=8
-    python -m companion run framework_random --device cuda \
-        --set d_model=512 --set max_depth=128 --set depths=8,16,32,64,128 --set batch=8 --set tokens=64
 
 or, from Python, ``companion.experiments.run_cached(GPU_TRAINED, device="cuda")``.  Copy the
-resulting ``results/cache/<name>/<hash>.json`` + ``.npz`` into ``companion/data/results/<name>/``:
-the chapter renders every stored Result (:func:`stored_results`) with the hardware and the
-versions recorded in it.  CI runs only the CPU-sized defaults.
+resulting ``results/cache/framework_trained/<hash>.json`` + ``.npz`` into
+``companion/data/results/framework_trained/``: the chapter renders every stored Result
+(:func:`companion.experiments.stored_results`).  CI runs only the CPU-sized defaults.
 
 Stored weights
 --------------
 The chapter does not train: it loads the CPU-sized models from
 ``companion/data/results/framework_tiny_lms.npz`` (float16 weights, about 1 MB) written by
 :func:`save_models` from :func:`train_models` with the default :class:`TrainedWindowsConfig`
-(one torch thread).  ``tests/test_framework.py`` retrains the depth-2 models and checks that
-they reproduce the stored weights.
+(one torch thread).  ``tests/test_experiments_framework.py`` retrains the depth-2 models and
+checks that they reproduce the stored weights.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from companion import experiments as xp
-from companion import framework as fw
+from companion._validation import check_positive, check_tuple
 from companion.corpus import load_corpus
-from companion.experiments import Result, register, stored_root, stored_target
-from companion.stacks import ResidualStack, StackConfig, TinyLM, byte_tokenize, train_tiny_lm
+from companion.engine import stack_injection_sweep
+from companion.experiments import register, stored_root, stored_target
+from companion.perturbation import injection_window
+from companion.stacks import StackConfig, TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = [
-    "BLOCK_TYPES",
-    "WINDOW_KINDS_RANDOM",
     "WINDOW_KINDS_TRAINED",
-    "RandomWindowsConfig",
     "TrainedWindowsConfig",
-    "GPU_RANDOM",
     "GPU_TRAINED",
-    "random_stack",
-    "run_random_windows",
     "tiny_lm_config",
     "train_models",
     "evaluation_ids",
@@ -77,47 +62,12 @@ __all__ = [
     "stored_models_path",
     "save_models",
     "load_models",
-    "stored_results",
     "TRAINING_FIELDS",
 ]
 
-#: Block types of the random-stack experiments: ReLU MLP, attention as initialised by the
-#: stacks (W_Q = 0: uniform over the causal prefix), and attention whose logits spread by
-#: ``sharp_logit_std`` (:func:`companion.framework.sharpen_attention`): the chaotic case.
-BLOCK_TYPES = ("mlp", "attention", "sharp_attention")
-#: Output effects of the random-stack windows (see :meth:`InjectionSweep.effect_at`).
-WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
 #: Output effects of the trained-stack windows.
 WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
-_WINDOW_FIELDS = ("best", "first", "last", "size")
 
-
-def _check_tuple(value, name, kind, allowed=None, minimum=None):
-    if not isinstance(value, tuple) or not value:
-        raise TypeError(f"{name} must be a non-empty tuple, got {value!r}")
-    for item in value:
-        if kind is int and (isinstance(item, bool) or not isinstance(item, int)):
-            raise TypeError(f"{name} must hold integers, got {item!r}")
-        if kind is float and (isinstance(item, bool) or not isinstance(item, (int, float))):
-            raise TypeError(f"{name} must hold numbers, got {item!r}")
-        if kind is str and not isinstance(item, str):
-            raise TypeError(f"{name} must hold strings, got {item!r}")
-        if allowed is not None and item not in allowed:
-            raise ValueError(f"{name} entries must be among {allowed}, got {item!r}")
-        if minimum is not None and item < minimum:
-            raise ValueError(f"{name} entries must be >= {minimum}, got {item!r}")
-    if len(set(value)) != len(value):
-        raise ValueError(f"{name} must not repeat entries, got {value!r}")
-
-
-def _check_positive(value, name, integer=False):
-    if integer:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
 #: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others only
@@ -157,219 +107,6 @@ def training_hash(config: "TrainedWindowsConfig") -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-# ============================================================================ random stacks
-@register("framework_random", schema=1)
-@dataclass(frozen=True)
-class RandomWindowsConfig:
-    """Windows of random-initialised stacks across placements, block types, gains and depths.
-
-    Parameters
-    ----------
-    d_model : int, default 64
-        Width.
-    max_depth : int, default 32
-        Depth of the stack that is swept; every entry of ``depths`` must be <= it.
-    depths : tuple of int, default (4, 8, 16, 32)
-        Depths at which the window is read.
-    gains : tuple of float, default (0.5, 1.0, 2.0, 4.0)
-        Block-output gains (``StackConfig.gain``).
-    blocks : tuple of str, default :data:`BLOCK_TYPES`
-        Block types.
-    placements : tuple of str, default ("pre", "post")
-    batch, tokens : int, default 4, 16
-        Input: ``batch`` sequences of ``tokens`` i.i.d. ``N(0, I_d)`` vectors.
-    scale : float, default 0.1
-        Injected norm relative to the baseline's RMS stream norm at the injection layer.
-    threshold : float, default 0.5
-        Relative window threshold :math:`\\tau`.
-    sharp_logit_std : float, default 16.0
-        Logit spread of ``"sharp_attention"`` blocks.
-    seed : int, default 0
-        Seed of the stacks, the input and the direction.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If a field has the wrong type or value (see the messages).
-
-    Examples
-    --------
-    >>> RandomWindowsConfig().depths, GPU_RANDOM.max_depth
-    ((4, 8, 16, 32), 128)
-    """
-
-    d_model: int = 64
-    max_depth: int = 32
-    depths: tuple[int, ...] = (4, 8, 16, 32)
-    gains: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    blocks: tuple[str, ...] = BLOCK_TYPES
-    placements: tuple[str, ...] = ("pre", "post")
-    batch: int = 4
-    tokens: int = 16
-    scale: float = 0.1
-    threshold: float = 0.5
-    sharp_logit_std: float = 16.0
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("d_model", "max_depth", "batch", "tokens"):
-            _check_positive(getattr(self, name), name, integer=True)
-        for name in ("scale", "threshold", "sharp_logit_std"):
-            _check_positive(getattr(self, name), name)
-        if self.threshold > 1:
-            raise ValueError(f"threshold is relative and must lie in (0, 1], got {self.threshold}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        _check_tuple(self.depths, "depths", int, minimum=1)
-        if max(self.depths) > self.max_depth:
-            raise ValueError(f"depths {self.depths} exceed max_depth = {self.max_depth}")
-        _check_tuple(self.gains, "gains", float, minimum=1e-12)
-        _check_tuple(self.blocks, "blocks", str, allowed=BLOCK_TYPES)
-        _check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
-
-    def compute(self, device, progress: bool = False) -> dict:
-        """Entry point of the experiments framework: :func:`run_random_windows` plus axis labels."""
-        bar = _bar(len(self.placements) * len(self.blocks) * len(self.gains), progress, "random stacks")
-        out = run_random_windows(self, device, progress=bar.update if bar else None)
-        if bar:
-            bar.close()
-        out.update(placements=list(self.placements), blocks=list(self.blocks),
-                   gains=list(self.gains), depths=list(self.depths))
-        return out
-
-
-def _bar(total, progress, desc):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc)
-
-
-def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers: int,
-                 seed: int = 0, sharp_logit_std: float = 16.0) -> ResidualStack:
-    """A random-initialised stack of one of the :data:`BLOCK_TYPES` (Xavier init, LayerNorm).
-
-    Parameters
-    ----------
-    placement : {"pre", "post"}
-    block : one of :data:`BLOCK_TYPES`
-    gain : float
-        Block-output gain.
-    d_model, n_layers : int
-    seed : int, default 0
-    sharp_logit_std : float, default 16.0
-        Logit spread for ``"sharp_attention"``.
-
-    Returns
-    -------
-    companion.stacks.ResidualStack (in ``eval()`` mode)
-
-    Raises
-    ------
-    ValueError
-        If ``block`` is unknown (other arguments are validated by ``StackConfig``).
-
-    Examples
-    --------
-    >>> st = random_stack("post", "sharp_attention", 1.0, d_model=16, n_layers=2)
-    >>> st.config.block, st.config.placement
-    ('attention', 'post')
-    """
-    if block not in BLOCK_TYPES:
-        raise ValueError(f"block must be one of {BLOCK_TYPES}, got {block!r}")
-    kind = "mlp" if block == "mlp" else "attention"
-    heads = 4 if d_model % 4 == 0 else 1
-    cfg = StackConfig(d_model=d_model, n_layers=n_layers, n_heads=heads, placement=placement,
-                      block=kind, gain=float(gain), seed=seed)
-    stack = ResidualStack(cfg)
-    if block == "sharp_attention":
-        fw.sharpen_attention(stack, sharp_logit_std, seed=seed)
-    return stack.eval()
-
-
-def _window_row(effect, layers, depth, threshold):
-    w = fw.injection_window(effect, layers=layers, n_layers=depth, threshold=threshold)
-    return [w.best_fraction, w.first_fraction, w.last_fraction, w.size_fraction]
-
-
-def run_random_windows(config: RandomWindowsConfig, device: str | torch.device = "cpu",
-                       progress=None) -> dict[str, np.ndarray]:
-    """Sweep every random stack of ``config`` and read its windows at every depth.
-
-    Parameters
-    ----------
-    config : RandomWindowsConfig
-    device : str or torch.device, default "cpu"
-    progress : callable, optional
-        Called with no argument after each stack (e.g. a tqdm ``update``).
-
-    Returns
-    -------
-    dict of str to numpy.ndarray
-        Axes ``P`` placements, ``K`` blocks, ``G`` gains, ``D`` depths, ``M = max_depth``:
-
-        ``"effect_<kind>"`` ``[P, K, G, D, M]``
-            Effect of an injection at layer ``l`` (last axis) read at depth ``L``; NaN for
-            ``l >= L``.  ``<kind>`` in :data:`WINDOW_KINDS_RANDOM`.
-        ``"window_<kind>"`` ``[P, K, G, D, 4]``
-            ``best / L``, ``first / L``, ``last / L`` and the window's size / ``L``.
-        ``"growth_c"`` ``[P, K, G]``
-            :func:`companion.framework.fit_norm_growth` of the baseline stream.
-        ``"postln_factor"`` ``[P, K, G]``
-            Geometric mean over layers and positions of the skip-path factor (Post-LN
-            :math:`\\prod_s \\lambda/s`, Pre-LN :math:`\\lambda^S`).
-
-    Raises
-    ------
-    TypeError
-        If ``config`` is not a :class:`RandomWindowsConfig`.
-
-    Notes
-    -----
-    The readable projection is :meth:`companion.framework.InjectionSweep.effect_at` with
-    ``"relative_projection"``; the predicted windows are
-    :func:`companion.framework.predicted_window` of ``growth_c`` and ``postln_factor``.
-
-    Examples
-    --------
-    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,),
-    ...                           blocks=("mlp",), batch=2, tokens=4)
-    >>> out = run_random_windows(cfg)
-    >>> out["effect_relative_projection"].shape, out["window_relative_size"].shape
-    ((2, 1, 1, 2, 4), (2, 1, 1, 2, 4))
-    """
-    if not isinstance(config, RandomWindowsConfig):
-        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
-    P, K, G, D, M = (len(config.placements), len(config.blocks), len(config.gains),
-                     len(config.depths), config.max_depth)
-    out = {f"effect_{k}": np.full((P, K, G, D, M), np.nan) for k in WINDOW_KINDS_RANDOM}
-    out.update({f"window_{k}": np.full((P, K, G, D, 4), np.nan) for k in WINDOW_KINDS_RANDOM})
-    out["growth_c"] = np.full((P, K, G), np.nan)
-    out["postln_factor"] = np.full((P, K, G), np.nan)
-    g = torch.Generator().manual_seed(config.seed)
-    x = torch.randn(config.batch, config.tokens, config.d_model, generator=g).to(device)
-    for p, placement in enumerate(config.placements):
-        for k, block in enumerate(config.blocks):
-            for gi, gain in enumerate(config.gains):
-                stack = random_stack(placement, block, gain, config.d_model, M, config.seed,
-                                     config.sharp_logit_std).to(device)
-                sw = fw.stack_injection_sweep(stack, x, scale=config.scale, seed=config.seed)
-                out["growth_c"][p, k, gi] = fw.fit_norm_growth(sw.base_sq_norm)
-                ratio = sw.predicted_projection[0, 1:] / sw.predicted_projection[0, :-1]
-                out["postln_factor"][p, k, gi] = float(np.exp(np.mean(np.log(ratio))))
-                for di, depth in enumerate(config.depths):
-                    for kind in WINDOW_KINDS_RANDOM:
-                        layers, eff = sw.effect_at(depth, kind)
-                        out[f"effect_{kind}"][p, k, gi, di, layers] = eff
-                        out[f"window_{kind}"][p, k, gi, di] = _window_row(
-                            eff, layers, depth, config.threshold)
-                if progress is not None:
-                    progress()
-    return out
-
-
-# ============================================================================ trained stacks
 @register("framework_trained", schema=1)
 @dataclass(frozen=True)
 class TrainedWindowsConfig:
@@ -438,9 +175,9 @@ class TrainedWindowsConfig:
     def __post_init__(self):
         for name in ("n_heads", "steps", "batch_size", "seq_len", "eval_sequences", "inject_stop",
                      "n_directions"):
-            _check_positive(getattr(self, name), name, integer=True)
+            check_positive(getattr(self, name), name, integer=True)
         for name in ("lr", "scale", "threshold"):
-            _check_positive(getattr(self, name), name)
+            check_positive(getattr(self, name), name)
         if self.threshold > 1:
             raise ValueError(f"threshold is relative and must lie in (0, 1], got {self.threshold}")
         for name in ("warmup", "inject_start", "seed"):
@@ -452,12 +189,12 @@ class TrainedWindowsConfig:
                 f"need inject_start < inject_stop < seq_len (later tokens must exist), got "
                 f"{self.inject_start}, {self.inject_stop}, {self.seq_len}"
             )
-        _check_tuple(self.widths, "widths", int, minimum=1)
+        check_tuple(self.widths, "widths", int, minimum=1)
         for w in self.widths:
             if w % self.n_heads:
                 raise ValueError(f"n_heads = {self.n_heads} must divide every width, got {w}")
-        _check_tuple(self.depths, "depths", int, minimum=1)
-        _check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
+        check_tuple(self.depths, "depths", int, minimum=1)
+        check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
 
     def compute(self, device, progress: bool = False) -> dict:
         """Entry point of the experiments framework: :func:`run_trained_windows` plus axis labels."""
@@ -469,6 +206,14 @@ class TrainedWindowsConfig:
         out.update(placements=list(self.placements), widths=list(self.widths),
                    depths=list(self.depths), training_hash=training_hash(self))
         return out
+
+
+def _bar(total, progress, desc):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc)
 
 
 def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, depth: int) -> StackConfig:
@@ -629,8 +374,8 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
 
     Notes
     -----
-    One :func:`companion.framework.stack_injection_sweep` per model and direction; the
-    windows are :func:`companion.framework.injection_window` of the averaged effects.
+    One :func:`companion.engine.stack_injection_sweep` per model and direction; the
+    windows are :func:`companion.perturbation.injection_window` of the averaged effects.
 
     Examples
     --------
@@ -658,14 +403,15 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
         model = (value[0] if isinstance(value, tuple) else value).to(device).eval()
         effects = {k: np.zeros(depth) for k in WINDOW_KINDS_TRAINED}
         for j in range(config.n_directions):
-            sw = fw.stack_injection_sweep(model, ids, scale=config.scale, positions=span,
+            sw = stack_injection_sweep(model, ids, scale=config.scale, positions=span,
                                           seed=config.seed + j)
             effects["kl_later"] += sw.effect("kl", "later") / config.n_directions
             effects["kl_injected"] += sw.effect("kl", "injected") / config.n_directions
             effects["relative_projection"] += sw.effect("output_projection", "injected") / config.n_directions
         for kind, eff in effects.items():
             out[f"effect_{kind}"][idx][:depth] = eff
-            out[f"window_{kind}"][idx] = _window_row(eff, np.arange(depth), depth, config.threshold)
+            out[f"window_{kind}"][idx] = injection_window(
+                eff, n_layers=depth, threshold=config.threshold).fractions
         with torch.no_grad():
             logits, _ = model(ids[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
@@ -865,49 +611,7 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     return models
 
 
-def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
-    """Every committed Result of experiment ``name`` (any config), newest first.
-
-    Parameters
-    ----------
-    name : {"framework_random", "framework_trained"}
-    root : path, optional
-        Folder holding ``<name>/<hash>.json`` files (default
-        :func:`companion.experiments.stored_root`, ``companion/data/results``).
-
-    Returns
-    -------
-    list of companion.experiments.Result
-        Results whose schema matches the current code; others are skipped (they would be
-        recomputed by ``run_cached``, never shown).
-
-    Raises
-    ------
-    ValueError
-        If ``name`` is not one of this module's experiments.
-
-    Notes
-    -----
-    ``run_cached`` finds a stored Result only for exactly its config; the chapter instead
-    shows every stored Result of the experiment, whatever size it was run at.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     stored_results("framework_random", root=tmp)
-    []
-    """
-    classes = {"framework_random": RandomWindowsConfig, "framework_trained": TrainedWindowsConfig}
-    if name not in classes:
-        raise ValueError(f"name must be one of {sorted(classes)}, got {name!r}")
-    return xp.stored_results(name, root)
-
-
-# ============================================================================ GPU-scale presets
-#: Random stacks at GPU scale: width 512, depths up to 128.
-GPU_RANDOM = RandomWindowsConfig(d_model=512, max_depth=128, depths=(8, 16, 32, 64, 128),
-                                 batch=8, tokens=64)
+# ============================================================================ GPU-scale preset
 #: Trained stacks at GPU scale: widths 128-512, depths 2-32, 3000 steps of 64 x 256 bytes.
 GPU_TRAINED = TrainedWindowsConfig(widths=(128, 256, 512), depths=(2, 4, 8, 16, 32), steps=3000,
                                    batch_size=64, seq_len=256, warmup=600, lr=1e-3,

@@ -1,0 +1,904 @@
+"""The one injection and measurement engine: random stacks, trained stacks and real models.
+
+Every injection experiment of the book goes through :func:`injection_sweep`: add ``c * v`` to
+the residual stream ``h_l`` at chosen token positions, run the rest of the model, and keep the
+injected stream -- or, with a ``measure``, only what you ask for at every layer.  The model is
+seen through an *adapter* with one interface: :class:`companion.stacks.StackAdapter` for a
+:class:`~companion.stacks.ResidualStack` or :class:`~companion.stacks.TinyLM`,
+:class:`companion.probes.ModelAdapter` for a real Transformer (hooks on its own modules): the
+baseline stream ``h_0 .. h_L``, a call of block ``i``, the final norm and the next-token
+logits.  A run injected at ``l`` starts from the baseline's ``h_l`` and replays only blocks
+``l .. L-1`` (prefix replay), so a sweep over all layers costs about half of one forward per
+layer (``benchmarks/bench_probes.py``).
+
+The measurements use one vocabulary, :mod:`companion.perturbation`
+(:data:`~companion.perturbation.METRIC_NAMES`, :func:`~companion.perturbation.next_token_kl`):
+
+injection_sweep, SweepResult, adapt
+    The engine: streams or measurements of every (layer, scale) injection.
+stack_injection_sweep, InjectionSweep
+    On a stack: every metric per layer and position, the output change, the next-token KL of
+    a language model, and the skip-path prediction of the projection.
+track_injection, InjectionTrack
+    On a real model with two-segment prompts (:func:`companion.directions.make_prompts`):
+    the metrics averaged over each position group, and the output effect of every run.
+
+Indexing: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the output of block
+``l - 1``; injecting at layer ``l`` perturbs ``h_l`` and every later block sees it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+
+from companion import perturbation as pt
+from companion._validation import as_float64, check_int, check_real
+from companion.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
+from companion.models import LoadedModel, check_model, logits_from_residual
+from companion.probes import ModelAdapter, residual_stream
+from companion.stacks import StackAdapter
+
+__all__ = [
+    "adapt",
+    "injection_sweep",
+    "SweepResult",
+    "EFFECT_KINDS",
+    "InjectionSweep",
+    "stack_injection_sweep",
+    "InjectionTrack",
+    "track_injection",
+]
+
+#: Output effects an :class:`InjectionSweep` can report (see :meth:`InjectionSweep.effect`).
+EFFECT_KINDS = ("output_change", "output_projection", "kl")
+
+
+def adapt(model, inputs, max_length: int | None = None):
+    """The adapter through which the engine runs ``model`` on ``inputs``.
+
+    Parameters
+    ----------
+    model : companion.models.LoadedModel, companion.stacks.ResidualStack or TinyLM
+    inputs
+        Texts or an encoding (real model), a ``[B, T, d]`` stream (ResidualStack) or
+        ``[B, T]`` token ids (TinyLM).
+    max_length : int or None
+        Truncation length of a real model's texts.
+
+    Returns
+    -------
+    companion.probes.ModelAdapter or companion.stacks.StackAdapter
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is none of these.
+    """
+    if isinstance(model, LoadedModel):
+        return ModelAdapter(model, inputs, max_length)
+    return StackAdapter(model, inputs)
+
+
+def _check_layer(ad, layer) -> int:
+    L = ad.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, Integral):
+        raise TypeError(f"every layer must be an integer in [0, {L}], got {type(layer).__name__}")
+    if not 0 <= int(layer) <= L:
+        raise ValueError(
+            f"every layer must be in [0, {L}] for {ad.name} (h_0 = embeddings, h_l = output of "
+            f"block l-1), got {layer}"
+        )
+    return int(layer)
+
+
+def _arity(fn) -> int:
+    """Number of positional parameters ``fn`` accepts (a large number for ``*args``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 99
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _finite64(x, name: str) -> np.ndarray:
+    arr = as_float64(x, name)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite values; check the run that produced it")
+    return arr
+
+
+# --------------------------------------------------------------------------------------------
+# the engine
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepResult:
+    """What :func:`injection_sweep` returns: the streams, or what ``measure`` made of them.
+
+    Attributes
+    ----------
+    baseline : torch.Tensor, shape ``[L+1, batch, tokens, d]``
+        The run without injection (always the full stream).
+    injected : torch.Tensor
+        ``[n_layers, L+1, batch, tokens, d]`` for a scalar ``scale``, or
+        ``[n_layers, n_scales, L+1, batch, tokens, d]`` for a sequence of scales; with a
+        ``measure`` the trailing ``batch, tokens, d`` are replaced by what ``measure`` returns.
+        For layers below the injection layer the injected run equals the baseline.
+    layers : tuple of int
+    scales : float or tuple of float
+    attention_mask : torch.Tensor, shape ``[batch, tokens]``
+    injected_mask : torch.Tensor of bool, shape ``[batch, tokens]``
+        The positions that received the vector.
+    """
+
+    baseline: torch.Tensor
+    injected: torch.Tensor
+    layers: tuple
+    scales: float | tuple
+    attention_mask: torch.Tensor
+    injected_mask: torch.Tensor
+
+
+def injection_sweep(
+    model,
+    inputs,
+    layers,
+    vector,
+    scale=1.0,
+    positions=None,
+    measure: Callable | None = None,
+    max_batch_tokens: int = 16384,
+    max_length: int | None = None,
+) -> SweepResult:
+    """Baseline run and one injected run per (layer, scale), sharing all common computation.
+
+    Parameters
+    ----------
+    model : companion.models.LoadedModel, companion.stacks.ResidualStack or TinyLM
+        A real Transformer (:class:`companion.probes.ModelAdapter`) or a stack
+        (:class:`companion.stacks.StackAdapter`); an adapter built by :func:`adapt` is used
+        as it is.
+    inputs : texts or an encoding (real model); ``[B, T, d]`` stream (ResidualStack); ``[B, T]`` ids (TinyLM)
+    layers : sequence of int in ``[0, L]`` (or ``"all"`` for ``0 .. L``)
+        Injection layers, same indexing as :func:`companion.probes.inject`; repeats are not
+        allowed.
+    vector : array ``[d]`` or ``[n_layers, d]``
+        One vector for every layer, or one per injection layer (e.g. a concept vector read at
+        that layer).
+    scale : float or sequence of float
+        Magnitude(s) ``c`` of the injected ``c · v``.
+    positions : None, sequence of int, or boolean ``[batch, tokens]``
+        As in :func:`companion.probes.inject` (real model) or token positions of every
+        sequence (stack); ``None`` = every real token.
+    measure : callable or None
+        ``measure(h_injected, h_base) -> Tensor`` with ``h_injected`` of shape
+        ``[K, batch, tokens, d]`` (``K`` runs at one layer) and ``h_base`` of shape
+        ``[batch, tokens, d]``; must return a tensor of shape ``[K, ...]`` (the same trailing
+        shape at every layer) and must not modify its inputs.  Applied at every layer as the
+        sweep proceeds, so the injected streams are never all held in memory.  A callable
+        with four parameters is called as ``measure(h_injected, h_base, layer, conditions)``
+        with the residual-stream index ``layer`` and ``conditions`` a ``[K, 2]`` LongTensor of
+        (index into ``layers``, index into the scales) for each of the ``K`` runs.
+    max_batch_tokens : int, default 16384
+        At most this many token rows (runs × batch × tokens) go through a block at once.
+    max_length : int or None
+        Truncation length of a real model's texts.
+
+    Returns
+    -------
+    SweepResult
+
+    Raises
+    ------
+    TypeError
+        For arguments of the wrong type.
+    ValueError
+        If a layer is outside ``[0, L]`` or repeated, ``vector`` has the wrong shape or is not
+        finite, a scale is not finite, ``vector`` or some ``scale · vector`` overflows the
+        model's dtype, ``texts`` is empty or ``positions`` is invalid.
+
+    Notes
+    -----
+    One baseline forward records every ``h_l`` and the exact arguments transformers passes to
+    each block (attention masks, rotary ``position_embeddings`` ...; forward pre-hooks with
+    ``with_kwargs=True``).  A run injected at ``l`` then starts from ``h_l + c·v`` and replays
+    only blocks ``l .. L-1`` with those arguments, repeated along the batch axis: at block ``i``
+    all runs with ``l ≤ i`` are stacked into one batch.  Injecting at every layer of an
+    ``L``-block model therefore costs about ``L(L+1)/2`` block evaluations instead of
+    ``L(L+1)`` for one full forward per layer (``benchmarks/bench_probes.py``).  Results equal
+    :func:`companion.probes.inject` up to floating-point reordering (tested to ``1e-4``
+    relative).  A stack runs every condition through a block on its own (``max_batch_tokens``
+    is ignored): each injected run is then the same arithmetic as
+    ``ResidualStack.forward(inject_layer=...)``, bit for bit.
+
+    Examples
+    --------
+    >>> sw = injection_sweep(m, texts, "all", v, scale=[2.0, 8.0])   # doctest: +SKIP
+    >>> sw.injected.shape                                             # doctest: +SKIP
+    torch.Size([31, 2, 31, 4, 12, 576])
+    """
+    ad = model if isinstance(model, (ModelAdapter, StackAdapter)) else adapt(model, inputs, max_length)
+    L = ad.n_layers
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
+        layers = list(range(L + 1))
+    if isinstance(layers, Integral) and not isinstance(layers, bool):
+        layers = [layers]
+    if not isinstance(layers, (Sequence, np.ndarray, range)) or len(layers) == 0:
+        raise ValueError("layers must be a non-empty list of integers in [0, L] or 'all'")
+    layers = tuple(_check_layer(ad, l) for l in layers)
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layers contains repeats: {layers}")
+    scalar = not isinstance(scale, (Sequence, np.ndarray, torch.Tensor))
+    scales = (check_real(scale, "scale"),) if scalar else tuple(check_real(s, "every scale") for s in list(scale))
+    if len(scales) == 0:
+        raise ValueError("scale must be a number or a non-empty list of numbers")
+    vec = ad.check_vector(vector, len(layers), scales)
+    if vec.ndim == 1:
+        vec = vec.expand(len(layers), -1)
+    if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, Integral) or max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
+    if measure is not None and not callable(measure):
+        raise TypeError("measure must be a callable measure(h_injected, h_base) or None")
+
+    sel = ad.position_mask(positions)
+    base = ad.baseline
+    batch, tokens = sel.shape
+    selmask = sel.unsqueeze(-1).to(ad.dtype)
+    full_args = measure is not None and _arity(measure) >= 4
+
+    def reduce(h_inj, i, group):
+        if measure is None:
+            return h_inj
+        if full_args:
+            ids = torch.tensor(group, dtype=torch.long).reshape(-1, 2)
+            return measure(h_inj, base[i], i, ids)
+        return measure(h_inj, base[i])
+
+    # conditions (layer index j, scale index s), ordered by injection layer
+    conds = sorted(((j, s) for j in range(len(layers)) for s in range(len(scales))), key=lambda c: layers[c[0]])
+    order = {c: n for n, c in enumerate(conds)}
+    per_batch = 1 if isinstance(ad, StackAdapter) else max(1, int(max_batch_tokens) // (batch * tokens))
+    store: list[list[torch.Tensor | None]] = [[None] * (L + 1) for _ in range(len(conds))]
+
+    with torch.no_grad():
+        for start in range(0, len(conds), per_batch):
+            chunk = conds[start:start + per_batch]
+            active: list[tuple[int, int]] = []
+            h = None
+            for i in range(L + 1):
+                entering = [c for c in chunk if layers[c[0]] == i]
+                if entering:
+                    new = torch.stack([base[i] + (scales[s] * vec[j]) * selmask for j, s in entering])
+                    new = new.reshape(len(entering) * batch, tokens, -1)
+                    h = new if h is None else torch.cat([h, new])
+                    active.extend(entering)
+                if active:
+                    red = reduce(h.reshape(len(active), batch, tokens, -1), i, active)
+                    for k, c in enumerate(active):
+                        store[order[c]][i] = red[k]
+                # runs not injected yet equal the baseline at this layer
+                waiting = [c for c in chunk if layers[c[0]] > i]
+                if waiting:
+                    if measure is None:
+                        for c in waiting:
+                            store[order[c]][i] = base[i]
+                    else:
+                        red = reduce(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
+                        for k, c in enumerate(waiting):
+                            store[order[c]][i] = red[k]
+                if i < L and active:
+                    h = ad.block(i, h, len(active))
+
+    stacked = torch.stack([torch.stack(store[order[(j, s)]]) for j in range(len(layers)) for s in range(len(scales))])
+    shape = (len(layers),) if scalar else (len(layers), len(scales))
+    injected = stacked.reshape(*shape, *stacked.shape[1:])
+    return SweepResult(
+        baseline=torch.stack(base),
+        injected=injected,
+        layers=layers,
+        scales=scales[0] if scalar else scales,
+        attention_mask=ad.attention_mask,
+        injected_mask=sel,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# stacks: every metric per layer and position
+# --------------------------------------------------------------------------------------------
+@dataclass
+class InjectionSweep:
+    """Result of :func:`stack_injection_sweep` (all arrays numpy float64 on the CPU).
+
+    Attributes
+    ----------
+    layers : numpy.ndarray of int, shape ``[K]``
+        Injection layers (stream indices).
+    n_layers : int
+        Depth ``L`` of the stack.
+    placement : str
+        ``"pre"`` or ``"post"``.
+    direction : numpy.ndarray, shape ``[d]``
+        The unit direction ``v``.
+    amplitude : numpy.ndarray, shape ``[K]``
+        :math:`\\|\\delta_\\ell\\|` added at each injected position.
+    injected : numpy.ndarray of bool, shape ``[T]``
+        Which token positions received the vector.
+    metrics : dict of str to numpy.ndarray, each ``[K, L+1, B, T]``
+        :func:`companion.perturbation.perturbation_metrics` of the injected run against the baseline, for each
+        injection layer.
+    predicted_projection : numpy.ndarray, shape ``[K, L+1, B, T]``
+        Skip-path prediction of ``metrics["projection"]``: Post-LN, the product of the
+        factors of :func:`companion.perturbation.postln_contraction_factors` (one per sublayer norm); Pre-LN,
+        :math:`\\lambda^{S(m-\\ell)} p_\\ell` (S sublayers per block).  0 at positions that
+        were not injected.
+    output_change : numpy.ndarray, shape ``[K, B, T]``
+        :math:`\\|y_{inj} - y_{base}\\| / \\|y_{base}\\|` for the stack's final output ``y``
+        (after the final norm, if any).
+    output_projection : numpy.ndarray, shape ``[K, B, T]``
+        :math:`(y_{inj} - y_{base})\\cdot\\hat v / \\|y_{base}\\|`: how much of the injected
+        direction can still be read at the output, relative to the output's size.
+    kl : numpy.ndarray or None, shape ``[K, B, T]``
+        For a language model, :math:`\\mathrm{KL}(p_{base}\\,\\|\\,p_{inj})` of the
+        next-token distributions (nats); ``None`` for a bare stack.
+    base_sq_norm : numpy.ndarray, shape ``[L+1]``
+        :math:`\\mathbb E\\|h_l\\|^2` of the baseline over batch and tokens.
+    base_norm : numpy.ndarray, shape ``[L+1, B, T]``
+        :math:`\\|h_l\\|` of the baseline at every layer and position.
+    """
+
+    layers: np.ndarray
+    n_layers: int
+    placement: str
+    direction: np.ndarray
+    amplitude: np.ndarray
+    injected: np.ndarray
+    metrics: dict
+    predicted_projection: np.ndarray
+    output_change: np.ndarray
+    output_projection: np.ndarray
+    kl: np.ndarray | None
+    base_sq_norm: np.ndarray
+    base_norm: np.ndarray
+
+    def effect(self, kind: str = "output_change", positions: str = "all") -> np.ndarray:
+        """Output effect per injection layer, averaged over batch and the chosen tokens.
+
+        Parameters
+        ----------
+        kind : {"output_change", "output_projection", "kl"}
+            ``"output_change"``: mean of :attr:`output_change`; ``"output_projection"``:
+            absolute value of the mean of :attr:`output_projection` (the part of the injected
+            direction readable at the output); ``"kl"``: mean of :attr:`kl`.
+        positions : {"all", "injected", "later"}
+            Average over every token, over the injected tokens, or over the tokens after the
+            last injected one (the protocol of Hahami et al., who read the last token).
+
+        Returns
+        -------
+        numpy.ndarray, shape ``[K]``
+
+        Raises
+        ------
+        ValueError
+            If ``kind`` or ``positions`` is unknown, ``kind="kl"`` for a bare stack, or no
+            token lies after the last injected one.
+        """
+        if kind not in EFFECT_KINDS:
+            raise ValueError(f"kind must be one of {EFFECT_KINDS}, got {kind!r}")
+        values = {"output_change": self.output_change, "output_projection": self.output_projection,
+                  "kl": self.kl}[kind]
+        if values is None:
+            raise ValueError("kind='kl' needs a language model (TinyLM); this sweep ran a bare stack")
+        mean = values[:, :, self.position_mask(positions)].mean(axis=(1, 2))
+        return np.abs(mean) if kind == "output_projection" else mean
+
+    def effect_at(
+        self, layer: int, kind: str = "relative_projection", positions: str = "all"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Effect read at stream index ``layer`` of the injections made before it.
+
+        Because block ``l`` of a stack depends only on ``(seed, l)``, the first ``m`` blocks
+        of a deep stack *are* the stack of depth ``m``: reading the stream at index ``m``
+        gives the output of the depth-``m`` stack, so one sweep serves every depth.
+
+        Parameters
+        ----------
+        layer : int
+            Stream index ``m`` (``1 <= m <= L``) at which to read.
+        kind : {"relative_projection", "relative_size"}
+            ``"relative_projection"``: :math:`|\\operatorname{mean}(p_m/\\|h_m\\|)|`, the
+            part of the injected direction still readable, relative to the stream's size;
+            ``"relative_size"``: :math:`\\operatorname{mean}(\\|\\delta_m\\|/\\|h_m\\|)`.
+        positions : {"all", "injected", "later"}
+            Tokens to average over (see :meth:`effect`).
+
+        Returns
+        -------
+        (numpy.ndarray of int, numpy.ndarray)
+            The injection layers ``l < m`` of this sweep and the effect of each.
+
+        Raises
+        ------
+        TypeError
+            If ``layer`` is not an integer.
+        ValueError
+            If ``layer`` is out of range, no injection layer lies below it, or ``kind`` or
+            ``positions`` is unknown.
+        """
+        m = check_int(layer, "layer", 1)
+        if m > self.n_layers:
+            raise ValueError(f"layer must be in [1, {self.n_layers}], got {m}")
+        keep = self.layers < m
+        if not keep.any():
+            raise ValueError(f"no injection layer of this sweep lies below layer {m}")
+        pos = self.position_mask(positions)
+        if kind == "relative_projection":
+            vals = self.metrics["projection"][keep, m] / self.base_norm[m]
+            return self.layers[keep], np.abs(vals[:, :, pos].mean(axis=(1, 2)))
+        if kind == "relative_size":
+            vals = self.metrics["relative_size"][keep, m]
+            return self.layers[keep], vals[:, :, pos].mean(axis=(1, 2))
+        raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
+
+    def position_mask(self, positions: str = "all") -> np.ndarray:
+        """Boolean mask over tokens: ``"all"``, ``"injected"`` or ``"later"`` (see :meth:`effect`)."""
+        if positions == "all":
+            return np.ones_like(self.injected)
+        if positions == "injected":
+            return self.injected.copy()
+        if positions == "later":
+            mask = np.zeros_like(self.injected)
+            last = int(np.flatnonzero(self.injected)[-1])
+            mask[last + 1 :] = True
+            if not mask.any():
+                raise ValueError("no token lies after the last injected position")
+            return mask
+        raise ValueError(f"positions must be 'all', 'injected' or 'later', got {positions!r}")
+
+    def window(
+        self, threshold: float = 0.5, kind: str = "output_change", positions: str = "all",
+        relative: bool = True, contiguous: bool = True,
+    ) -> pt.Window:
+        """:func:`companion.perturbation.injection_window` of :meth:`effect` (same parameters)."""
+        return pt.injection_window(
+            self.effect(kind, positions), layers=self.layers, n_layers=self.n_layers,
+            threshold=threshold, relative=relative, contiguous=contiguous,
+        )
+
+
+def stack_injection_sweep(
+    model,
+    inputs,
+    layers=None,
+    scale: float = 0.1,
+    relative: bool = True,
+    direction=None,
+    positions=None,
+    seed: int = 0,
+) -> InjectionSweep:
+    r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
+
+    Parameters
+    ----------
+    model : companion.stacks.ResidualStack or companion.stacks.TinyLM
+        The stack (random or trained).  It is run under ``torch.no_grad`` on its own device.
+    inputs : torch.Tensor
+        ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a
+        ``TinyLM``.
+    layers : sequence of int, optional
+        Injection layers (stream indices ``0 <= l <= L``), strictly increasing.  Default
+        ``0, ..., L-1``.
+    scale : float, default 0.1
+        With ``relative=True`` the injected norm is
+        :math:`a_\ell = \text{scale}\cdot\sqrt{\mathbb E\|h_\ell\|^2}` (the baseline's
+        root-mean-square stream norm at that layer, over batch and tokens); otherwise
+        :math:`a_\ell = \text{scale}`.
+    relative : bool, default True
+        See ``scale``.
+    direction : array_like, shape ``[d]``, optional
+        The direction ``v`` (normalised here).  Default
+        :func:`companion.directions.random_direction` with ``seed``.
+    positions : int or sequence of int, optional
+        Token positions that receive the vector (``None``: all).
+    seed : int, default 0
+        Seed of the default direction.
+
+    Returns
+    -------
+    InjectionSweep
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is neither a ``ResidualStack`` nor a ``TinyLM``, ``relative`` is not a
+        bool, or ``scale``/``seed`` have the wrong type.
+    ValueError
+        If ``scale`` <= 0, ``layers`` is empty, not strictly increasing or out of
+        ``[0, L]``, ``direction`` has the wrong shape or is zero, or ``inputs``/``positions``
+        are rejected by the model's forward pass.
+
+    Notes
+    -----
+    One :func:`injection_sweep` through :class:`companion.stacks.StackAdapter`: the baseline
+    runs once, and a run injected at :math:`\ell` replays only blocks :math:`\ell .. L-1`,
+    with the same arithmetic as ``ResidualStack.forward(inject_layer=ell)``.  Every layer is
+    measured with :func:`companion.perturbation.perturbation_metrics` as the sweep proceeds.  The skip-path prediction is the first-order
+    statement of the chapter's propositions: Post-LN multiplies the projection by
+    :math:`\lambda\,\hat v^\top\operatorname{diag}(\gamma)\hat v/s(u)` at every norm
+    (:func:`postln_contraction_factors`), Pre-LN by :math:`\lambda` at every sublayer.  The
+    KL divergence is :func:`companion.perturbation.next_token_kl`.
+
+    Examples
+    --------
+    >>> from companion.stacks import StackConfig, ResidualStack
+    >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2, placement="post"))
+    >>> sw = stack_injection_sweep(stack, torch.randn(2, 4, 16), scale=1e-4)
+    >>> sw.metrics["projection"].shape, sw.effect("output_change").shape
+    ((3, 4, 2, 4), (3,))
+    >>> p, q = sw.metrics["projection"][0, 0], sw.predicted_projection[0, 0]  # at injection
+    >>> bool(np.allclose(p, q, rtol=1e-3))
+    True
+    """
+    ad = StackAdapter(model, inputs)
+    stack, is_lm = ad.stack, ad.lm is not None
+    cfg = stack.config
+    n_layers, d = cfg.n_layers, cfg.d_model
+    scale = check_real(scale, "scale")
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    if not isinstance(relative, bool):
+        raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
+    seed = check_int(seed, "seed", 0)
+    lay = np.arange(n_layers) if layers is None else np.asarray(layers)
+    if lay.ndim != 1 or lay.size == 0:
+        raise ValueError(f"layers must be a non-empty 1-D sequence of integers, got {layers!r}")
+    if not np.issubdtype(lay.dtype, np.integer):
+        raise TypeError(f"layers must be integers, got dtype {lay.dtype}")
+    if lay[0] < 0 or lay[-1] > n_layers or np.any(np.diff(lay) <= 0):
+        raise ValueError(
+            f"layers must be strictly increasing stream indices in [0, {n_layers}], got {lay.tolist()}"
+        )
+    v = random_direction(d, seed) if direction is None else as_float64(direction, "direction")
+    if v.shape != (d,):
+        raise ValueError(f"direction must have shape ({d},), got {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError("direction contains NaN or infinite values")
+    v, zero = pt.unit_vectors(v, flat=True)
+    if zero:
+        raise ValueError("direction must be a non-zero vector")
+    v_t = torch.as_tensor(v, dtype=ad.dtype, device=ad.device)
+
+    base = ad.record                                     # the baseline StackOutput
+    stream_b = base.stream                               # [L+1, B, T, d]
+    mask = ad.position_mask(positions)[0].cpu()          # [T]
+    base_sq = stream_b.double().pow(2).sum(-1)           # [L+1, B, T]
+    sq = base_sq.mean(dim=(1, 2)).cpu().numpy()          # [L+1]
+    base_norm = base_sq.sqrt().cpu().numpy()
+    amps = scale * np.sqrt(sq[lay]) if relative else np.full(lay.size, scale)
+    top = float(torch.finfo(ad.dtype).max)
+    if not np.all(amps * float(v_t.abs().max()) <= top):
+        raise ValueError(
+            f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
+            f"of the stack's dtype {ad.dtype} (max {top:.4g}); use a smaller scale"
+        )
+
+    # skip-path factors of the baseline: [L, B, T]
+    lam = cfg.residual_scale
+    n_sub = base.sublayer_norm_input.shape[1]
+    if cfg.placement == "post":
+        ln_w = torch.stack(
+            [torch.stack([sub.norm.weight for sub in blk.sublayers]) for blk in stack.blocks]
+        )  # [L, S, d]
+        f = pt.postln_contraction_factors(
+            base.sublayer_norm_input, eps=cfg.eps, residual_scale=lam,
+            ln_weight=ln_w.detach().double().cpu().numpy()[:, :, None, None, :], v=v,
+            norm=cfg.norm,
+        )  # [L, S, B, T]
+        factors = np.prod(f, axis=1)
+    else:
+        factors = np.full(stream_b.shape[1:3], lam**n_sub)[None].repeat(n_layers, axis=0)
+    mask_np = mask.numpy()
+
+    K = lay.size
+    with torch.no_grad():
+        final_b = ad.output(stream_b[-1]).double()
+        logits_b = ad.logits(stream_b[-1]) if is_lm else None
+    final_b_norm = final_b.norm(dim=-1)
+    v_t64 = torch.as_tensor(v, dtype=torch.float64, device=ad.device)
+    output_change = np.empty((K,) + tuple(stream_b.shape[1:3]))
+    output_projection = np.empty_like(output_change)
+    kl = np.empty_like(output_change) if is_lm else None
+
+    def measure(h_inj, h_base, layer, conditions):        # h_inj: [1, B, T, d], one run
+        m = pt.perturbation_metrics(h_base[None], h_inj, v)
+        if layer == n_layers:
+            k = int(conditions[0, 0])
+            dy = ad.output(h_inj[0]).double() - final_b
+            output_change[k] = (dy.norm(dim=-1) / final_b_norm).cpu().numpy()
+            output_projection[k] = ((dy @ v_t64) / final_b_norm).cpu().numpy()
+            if is_lm:
+                kl[k] = pt.next_token_kl(logits_b, ad.logits(h_inj[0]))
+        return torch.from_numpy(np.stack([m[name][0] for name in pt.METRIC_NAMES]))[None]
+
+    vectors = torch.stack([float(a) * v_t for a in amps])
+    sw = injection_sweep(ad, None, lay.tolist(), vectors, scale=[1.0], positions=positions,
+                         measure=measure)
+    got = sw.injected[:, 0].numpy()                       # [K, L+1, n_metric, B, T]
+    metrics = {name: np.ascontiguousarray(got[:, :, i]) for i, name in enumerate(pt.METRIC_NAMES)}
+    predicted = np.stack([pt.predicted_projection(factors, ell, amps[k] * mask_np[None, :])
+                          for k, ell in enumerate(lay.tolist())])
+    return InjectionSweep(
+        layers=lay.astype(int), n_layers=n_layers, placement=cfg.placement, direction=v,
+        amplitude=np.asarray(amps, dtype=np.float64), injected=mask_np, metrics=metrics,
+        predicted_projection=predicted, output_change=output_change,
+        output_projection=output_projection, kl=kl, base_sq_norm=sq, base_norm=base_norm,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# real models: metrics per position group, output effects
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InjectionTrack:
+    """Per-layer metrics and output effects of injections at many layers and magnitudes.
+
+    Attributes
+    ----------
+    model : str
+    n_layers : int
+        Depth ``L``.
+    layers : numpy.ndarray of int, shape ``[n_inj]``
+        Injection layers (stream indices).
+    scales : numpy.ndarray, shape ``[n_scales]``
+        The magnitudes as given: relative ``alpha`` (``relative=True``) or absolute ``c``.
+    relative : bool
+    coefficient : numpy.ndarray, shape ``[n_inj, n_scales]``
+        The absolute length ``c`` of the added vector ``c * v_hat``.
+    typical_norm : numpy.ndarray, shape ``[L+1]``
+        Median baseline ``||h_l||`` at the injected positions.
+    metrics : dict of str to numpy.ndarray, each ``[n_inj, n_scales, L+1, batch, 3]``
+        :func:`companion.perturbation.perturbation_metrics`, averaged over the positions of each
+        group of :data:`GROUPS` in each prompt (NaN where undefined, e.g. ``cos_delta_v``
+        before the injection layer).
+    output_effect : numpy.ndarray, shape ``[n_inj, n_scales, batch]``
+        KL divergence at the last token (causal LM) or ``1 - cos`` of the sentence embedding
+        (encoder) between the injected and the baseline run.
+    effect_name : str
+        ``"kl_last"`` or ``"embedding_change"``.
+    """
+
+    model: str
+    n_layers: int
+    layers: np.ndarray
+    scales: np.ndarray
+    relative: bool
+    coefficient: np.ndarray
+    typical_norm: np.ndarray
+    metrics: dict
+    output_effect: np.ndarray
+    effect_name: str
+
+    def mean(self, metric: str, group: str = "last") -> np.ndarray:
+        """Prompt-averaged metric, shape ``[n_inj, n_scales, L+1]``.
+
+        Raises
+        ------
+        ValueError
+            For an unknown metric or group name.
+        """
+        if metric not in self.metrics:
+            raise ValueError(f"unknown metric {metric!r}; choose from {sorted(self.metrics)}")
+        if group not in GROUPS:
+            raise ValueError(f"unknown group {group!r}; choose from {GROUPS}")
+        a = self.metrics[metric][..., GROUPS.index(group)]
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(a)
+            n = ok.sum(-1)
+            s = np.where(ok, a, 0.0).sum(-1)
+            return np.where(n > 0, s / np.maximum(n, 1), np.nan)
+
+    def effect(self) -> np.ndarray:
+        """Prompt-averaged output effect, shape ``[n_inj, n_scales]``."""
+        return self.output_effect.mean(-1)
+
+    def window(self, scale_index: int = 0, threshold: float = 0.5, relative: bool = True,
+               contiguous: bool = True):
+        """:func:`companion.pt.injection_window` of the prompt-averaged output effect.
+
+        Parameters
+        ----------
+        scale_index : int
+            Which magnitude (index into ``scales``).
+        threshold, relative, contiguous
+            As in :func:`companion.pt.injection_window`.
+
+        Returns
+        -------
+        companion.perturbation.Window
+
+        Raises
+        ------
+        ValueError
+            If ``scale_index`` is out of range (and as ``injection_window`` raises).
+        """
+        s = check_int(scale_index, "scale_index", 0)
+        if s >= len(self.scales):
+            raise ValueError(f"scale_index must be < {len(self.scales)}, got {s}")
+        return pt.injection_window(self.effect()[:, s], layers=self.layers.astype(int),
+                                          n_layers=self.n_layers, threshold=threshold, relative=relative,
+                                          contiguous=contiguous)
+
+
+def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
+    ok = groups[None] & np.isfinite(values)[:, None]  # [K, G, B, T]
+    s = np.where(ok, values[:, None], 0.0).sum(-1)
+    n = ok.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(n > 0, s / np.maximum(n, 1), np.nan)
+    return np.moveaxis(out, 1, 2)
+
+
+def _check_scales(scales) -> np.ndarray:
+    if isinstance(scales, Real) and not isinstance(scales, bool):
+        scales = [scales]
+    if isinstance(scales, (str, bytes)) or not isinstance(scales, (Sequence, np.ndarray)):
+        raise TypeError("scales must be a number or a sequence of numbers")
+    out = []
+    for s in scales:
+        if isinstance(s, bool) or not isinstance(s, Real):
+            raise TypeError(f"every scale must be a real number, got {s!r}")
+        if not math.isfinite(float(s)) or float(s) <= 0:
+            raise ValueError(f"every scale must be finite and > 0, got {s}")
+        out.append(float(s))
+    if not out:
+        raise ValueError("scales is empty; pass at least one magnitude")
+    return np.asarray(out)
+
+
+def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, relative: bool = True,
+                    norms=None, max_batch_tokens: int = 16384) -> InjectionTrack:
+    r"""Inject ``c * v_hat`` at each layer and magnitude; measure every layer and the output.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    prompts : InjectionPrompts
+        From :func:`companion.directions.make_prompts` (for the same model).
+    layers : sequence of int
+        Injection layers (stream indices in ``[0, L]``), strictly increasing.
+    directions : array_like, shape ``[d]`` or ``[n_inj, d]``
+        One direction for every layer (e.g. a random unit vector) or one per injection layer
+        (e.g. ``ConceptVectors.unit[layers]``).  Normalised here.
+    scales : float or sequence of float
+        Magnitudes, > 0.  With ``relative=True`` they are :math:`\alpha` and the added vector at
+        layer :math:`\ell` is :math:`\alpha\, n_\ell\, \hat v` (:func:`companion.directions.typical_norms`);
+        otherwise they are the absolute length :math:`c`.
+    relative : bool, default True
+    norms : array_like, shape ``[L+1]``, optional
+        Typical norms to use; computed from a baseline run of ``prompts`` when omitted.
+    max_batch_tokens : int, default 16384
+        Passed to :func:`injection_sweep` (memory bound per block call).
+
+    Returns
+    -------
+    InjectionTrack
+
+    Raises
+    ------
+    TypeError
+        Wrong argument types.
+    ValueError
+        Layers outside ``[0, L]``, not increasing; a direction of the wrong shape or zero;
+        non-positive scales; ``norms`` of the wrong shape or non-positive; injected vectors
+        beyond the range of the model's dtype.
+
+    Notes
+    -----
+    Runs :func:`injection_sweep` once (blocks before an injection layer are
+    never recomputed), with a ``measure`` that applies
+    :func:`companion.perturbation.perturbation_metrics` at every layer as the sweep proceeds,
+    each run against its own direction, and keeps only the per-group means and the output row
+    (the last token's state for a causal LM, the mean-pooled state for an encoder, kept at the
+    last layer only), so memory stays O(runs x (layers + d) x batch).  The
+    output effect is :func:`companion.perturbation.next_token_kl` of the logits at the last token
+    (:func:`companion.logits_from_residual`) for a causal LM, and
+    :func:`companion.perturbation.embedding_change` of the mean-pooled final state for an encoder (the
+    all-MiniLM-L6-v2 embedding up to its final normalisation, which :math:`1-\cos` ignores).
+
+    Examples
+    --------
+    >>> tr = track_injection(m, p, [0, 3, 6], random_unit_vectors(m.d_model)[0], [0.5, 2.0])  # doctest: +SKIP
+    >>> tr.mean("relative_size", "last").shape                                                # doctest: +SKIP
+    (3, 2, 31)
+    """
+    check_model(m)
+    if not isinstance(prompts, InjectionPrompts):
+        raise TypeError(f"prompts must come from companion.directions.make_prompts, got {type(prompts).__name__}")
+    if not isinstance(relative, bool):
+        raise TypeError(f"relative must be True or False, got {relative!r}")
+    L, d = m.n_layers, m.d_model
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, (Sequence, np.ndarray, range)):
+        raise TypeError("layers must be a sequence of integers")
+    lay = []
+    for x in layers:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Integral, np.integer)):
+            raise TypeError(f"every layer must be an integer, got {x!r}")
+        lay.append(int(x))
+    if not lay:
+        raise ValueError("layers is empty; pass at least one injection layer")
+    if any(x < 0 or x > L for x in lay) or any(b <= a for a, b in zip(lay, lay[1:])):
+        raise ValueError(f"layers must be strictly increasing integers in [0, {L}], got {lay}")
+    dirs = _finite64(directions, "directions")
+    if dirs.shape == (d,):
+        dirs = np.broadcast_to(dirs, (len(lay), d))
+    elif dirs.shape != (len(lay), d):
+        raise ValueError(f"directions must have shape ({d},) or ({len(lay)}, {d}), got {dirs.shape}")
+    unit, zero = pt.unit_vectors(dirs)
+    if np.any(zero):
+        raise ValueError("a direction is the zero vector; pass non-zero directions")
+    sc = _check_scales(scales)
+    if norms is None:
+        base = residual_stream(m, prompts.encoding)
+        norms = typical_norms(base, prompts.injected)
+        del base
+    norms = _finite64(norms, "norms")
+    if norms.shape != (L + 1,) or np.any(norms <= 0):
+        raise ValueError(f"norms must be {L + 1} positive numbers (one per layer), got shape {norms.shape}")
+    factor = norms[lay] if relative else np.ones(len(lay))
+    coefficient = factor[:, None] * sc[None, :]
+
+    groups = prompts.groups.numpy()
+    mask = prompts.encoding["attention_mask"].to("cpu", torch.float64)
+    last = prompts.last
+    causal = m.kind == "causal-lm"
+    n_metric = len(pt.METRIC_NAMES)
+    B = prompts.batch
+    n_inj, n_sc = len(lay), len(sc)
+    rows = torch.zeros(n_inj, n_sc, B, d, dtype=torch.float64)  # output rows at layer L
+
+    def measure(h_inj, h_base, layer, conditions):
+        # conditions[k] = (index into lay, index into sc) of run k: each run is measured
+        # against the direction it was injected along
+        hi = h_inj.detach().to("cpu", torch.float64)
+        hi64 = hi.numpy()[None]  # one "layer" axis of K runs for perturbation_metrics
+        hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]
+        cond = conditions.cpu()
+        v = unit[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
+        met = pt.perturbation_metrics(hb64, hi64, v)
+        if layer == L:
+            row = hi[:, last] if causal else (hi * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
+            rows[cond[:, 0], cond[:, 1]] = row  # [K, B, d]: last token (causal) or mean-pooled state
+        return torch.from_numpy(np.stack([_group_means(met[name][0], groups)
+                                          for name in pt.METRIC_NAMES], -1))  # [K, B, 3, n_metric]
+
+    vecs = torch.from_numpy(factor[:, None] * unit)
+    sw = injection_sweep(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
+                                measure=measure, max_batch_tokens=max_batch_tokens)
+    grouped = sw.injected.to(torch.float64).numpy()  # [n_inj, n_sc, L+1, B, 3, n_metric]
+    hb = sw.baseline[L].detach().to("cpu", torch.float64)
+    base_row = hb[last] if causal else (hb * mask[..., None]).sum(1) / mask.sum(1)[:, None]
+    metrics = {name: np.ascontiguousarray(grouped[..., i]) for i, name in enumerate(pt.METRIC_NAMES)}
+    if causal:
+        lb = logits_from_residual(m, base_row.to(torch.float32))
+        effect = np.empty((n_inj, n_sc, B))
+        for j in range(n_inj):
+            li = logits_from_residual(m, rows[j].to(torch.float32))  # [n_sc, B, vocab]
+            effect[j] = pt.next_token_kl(lb.expand_as(li), li)
+        name = "kl_last"
+    else:
+        effect = pt.embedding_change(base_row.expand_as(rows), rows)
+        name = "embedding_change"
+    return InjectionTrack(model=m.name, n_layers=L, layers=np.asarray(lay), scales=sc, relative=relative,
+                          coefficient=coefficient, typical_norm=norms, metrics=metrics,
+                          output_effect=effect, effect_name=name)

@@ -1,0 +1,265 @@
+"""Experiment ``framework_random``: injection windows of random-initialised stacks.
+
+:class:`RandomWindowsConfig` / :func:`run_random_windows`: random-initialised
+:class:`~companion.stacks.ResidualStack` s of one maximal depth, for every placement x block
+type x block-output gain (chapter *The three-effect framework*).  One injection sweep per stack
+(every injection layer, :func:`companion.engine.stack_injection_sweep`) is read at stream index
+``L`` for each depth ``L`` of ``depths``: the first ``L`` blocks of a stack are the depth-``L``
+stack (the stacks seed every block from ``(seed, layer)``), so one sweep serves every depth.
+The trained counterpart is :mod:`companion.experiments.framework_trained`.
+
+The defaults are CPU-sized; :data:`GPU_RANDOM` is the GPU-scale configuration.  On any CUDA
+machine::
+
+    python -m companion run framework_random --device cuda \
+        --set d_model=512 --set max_depth=128 --set depths=8,16,32,64,128 --set batch=8 --set tokens=64
+
+or, from Python, ``companion.experiments.run_cached(GPU_RANDOM, device="cuda")``.  Copy the
+resulting ``results/cache/framework_random/<hash>.json`` + ``.npz`` into
+``companion/data/results/framework_random/``: the chapter renders every stored Result
+(:func:`companion.experiments.stored_results`) with the hardware and the versions recorded in
+it.  CI runs only the CPU-sized defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from companion._validation import check_positive, check_tuple
+from companion.engine import stack_injection_sweep
+from companion.experiments import register
+from companion.perturbation import fit_norm_growth, injection_window
+from companion.stacks import ResidualStack, StackConfig, sharpen_attention
+
+__all__ = [
+    "BLOCK_TYPES",
+    "WINDOW_KINDS_RANDOM",
+    "RandomWindowsConfig",
+    "GPU_RANDOM",
+    "random_stack",
+    "run_random_windows",
+]
+
+#: Block types of the random-stack experiments: ReLU MLP, attention as initialised by the
+#: stacks (W_Q = 0: uniform over the causal prefix), and attention whose logits spread by
+#: ``sharp_logit_std`` (:func:`companion.stacks.sharpen_attention`): the chaotic case.
+BLOCK_TYPES = ("mlp", "attention", "sharp_attention")
+#: Output effects of the random-stack windows (see :meth:`companion.engine.InjectionSweep.effect_at`).
+WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
+
+
+# ============================================================================ random stacks
+@register("framework_random", schema=1)
+@dataclass(frozen=True)
+class RandomWindowsConfig:
+    """Windows of random-initialised stacks across placements, block types, gains and depths.
+
+    Parameters
+    ----------
+    d_model : int, default 64
+        Width.
+    max_depth : int, default 32
+        Depth of the stack that is swept; every entry of ``depths`` must be <= it.
+    depths : tuple of int, default (4, 8, 16, 32)
+        Depths at which the window is read.
+    gains : tuple of float, default (0.5, 1.0, 2.0, 4.0)
+        Block-output gains (``StackConfig.gain``).
+    blocks : tuple of str, default :data:`BLOCK_TYPES`
+        Block types.
+    placements : tuple of str, default ("pre", "post")
+    batch, tokens : int, default 4, 16
+        Input: ``batch`` sequences of ``tokens`` i.i.d. ``N(0, I_d)`` vectors.
+    scale : float, default 0.1
+        Injected norm relative to the baseline's RMS stream norm at the injection layer.
+    threshold : float, default 0.5
+        Relative window threshold :math:`\\tau`.
+    sharp_logit_std : float, default 16.0
+        Logit spread of ``"sharp_attention"`` blocks.
+    seed : int, default 0
+        Seed of the stacks, the input and the direction.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a field has the wrong type or value (see the messages).
+
+    Examples
+    --------
+    >>> RandomWindowsConfig().depths, GPU_RANDOM.max_depth
+    ((4, 8, 16, 32), 128)
+    """
+
+    d_model: int = 64
+    max_depth: int = 32
+    depths: tuple[int, ...] = (4, 8, 16, 32)
+    gains: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    blocks: tuple[str, ...] = BLOCK_TYPES
+    placements: tuple[str, ...] = ("pre", "post")
+    batch: int = 4
+    tokens: int = 16
+    scale: float = 0.1
+    threshold: float = 0.5
+    sharp_logit_std: float = 16.0
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("d_model", "max_depth", "batch", "tokens"):
+            check_positive(getattr(self, name), name, integer=True)
+        for name in ("scale", "threshold", "sharp_logit_std"):
+            check_positive(getattr(self, name), name)
+        if self.threshold > 1:
+            raise ValueError(f"threshold is relative and must lie in (0, 1], got {self.threshold}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        check_tuple(self.depths, "depths", int, minimum=1)
+        if max(self.depths) > self.max_depth:
+            raise ValueError(f"depths {self.depths} exceed max_depth = {self.max_depth}")
+        check_tuple(self.gains, "gains", float, minimum=1e-12)
+        check_tuple(self.blocks, "blocks", str, allowed=BLOCK_TYPES)
+        check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
+
+    def compute(self, device, progress: bool = False) -> dict:
+        """Entry point of the experiments framework: :func:`run_random_windows` plus axis labels."""
+        bar = _bar(len(self.placements) * len(self.blocks) * len(self.gains), progress, "random stacks")
+        out = run_random_windows(self, device, progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+        out.update(placements=list(self.placements), blocks=list(self.blocks),
+                   gains=list(self.gains), depths=list(self.depths))
+        return out
+
+
+def _bar(total, progress, desc):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc)
+
+
+def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers: int,
+                 seed: int = 0, sharp_logit_std: float = 16.0) -> ResidualStack:
+    """A random-initialised stack of one of the :data:`BLOCK_TYPES` (Xavier init, LayerNorm).
+
+    Parameters
+    ----------
+    placement : {"pre", "post"}
+    block : one of :data:`BLOCK_TYPES`
+    gain : float
+        Block-output gain.
+    d_model, n_layers : int
+    seed : int, default 0
+    sharp_logit_std : float, default 16.0
+        Logit spread for ``"sharp_attention"``.
+
+    Returns
+    -------
+    companion.stacks.ResidualStack (in ``eval()`` mode)
+
+    Raises
+    ------
+    ValueError
+        If ``block`` is unknown (other arguments are validated by ``StackConfig``).
+
+    Examples
+    --------
+    >>> st = random_stack("post", "sharp_attention", 1.0, d_model=16, n_layers=2)
+    >>> st.config.block, st.config.placement
+    ('attention', 'post')
+    """
+    if block not in BLOCK_TYPES:
+        raise ValueError(f"block must be one of {BLOCK_TYPES}, got {block!r}")
+    kind = "mlp" if block == "mlp" else "attention"
+    heads = 4 if d_model % 4 == 0 else 1
+    cfg = StackConfig(d_model=d_model, n_layers=n_layers, n_heads=heads, placement=placement,
+                      block=kind, gain=float(gain), seed=seed)
+    stack = ResidualStack(cfg)
+    if block == "sharp_attention":
+        sharpen_attention(stack, sharp_logit_std, seed=seed)
+    return stack.eval()
+
+
+def run_random_windows(config: RandomWindowsConfig, device: str | torch.device = "cpu",
+                       progress=None) -> dict[str, np.ndarray]:
+    """Sweep every random stack of ``config`` and read its windows at every depth.
+
+    Parameters
+    ----------
+    config : RandomWindowsConfig
+    device : str or torch.device, default "cpu"
+    progress : callable, optional
+        Called with no argument after each stack (e.g. a tqdm ``update``).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Axes ``P`` placements, ``K`` blocks, ``G`` gains, ``D`` depths, ``M = max_depth``:
+
+        ``"effect_<kind>"`` ``[P, K, G, D, M]``
+            Effect of an injection at layer ``l`` (last axis) read at depth ``L``; NaN for
+            ``l >= L``.  ``<kind>`` in :data:`WINDOW_KINDS_RANDOM`.
+        ``"window_<kind>"`` ``[P, K, G, D, 4]``
+            ``best / L``, ``first / L``, ``last / L`` and the window's size / ``L``.
+        ``"growth_c"`` ``[P, K, G]``
+            :func:`companion.perturbation.fit_norm_growth` of the baseline stream.
+        ``"postln_factor"`` ``[P, K, G]``
+            Geometric mean over layers and positions of the skip-path factor (Post-LN
+            :math:`\\prod_s \\lambda/s`, Pre-LN :math:`\\lambda^S`).
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`RandomWindowsConfig`.
+
+    Notes
+    -----
+    The readable projection is :meth:`companion.engine.InjectionSweep.effect_at` with
+    ``"relative_projection"``; the predicted windows are
+    :func:`companion.perturbation.predicted_window` of ``growth_c`` and ``postln_factor``.
+
+    Examples
+    --------
+    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,),
+    ...                           blocks=("mlp",), batch=2, tokens=4)
+    >>> out = run_random_windows(cfg)
+    >>> out["effect_relative_projection"].shape, out["window_relative_size"].shape
+    ((2, 1, 1, 2, 4), (2, 1, 1, 2, 4))
+    """
+    if not isinstance(config, RandomWindowsConfig):
+        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    P, K, G, D, M = (len(config.placements), len(config.blocks), len(config.gains),
+                     len(config.depths), config.max_depth)
+    out = {f"effect_{k}": np.full((P, K, G, D, M), np.nan) for k in WINDOW_KINDS_RANDOM}
+    out.update({f"window_{k}": np.full((P, K, G, D, 4), np.nan) for k in WINDOW_KINDS_RANDOM})
+    out["growth_c"] = np.full((P, K, G), np.nan)
+    out["postln_factor"] = np.full((P, K, G), np.nan)
+    g = torch.Generator().manual_seed(config.seed)
+    x = torch.randn(config.batch, config.tokens, config.d_model, generator=g).to(device)
+    for p, placement in enumerate(config.placements):
+        for k, block in enumerate(config.blocks):
+            for gi, gain in enumerate(config.gains):
+                stack = random_stack(placement, block, gain, config.d_model, M, config.seed,
+                                     config.sharp_logit_std).to(device)
+                sw = stack_injection_sweep(stack, x, scale=config.scale, seed=config.seed)
+                out["growth_c"][p, k, gi] = fit_norm_growth(sw.base_sq_norm)
+                ratio = sw.predicted_projection[0, 1:] / sw.predicted_projection[0, :-1]
+                out["postln_factor"][p, k, gi] = float(np.exp(np.mean(np.log(ratio))))
+                for di, depth in enumerate(config.depths):
+                    for kind in WINDOW_KINDS_RANDOM:
+                        layers, eff = sw.effect_at(depth, kind)
+                        out[f"effect_{kind}"][p, k, gi, di, layers] = eff
+                        out[f"window_{kind}"][p, k, gi, di] = injection_window(
+                            eff, layers=layers, n_layers=depth, threshold=config.threshold).fractions
+                if progress is not None:
+                    progress()
+    return out
+
+
+# ============================================================================ GPU-scale preset
+#: Random stacks at GPU scale: width 512, depths up to 128.
+#: Random stacks at GPU scale: width 512, depths up to 128.
+GPU_RANDOM = RandomWindowsConfig(d_model=512, max_depth=128, depths=(8, 16, 32, 64, 128),
+                                 batch=8, tokens=64)
