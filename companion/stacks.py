@@ -490,7 +490,8 @@ class ResidualStack(nn.Module):
         return layer, mask[None, :, None] * vector[:, None, :]
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x, *, inject_layer=None, inject_vector=None, inject_positions=None) -> StackOutput:
+    def forward(self, x, *, inject_layer=None, inject_vector=None, inject_positions=None,
+                blocks=None) -> StackOutput:
         """Run the stack, recording the residual stream before every block.
 
         Parameters
@@ -503,6 +504,9 @@ class ResidualStack(nn.Module):
         inject_vector : Tensor [d_model] or [batch, d_model], optional
         inject_positions : int, list of int or 1-D integer tensor, optional
             Token positions that receive the vector; ``None`` means all tokens.
+        blocks : range, optional
+            Run only these consecutive blocks (default: all), ``x`` being the stream that
+            enters the first of them; :meth:`apply_block` uses it to replay one block.
 
         Returns
         -------
@@ -519,41 +523,38 @@ class ResidualStack(nn.Module):
         """
         self._check_input(x)
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
+        cfg = self.config
+        lam, beta, pre = cfg.residual_scale, cfg.branch_scale, cfg.placement == "pre"
         rec = _Recorder()
 
         h = x                                                         # [B, T, d]
-        for layer, block in enumerate(self.blocks):
+        for layer in range(cfg.n_layers) if blocks is None else blocks:
             if layer == layer_inj:
                 h = h + addend                                        # injection site h_l
             rec.stream(h)
-            for sub in block.sublayers:
-                h, norm_in, branch = self._residual_add(sub, h)       # [B, T, d] each
-                rec.sublayer(layer, norm_in, branch)
-        if layer_inj == self.config.n_layers:
+            for sub in self.blocks[layer].sublayers:
+                if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
+                    norm_in = h
+                    branch = beta * sub.f(sub.norm(h))
+                    h = lam * h + branch
+                else:     # Post-LN: the norm sits on the stream, after the residual add
+                    branch = beta * sub.f(h)
+                    norm_in = lam * h + branch
+                    h = sub.norm(norm_in)
+                rec.sublayer(layer, norm_in, branch)                  # [B, T, d] each
+        if layer_inj == cfg.n_layers:
             h = h + addend                                            # injection site h_L
         rec.stream(h)
         return rec.output(final=self.final_norm(h))                   # final: [B, T, d]
 
-    def _residual_add(self, sub: Sublayer, h: torch.Tensor):
-        """One sublayer: ``(new stream, norm input, branch)``, the equations of the module docstring."""
-        lam, beta = self.config.residual_scale, self.config.branch_scale
-        if self.config.placement == "pre":  # Pre-LN: the norm sits on the branch, never on the stream
-            branch = beta * sub.f(sub.norm(h))                        # [B, T, d]
-            return lam * h + branch, h, branch
-        branch = beta * sub.f(h)            # Post-LN: the norm sits on the stream, after the add
-        norm_in = lam * h + branch                                    # [B, T, d]
-        return sub.norm(norm_in), norm_in, branch
-
     def apply_block(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """Block ``layer`` applied to a stream ``h`` of shape ``[batch, tokens, d_model]``.
 
-        Exactly the update :meth:`forward` makes between ``stream[layer]`` and
-        ``stream[layer + 1]`` (no validation, no recording): the block call that
-        :class:`StackAdapter` hands to the injection engine (:mod:`companion.engine`).
+        The update :meth:`forward` makes between ``stream[layer]`` and ``stream[layer + 1]``
+        (the same code, so the same arithmetic): the block call that :class:`StackAdapter`
+        hands to the injection engine (:mod:`companion.engine`).
         """
-        for sub in self.blocks[layer].sublayers:
-            h, _, _ = self._residual_add(sub, h)
-        return h
+        return self.forward(h, blocks=range(layer, layer + 1)).stream[-1]
 
 
 class _Recorder:
@@ -564,16 +565,18 @@ class _Recorder:
         self.streams: list[torch.Tensor] = []                     # L+1 x [B, T, d]
         self.norm_inputs: list[list[torch.Tensor]] = []           # L x S x [B, T, d]
         self.branches: list[list[torch.Tensor]] = []              # L x S x [B, T, d]
+        self.layer: int | None = None
 
     def stream(self, h: torch.Tensor) -> None:
         self.streams.append(h)
 
     def sublayer(self, layer: int, norm_input: torch.Tensor, branch: torch.Tensor) -> None:
-        if layer == len(self.norm_inputs):
+        if layer != self.layer:                                   # the first sublayer of a block
+            self.layer = layer
             self.norm_inputs.append([])
             self.branches.append([])
-        self.norm_inputs[layer].append(norm_input)
-        self.branches[layer].append(branch)
+        self.norm_inputs[-1].append(norm_input)
+        self.branches[-1].append(branch)
 
     def output(self, final: torch.Tensor) -> StackOutput:
         norm_in = torch.stack([torch.stack(b) for b in self.norm_inputs])   # [L, S, B, T, d]
