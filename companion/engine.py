@@ -166,7 +166,9 @@ def injection_sweep(
         A real Transformer (:class:`companion.probes.ModelAdapter`) or a stack
         (:class:`companion.stacks.StackAdapter`); an adapter built by :func:`adapt` is used
         as it is.
-    inputs : texts or an encoding (real model); ``[B, T, d]`` stream (ResidualStack); ``[B, T]`` ids (TinyLM)
+    inputs
+        Texts or an encoding (real model), a ``[B, T, d]`` stream (ResidualStack) or ``[B, T]``
+        token ids (TinyLM); ignored when ``model`` is an adapter.
     layers : sequence of int in ``[0, L]`` (or ``"all"`` for ``0 .. L``)
         Injection layers, same indexing as :func:`companion.probes.inject`; repeats are not
         allowed.
@@ -266,9 +268,14 @@ def injection_sweep(
 
     # conditions (layer index j, scale index s), ordered by injection layer
     conds = sorted(((j, s) for j in range(len(layers)) for s in range(len(scales))), key=lambda c: layers[c[0]])
-    order = {c: n for n, c in enumerate(conds)}
     per_batch = 1 if isinstance(ad, StackAdapter) else max(1, int(max_batch_tokens) // (batch * tokens))
-    store: list[list[torch.Tensor | None]] = [[None] * (L + 1) for _ in range(len(conds))]
+    out: torch.Tensor | None = None   # [conditions in (layer, scale) order, L+1, ...], filled in place
+
+    def store(c, i, value):
+        nonlocal out
+        if out is None:
+            out = value.new_empty((len(conds), L + 1, *value.shape))
+        out[c[0] * len(scales) + c[1], i] = value
 
     with torch.no_grad():
         for start in range(0, len(conds), per_batch):
@@ -285,23 +292,22 @@ def injection_sweep(
                 if active:
                     red = reduce(h.reshape(len(active), batch, tokens, -1), i, active)
                     for k, c in enumerate(active):
-                        store[order[c]][i] = red[k]
+                        store(c, i, red[k])
                 # runs not injected yet equal the baseline at this layer
                 waiting = [c for c in chunk if layers[c[0]] > i]
                 if waiting:
                     if measure is None:
                         for c in waiting:
-                            store[order[c]][i] = base[i]
+                            store(c, i, base[i])
                     else:
                         red = reduce(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
                         for k, c in enumerate(waiting):
-                            store[order[c]][i] = red[k]
+                            store(c, i, red[k])
                 if i < L and active:
                     h = ad.block(i, h, len(active))
 
-    stacked = torch.stack([torch.stack(store[order[(j, s)]]) for j in range(len(layers)) for s in range(len(scales))])
     shape = (len(layers),) if scalar else (len(layers), len(scales))
-    injected = stacked.reshape(*shape, *stacked.shape[1:])
+    injected = out.reshape(*shape, *out.shape[1:])
     return SweepResult(
         baseline=torch.stack(base),
         injected=injected,

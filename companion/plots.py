@@ -28,6 +28,8 @@ from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["band", "counts", "depth_axis", "depth_colours", "finish", "interval_errorbars", "table",
            "tail_curves"]
+__all__ += ["window_edges"]
+__all__ += ["effect_profiles"]
 
 
 def _check_axes(ax):
@@ -228,3 +230,81 @@ def table(columns, rows, fmts, *, sep: str = " ") -> str:
             raise ValueError(f"row {k} has {len(row)} entries, expected {len(fmts)}")
         lines.append(sep.join(format(v, f) for v, f in zip(row, fmts)))
     return "\n".join(lines)
+
+
+# --- engine ---
+def window_edges(ax, depths, measured, predicted, labels, predicted_labels=None, *,
+                 colours=("C0", "C1", "C3"), note: float | None = 0.0625):
+    """Lower edge of the injection window against depth: measured (dots) and predicted (dashes).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    depths : array_like, 1-D
+        The depths ``L`` (base-2 log axis, a tick at each).
+    measured, predicted : array_like, shape ``[n, len(depths)]``
+        ``first / L`` per curve, e.g. ``window_relative_projection[p, k, :, :, 1]`` and
+        :func:`companion.experiments.framework_random.predicted_first_fraction` of a
+        ``framework_random`` Result.
+    labels : sequence of str
+        One label per curve (``"measured first/L, <label>"``).
+    predicted_labels : sequence of str, optional
+        Labels of the predicted curves (``"predicted, <label>"``); default ``labels``.
+    colours : sequence of colours
+    note : float or None, default 0.0625
+        A dotted horizontal reference (the note's 6.25%); ``None`` for none.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
+    _check_axes(ax)
+    depths = _vector(depths, "depths")
+    meas = as_float64(measured, "measured")
+    pred = as_float64(predicted, "predicted")
+    if meas.shape != pred.shape or meas.ndim != 2 or meas.shape[1] != depths.size:
+        raise ValueError(f"measured and predicted must both have shape [n, {depths.size}], got "
+                         f"{meas.shape} and {pred.shape}")
+    predicted_labels = labels if predicted_labels is None else predicted_labels
+    if len(labels) != meas.shape[0] or len(predicted_labels) != meas.shape[0] or len(colours) < meas.shape[0]:
+        raise ValueError(f"need {meas.shape[0]} labels and colours, got {len(labels)}, "
+                         f"{len(predicted_labels)} and {len(colours)}")
+    for m, q, label, plabel, colour in zip(meas, pred, labels, predicted_labels, colours):
+        ax.plot(depths, m, "o-", color=colour, label=f"measured first/L, {label}")
+        ax.plot(depths, list(q), "--", color=colour, lw=1, label=f"predicted, {plabel}")
+    if note is not None:
+        ax.axhline(note, color="k", lw=0.8, ls=":", label="note: 6.25%")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(depths, [str(int(L)) for L in depths])
+    ax.set_xlabel("depth L")
+    return ax
+
+
+def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
+                    colours=("C0", "C1", "C3"), ms: float = 4):
+    """Output effect against the injection layer's position ``(l + 1/2) / L``, one curve per depth,
+    each divided by its maximum.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    effects : array_like, shape ``[len(depths), max(depths)]``
+        Effect per injection layer (NaN beyond each depth), e.g.
+        ``effect_kl_later[p, 0]`` of a ``framework_trained`` Result.
+    depths : sequence of int
+    fmt, label, colours, ms
+        Line format, a label suffix (``"L=<depth> <label>"``), colours, marker size.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
+    _check_axes(ax)
+    eff = as_float64(effects, "effects")
+    if eff.ndim != 2 or eff.shape[0] != len(depths):
+        raise ValueError(f"effects must have shape [{len(depths)}, max depth], got {eff.shape}")
+    for d, (depth, colour) in enumerate(zip(depths, colours)):
+        e = eff[d, :depth]
+        ax.plot((np.arange(depth) + 0.5) / depth, e / e.max(), fmt, color=colour, ms=ms,
+                label=f"L={depth} {label}")
+    return ax

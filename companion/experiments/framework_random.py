@@ -31,7 +31,7 @@ import torch
 from companion._validation import check_positive, check_tuple
 from companion.engine import stack_injection_sweep
 from companion.experiments import register
-from companion.perturbation import fit_norm_growth, injection_window
+from companion.perturbation import fit_norm_growth, injection_window, predicted_window
 from companion.stacks import ResidualStack, StackConfig, sharpen_attention
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "GPU_RANDOM",
     "random_stack",
     "run_random_windows",
+    "predicted_first_fraction",
 ]
 
 #: Block types of the random-stack experiments: ReLU MLP, attention as initialised by the
@@ -255,6 +256,47 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
                             eff, layers=layers, n_layers=depth, threshold=config.threshold).fractions
                 if progress is not None:
                     progress()
+    return out
+
+
+def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.ndarray:
+    """Lower edge of the predicted window, as a fraction of depth, for every stack and depth.
+
+    Parameters
+    ----------
+    arrays : dict
+        :func:`run_random_windows` output (or ``Result.arrays`` of ``framework_random``).
+    config : RandomWindowsConfig
+        The config that produced it.
+
+    Returns
+    -------
+    numpy.ndarray, shape ``[P, K, G, D]``
+        ``first / L`` of :func:`companion.perturbation.predicted_window`: Post-LN from
+        ``postln_factor``, Pre-LN from ``growth_c``; compare with ``window_<kind>[..., 1]``.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`RandomWindowsConfig`.
+
+    Examples
+    --------
+    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,),
+    ...                           blocks=("mlp",), batch=2, tokens=4)
+    >>> predicted_first_fraction(run_random_windows(cfg), cfg).shape
+    (2, 1, 1, 2)
+    """
+    if not isinstance(config, RandomWindowsConfig):
+        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    out = np.empty(arrays["growth_c"].shape + (len(config.depths),))
+    for (p, k, g), _ in np.ndenumerate(arrays["growth_c"]):
+        for di, depth in enumerate(config.depths):
+            if config.placements[p] == "post":
+                first, _ = predicted_window("post", depth, factor=arrays["postln_factor"][p, k, g])
+            else:
+                first, _ = predicted_window("pre", depth, c=arrays["growth_c"][p, k, g])
+            out[p, k, g, di] = first / depth
     return out
 
 
