@@ -10,7 +10,7 @@ import torch
 from companion import engine
 from companion import perturbation as pt
 from companion.directions import random_direction
-from companion.stacks import ResidualStack, StackConfig, TinyLM, sharpen_attention
+from companion.stacks import ResidualStack, StackAdapter, StackConfig, TinyLM, sharpen_attention
 
 # --------------------------------------------------------------------------------------------
 # random directions, sharpened attention, injection sweeps on stacks
@@ -186,3 +186,23 @@ def test_sweep_errors():
     only_late = engine.stack_injection_sweep(stack, x, layers=[2])
     with pytest.raises(ValueError, match="no injection layer"):
         only_late.effect_at(1)
+
+
+def test_injection_sweep_on_a_stack_is_forward_bit_for_bit():
+    """The one engine on a stack: every injected stream equals forward(inject_layer=...)."""
+    lm = TinyLM(StackConfig(d_model=16, n_layers=3, n_heads=2, vocab_size=256, placement="post"))
+    ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
+    v = torch.randn(16, generator=torch.Generator().manual_seed(1))
+    sw = engine.injection_sweep(lm, ids, "all", v, scale=[0.5, 2.0], positions=[1, 4])
+    assert sw.injected.shape == (4, 2, 4, 2, 6, 16)
+    assert sw.injected_mask[:, [1, 4]].all() and sw.injected_mask.sum() == 4
+    for layer in range(4):
+        for s, c in enumerate((0.5, 2.0)):
+            _, out = lm(ids, inject_layer=layer, inject_vector=c * v, inject_positions=[1, 4])
+            assert torch.equal(sw.injected[layer, s], out.stream)
+    ad = engine.adapt(lm, ids)
+    assert isinstance(ad, StackAdapter) and torch.equal(torch.stack(ad.baseline), sw.baseline)
+    with pytest.raises(ValueError, match="positions must lie"):
+        engine.injection_sweep(lm, ids, [0], v, positions=[6])
+    with pytest.raises(TypeError, match="ResidualStack or TinyLM"):
+        engine.adapt("a model", ids)
