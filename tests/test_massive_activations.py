@@ -355,3 +355,26 @@ def test_outlier_plots_reject_bad_input(ax):
         plots.partial_dot_curves(ax, {}, "h")
     with pytest.raises(TypeError):
         plots.partial_dot_curves([ax, ax], {"sizes": [1]}, "h")
+
+
+# --------------------------------------------------------------------------- the stored Result
+def test_stored_massive_ablation_is_current_and_consistent():
+    cfg = xp.make_config("massive_ablation", model="smollm2-135m")
+    path = xp.result_path(cfg, xp.stored_root())
+    assert path.exists(), (f"missing {path}; create it with python -m companion run massive_ablation "
+                           "--model smollm2-135m --out companion/data/results")
+    r = xp.load_result(path)
+    assert xp.stale_reason(r, cfg) is None
+    L, n = r.scalars["n_layers"], cfg.n_texts
+    prof, runs = massive_ablation.profile_of(r), massive_ablation.runs_of(r)
+    assert prof.values.shape == (L + 1, n) and prof.emergence_layer() == cfg.layer
+    assert r.scalars["emergence_layer"] == cfg.layer
+    cal = r.arrays["calibration_values"]
+    assert cal.shape == (cfg.n_calibration,) and r.scalars["mean_value"] == pytest.approx(cal.mean())
+    for run in runs.values():
+        assert run.loss.shape == (n,) and run.sink.shape == (n, L)
+        assert np.all(run.loss > 0) and np.all((run.sink >= 0) & (run.sink <= 1))
+    # blocks before the edited layer read the same stream in every arm
+    for arm in ("zero", "mean"):
+        np.testing.assert_allclose(runs[arm].sink[:, :cfg.layer], runs["none"].sink[:, :cfg.layer],
+                                   atol=1e-6)
