@@ -7,8 +7,10 @@ first; a module imports only from lower layers (CONTRIBUTING.md, enforced by
     foundation     _paths, _validation, determinism, corpus       (argument checks, data, kernels)
     mathematics    _cgf, tails, concentration, extremes, norms    (numpy/scipy)
     torch          hooks, stacks, quantization, models, probes    (building blocks, real models)
-    analyses       perturbation, directions, engine, outliers,    (metrics, injection engine,
-                   applications                                   the chapters' analyses)
+    analyses       perturbation, directions, engine,              (metrics, injection engine,
+                   channel_regimes, attention_logits,              the chapters' analyses)
+                   massive_activations, outlier_features,
+                   applications
     experiments    config -> run -> Result, cached by config hash
     reader-facing  notebook (setup_notebook), plots (figures), suites, python -m companion
 

@@ -30,6 +30,10 @@ __all__ = ["band", "counts", "depth_axis", "depth_colours", "finish", "interval_
            "tail_curves"]
 __all__ += ["window_edges"]
 __all__ += ["effect_profiles"]
+__all__ += ["channel_points"]
+__all__ += ["count_comparison"]
+__all__ += ["layer_profiles"]
+__all__ += ["partial_dot_curves"]
 
 
 def _check_axes(ax):
@@ -308,3 +312,195 @@ def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
         ax.plot((np.arange(depth) + 0.5) / depth, e / e.max(), fmt, color=colour, ms=ms,
                 label=f"L={depth} {label}")
     return ax
+
+
+# --- outliers ---
+def _curve_items(curves, name: str):
+    if not isinstance(curves, dict) or not curves:
+        raise TypeError(f"{name} must be a non-empty dict label -> values or label -> (values, fmt)")
+    for label, spec in curves.items():
+        if not isinstance(label, str):
+            raise TypeError(f"{name}: labels must be strings, got {label!r}")
+        values, fmt = spec if isinstance(spec, tuple) else (spec, None)
+        if fmt is not None and not isinstance(fmt, str):
+            raise TypeError(f"{name}[{label!r}]: the format must be a string, got {fmt!r}")
+        yield label, values, fmt
+
+
+def channel_points(ax, st, layers, thresholds=None, *, title: str | None = None,
+                   colours=("C0", "C3", "C2", "C1")):
+    """Every channel of some layers as a point ``(sigma_j, |mu_j|)`` on log-log axes.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    st : companion.probes.ChannelStatistics
+    layers : sequence of int
+        Layers to draw (at most ``len(colours)``).
+    thresholds : sequence of float, optional
+        One threshold per layer, drawn as a dashed horizontal line ``|mu| = t`` (channels above
+        it are mean-dominated at ``t``).
+    title : str, optional
+    colours : sequence of matplotlib colours
+
+    Returns
+    -------
+    list of matplotlib.collections.PathCollection
+        One scatter per layer.
+    """
+    from companion.probes import ChannelStatistics
+
+    _check_axes(ax)
+    if not isinstance(st, ChannelStatistics):
+        raise TypeError(f"st must be a ChannelStatistics, got {type(st).__name__}")
+    layers = [check_int(l, "every layer", 0) for l in layers]
+    if not layers or len(layers) > len(colours) or max(layers) >= st.mean.shape[0]:
+        raise ValueError(f"layers must be 1 to {len(colours)} indices in [0, {st.mean.shape[0] - 1}]")
+    if thresholds is not None:
+        thresholds = _vector(thresholds, "thresholds", len(layers))
+    out = []
+    for i, (l, colour) in enumerate(zip(layers, colours)):
+        out.append(ax.scatter(st.std[l], np.abs(st.mean[l]) + 1e-4, s=6, color=colour, alpha=0.6,
+                              label=f"layer {l}"))
+        if thresholds is not None:
+            ax.axhline(thresholds[i], color=colour, ls="--", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel=r"$\sigma_j$", ylabel=r"$|\mu_j|$", title=title)
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.legend(loc="lower right")
+    return out
+
+
+def count_comparison(ax, predicted, observed, regime, n_tokens, names, *, title: str | None = None,
+                     colours=("C2", "C0", "C3")):
+    """Observed counts ``C_j(t)`` against their predicted expectation, one colour per regime.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    predicted, observed : array_like, same shape
+        Expected and observed counts (e.g. ``[n_t, d]`` of one layer).
+    regime : array_like of int, same shape
+        Regime codes ``0 .. len(names) - 1`` (:func:`companion.channel_regimes.classify_regime`).
+    n_tokens : int
+        ``N``, the upper end of both axes.
+    names : sequence of str
+        Regime names (:data:`companion.channel_regimes.REGIMES`).
+
+    Returns
+    -------
+    list of matplotlib.collections.PathCollection
+
+    Notes
+    -----
+    Pairs with a prediction below 1e-3 and no observation are not drawn; zero counts are drawn
+    at 0.5 (a log axis cannot show 0); the diagonal is "prediction = observation".
+    """
+    _check_axes(ax)
+    pred, obs = as_float64(predicted, "predicted"), as_float64(observed, "observed")
+    reg = as_float64(regime, "regime")
+    if pred.shape != obs.shape or reg.shape != pred.shape:
+        raise ValueError(f"predicted, observed and regime must share one shape, got {pred.shape}, "
+                         f"{obs.shape} and {reg.shape}")
+    n = check_int(n_tokens, "n_tokens", 1)
+    if isinstance(names, str) or len(names) > len(colours):
+        raise TypeError(f"names must be a sequence of at most {len(colours)} regime names")
+    show = (pred > 1e-3) | (obs > 0)
+    out = []
+    for r, (name, colour) in enumerate(zip(names, colours)):
+        sel = show & (reg == r)
+        out.append(ax.scatter(np.maximum(pred[sel], 1e-3), np.maximum(obs[sel], 0.5), s=3, alpha=0.4,
+                              color=colour, label=name))
+    lim = [1e-3, 2 * n]
+    ax.plot(lim, lim, color="k", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=[0.4, 2 * n],
+           xlabel="Gaussian-predicted E[C_j(t)]", ylabel="observed C_j(t) (0 drawn at 0.5)",
+           title=title)
+    ax.legend(loc="lower right", markerscale=3)
+    return out
+
+
+def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str | None = None,
+                   title: str | None = None, logy: bool = False, ms: float = 3,
+                   legend_fontsize: float | None = 8):
+    """Per-layer profiles, one line per entry of ``curves``.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    curves : dict
+        ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as
+        ``"C0o-"`` or ``"C0:"``; default: the next colour, ``"o-"``); every ``values`` has the
+        length of ``x``.
+    x : array_like, optional
+        Abscissa (default ``0, 1, ...``).
+    xlabel, ylabel, title : str
+    logy : bool
+        Logarithmic y-axis.
+    ms : float
+        Marker size.
+    legend_fontsize : float or None
+        None: no legend.
+
+    Returns
+    -------
+    list of matplotlib.lines.Line2D
+    """
+    _check_axes(ax)
+    items = list(_curve_items(curves, "curves"))
+    if x is None:
+        x = np.arange(as_float64(items[0][1], "values").size)
+    x = _vector(x, "x")
+    logy = check_bool(logy, "logy")
+    ms = check_real(ms, "ms", lo=0.0)
+    lines = []
+    for label, values, fmt in items:
+        y = _vector(values, f"curves[{label!r}]", x.size)
+        line, = ax.plot(x, y, fmt or "o-", ms=ms, label=label)
+        lines.append(line)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logy:
+        ax.set_yscale("log")
+    if legend_fontsize is not None:
+        ax.legend(fontsize=check_real(legend_fontsize, "legend_fontsize", lo=0.0, lo_open=True))
+    return lines
+
+
+def partial_dot_curves(axes, part, label: str):
+    """Variance and signal-to-noise ratio of the partial logit ``z_m`` against ``m``, one head.
+
+    Parameters
+    ----------
+    axes : pair of matplotlib.axes.Axes
+        Left: ``Var(z_m)`` (solid) and ``Var(z_m / sqrt m)`` (dashed); right: the SNR (solid)
+        and the ``sqrt m`` law through its last point (dotted).
+    part : dict
+        The output of :func:`companion.attention_logits.partial_dot_statistics`.
+    label : str
+
+    Returns
+    -------
+    dict
+        ``"slope_var"``, ``"slope_snr"``: least-squares slopes of ``log Var(z_m)`` and
+        ``log SNR`` against ``log m``.
+    """
+    if not isinstance(axes, (list, tuple, np.ndarray)) or len(axes) != 2:
+        raise TypeError("axes must be a pair of matplotlib Axes")
+    ax_var, ax_snr = (_check_axes(a) for a in axes)
+    if not isinstance(part, dict) or not {"sizes", "var", "var_scaled", "snr"} <= set(part):
+        raise TypeError("part must be the dict of companion.attention_logits.partial_dot_statistics")
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a string, got {type(label).__name__}")
+    m_ = _vector(part["sizes"], "part['sizes']")
+    var, var_scaled, snr = (_vector(part[k], f"part[{k!r}]", m_.size) for k in ("var", "var_scaled", "snr"))
+    line, = ax_var.plot(m_, var, label=f"{label}: Var($z_m$)")
+    ax_var.plot(m_, var_scaled, ls="--", color=line.get_color(), label=r"Var($z_m/\sqrt{m}$)")
+    ax_snr.plot(m_, snr, color=line.get_color(), label=label)
+    ax_snr.plot(m_, snr[-1] * np.sqrt(m_ / m_[-1]), ls=":", color=line.get_color(),
+                label=r"$\propto\sqrt{m}$")
+    ax_var.set(xscale="log", yscale="log", xlabel="coordinates used m", ylabel="variance")
+    ax_snr.set(xscale="log", yscale="log", xlabel="coordinates used m",
+               ylabel=r"$|E z_m| / \mathrm{sd}(z_m)$")
+    return {"slope_var": float(np.polyfit(np.log(m_), np.log(var), 1)[0]),
+            "slope_snr": float(np.polyfit(np.log(m_), np.log(snr), 1)[0])}

@@ -474,7 +474,8 @@ def test_hooks_refuse_a_centre_beyond_the_layer_dtype():
 
 
 # =========================================================================== outliers
-from companion import outliers as ol  # noqa: E402
+from companion import attention_logits as al  # noqa: E402
+from companion import channel_regimes as ol  # noqa: E402
 
 _Z = np.random.default_rng(0).standard_normal((1000, 2)) * [1.0, 3.0] + [0.0, 1.0]
 
@@ -536,7 +537,7 @@ def test_gaussian_max_quantile_beyond_int64():
 def test_dot_product_moments_beyond_the_float_range():
     with pytest.raises(ValueError, match="float64 range"):  # var was inf with a warning
         big = np.array([1e200])
-        ol.dot_product_moments(big, big, big, np.array([1.0]))
+        al.dot_product_moments(big, big, big, np.array([1.0]))
 
 
 # =========================================================================== applications

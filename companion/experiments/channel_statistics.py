@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from companion._validation import check_int
 from companion.experiments import register
 
-__all__ = ["ChannelStatisticsExperiment"]
+__all__ = ["ChannelStatisticsExperiment", "statistics_of"]
 
 
 @register("channel_statistics", schema=1)
@@ -66,3 +66,47 @@ class ChannelStatisticsExperiment:
         st = probes.channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
                                        max_length=self.max_length, skip_first=self.skip_first, progress=progress)
         return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **m.facts()}
+
+
+def statistics_of(result):
+    """The :class:`companion.probes.ChannelStatistics` stored in a ``channel_statistics`` Result.
+
+    Parameters
+    ----------
+    result : companion.experiments.Result
+        A Result of this experiment (e.g. from :func:`companion.experiments.run_cached`).
+
+    Returns
+    -------
+    companion.probes.ChannelStatistics
+        The same object the experiment computed: ``mean``, ``var``, ``min``, ``max``,
+        ``max_abs``, ``counts``, ``thresholds``, ``n_tokens``, ``n_texts``, ``skip_first`` and the
+        model name, so that a chapter reads a stored pass exactly as a live one.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result of the ``channel_statistics`` experiment.
+    ValueError
+        If an array or scalar is missing.
+
+    Examples
+    --------
+    >>> st = statistics_of(run_cached(make_config("channel_statistics", n_texts=8)))  # doctest: +SKIP
+    """
+    from companion.experiments import Result
+    from companion.probes import ChannelStatistics
+
+    if not isinstance(result, Result) or result.name != "channel_statistics":
+        raise TypeError(f"result must be a Result of the channel_statistics experiment, got "
+                        f"{getattr(result, 'name', type(result).__name__)!r}")
+    a, s = result.arrays, result.scalars
+    missing = [k for k in ("mean", "var", "min", "max", "max_abs", "counts", "thresholds") if k not in a]
+    missing += [k for k in ("n_tokens", "n_texts") if k not in s]
+    if missing:
+        raise ValueError(f"the Result lacks {missing}; recompute it with the current code")
+    return ChannelStatistics(mean=a["mean"], var=a["var"], min=a["min"], max=a["max"],
+                             max_abs=a["max_abs"], counts=a["counts"], thresholds=a["thresholds"],
+                             n_tokens=int(s["n_tokens"]), n_texts=int(s["n_texts"]),
+                             skip_first=bool(result.config.get("skip_first", False)),
+                             model=str(result.config.get("model", "")))

@@ -1,4 +1,4 @@
-"""Tests of companion.outliers: every statistic against a direct computation, and every bad input."""
+"""Tests of companion.channel_regimes and companion.attention_logits: every statistic against a direct computation, and every bad input."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from companion import outliers as o
+from companion import attention_logits as a
+from companion import channel_regimes as o
 
 RNG = np.random.default_rng(12345)
 
@@ -319,14 +320,14 @@ def test_dot_product_moments_against_monte_carlo():
     n = 400_000
     q = mq + np.sqrt(vq) * RNG.standard_normal((n, d))
     k = mk + np.sqrt(vk) * RNG.standard_normal((n, d))
-    mean, var = o.dot_product_moments(mq, vq, mk, vk)
+    mean, var = a.dot_product_moments(mq, vq, mk, vk)
     dots = np.einsum("nc,nc->n", q, k)
     assert dots.mean() == pytest.approx(mean, abs=4 * math.sqrt(var / n))
     assert dots.var() == pytest.approx(var, rel=0.02)
     with pytest.raises(ValueError, match="share one shape"):
-        o.dot_product_moments(mq, vq, mk[:3], vk)
+        a.dot_product_moments(mq, vq, mk[:3], vk)
     with pytest.raises(ValueError, match=">= 0"):
-        o.dot_product_moments(mq, -vq, mk, vk)
+        a.dot_product_moments(mq, -vq, mk, vk)
 
 
 def test_partial_dot_statistics_against_direct_computation():
@@ -335,7 +336,7 @@ def test_partial_dot_statistics_against_direct_computation():
     q = shared + RNG.standard_normal((P, d))
     k = shared + RNG.standard_normal((P, d))
     sizes = [1, 2, 8, 32]
-    out = o.partial_dot_statistics(q, k, sizes=sizes, n_orders=3, rng=7)
+    out = a.partial_dot_statistics(q, k, sizes=sizes, n_orders=3, rng=7)
     g = np.random.default_rng(7)
     means, vars_ = np.zeros(4), np.zeros(4)
     for _ in range(3):
@@ -355,7 +356,7 @@ def test_partial_dot_statistics_against_direct_computation():
     snr = out["snr"]
     np.testing.assert_allclose(snr / np.sqrt(sizes), shared**2 / math.sqrt(1 + 2 * shared**2), rtol=0.15)
     assert out["sizes"].tolist() == sizes
-    default = o.partial_dot_statistics(q[:100], k[:100])
+    default = a.partial_dot_statistics(q[:100], k[:100])
     assert default["sizes"].tolist() == [1, 2, 4, 8, 16, 32]
 
 
@@ -373,12 +374,12 @@ def test_partial_dot_statistics_against_direct_computation():
 )
 def test_partial_dot_statistics_rejects_bad_input(q, k, sizes, n_orders, exc, match):
     with pytest.raises(exc, match=match):
-        o.partial_dot_statistics(q, k, sizes=sizes, n_orders=n_orders)
+        a.partial_dot_statistics(q, k, sizes=sizes, n_orders=n_orders)
 
 
 def test_partial_dot_statistics_rejects_bad_rng():
     with pytest.raises(TypeError, match="rng must be"):
-        o.partial_dot_statistics(np.zeros((5, 4)), np.zeros((5, 4)), rng="seed")
+        a.partial_dot_statistics(np.zeros((5, 4)), np.zeros((5, 4)), rng="seed")
 
 
 # --------------------------------------------------------------------------- real attention layers (tiny random models)
@@ -420,7 +421,7 @@ def _tiny(kind, tokenizer):
 @pytest.mark.parametrize("kind", ["llama", "bert"])
 def test_captured_queries_and_keys_reproduce_the_attention_probabilities(kind, tokenizer):
     m = _tiny(kind, tokenizer)
-    caps = o.capture_queries_keys(m, TEXTS, batch_size=2)
+    caps = a.capture_queries_keys(m, TEXTS, batch_size=2)
     assert [c.layer for c in caps] == [0, 1]
     enc = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -441,7 +442,7 @@ def test_captured_queries_and_keys_reproduce_the_attention_probabilities(kind, t
                     logits = logits.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), -torch.inf)
                 torch.testing.assert_close(torch.softmax(logits, -1), att[cap.layer][b, h, :n, :n], atol=1e-6, rtol=1e-5)
     if kind == "llama":
-        raw = o.capture_queries_keys(m, TEXTS, layers=[1], rotary=False)[0]
+        raw = a.capture_queries_keys(m, TEXTS, layers=[1], rotary=False)[0]
         assert not raw.rotary
         # the rotation is orthogonal: same-position logits agree, other pairs do not
         c = caps[1]
@@ -452,9 +453,9 @@ def test_captured_queries_and_keys_reproduce_the_attention_probabilities(kind, t
 
 def test_logit_pairs_and_statistics(tokenizer):
     m = _tiny("llama", tokenizer)
-    cap = o.capture_queries_keys(m, TEXTS, layers=[0])[0]
+    cap = a.capture_queries_keys(m, TEXTS, layers=[0])[0]
     lengths = np.bincount(cap.text)
-    q, k = o.logit_pairs(cap, 4)
+    q, k = a.logit_pairs(cap, 4)
     assert q.shape == (int((lengths * (lengths + 1) // 2).sum()), 8)
     # row p is a causal pair of one text: rebuild the logits directly
     want = []
@@ -465,22 +466,22 @@ def test_logit_pairs_and_statistics(tokenizer):
                 if cap.position[j] <= cap.position[i]:
                     want.append(cap.q[i, 4] @ cap.k[j, cap.kv_head(4)])
     np.testing.assert_allclose(np.einsum("pc,pc->p", q, k), np.array(want), rtol=1e-5, atol=1e-6)
-    q2, _ = o.logit_pairs(cap, 4, skip_first=True)
+    q2, _ = a.logit_pairs(cap, 4, skip_first=True)
     assert q2.shape[0] == int(((lengths - 1) * lengths // 2).sum())
-    q3, _ = o.logit_pairs(cap, 4, max_pairs=50, rng=1)
+    q3, _ = a.logit_pairs(cap, 4, max_pairs=50, rng=1)
     assert q3.shape == (50, 8)
-    stats_ = o.attention_logit_statistics(cap, max_pairs=None)
+    stats_ = a.attention_logit_statistics(cap, max_pairs=None)
     for h in (0, 5):
-        qh, kh = o.logit_pairs(cap, h)
+        qh, kh = a.logit_pairs(cap, h)
         ell = np.einsum("pc,pc->p", qh, kh)
         assert stats_["mean"][h] == pytest.approx(ell.mean(), rel=1e-9, abs=1e-12)
         assert stats_["var"][h] == pytest.approx(ell.var(), rel=1e-9)
         assert stats_["var_scaled"][h] == pytest.approx(ell.var() / 8, rel=1e-9)
         assert stats_["shared_mean"][h] == pytest.approx(qh.mean(0) @ kh.mean(0), rel=1e-9, abs=1e-12)
     bert = _tiny("bert", tokenizer)
-    capb = o.capture_queries_keys(bert, TEXTS, layers=[0])[0]
+    capb = a.capture_queries_keys(bert, TEXTS, layers=[0])[0]
     lb = np.bincount(capb.text)
-    assert o.logit_pairs(capb, 0)[0].shape[0] == int((lb**2).sum())
+    assert a.logit_pairs(capb, 0)[0].shape[0] == int((lb**2).sum())
 
 
 def test_attention_helpers_reject_bad_input(tokenizer):
@@ -490,37 +491,37 @@ def test_attention_helpers_reject_bad_input(tokenizer):
 
     m = _tiny("llama", tokenizer)
     with pytest.raises(TypeError, match="LoadedModel"):
-        o.capture_queries_keys(m.model, TEXTS)
+        a.capture_queries_keys(m.model, TEXTS)
     with pytest.raises(ValueError, match="outside"):
-        o.capture_queries_keys(m, TEXTS, layers=[2])
+        a.capture_queries_keys(m, TEXTS, layers=[2])
     with pytest.raises(ValueError, match="repeats"):
-        o.capture_queries_keys(m, TEXTS, layers=[0, 0])
+        a.capture_queries_keys(m, TEXTS, layers=[0, 0])
     with pytest.raises(ValueError, match="non-empty"):
-        o.capture_queries_keys(m, TEXTS, layers=[])
+        a.capture_queries_keys(m, TEXTS, layers=[])
     with pytest.raises(ValueError, match="non-empty list of strings"):
-        o.capture_queries_keys(m, [])
+        a.capture_queries_keys(m, [])
     with pytest.raises(TypeError, match="rotary"):
-        o.capture_queries_keys(m, TEXTS, rotary="yes")
+        a.capture_queries_keys(m, TEXTS, rotary="yes")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        o.capture_queries_keys(m, TEXTS, batch_size=0)
+        a.capture_queries_keys(m, TEXTS, batch_size=0)
     gpt2 = wrap(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=tokenizer.vocab_size)), tokenizer)
     with pytest.raises(ValueError, match="fused projection"):
-        o.capture_queries_keys(gpt2, TEXTS)
-    cap = o.capture_queries_keys(m, TEXTS, layers=[0])[0]
+        a.capture_queries_keys(gpt2, TEXTS)
+    cap = a.capture_queries_keys(m, TEXTS, layers=[0])[0]
     with pytest.raises(ValueError, match="outside"):
-        o.logit_pairs(cap, 6)
+        a.logit_pairs(cap, 6)
     with pytest.raises(TypeError, match="head must be an integer"):
-        o.logit_pairs(cap, 1.0)
+        a.logit_pairs(cap, 1.0)
     with pytest.raises(TypeError, match="QueryKeyCapture"):
-        o.logit_pairs("cap", 0)
+        a.logit_pairs("cap", 0)
     with pytest.raises(TypeError, match="QueryKeyCapture"):
-        o.attention_logit_statistics("cap")
+        a.attention_logit_statistics("cap")
     with pytest.raises(ValueError, match="max_pairs must be >= 1"):
-        o.logit_pairs(cap, 0, max_pairs=0)
-    one = o.capture_queries_keys(m, ["Amen"], layers=[0])[0]
+        a.logit_pairs(cap, 0, max_pairs=0)
+    one = a.capture_queries_keys(m, ["Amen"], layers=[0])[0]
     if one.q.shape[0] == 1:
         with pytest.raises(ValueError, match="no \\(query, key\\) pair"):
-            o.logit_pairs(one, 0, skip_first=True)
+            a.logit_pairs(one, 0, skip_first=True)
 
 
 def test_corpus_subset_respects_the_budget(tokenizer):

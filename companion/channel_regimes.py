@@ -1,12 +1,13 @@
-r"""Outliers in real Transformers: regimes, predicted versus observed counts, tails, attention logits.
+r"""Channel regimes of real residual streams: predicted versus observed counts, tails, top activations.
 
-This module holds the analysis behind the chapter *Outliers in real Transformers*
+The analysis behind the chapter *Outliers in real Transformers*
 (``book/outliers_real_models.ipynb``).  The statistics themselves are streamed by
 :func:`companion.probes.channel_statistics` (per layer ``l`` and channel ``j``: the mean
 :math:`\mu_j`, the variance :math:`\sigma_j^2` and the exceedance counts
 :math:`C_j(t) = \#\{i \le N : |h_{ij}| > t\}`); the functions here turn them into the quantities
 the outlier note talks about, and measure where real activations leave the note's model
-:math:`X_{ij} = \mu_j + Z_{ij}` with sub-Gaussian :math:`Z`.
+:math:`X_{ij} = \mu_j + Z_{ij}` with sub-Gaussian :math:`Z`.  Attention logits are in
+:mod:`companion.attention_logits`, massive activations in :mod:`companion.massive_activations`.
 
 Conventions
 -----------
@@ -18,28 +19,24 @@ Public functions
 ----------------
 Regimes and counts
     :data:`REGIMES`, :func:`classify_regime`, :func:`predicted_counts`, :func:`compare_counts`
-    (with its result :class:`CountComparison`), :func:`corpus_subset`.
+    (with its result :class:`CountComparison`), :func:`corpus_subset`, :func:`coarsen_thresholds`.
 Tails
     :func:`tail_diagnostics`, :func:`gaussian_max_abs_quantile`, :func:`empirical_variance_proxy`,
-    :func:`top_activations`.
-Attention logits
-    :func:`capture_queries_keys` (with :class:`QueryKeyCapture`), :func:`logit_pairs`,
-    :func:`dot_product_moments`, :func:`partial_dot_statistics`,
-    :func:`attention_logit_statistics`.
+    :func:`top_activations`, :func:`max_abs_z`.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from numbers import Integral, Real
+from dataclasses import dataclass, replace
+from numbers import Integral
 
 import numpy as np
 from scipy import special, stats
 
 from companion import extremes
+from companion._validation import as_float64, check_int, check_real
 
 __all__ = [
     "REGIMES",
@@ -48,16 +45,12 @@ __all__ = [
     "CountComparison",
     "compare_counts",
     "corpus_subset",
+    "coarsen_thresholds",
     "tail_diagnostics",
     "gaussian_max_abs_quantile",
     "empirical_variance_proxy",
     "top_activations",
-    "QueryKeyCapture",
-    "capture_queries_keys",
-    "logit_pairs",
-    "dot_product_moments",
-    "partial_dot_statistics",
-    "attention_logit_statistics",
+    "max_abs_z",
 ]
 
 #: Regime codes returned by :func:`classify_regime`, in order 0, 1, 2.
@@ -65,24 +58,21 @@ REGIMES = ("centred", "intermediate", "mean-dominated")
 
 
 # --------------------------------------------------------------------------------------------
-# argument checking
+# argument checking (thin wrappers around companion._validation)
 # --------------------------------------------------------------------------------------------
 def _real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
-    """``value`` as a finite float64 array of at least ``min_ndim`` dimensions."""
+    """``value`` as a finite float64 array of at least ``min_ndim`` dimensions (no bools)."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be a number or an array of numbers, got a string")
     if hasattr(value, "detach"):  # torch tensor
         value = value.detach().cpu().numpy()
     try:
-        arr = np.asarray(value)
+        raw = np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} could not be read as a rectangular array ({exc})") from None
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise TypeError(
-            f"{name} must hold real numbers, got dtype {arr.dtype} ({type(value).__name__}); "
-            "pass a float array"
-        )
-    arr = arr.astype(np.float64, copy=False)
+    if raw.dtype == bool:
+        raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
+    arr = as_float64(raw, name)
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
     bad = ~np.isfinite(arr)
@@ -118,34 +108,6 @@ def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]
     if not positive and (s < 0).any():
         raise ValueError(f"sigma must be >= 0, got min {s.min():.4g}")
     return m, s
-
-
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _nonneg_real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _generator(rng) -> np.random.Generator:
-    if rng is None:
-        return np.random.default_rng(0)
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, Integral) and not isinstance(rng, bool) and rng >= 0:
-        return np.random.default_rng(int(rng))
-    raise TypeError(
-        f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got {rng!r}"
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +154,7 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     """
     m, s = _mu_sigma(mu, sigma, positive=False)
     t = _thresholds(thresholds)
-    tol = _nonneg_real("centred_tol", centred_tol)
+    tol = check_real(centred_tol, "centred_tol", lo=0.0)
     a = np.abs(m)[..., None, :]
     tt = t[:, None]
     centred = a <= tol * s[..., None, :]
@@ -246,7 +208,7 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     """
     m, s = _mu_sigma(mu, sigma)
     t = _thresholds(thresholds)
-    n = _positive_int("n_tokens", n_tokens)
+    n = check_int(n_tokens, "n_tokens", 1)
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
     gauss = np.asarray(extremes.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
@@ -378,7 +340,7 @@ def compare_counts(
         raise TypeError(f"counts must be an integer array, got dtype {c.dtype}")
     m, s = _mu_sigma(mu, sigma)
     t = _thresholds(thresholds)
-    n = _positive_int("n_tokens", n_tokens)
+    n = check_int(n_tokens, "n_tokens", 1)
     expected = m.shape[:-1] + (t.size, m.shape[-1])
     if c.shape != expected:
         raise ValueError(
@@ -386,8 +348,7 @@ def compare_counts(
         )
     if not np.isfinite(c).all() or (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
         raise ValueError(f"counts must be integers in [0, n_tokens={n}]")
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not (0.0 < alpha < 1.0):
-        raise ValueError(f"alpha must be a number in (0, 1), got {alpha!r}")
+    check_real(alpha, "alpha", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     c = c.astype(np.float64)
     pred = predicted_counts(m, s, t, n)
     reg = classify_regime(m, s, t, centred_tol)
@@ -451,7 +412,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     --------
     >>> sub = corpus_subset(load("minilm-l6"), load_corpus(), 2000)   # doctest: +SKIP
     """
-    budget = _positive_int("max_tokens", max_tokens)
+    budget = check_int(max_tokens, "max_tokens", 1)
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
     if len(texts) == 0:
@@ -459,7 +420,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     for i, s in enumerate(texts):
         if not isinstance(s, str):
             raise TypeError(f"texts[{i}] must be a string, got {type(s).__name__}")
-    limit = m.max_length if max_length is None else _positive_int("max_length", max_length, 2)
+    limit = m.max_length if max_length is None else check_int(max_length, "max_length", 2)
     out: list[str] = []
     total = 0
     for s in texts:
@@ -606,8 +567,7 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
         raise TypeError(f"n must be a positive integer or an array of them, got {type(n).__name__}")
     if (arr < 1).any():
         raise ValueError(f"n must be >= 1, got min {int(arr.min())}")
-    if isinstance(q, bool) or not isinstance(q, Real):
-        raise TypeError(f"q must be a real number in (0, 1), got {type(q).__name__}")
+    check_real(q, "q")
     if not (0.0 < q < 1.0):
         raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
     log_r = math.log(q) / arr.astype(np.float64)  # r = q**(1/n) = P(|G| <= m)
@@ -749,7 +709,7 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
         raise ValueError(f"h must have shape [L+1, batch, tokens, d], got {a.shape}")
     if not np.isfinite(a).all():
         raise ValueError("h contains NaN or infinite values; the model has overflowed")
-    k = _positive_int("k", k)
+    k = check_int(k, "k", 1)
     L1, B, T, d = a.shape
     if attention_mask is None:
         mask = np.ones((B, T), dtype=bool)
@@ -778,480 +738,86 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
 
 
 # --------------------------------------------------------------------------------------------
-# attention logits
+# views of stored statistics
 # --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class QueryKeyCapture:
-    """Queries and keys of one attention layer over a batch of texts (real tokens only).
+def _check_statistics(st) -> None:
+    from companion.probes import ChannelStatistics
 
-    Attributes
-    ----------
-    layer : int
-        Block index.
-    q : numpy.ndarray, shape ``[n_tokens, n_heads, d_k]``, float32
-    k : numpy.ndarray, shape ``[n_tokens, n_kv_heads, d_k]``, float32
-        For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so
-        that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the logit before the ``1/sqrt(d_k)`` scale.
-    text : numpy.ndarray of int, shape ``[n_tokens]``
-        Index of the text each token belongs to.
-    position : numpy.ndarray of int, shape ``[n_tokens]``
-        Position of the token within its text (0 = first token).
-    causal : bool
-        Whether the model attends only to earlier positions.
-    rotary : bool
-        Whether rotary position embeddings were applied.
-    scaling : float
-        The factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models).
-    """
-
-    layer: int
-    q: np.ndarray
-    k: np.ndarray
-    text: np.ndarray
-    position: np.ndarray
-    causal: bool
-    rotary: bool
-    scaling: float
-
-    @property
-    def n_heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def d_k(self) -> int:
-        return self.q.shape[2]
-
-    def kv_head(self, head: int) -> int:
-        """Key head read by query head ``head`` (grouped-query attention shares key heads)."""
-        group = self.q.shape[1] // self.k.shape[1]
-        return head // group
-
-
-def _attention_parts(block):
-    """(attention module, query linear, key linear) of one block, or ValueError."""
-    import torch
-
-    for mod in block.modules():
-        for qn, kn in (("q_proj", "k_proj"), ("query", "key")):
-            q, k = getattr(mod, qn, None), getattr(mod, kn, None)
-            if isinstance(q, torch.nn.Linear) and isinstance(k, torch.nn.Linear):
-                return mod, q, k
-    raise ValueError(
-        f"could not find separate query/key projections (q_proj/k_proj or query/key) in "
-        f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) are not supported"
-    )
-
-
-def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, rotary: bool = True,
-                         batch_size: int = 16) -> list[QueryKeyCapture]:
-    r"""Queries and keys of real attention layers, read with forward hooks on the q/k projections.
-
-    Parameters
-    ----------
-    m : companion.models.LoadedModel
-        A model whose blocks have separate query and key projections (Llama/SmolLM2, BERT/MiniLM).
-    texts : sequence of str
-        The texts (right-padded batches; pads are dropped from the result).
-    layers : sequence of int or None
-        Block indices in ``[0, L-1]`` (default: every block).
-    max_length : int or None
-        Truncation length (default ``m.max_length``).
-    rotary : bool, default True
-        Apply the model's rotary position embedding (if it has one) to the captured vectors, as
-        the attention does; ``False`` returns the raw projections.
-    batch_size : int, default 16
-        Texts per forward pass.
-
-    Returns
-    -------
-    list of QueryKeyCapture
-        One per requested layer, in the order of ``layers``.
-
-    Raises
-    ------
-    TypeError
-        If ``m`` is not a LoadedModel or an argument has the wrong type.
-    ValueError
-        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate
-        query/key projections.
-
-    Notes
-    -----
-    Forward hooks on the projection modules read :math:`q = W_Q x + b_Q` and
-    :math:`k = W_K x + b_K` exactly as the model computes them (no re-implementation of the
-    normalisation before them).  For rotary models (Llama) a forward pre-hook on the attention
-    module reads the ``position_embeddings`` ``(cos, sin)`` that the model passes, and the
-    model's own ``apply_rotary_pos_emb`` rotates :math:`q, k`; then
-    :math:`q_i\cdot k_j` is the logit the softmax sees before the ``scaling`` factor.  Because
-    the rotation of position :math:`i` is orthogonal, :math:`q_i\cdot k_i` is the same with or
-    without it; only pairs at different positions differ.
-
-    Examples
-    --------
-    >>> caps = capture_queries_keys(load("minilm-l6"), ["In the beginning."], layers=[0])  # doctest: +SKIP
-    >>> caps[0].q.shape                                                                   # doctest: +SKIP
-    (6, 12, 32)
-    """
-    import torch
-
-    from companion.hooks import hooks
-    from companion.models import LoadedModel, tokenize
-
-    if not isinstance(m, LoadedModel):
-        raise TypeError(f"m must be a LoadedModel from companion.models.load, got {type(m).__name__}")
-    if not isinstance(rotary, bool):
-        raise TypeError(f"rotary must be True or False, got {rotary!r}")
-    bs = _positive_int("batch_size", batch_size)
-    L = m.n_layers
-    if layers is None:
-        layers = list(range(L))
-    if isinstance(layers, Integral) and not isinstance(layers, bool):
-        layers = [layers]
-    if not isinstance(layers, (Sequence, np.ndarray, range)) or len(layers) == 0:
-        raise ValueError("layers must be a non-empty list of block indices or None")
-    layers = [_positive_int("every layer", l, 0) for l in layers]
-    for l in layers:
-        if not 0 <= l < L:
-            raise ValueError(f"layer {l} is outside [0, {L - 1}] (block indices of {m.name})")
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"layers contains repeats: {layers}")
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, Sequence) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
-
-    cfg = m.model.config
-    n_heads = int(cfg.num_attention_heads)
-    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
-    d_k = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
-    causal = m.kind == "causal-lm"
-
-    parts = {l: _attention_parts(m.blocks[l]) for l in layers}
-    got: dict = {}
-
-    def out_hook(layer, name):
-        def hook(module, args, output):
-            got[(layer, name)] = output.detach()
-        return hook
-
-    def pre_hook(layer):
-        def hook(module, args, kwargs):
-            got[(layer, "pe")] = kwargs.get("position_embeddings")
-        return hook
-
-    qs = {l: [] for l in layers}
-    ks = {l: [] for l in layers}
-    text_idx, pos_idx = [], []
-    rotated = False
-    forward = [(lin, out_hook(l, name)) for l, (_, qlin, klin) in parts.items()
-               for lin, name in ((qlin, "q"), (klin, "k"))]
-    pre = [(attn, pre_hook(l)) for l, (attn, _, _) in parts.items()]
-    with hooks(forward=forward, pre=pre, pre_with_kwargs=True):
-        for start in range(0, len(texts), bs):
-            chunk = list(texts[start:start + bs])
-            enc = tokenize(m, chunk, max_length)
-            kwargs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-            if "token_type_ids" in enc:
-                kwargs["token_type_ids"] = enc["token_type_ids"]
-            if causal:
-                kwargs["use_cache"] = False
-            got.clear()
-            with torch.no_grad():
-                m.base(**kwargs)
-            keep = enc["attention_mask"].bool()
-            B, T = keep.shape
-            for l in layers:
-                q = got[(l, "q")].reshape(B, T, n_heads, d_k)
-                k = got[(l, "k")].reshape(B, T, n_kv, d_k)
-                pe = got.get((l, "pe"))
-                if rotary and pe is not None:
-                    module = sys.modules[type(parts[l][0]).__module__]
-                    apply = getattr(module, "apply_rotary_pos_emb", None)
-                    if apply is None:
-                        raise ValueError(f"{type(parts[l][0]).__name__} uses rotary embeddings but its module "
-                                         "has no apply_rotary_pos_emb; pass rotary=False")
-                    cos, sin = pe
-                    q, _ = apply(q, q, cos, sin, unsqueeze_dim=2)
-                    k, _ = apply(k, k, cos, sin, unsqueeze_dim=2)
-                    rotated = True
-                qs[l].append(q[keep].float().cpu().numpy())
-                ks[l].append(k[keep].float().cpu().numpy())
-            b_idx, p_idx = torch.nonzero(keep, as_tuple=True)
-            text_idx.append((b_idx + start).cpu().numpy())
-            pos_idx.append(p_idx.cpu().numpy())
-    text_arr = np.concatenate(text_idx)
-    pos_arr = np.concatenate(pos_idx)
-    scaling = float(getattr(parts[layers[0]][0], "scaling", 1.0 / math.sqrt(d_k)))
-    return [
-        QueryKeyCapture(layer=l, q=np.concatenate(qs[l]), k=np.concatenate(ks[l]), text=text_arr,
-                        position=pos_arr, causal=causal, rotary=rotated, scaling=scaling)
-        for l in layers
-    ]
-
-
-def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_pairs: int | None = None,
-                rng=None) -> tuple[np.ndarray, np.ndarray]:
-    r"""Matched (query, key) pairs of one head: every pair the attention scores, within each text.
-
-    Parameters
-    ----------
-    cap : QueryKeyCapture
-    head : int
-        Query head in ``[0, n_heads)``; its key head is ``cap.kv_head(head)``.
-    skip_first : bool, default False
-        Drop pairs whose key (or query) is the first token of its text (the attention sink).
-    max_pairs : int or None
-        Keep a uniform random subset of at most this many pairs.
-    rng : None, int or numpy.random.Generator
-        Randomness for the subset (default seed 0).
-
-    Returns
-    -------
-    (q, k) : tuple of numpy.ndarray, each ``[P, d_k]``
-        Row ``p`` is one scored pair: ``q[p] @ k[p]`` is a raw logit.  Causal models give the
-        pairs with key position ≤ query position; encoders give all pairs.
-
-    Raises
-    ------
-    TypeError
-        If ``cap`` is not a QueryKeyCapture or an argument has the wrong type.
-    ValueError
-        If ``head`` is out of range, ``max_pairs < 1`` or no pair is left.
-
-    Examples
-    --------
-    >>> q, k = logit_pairs(cap, head=0, max_pairs=10_000)   # doctest: +SKIP
-    """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
-    if isinstance(head, bool) or not isinstance(head, Integral):
-        raise TypeError(f"head must be an integer, got {type(head).__name__}")
-    if not 0 <= head < cap.n_heads:
-        raise ValueError(f"head {head} is outside [0, {cap.n_heads - 1}]")
-    if not isinstance(skip_first, bool):
-        raise TypeError(f"skip_first must be True or False, got {skip_first!r}")
-    gen = _generator(rng)
-    qi_all, kj_all = [], []
-    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
-    ends = np.r_[starts[1:], cap.text.size]
-    for s, e in zip(starts, ends):
-        idx = np.arange(s, e)
-        if skip_first:
-            idx = idx[cap.position[idx] != 0]
-        if idx.size == 0:
-            continue
-        ii, jj = np.meshgrid(idx, idx, indexing="ij")
-        keep = (cap.position[jj] <= cap.position[ii]) if cap.causal else np.ones_like(ii, dtype=bool)
-        qi_all.append(ii[keep])
-        kj_all.append(jj[keep])
-    if not qi_all:
-        raise ValueError("no (query, key) pair is left; pass longer texts or skip_first=False")
-    qi, kj = np.concatenate(qi_all), np.concatenate(kj_all)
-    if max_pairs is not None:
-        mp = _positive_int("max_pairs", max_pairs)
-        if qi.size > mp:
-            sel = np.sort(gen.choice(qi.size, size=mp, replace=False))
-            qi, kj = qi[sel], kj[sel]
-    return cap.q[qi, head].astype(np.float64), cap.k[kj, cap.kv_head(head)].astype(np.float64)
-
-
-def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarray]:
-    r"""Mean and variance of :math:`q\cdot k` for independent vectors with independent coordinates.
-
-    Parameters
-    ----------
-    mu_q, var_q, mu_k, var_k : array_like, shape ``[..., d]``
-        Coordinate means and variances (variances ``>= 0``) of :math:`q` and :math:`k`.
-
-    Returns
-    -------
-    (mean, var) : tuple of numpy.ndarray, shape ``[...]``
-        :math:`\sum_c \mu_{q,c}\mu_{k,c}` and
-        :math:`\sum_c (\sigma_{q,c}^2\sigma_{k,c}^2 + \sigma_{q,c}^2\mu_{k,c}^2 + \sigma_{k,c}^2\mu_{q,c}^2)`.
-
-    Raises
-    ------
-    TypeError
-        If an input is not real-valued.
-    ValueError
-        If shapes differ, a variance is negative, an input is not finite, or the result exceeds
-        the float64 range.
-
-    Notes
-    -----
-    For independent :math:`a, b`: :math:`\mathrm{Var}(ab) = \sigma_a^2\sigma_b^2 + \sigma_a^2\mu_b^2
-    + \sigma_b^2\mu_a^2`; independent coordinates add.  With zero means and unit variances the
-    variance is :math:`d_k` -- it *grows* with :math:`d_k` -- and the :math:`1/\sqrt{d_k}` scale of
-    :cite:t:`vaswani2017attention` brings it back to 1.  A shared mean with
-    :math:`\mu_{q,c}\mu_{k,c} \approx m` in every coordinate makes the mean :math:`\approx m d_k`
-    against a standard deviation :math:`\propto\sqrt{d_k}`: the signal-to-noise ratio grows like
-    :math:`\sqrt{d_k}`, with or without the scale (a common factor cancels in the ratio).
-
-    Examples
-    --------
-    >>> [float(v) for v in dot_product_moments(np.zeros(64), np.ones(64), np.zeros(64), np.ones(64))]
-    [0.0, 64.0]
-    """
-    arrs = [_real_array(n, v, min_ndim=1) for n, v in
-            (("mu_q", mu_q), ("var_q", var_q), ("mu_k", mu_k), ("var_k", var_k))]
-    shape = arrs[0].shape
-    if any(a.shape != shape for a in arrs):
-        raise ValueError(f"mu_q, var_q, mu_k, var_k must share one shape, got {[a.shape for a in arrs]}")
-    mq, vq, mk, vk = arrs
-    if (vq < 0).any() or (vk < 0).any():
-        raise ValueError("variances must be >= 0")
-    with np.errstate(over="ignore", invalid="ignore"):
-        mean = (mq * mk).sum(-1)
-        var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
-    if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-        raise ValueError(
-            "the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
-            "mean scales like the product of the scales of q and k, the variance like its square)"
+    if not isinstance(st, ChannelStatistics):
+        raise TypeError(
+            f"st must be a companion.probes.ChannelStatistics (from probes.channel_statistics or "
+            f"experiments.channel_statistics.statistics_of), got {type(st).__name__}"
         )
-    return mean, var
 
 
-def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dict[str, np.ndarray]:
-    r"""How the logit :math:`q\cdot k` restricted to :math:`m` of the :math:`d_k` coordinates grows with :math:`m`.
+def coarsen_thresholds(st, step: int = 2, start: int = 0):
+    r"""The same statistics on every ``step``-th threshold of the grid (``thresholds[start::step]``).
 
     Parameters
     ----------
-    q, k : array_like, shape ``[P, d_k]``
-        Matched pairs (row ``p`` is one scored pair, e.g. from :func:`logit_pairs`), ``P >= 2``.
-    sizes : sequence of int or None
-        Sub-dimensions :math:`m` in ``[1, d_k]`` (default: ``1, 2, 4, ...`` and ``d_k``).
-    n_orders : int, default 8
-        Random coordinate orders averaged over (the first :math:`m` coordinates of each order
-        form the subset).
-    rng : None, int or numpy.random.Generator
-        Randomness for the orders (default seed 0).
+    st : companion.probes.ChannelStatistics
+    step : int, default 2
+        Keep every ``step``-th threshold (``>= 1``).
+    start : int, default 0
+        Index of the first threshold kept (``0 <= start < len(st.thresholds)``).
 
     Returns
     -------
-    dict of numpy.ndarray, each of shape ``[len(sizes)]`` (and ``"sizes"``)
-        ``"mean"``, ``"var"``: mean and variance over pairs of
-        :math:`\ell_m = \sum_{c \in S_m} q_c k_c`, averaged over orders; ``"var_scaled"``:
-        :math:`\mathrm{Var}(\ell_m/\sqrt m)`; ``"snr"``: :math:`|E\ell_m|/\mathrm{sd}(\ell_m)` (per
-        order, then averaged); ``"var_independent"``, ``"mean_independent"``: the same moments
-        predicted by :func:`dot_product_moments` from each coordinate's mean and variance, i.e.
-        if all coordinates and :math:`q, k` were independent.
+    companion.probes.ChannelStatistics
+        Means, variances and extremes unchanged; ``counts`` and ``thresholds`` subsampled.
 
     Raises
     ------
     TypeError
-        If an input is not real-valued or ``n_orders`` is not an integer.
+        If ``st`` is not a ChannelStatistics or ``step``/``start`` is not an integer.
     ValueError
-        If ``q`` and ``k`` are not matching 2-D arrays with at least 2 rows, a size is outside
-        ``[1, d_k]``, or an input is not finite.
+        If ``step < 1`` or ``start`` is outside the grid.
 
     Notes
     -----
-    One pass per order: the per-coordinate products :math:`q_c k_c` are permuted and
-    cumulatively summed, which yields :math:`\ell_m` for every :math:`m` at once.  For i.i.d.
-    unit-variance coordinates ``var`` is linear in :math:`m` and ``var_scaled`` is flat; a
-    shared mean makes ``snr`` grow like :math:`\sqrt m`; correlated coordinates make ``var``
-    exceed ``var_independent``.
+    Counts :math:`C_j(t)` at a subset of thresholds are exactly the counts of the coarser grid,
+    so a fine-grid pass can be compared with a stored coarse-grid Result without re-running it.
 
     Examples
     --------
-    >>> g = np.random.default_rng(0)
-    >>> out = partial_dot_statistics(g.standard_normal((20000, 64)), g.standard_normal((20000, 64)), sizes=[1, 64])
-    >>> [round(float(v) / s) for v, s in zip(out["var"], out["sizes"])]
-    [1, 1]
+    >>> coarse = coarsen_thresholds(st, 2)          # doctest: +SKIP
     """
-    qa = _real_array("q", q)
-    ka = _real_array("k", k)
-    if qa.ndim != 2 or qa.shape != ka.shape or qa.shape[0] < 2:
-        raise ValueError(f"q and k must be matching [P, d_k] arrays with P >= 2, got {qa.shape} and {ka.shape}")
-    P, d = qa.shape
-    if sizes is None:
-        sz = sorted(set([2**i for i in range(int(math.log2(d)) + 1)] + [d]))
-    else:
-        sz = list(sizes)
-        for s in sz:
-            if isinstance(s, bool) or not isinstance(s, Integral):
-                raise TypeError(f"sizes must be integers, got {s!r}")
-            if not 1 <= s <= d:
-                raise ValueError(f"every size must lie in [1, d_k={d}], got {s}")
-    sz_arr = np.asarray(sz, dtype=np.int64)
-    n_ord = _positive_int("n_orders", n_orders)
-    gen = _generator(rng)
-    prod = qa * ka
-    mq, vq = qa.mean(0), qa.var(0)
-    mk, vk = ka.mean(0), ka.var(0)
-    ind_mean_c = mq * mk
-    ind_var_c = vq * vk + vq * mk**2 + vk * mq**2
-    acc = {key: np.zeros(sz_arr.size) for key in ("mean", "var", "var_scaled", "snr", "mean_independent", "var_independent")}
-    for _ in range(n_ord):
-        perm = gen.permutation(d)
-        cum = np.cumsum(prod[:, perm], axis=1)[:, sz_arr - 1]
-        mean = cum.mean(0)
-        var = cum.var(0)
-        acc["mean"] += mean
-        acc["var"] += var
-        acc["var_scaled"] += var / sz_arr
-        with np.errstate(divide="ignore", invalid="ignore"):
-            acc["snr"] += np.where(var > 0, np.abs(mean) / np.sqrt(np.where(var > 0, var, 1.0)), np.nan)
-        acc["mean_independent"] += np.cumsum(ind_mean_c[perm])[sz_arr - 1]
-        acc["var_independent"] += np.cumsum(ind_var_c[perm])[sz_arr - 1]
-    out = {key: v / n_ord for key, v in acc.items()}
-    out["sizes"] = sz_arr
-    return out
+    _check_statistics(st)
+    step = check_int(step, "step", 1)
+    start = check_int(start, "start", 0)
+    if start >= st.thresholds.size:
+        raise ValueError(f"start = {start} is outside the grid of {st.thresholds.size} thresholds")
+    return replace(st, counts=st.counts[:, start::step], thresholds=st.thresholds[start::step])
 
 
-def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, max_pairs: int | None = 200_000,
-                               rng=None) -> dict[str, np.ndarray]:
-    r"""Per-head statistics of the raw attention logits :math:`q_i\cdot k_j` of one layer.
+def max_abs_z(st) -> np.ndarray:
+    r"""Largest standardised deviation of every channel, from the streamed minimum and maximum.
 
     Parameters
     ----------
-    cap : QueryKeyCapture
-    skip_first : bool, default False
-        Drop pairs that involve the first token of a text (see :func:`logit_pairs`).
-    max_pairs : int or None, default 200000
-        Pairs per head (a random subset when there are more).
-    rng : None, int or numpy.random.Generator
+    st : companion.probes.ChannelStatistics
 
     Returns
     -------
-    dict of numpy.ndarray, each of shape ``[n_heads]``
-        ``"mean"``, ``"var"`` of the raw logit; ``"var_scaled"`` of the logit times the model's
-        ``scaling`` (:math:`1/\sqrt{d_k}`); ``"snr"`` :math:`|E\ell|/\mathrm{sd}(\ell)`;
-        ``"shared_mean"``: :math:`\bar q\cdot\bar k` (the logit of the mean query and mean key);
-        ``"var_independent"``: :func:`dot_product_moments` from the coordinates' means and
-        variances; ``"q_norm2"``, ``"k_norm2"``: mean squared norms.
+    numpy.ndarray, shape ``[L+1, d]``
+        :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a
+        constant channel with a non-zero deviation, NaN for ``0/0``).
 
     Raises
     ------
-    TypeError, ValueError
-        As :func:`logit_pairs`.
+    TypeError
+        If ``st`` is not a ChannelStatistics.
 
     Notes
     -----
-    Writing :math:`q = \bar q + \tilde q`, :math:`k = \bar k + \tilde k`,
-    :math:`q\cdot k = \bar q\cdot\bar k + \bar q\cdot\tilde k + \tilde q\cdot\bar k + \tilde q\cdot\tilde k`;
-    ``shared_mean`` is the first term.  The ratio ``var / var_independent`` measures how far the
-    coordinates are from independent.
+    For a channel whose variance is a valid proxy (strictly sub-Gaussian noise) it stays below
+    :math:`\sqrt{2\ln(2N/\delta)}` with probability :math:`1-\delta`, for dependent tokens too
+    (the chapter's theorem ``olr-thm-max``).
 
     Examples
     --------
-    >>> st = attention_logit_statistics(caps[0])   # doctest: +SKIP
+    >>> z = max_abs_z(st)                            # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
-    gen = _generator(rng)
-    keys = ("mean", "var", "var_scaled", "snr", "shared_mean", "var_independent", "q_norm2", "k_norm2")
-    out = {key: np.zeros(cap.n_heads) for key in keys}
-    for h in range(cap.n_heads):
-        q, k = logit_pairs(cap, h, skip_first=skip_first, max_pairs=max_pairs, rng=gen)
-        logit = np.einsum("pc,pc->p", q, k)
-        mean, var = logit.mean(), logit.var()
-        out["mean"][h] = mean
-        out["var"][h] = var
-        out["var_scaled"][h] = var * cap.scaling**2
-        out["snr"][h] = abs(mean) / math.sqrt(var) if var > 0 else np.nan
-        out["shared_mean"][h] = float(q.mean(0) @ k.mean(0))
-        out["var_independent"][h] = float(dot_product_moments(q.mean(0), q.var(0), k.mean(0), k.var(0))[1])
-        out["q_norm2"][h] = float(np.mean(np.sum(q * q, axis=1)))
-        out["k_norm2"][h] = float(np.mean(np.sum(k * k, axis=1)))
-    return out
+    _check_statistics(st)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.maximum(st.max - st.mean, st.mean - st.min) / st.std

@@ -1,0 +1,137 @@
+"""The ``massive_ablation`` experiment: Sun et al.'s zero-versus-mean ablation of a massive activation.
+
+For corpus sentences, reads one channel at the first token at every layer
+(:func:`companion.massive_activations.first_token_profile`), then runs the model three times --
+untouched, with :math:`h_\\ell[0, j] = 0`, and with :math:`h_\\ell[0, j]` set to its mean over a
+disjoint calibration set of sentences -- and stores the per-prompt next-token loss and the
+per-prompt, per-block attention weight on the first token
+(:func:`companion.massive_activations.ablate_activation`)::
+
+    python -m companion run massive_ablation --model smollm2-135m --out companion/data/results
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from companion._validation import check_int
+from companion.experiments import register
+
+__all__ = ["MassiveAblationExperiment", "profile_of", "runs_of"]
+
+ARMS = ("none", "zero", "mean")
+
+
+@register("massive_ablation", schema=1)
+@dataclass(frozen=True)
+class MassiveAblationExperiment:
+    """Zero versus mean ablation of one massive activation: loss and attention sinks per prompt.
+
+    Attributes
+    ----------
+    model : str
+        A causal model for :func:`companion.models.load`.
+    channel : int
+        The massive channel (507 in SmolLM2-135M).
+    layer : int
+        Residual-stream layer :math:`h_\\ell` edited (the output of block :math:`\\ell - 1`).
+    n_texts, n_calibration : int
+        Evaluation prompts (the first ``n_texts`` corpus sentences of ``min_words``-``max_words``
+        words) and the following ``n_calibration`` sentences, whose mean first-token value is
+        the "mean" arm.
+    min_words, max_words, max_length, batch_size : int
+    dtype : str
+
+    Notes
+    -----
+    Result arrays: ``first_values`` ``[L+1, n_texts]``, ``median_abs`` ``[L+1]``,
+    ``calibration_values`` ``[n_calibration]`` (at ``layer``), ``loss_none``, ``loss_zero``,
+    ``loss_mean`` ``[n_texts]``, ``sink_none``, ``sink_zero``, ``sink_mean`` ``[n_texts, L]``.
+    Scalars: ``mean_value``, ``emergence_layer`` (-1 if none) and the model's description.
+    """
+
+    model: str = "smollm2-135m"
+    channel: int = 507
+    layer: int = 12
+    n_texts: int = 256
+    n_calibration: int = 256
+    min_words: int = 8
+    max_words: int = 40
+    max_length: int = 64
+    batch_size: int = 16
+    dtype: str = "float32"
+
+    def compute(self, device, progress):
+        from companion import massive_activations as ma
+        from companion import models
+        from companion.corpus import corpus_sentences
+
+        n = check_int(self.n_texts, "n_texts", 2)
+        n_cal = check_int(self.n_calibration, "n_calibration", 1)
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        texts = corpus_sentences(n + n_cal, min_words=self.min_words, max_words=self.max_words)
+        evaluation, calibration = texts[:n], texts[n:]
+        prof = ma.first_token_profile(m, evaluation, self.channel, max_length=self.max_length)
+        cal = ma.first_token_profile(m, calibration, self.channel, max_length=self.max_length)
+        mean_value = float(cal.values[self.layer].mean())
+        out = {"first_values": prof.values, "median_abs": prof.median_abs,
+               "calibration_values": cal.values[self.layer]}
+        arms = {"none": (None, None), "zero": (self.layer, 0.0), "mean": (self.layer, mean_value)}
+        for arm, (layer, value) in arms.items():
+            run = ma.ablate_activation(m, evaluation, layer, self.channel, value,
+                                       batch_size=self.batch_size, max_length=self.max_length)
+            out[f"loss_{arm}"], out[f"sink_{arm}"] = run.loss, run.sink
+        emerged = prof.emergence_layer()
+        return {**out, "mean_value": mean_value,
+                "emergence_layer": -1 if emerged is None else emerged, **m.facts()}
+
+
+def _check_result(result):
+    from companion.experiments import Result
+
+    if not isinstance(result, Result) or result.name != "massive_ablation":
+        raise TypeError(f"result must be a Result of the massive_ablation experiment, got "
+                        f"{getattr(result, 'name', type(result).__name__)!r}")
+    need = ["first_values", "median_abs"] + [f"{k}_{arm}" for arm in ARMS for k in ("loss", "sink")]
+    missing = [k for k in need if k not in result.arrays]
+    if missing:
+        raise ValueError(f"the Result lacks {missing}; recompute it with the current code")
+    return result
+
+
+def profile_of(result):
+    """The :class:`companion.massive_activations.FirstTokenProfile` stored in a Result.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result of ``massive_ablation``.
+    ValueError
+        If an array is missing.
+    """
+    from companion.massive_activations import FirstTokenProfile
+
+    r = _check_result(result)
+    return FirstTokenProfile(values=r.arrays["first_values"], median_abs=r.arrays["median_abs"],
+                             channel=int(r.config["channel"]))
+
+
+def runs_of(result) -> dict:
+    """The three runs of a Result, ``{"none", "zero", "mean"} -> AblationRun``.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result of ``massive_ablation``.
+    ValueError
+        If an array is missing.
+    """
+    from companion.massive_activations import AblationRun
+
+    r = _check_result(result)
+    layer, channel = int(r.config["layer"]), int(r.config["channel"])
+    values = {"none": None, "zero": 0.0, "mean": float(r.scalars["mean_value"])}
+    return {arm: AblationRun(loss=r.arrays[f"loss_{arm}"], sink=r.arrays[f"sink_{arm}"],
+                             layer=None if arm == "none" else layer, channel=channel, position=0,
+                             value=values[arm])
+            for arm in ARMS}

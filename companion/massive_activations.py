@@ -1,0 +1,334 @@
+r"""Massive activations (Sun et al. 2024): where they appear, how large, and the zero/mean ablation.
+
+:cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median
+in fixed channels at the first token (and the first delimiter) of large language models; they
+appear abruptly at an early layer and stay nearly constant.  Their test of what the activations
+do is an ablation: set them to **zero** (the model breaks) or to their **mean** over inputs
+(nothing changes), and watch the loss and the attention paid to the first token (the attention
+sink of :cite:t:`xiao2024attentionsinks`).  This module implements that protocol for a loaded
+causal model:
+
+* :func:`first_token_profile` -- one channel at the first position, per layer and text, with
+  the layer's median :math:`|h|` (:class:`FirstTokenProfile`, whose
+  :meth:`~FirstTokenProfile.emergence_layer` applies Sun et al.'s size criterion);
+* :func:`ablate_activation` -- next-token loss and first-token attention weights per text with
+  the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`);
+* :func:`bootstrap_interval` -- percentile bootstrap intervals over prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from companion._validation import as_float64, as_generator, check_int, check_real
+
+__all__ = ["FirstTokenProfile", "first_token_profile", "AblationRun", "ablate_activation",
+           "bootstrap_interval"]
+
+
+def _texts(texts) -> list[str]:
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, Sequence) or len(texts) == 0:
+        raise ValueError("texts must be a non-empty list of strings")
+    for i, s in enumerate(texts):
+        if not isinstance(s, str) or not s.strip():
+            raise TypeError(f"texts[{i}] must be a non-empty string, got {s!r}")
+    return list(texts)
+
+
+def _causal_model(m):
+    from companion.models import check_model
+
+    check_model(m)
+    if m.kind != "causal-lm":
+        raise ValueError(f"{m.name} is an encoder; the ablation measures next-token loss and needs a "
+                         "causal language model such as smollm2-135m")
+    return m
+
+
+# --------------------------------------------------------------------------------------------
+# where and how large
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FirstTokenProfile:
+    """One channel of the residual stream at the first position, for every layer and text.
+
+    Attributes
+    ----------
+    values : numpy.ndarray, shape ``[L+1, n_texts]``
+        :math:`h_\\ell[0, j]` (layer 0 = embeddings).
+    median_abs : numpy.ndarray, shape ``[L+1]``
+        Median :math:`|h_\\ell|` over the real tokens and channels of the texts.
+    channel : int
+    """
+
+    values: np.ndarray
+    median_abs: np.ndarray
+    channel: int
+
+    @property
+    def mean(self) -> np.ndarray:
+        """Mean over texts of the first-token value, per layer ``[L+1]``."""
+        return self.values.mean(axis=1)
+
+    @property
+    def ratio(self) -> np.ndarray:
+        """``|mean| / median_abs`` per layer: Sun et al.'s size relative to the median."""
+        return np.abs(self.mean) / self.median_abs
+
+    def emergence_layer(self, min_abs: float = 100.0, min_ratio: float = 1000.0) -> int | None:
+        """First layer whose mean first-token value exceeds ``min_abs`` and ``min_ratio`` times
+        the median (Sun et al.: about 100 and about 1000); None if no layer does.
+
+        Raises
+        ------
+        TypeError, ValueError
+            If a bound is not a number >= 0.
+        """
+        a = check_real(min_abs, "min_abs", lo=0.0)
+        r = check_real(min_ratio, "min_ratio", lo=0.0)
+        hit = np.flatnonzero((np.abs(self.mean) > a) & (self.ratio > r))
+        return int(hit[0]) if hit.size else None
+
+
+def first_token_profile(m, texts, channel: int, max_length: int | None = None,
+                        median_texts: int = 16) -> FirstTokenProfile:
+    r"""The value of one channel at the first token of every text, at every layer.
+
+    Parameters
+    ----------
+    m : companion.models.LoadedModel
+    texts : sequence of str
+    channel : int
+        Channel index in ``[0, d)``.
+    max_length : int or None
+        Truncation for the median (default ``m.max_length``).
+    median_texts : int, default 16
+        The median :math:`|h|` of each layer is taken over the real tokens of the first
+        ``median_texts`` texts (it is a scale, not a statistic of the channel).
+
+    Returns
+    -------
+    FirstTokenProfile
+
+    Raises
+    ------
+    TypeError
+        If ``m`` is not a LoadedModel or an argument has the wrong type.
+    ValueError
+        If ``channel`` is outside the width or ``texts`` is empty.
+
+    Notes
+    -----
+    In a causal model the state at position 0 depends on the first token alone, so the values
+    come from two-token runs of every text (exact, and cheap); an encoder is run on whole texts.
+
+    Examples
+    --------
+    >>> prof = first_token_profile(load("smollm2-135m"), corpus_sentences(32), 507)  # doctest: +SKIP
+    >>> prof.emergence_layer()                                                       # doctest: +SKIP
+    12
+    """
+    from companion import probes
+    from companion.models import check_model, tokenize
+
+    check_model(m)
+    texts = _texts(texts)
+    channel = check_int(channel, "channel", 0)
+    if channel >= m.d_model:
+        raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")
+    n_med = check_int(median_texts, "median_texts", 1)
+    first_len = 2 if m.kind == "causal-lm" else max_length
+    values = []
+    for start in range(0, len(texts), 32):
+        h = probes.residual_stream(m, texts[start:start + 32], max_length=first_len)
+        values.append(h[:, :, 0, channel].double().cpu().numpy())
+    h = probes.residual_stream(m, texts[:n_med], max_length=max_length)
+    real = tokenize(m, texts[:n_med], max_length)["attention_mask"].bool()
+    med = np.array([float(h[l][real].abs().double().median()) for l in range(h.shape[0])])
+    return FirstTokenProfile(values=np.concatenate(values, axis=1), median_abs=med, channel=channel)
+
+
+# --------------------------------------------------------------------------------------------
+# the ablation
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AblationRun:
+    """Per-text loss and first-token attention of one (possibly ablated) run.
+
+    Attributes
+    ----------
+    loss : numpy.ndarray, shape ``[n_texts]``
+        Mean next-token cross-entropy (nats) of each text.
+    sink : numpy.ndarray, shape ``[n_texts, L]``
+        Attention weight on the first token, averaged over the heads and the query positions
+        ``1 .. n-1`` of each text, per block.
+    layer : int or None
+        The residual-stream layer :math:`h_\\ell` that was edited (None: no edit).
+    channel, position : int
+    value : float or None
+        The value written (None: no edit).
+    """
+
+    loss: np.ndarray
+    sink: np.ndarray
+    layer: int | None
+    channel: int
+    position: int
+    value: float | None
+
+
+def ablate_activation(m, texts, layer: int | None, channel: int, value: float | None,
+                      position: int = 0, batch_size: int = 16,
+                      max_length: int | None = None) -> AblationRun:
+    r"""Set :math:`h_\ell[\mathrm{position}, \mathrm{channel}]` to ``value`` and measure loss and sinks.
+
+    Parameters
+    ----------
+    m : companion.models.LoadedModel
+        A causal language model.
+    texts : sequence of str
+        Every text needs at least two tokens.
+    layer : int or None
+        Residual-stream layer :math:`\ell \in [1, L]` (the output of block :math:`\ell-1`); None
+        runs the model untouched (the baseline).
+    channel : int
+    value : float or None
+        The value written at that layer, position and channel (Sun et al.: 0 or the mean over
+        inputs); None with ``layer=None``.
+    position : int, default 0
+    batch_size : int, default 16
+    max_length : int or None
+
+    Returns
+    -------
+    AblationRun
+
+    Raises
+    ------
+    TypeError
+        For arguments of the wrong type.
+    ValueError
+        For an encoder, a layer outside ``[1, L]``, a channel outside the width, ``layer`` and
+        ``value`` not both None or both set, or a text of one token.
+
+    Notes
+    -----
+    The edit is a forward hook on block :math:`\ell-1` that replaces one entry of its output, so
+    every later block reads the edited stream (the residual carries it on, as in Sun et al.,
+    who edit the layer where the activations appear).  Attention weights come from the model's
+    eager attention, switched on for the call and restored afterwards.
+
+    Examples
+    --------
+    >>> zero = ablate_activation(m, texts, 12, 507, 0.0)       # doctest: +SKIP
+    """
+    import torch
+
+    from companion.hooks import hooks
+    from companion.models import tokenize
+
+    _causal_model(m)
+    texts = _texts(texts)
+    channel = check_int(channel, "channel", 0)
+    if channel >= m.d_model:
+        raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")
+    position = check_int(position, "position", 0)
+    bs = check_int(batch_size, "batch_size", 1)
+    if (layer is None) != (value is None):
+        raise ValueError("layer and value go together: both None (baseline) or both set")
+    if layer is not None:
+        layer = check_int(layer, "layer", 1)
+        if layer > m.n_layers:
+            raise ValueError(f"layer {layer} is outside [1, {m.n_layers}] (h_l = output of block l-1)")
+        value = check_real(value, "value")
+
+    def edit(module, args, output):
+        hs = output[0] if isinstance(output, tuple) else output
+        hs = hs.clone()
+        if hs.shape[1] > position:
+            hs[:, position, channel] = value
+        return (hs,) + tuple(output[1:]) if isinstance(output, tuple) else hs
+
+    forward = [] if layer is None else [(m.blocks[layer - 1], edit)]
+    previous = m.model.config._attn_implementation
+    losses, sinks = [], []
+    try:
+        m.model.set_attn_implementation("eager")
+        with hooks(forward=forward), torch.no_grad():
+            for start in range(0, len(texts), bs):
+                enc = tokenize(m, texts[start:start + bs], max_length)
+                mask = enc["attention_mask"]
+                if (mask.sum(dim=1) < 2).any():
+                    raise ValueError("every text needs at least two tokens to predict a next token")
+                out = m.model(input_ids=enc["input_ids"], attention_mask=mask, use_cache=False,
+                              output_attentions=True)
+                logp = torch.log_softmax(out.logits[:, :-1].double(), dim=-1)
+                nll = -logp.gather(-1, enc["input_ids"][:, 1:, None])[..., 0]
+                valid = mask[:, 1:].bool()
+                losses.append(((nll * valid).sum(1) / valid.sum(1)).cpu().numpy())
+                # attention on key 0 from the real queries 1..n-1, averaged over heads: [B, L]
+                per_layer = [a[:, :, 1:, 0].double().mean(1) for a in out.attentions]
+                w = torch.stack(per_layer, dim=-1)                    # [B, T-1, L]
+                sinks.append(((w * valid[..., None]).sum(1) / valid.sum(1)[:, None]).cpu().numpy())
+    finally:
+        m.model.set_attn_implementation(previous)
+    return AblationRun(loss=np.concatenate(losses), sink=np.concatenate(sinks), layer=layer,
+                       channel=channel, position=position, value=value)
+
+
+def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
+    r"""Mean over axis 0 with a percentile bootstrap interval (resampling rows, e.g. prompts).
+
+    Parameters
+    ----------
+    x : array_like, shape ``[n]`` or ``[n, k]``
+        One row per prompt (at least 2); columns are summarised separately but resampled
+        together.
+    level : float, default 0.95
+    n_boot : int, default 2000
+    rng : None, int or numpy.random.Generator
+        Default: seed 0 (reproducible intervals).
+
+    Returns
+    -------
+    (mean, lo, hi) : tuple of float or numpy.ndarray (shape ``[k]``)
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not real-valued or an argument has the wrong type.
+    ValueError
+        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or ``level`` is
+        not in (0, 1).
+
+    Notes
+    -----
+    Paired comparisons (ablated minus baseline on the same prompts) should be passed as the
+    per-prompt differences, so that the interval is that of the difference.
+
+    Examples
+    --------
+    >>> m, lo, hi = bootstrap_interval(np.arange(10.0))
+    >>> float(m), bool(lo < 4.5 < hi)
+    (4.5, True)
+    """
+    a = as_float64(x, "x")
+    if a.ndim not in (1, 2) or a.shape[0] < 2:
+        raise ValueError(f"x must have shape [n] or [n, k] with n >= 2, got {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("x contains NaN or infinite values")
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    gen = as_generator(0 if rng is None else rng)
+    idx = gen.integers(0, a.shape[0], size=(n_boot, a.shape[0]))
+    boots = a[idx].mean(axis=1)
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    mean = a.mean(axis=0)
+    if a.ndim == 1:
+        return float(mean), float(lo), float(hi)
+    return mean, lo, hi

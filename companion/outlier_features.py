@@ -1,0 +1,207 @@
+r"""Outlier features in the sense of LLM.int8() (Dettmers et al. 2022), measured per layer.
+
+:cite:t:`dettmers2022llmint8` call a hidden feature dimension an *outlier feature* when its
+magnitude is at least 6.0 in the inputs of the linear layers that follow a normalisation (the
+attention projections and the FFN expansion), in at least 25% of the layers and at least 6%
+of the sequence positions; with that criterion they find systematic outliers emerge around 6.7B
+parameters.  This module reads exactly those inputs with forward pre-hooks and applies the
+criterion:
+
+* :func:`outlier_feature_statistics` -- one pass over texts; per site (attention input, FFN
+  input of every block) and feature, the share of positions with :math:`|x| \ge 6` and the
+  largest :math:`|x|` (:class:`OutlierFeatureStatistics`);
+* :meth:`OutlierFeatureStatistics.systematic` -- the features that meet the criterion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from companion._validation import check_bool, check_int, check_real
+
+__all__ = ["OutlierFeatureStatistics", "outlier_feature_statistics", "linear_input_sites"]
+
+#: Names of the first FFN linear layer (the expansion) in the supported architectures.
+_FFN_NAMES = ("mlp.gate_proj", "mlp.up_proj", "intermediate.dense", "mlp.fc1", "fc1")
+_QUERY_NAMES = ("self_attn.q_proj", "attention.self.query", "attn.q_proj")
+
+
+@dataclass(frozen=True)
+class OutlierFeatureStatistics:
+    """Share of positions with :math:`|x| \\ge` threshold, per linear-input site and feature.
+
+    Attributes
+    ----------
+    share : numpy.ndarray, shape ``[2L, d]``
+        Row ``2l`` is the attention input of block ``l``, row ``2l+1`` its FFN input.
+    max_abs : numpy.ndarray, shape ``[2L, d]``
+    n_positions : int
+        Real positions (pads excluded) behind every share.
+    threshold : float
+    n_layers : int
+    model : str
+    """
+
+    share: np.ndarray
+    max_abs: np.ndarray
+    n_positions: int
+    threshold: float
+    n_layers: int
+    model: str
+
+    def _check_shares(self, layer_share, position_share):
+        return (check_real(layer_share, "layer_share", lo=0.0, hi=1.0),
+                check_real(position_share, "position_share", lo=0.0, hi=1.0))
+
+    def affected_layers(self, position_share: float = 0.06) -> np.ndarray:
+        """Bool ``[L, d]``: feature ``j`` reaches the threshold on at least ``position_share`` of
+        the positions at either linear input of block ``l``."""
+        _, p = self._check_shares(0.0, position_share)
+        hit = self.share >= p
+        return hit[0::2] | hit[1::2]
+
+    def systematic(self, layer_share: float = 0.25, position_share: float = 0.06) -> np.ndarray:
+        """Indices of the features that meet the criterion: affected (see
+        :meth:`affected_layers`) in at least ``layer_share`` of the blocks.
+
+        Raises
+        ------
+        TypeError, ValueError
+            If a share is not a number in [0, 1].
+        """
+        lay, pos = self._check_shares(layer_share, position_share)
+        frac = self.affected_layers(pos).mean(axis=0)
+        return np.flatnonzero((frac >= lay) & (frac > 0))
+
+    def per_layer(self, position_share: float = 0.06) -> np.ndarray:
+        """Number of affected features per block, ``[L]``."""
+        return self.affected_layers(position_share).sum(axis=1)
+
+
+def _find(block, names):
+    import torch
+
+    for name, mod in block.named_modules():
+        if isinstance(mod, torch.nn.Linear) and any(name == n or name.endswith("." + n) for n in names):
+            return mod
+    return None
+
+
+def linear_input_sites(m) -> list:
+    """The (attention-input, FFN-input) linear modules of every block, in order.
+
+    Parameters
+    ----------
+    m : companion.models.LoadedModel
+
+    Returns
+    -------
+    list of (torch.nn.Linear, torch.nn.Linear)
+        The query projection and the first FFN linear layer of each block: their inputs are
+        the normalised hidden states of LLM.int8().
+
+    Raises
+    ------
+    TypeError
+        If ``m`` is not a LoadedModel.
+    ValueError
+        If a block has no recognisable query projection or FFN expansion.
+    """
+    from companion.models import check_model
+
+    check_model(m)
+    out = []
+    for l, block in enumerate(m.blocks):
+        q, f = _find(block, _QUERY_NAMES), _find(block, _FFN_NAMES)
+        if q is None or f is None:
+            raise ValueError(f"block {l} of {m.name} has no query projection ({_QUERY_NAMES}) or FFN "
+                             f"expansion ({_FFN_NAMES}); this architecture is not supported")
+        out.append((q, f))
+    return out
+
+
+def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8,
+                               max_length: int | None = None,
+                               skip_first: bool = False) -> OutlierFeatureStatistics:
+    r"""Per block and feature, the share of positions where a normalised linear input reaches ``threshold``.
+
+    Parameters
+    ----------
+    m : companion.models.LoadedModel
+    texts : sequence of str
+    threshold : float, default 6.0
+        LLM.int8()'s magnitude criterion.
+    batch_size : int, default 8
+    max_length : int or None
+    skip_first : bool, default False
+        Leave out the first position of every text (where massive activations sit).
+
+    Returns
+    -------
+    OutlierFeatureStatistics
+
+    Raises
+    ------
+    TypeError
+        For arguments of the wrong type.
+    ValueError
+        If ``texts`` is empty, ``threshold < 0`` or no position is left.
+
+    Notes
+    -----
+    Forward pre-hooks read the input of the query projection (after the block's input norm in a
+    pre-norm model; the previous block's LayerNorm output in a post-LN model) and of the FFN's
+    first linear layer (after the second norm), as the model computes them.  In a post-LN
+    model the query input of block :math:`l` is the residual stream :math:`h_l` itself.
+
+    Examples
+    --------
+    >>> ofs = outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64))  # doctest: +SKIP
+    >>> ofs.systematic()                                                          # doctest: +SKIP
+    """
+    import torch
+
+    from companion.hooks import hooks
+    from companion.models import tokenize
+
+    sites = linear_input_sites(m)
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, Sequence) or len(texts) == 0:
+        raise ValueError("texts must be a non-empty list of strings")
+    t = check_real(threshold, "threshold", lo=0.0)
+    bs = check_int(batch_size, "batch_size", 1)
+    skip_first = check_bool(skip_first, "skip_first")
+    L, d = m.n_layers, m.d_model
+    counts = np.zeros((2 * L, d), dtype=np.int64)
+    max_abs = np.zeros((2 * L, d))
+    n_pos = 0
+    keep = None
+
+    def reader(s):
+        def hook(module, args):
+            x = args[0].detach()[keep].abs().double()            # [positions, d]
+            counts[s] += (x >= t).sum(0).cpu().numpy()
+            if x.shape[0]:
+                max_abs[s] = np.maximum(max_abs[s], x.max(0).values.cpu().numpy())
+        return hook
+
+    pre = [(mod, reader(2 * l + k)) for l, pair in enumerate(sites) for k, mod in enumerate(pair)]
+    with hooks(pre=pre), torch.no_grad():
+        for start in range(0, len(texts), bs):
+            enc = tokenize(m, list(texts[start:start + bs]), max_length)
+            keep = enc["attention_mask"].bool().clone()
+            if skip_first:
+                keep[:, 0] = False
+            n_pos += int(keep.sum())
+            kwargs = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+            if m.kind == "causal-lm":
+                kwargs["use_cache"] = False
+            m.base(**kwargs)
+    if n_pos == 0:
+        raise ValueError("no position is left; pass longer texts or skip_first=False")
+    return OutlierFeatureStatistics(share=counts / n_pos, max_abs=max_abs, n_positions=n_pos,
+                                    threshold=t, n_layers=L, model=m.name)
