@@ -235,8 +235,7 @@ class CompressionSweepExperiment:
     Arrays: ``schemes_summary [n_schemes, 5]`` (loss increase, its s.e., KL, its s.e., relative
     MSE after the last block), ``schemes_loss``/``schemes_kl [n_schemes, n_eval]``,
     ``schemes_rel_mse [n_schemes, L]``; ``site_summary [4, 5]``; ``layer_kl [L]`` (calibration
-    split: only layer ``l`` at ``low_bits`` per token), ``layer_kl_a8_tensor [L]`` (only layer ``l``
-    at ``high_bits`` per tensor), ``layer_mean_share``/``layer_range`` [L];
+    split: only layer ``l`` at ``low_bits`` per token), ``layer_mean_share``/``layer_range`` [L];
     ``mixed_summary [n_rules, 5]``; ``prune_summary [n_scores, 2, n_fractions, 5]`` (without /
     with mean compensation).  Scalars: the names of the rows.
     """
@@ -281,9 +280,6 @@ class CompressionSweepExperiment:
         layer_kl = [bench.measure(bench.activation(lo, "token", modules=bench.modules(layers=[ell])),
                                   split="calib")["kl"].mean() for ell in range(L)]
         out["layer_kl"] = np.array(layer_kl)
-        out["layer_kl_a8_tensor"] = np.array([
-            bench.measure(bench.activation(hi, "tensor", modules=bench.modules(layers=[ell])),
-                          split="calib")["kl"].mean() for ell in range(L)])
         share, rng_ = [], []
         for ell in range(L):
             sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
