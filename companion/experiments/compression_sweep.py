@@ -57,6 +57,9 @@ class CompressionBench:
     calib_texts, eval_texts : list of str
         Each at least ``seq_len`` tokens long (no padding inside a batch).
     seq_len : int
+    stats : dict name -> LinearInputStatistics, optional
+        Statistics of the calibration split (:func:`companion.pruning.linear_input_statistics`
+        over the one calibration batch), if already computed; else they are computed here.
 
     Notes
     -----
@@ -66,7 +69,7 @@ class CompressionBench:
     where SmolLM2 keeps its massive activations, so that the first token does not dominate).
     """
 
-    def __init__(self, m, calib_texts, eval_texts, seq_len: int = 64):
+    def __init__(self, m, calib_texts, eval_texts, seq_len: int = 64, stats=None):
         import torch
 
         from companion import models, pruning
@@ -80,8 +83,9 @@ class CompressionBench:
                 raise ValueError(f"every {label} text must have at least {self.seq_len} tokens")
         self.linears = {n: mod for n, mod in m.model.named_modules()
                         if isinstance(mod, torch.nn.Linear) and ".layers." in n}
-        self.stats = pruning.linear_input_statistics(m.model, [self.calib], self.linears)
-        self._base = {"eval": self._run(self.eval), "calib": self._run(self.calib)}
+        self.stats = (pruning.linear_input_statistics(m.model, [self.calib], self.linears)
+                      if stats is None else dict(stats))
+        self._base = {"eval": self._run(self.eval)}
 
     # ------------------------------------------------------------------ measuring
     def _run(self, batch):
@@ -97,6 +101,8 @@ class CompressionBench:
 
     def measure(self, ctx=None, split: str = "eval") -> dict:
         """Loss increase and KL per text, relative MSE per block, with ``ctx`` applied."""
+        if split not in self._base:
+            self._base[split] = self._run(self.calib)
         logp0, loss0, h0 = self._base[split]
         with ctx if ctx is not None else contextlib.nullcontext():
             logp, loss, h = self._run(self.eval if split == "eval" else self.calib)
