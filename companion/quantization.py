@@ -1,6 +1,9 @@
-"""Symmetric fake quantisation of activations: per-tensor, per-channel and per-token scales,
-bias correction by a channel centre, mixed precision for outlier channels, and hooks that apply
-it to the inputs of the linear layers of a real model.
+"""Fake quantisation of activations and weights: per-tensor, per-channel and per-token scales,
+dynamic or static (calibrated) ranges, symmetric or asymmetric (zero-point) grids, centring and
+mixed precision for outlier channels, weight quantisation per output row, SmoothQuant's migration
+(:func:`smoothquant_scales`), Nagel et al.'s bias correction (:func:`weight_bias_correction`,
+:func:`activation_bias_correction`), and context managers that apply them to the linear layers
+of a real model (:func:`quantize_linear_inputs`, :func:`quantized_linears`).
 
 Everything here is *fake* quantisation (quantise, then dequantise, in floating point): it reproduces
 the numerical error of an integer kernel exactly, which is all that the error analysis needs.
@@ -542,8 +545,9 @@ def quantize_linear_inputs(
     Notes
     -----
     Implemented with ``register_forward_pre_hook``, so the weights are untouched and the hooks
-    leave no trace after the ``with`` block.  Weight quantisation is deliberately not applied:
-    the book studies the activation side.
+    leave no trace after the ``with`` block.  Dynamic ranges and float weights only; static
+    ranges, zero-points, weight quantisation, SmoothQuant and bias correction are applied by
+    :func:`quantized_linears`.
 
     Examples
     --------
