@@ -6,7 +6,8 @@ first; a module imports only from lower layers (CONTRIBUTING.md, enforced by
 
     foundation     _paths, _validation, determinism, corpus       (argument checks, data, kernels)
     mathematics    _cgf, tails, concentration, extremes, norms    (numpy/scipy)
-    torch          hooks, stacks, quantization, models, probes    (building blocks, real models)
+    torch          hooks, stacks, quantization, models, probes,   (building blocks, real models)
+                   pruning
     analyses       perturbation, directions, engine,              (metrics, injection engine,
                    channel_regimes, attention_logits,              the chapters' analyses)
                    massive_activations, outlier_features,

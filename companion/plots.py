@@ -34,6 +34,10 @@ __all__ += ["channel_points"]
 __all__ += ["count_comparison"]
 __all__ += ["layer_profiles"]
 __all__ += ["partial_dot_curves"]
+__all__ += ["quantization_error_scatter"]
+__all__ += ["scheme_bars"]
+__all__ += ["grouped_bars"]
+
 
 
 def _check_axes(ax):
@@ -504,3 +508,59 @@ def partial_dot_curves(axes, part, label: str):
                ylabel=r"$|E z_m| / \mathrm{sd}(z_m)$")
     return {"slope_var": float(np.polyfit(np.log(m_), np.log(var), 1)[0]),
             "slope_snr": float(np.polyfit(np.log(m_), np.log(snr), 1)[0])}
+
+
+# --- quant ---
+def quantization_error_scatter(ax, ranges, mse, colour, *, bits: int = 8):
+    """Per-channel quantisation MSE against the channel's range, coloured (e.g. by ``|μ|/range``),
+    with the uniform-error line ``Δ²/12`` and the bound ``Δ²/4`` (``Δ = range/q``); log axes.
+
+    Returns the scatter (a ``PathCollection``, for a colour bar).
+    """
+    _check_axes(ax)
+    r = _vector(ranges, "ranges")
+    e = _vector(mse, "mse", r.size)
+    c = _vector(colour, "colour", r.size)
+    q = 2 ** (check_int(bits, "bits", 2) - 1) - 1
+    sc = ax.scatter(r, e, c=c, s=4, cmap="viridis", vmin=0, vmax=1)
+    grid = np.geomspace(r[r > 0].min(), r.max(), 50)
+    ax.plot(grid, (grid / q) ** 2 / 12, "r--", lw=1, label=rf"$\Delta_j^2/12$, $\Delta_j=\max|x_j|/{q}$")
+    ax.plot(grid, (grid / q) ** 2 / 4, "k:", lw=1, label=r"bound $\Delta_j^2/4$")
+    ax.set(xscale="log", yscale="log", xlabel=r"range $\max_i |x_{ij}|$")
+    ax.legend(fontsize=8)
+    return sc
+
+
+def scheme_bars(ax, labels, values, errors=None, *, xlabel: str = "increase of next-token loss (nats)",
+                log: bool = True, floor: float = 1e-3):
+    """Horizontal bars, one per scheme (top to bottom in the given order), with optional error bars;
+    on a log axis values below ``floor`` are drawn at ``floor``.  Returns the ``BarContainer``."""
+    _check_axes(ax)
+    if isinstance(labels, str) or not all(isinstance(s, str) for s in labels):
+        raise TypeError("labels must be a sequence of strings")
+    v = _vector(values, "values", len(labels))
+    err = None if errors is None else _vector(errors, "errors", len(labels))
+    floor = check_real(floor, "floor", lo=0.0, lo_open=True)
+    bars = ax.barh(np.arange(v.size), np.maximum(v, floor) if log else v, xerr=err, color="tab:blue")
+    ax.set_yticks(np.arange(v.size), list(labels), fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xscale="log" if check_bool(log, "log") else "linear", xlabel=xlabel)
+    return bars
+
+
+def grouped_bars(ax, groups, series, *, ylabel: str = "", log: bool = True, width: float | None = None):
+    """Bars of several series side by side for each group: ``series`` maps a label to one value per
+    group (``groups`` are the tick labels).  Returns ``ax``."""
+    _check_axes(ax)
+    groups = [str(g) for g in groups]
+    if not isinstance(series, dict) or not series:
+        raise TypeError("series must be a non-empty dict label -> values")
+    n = len(series)
+    w = 0.8 / n if width is None else check_real(width, "width", lo=0.0, lo_open=True)
+    for k, (label, vals) in enumerate(series.items()):
+        v = _vector(vals, f"series[{label!r}]", len(groups))
+        ax.bar(np.arange(len(groups)) + (k - (n - 1) / 2) * w, v, w, label=label)
+    ax.set_xticks(np.arange(len(groups)), groups)
+    ax.set(yscale="log" if check_bool(log, "log") else "linear", ylabel=ylabel)
+    ax.legend(fontsize=8)
+    return ax

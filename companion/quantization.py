@@ -1,6 +1,9 @@
-"""Symmetric fake quantisation of activations: per-tensor, per-channel and per-token scales,
-bias correction by a channel centre, mixed precision for outlier channels, and hooks that apply
-it to the inputs of the linear layers of a real model.
+"""Fake quantisation of activations and weights: per-tensor, per-channel and per-token scales,
+dynamic or static (calibrated) ranges, symmetric or asymmetric (zero-point) grids, centring and
+mixed precision for outlier channels, weight quantisation per output row, SmoothQuant's migration
+(:func:`smoothquant_scales`), Nagel et al.'s bias correction (:func:`weight_bias_correction`,
+:func:`activation_bias_correction`), and context managers that apply them to the linear layers
+of a real model (:func:`quantize_linear_inputs`, :func:`quantized_linears`).
 
 Everything here is *fake* quantisation (quantise, then dequantise, in floating point): it reproduces
 the numerical error of an integer kernel exactly, which is all that the error analysis needs.
@@ -24,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import numbers
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from companion._validation import as_float64, check_real
 from companion.hooks import hooks
 
 __all__ = [
@@ -39,6 +44,15 @@ __all__ = [
     "channel_mse",
     "fold_center_into_bias",
     "quantize_linear_inputs",
+    "dynamic_range",
+    "quantize_with_range",
+    "quantize_weight",
+    "smoothquant_scales",
+    "LinearQuantization",
+    "quantized_linears",
+    "weight_bias_correction",
+    "activation_bias_correction",
+    "mean_quantization_error",
 ]
 
 #: The groups that can share one scale: the whole tensor, one channel (last axis), one token (row).
@@ -531,8 +545,9 @@ def quantize_linear_inputs(
     Notes
     -----
     Implemented with ``register_forward_pre_hook``, so the weights are untouched and the hooks
-    leave no trace after the ``with`` block.  Weight quantisation is deliberately not applied:
-    the book studies the activation side.
+    leave no trace after the ``with`` block.  Dynamic ranges and float weights only; static
+    ranges, zero-points, weight quantisation, SmoothQuant and bias correction are applied by
+    :func:`quantized_linears`.
 
     Examples
     --------
@@ -588,3 +603,598 @@ def quantize_linear_inputs(
 
     with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]) as handles:
         yield dict(zip(modules, handles))
+
+
+# =========================================================================== deployable schemes
+# Static (calibrated) ranges, asymmetric zero-points, weight quantisation, SmoothQuant's
+# migration and Nagel et al.'s bias correction, applied to the linear layers of a model.
+
+def _range_tensor(v, like: torch.Tensor, name: str) -> torch.Tensor:
+    t = v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v, dtype=np.float64))
+    if not t.is_floating_point():
+        t = t.double()
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return t.to(device=like.device, dtype=like.dtype)
+
+
+def _quantize_range(y: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor,
+                    symmetric: bool) -> torch.Tensor:
+    """Fake-quantise ``y`` on the grid fixed by the range ``[lo, hi]`` (validated, broadcast)."""
+    if symmetric:
+        q = 2 ** (bits - 1) - 1
+        step = torch.maximum(lo.abs(), hi.abs()) / q
+        step = torch.where(step > 0, step, torch.ones_like(step))
+        return y.div(step).round().clamp(-q, q).mul(step)
+    levels = 2 ** bits - 1
+    lo0, hi0 = torch.minimum(lo, torch.zeros_like(lo)), torch.maximum(hi, torch.zeros_like(hi))
+    step = (hi0 - lo0) / levels           # the grid contains 0 exactly (zero-point z)
+    step = torch.where(step > 0, step, torch.ones_like(step))
+    z = (-lo0 / step).round().clamp(0, levels)
+    return (y.div(step).round() + z).clamp(0, levels).sub(z).mul(step)
+
+
+def dynamic_range(x, granularity: str = "tensor"):
+    """Smallest and largest value of each group that shares a quantiser range.
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray, shape (..., d)
+    granularity : {"tensor", "channel", "token"}
+
+    Returns
+    -------
+    (lo, hi) : pair of torch.Tensor or numpy.ndarray
+        Shapes ``()``, ``(d,)`` or ``x.shape[:-1] + (1,)``; type of ``x``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`fake_quantize`.
+
+    Examples
+    --------
+    >>> lo, hi = dynamic_range(np.array([[1.0, -4.0], [0.5, 2.0]]), "token")
+    >>> lo.ravel().tolist(), hi.ravel().tolist()
+    ([-4.0, 0.5], [1.0, 2.0])
+    """
+    t, was_numpy = _as_tensor(x)
+    _check_finite(t)
+    _check_granularity(granularity)
+    if granularity == "tensor":
+        lo, hi = t.amin(), t.amax()
+    elif granularity == "channel":
+        flat = t.reshape(-1, t.shape[-1])
+        lo, hi = flat.amin(dim=0), flat.amax(dim=0)
+    else:
+        lo, hi = t.amin(dim=-1, keepdim=True), t.amax(dim=-1, keepdim=True)
+    return (lo.numpy(), hi.numpy()) if was_numpy else (lo, hi)
+
+
+def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
+    """Fake-quantise ``x`` on a grid fixed in advance by the range ``[lo, hi]`` (static scales).
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray, shape (..., d)
+    bits : int
+        Bit width, 2 ≤ bits ≤ 16.
+    lo, hi : float or array_like broadcastable to ``x``
+        The calibrated range: a number (per tensor), shape ``(d,)`` (per channel) or
+        ``x.shape[:-1] + (1,)`` (per token).  ``lo ≤ hi`` is required.
+    symmetric : bool, default True
+        ``True``: step ``Δ = max(|lo|, |hi|)/q`` on ``{-q, …, q}``, ``q = 2**(bits-1) − 1``.
+        ``False``: asymmetric (affine) grid of ``2**bits`` levels, ``Δ = (hi − lo)/(2**bits − 1)``
+        with the integer zero-point ``z = round(−lo/Δ)`` (the range is first widened to contain 0,
+        so that 0 is represented exactly).
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray
+        Same shape, dtype and type as ``x``.  Values outside the range are clipped to its end
+        points (static scales clip; dynamic ones never do).
+
+    Raises
+    ------
+    TypeError
+        For a non-floating ``x``, a non-integer ``bits`` or a non-bool ``symmetric``.
+    ValueError
+        For an empty or non-finite ``x``, ``bits`` out of range, a non-finite range, a range
+        that does not broadcast to ``x``, or ``lo > hi``.
+
+    Notes
+    -----
+    Asymmetric: ``Q(x) = Δ (clamp(round(x/Δ) + z, 0, 2^b − 1) − z)`` (Jacob et al. 2018's
+    affine scheme).  Inside the range the error is at most ``Δ/2``; a one-signed group (the
+    SiLU-gated MLP state is mostly ≥ −0.28) uses almost all ``2^b`` levels instead of half.
+
+    Examples
+    --------
+    >>> x = np.array([[0.0, 1.0, 3.0]])
+    >>> quantize_with_range(x, 2, 0.0, 3.0, symmetric=False).tolist()
+    [[0.0, 1.0, 3.0]]
+    >>> quantize_with_range(x, 2, -1.0, 1.0).tolist()   # static range: 3.0 is clipped to 1.0
+    [[0.0, 1.0, 1.0]]
+    """
+    t, was_numpy = _as_tensor(x)
+    _check_finite(t)
+    b = _check_bits(bits)
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be True or False, got {type(symmetric).__name__}")
+    work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
+    tw = t.to(work)
+    lo_t, hi_t = _range_tensor(lo, tw, "lo"), _range_tensor(hi, tw, "hi")
+    try:
+        torch.broadcast_shapes(lo_t.shape, hi_t.shape, tw.shape)
+    except RuntimeError as exc:
+        raise ValueError(f"lo {tuple(lo_t.shape)} and hi {tuple(hi_t.shape)} do not broadcast to x "
+                         f"{tuple(tw.shape)}") from exc
+    if bool((lo_t > hi_t).any()):
+        raise ValueError("lo must not exceed hi")
+    out = _quantize_range(tw, b, lo_t, hi_t, symmetric).to(t.dtype)
+    return out.numpy() if was_numpy else out
+
+
+def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetric: bool = True):
+    """Fake-quantised copy of a weight matrix ``(out, in)``.
+
+    Parameters
+    ----------
+    weight : torch.Tensor or numpy.ndarray, shape (out, in)
+    bits : int
+    granularity : {"channel", "tensor"}
+        ``"channel"``: one range per output row (per-output-channel, the usual weight scheme);
+        ``"tensor"``: one range for the matrix.
+    symmetric : bool, default True
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray, shape (out, in)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`quantize_with_range`; also for a matrix that is not 2-D or a granularity other
+        than ``"channel"``/``"tensor"``.
+
+    Notes
+    -----
+    The range of each group is its own min and max (nothing is clipped).
+
+    Examples
+    --------
+    >>> quantize_weight(np.array([[1.0, -0.5], [0.2, 0.1]]), 2).tolist()
+    [[1.0, -0.0], [0.2, 0.0]]
+    """
+    t, was_numpy = _as_tensor(weight, "weight")
+    if t.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(t.shape)}")
+    if granularity not in ("channel", "tensor"):
+        raise ValueError(f"weight granularity must be 'channel' (per output row) or 'tensor', got {granularity!r}")
+    _check_finite(t, "weight")
+    if granularity == "channel":
+        lo, hi = t.amin(dim=1, keepdim=True), t.amax(dim=1, keepdim=True)
+    else:
+        lo, hi = t.amin(), t.amax()
+    out = quantize_with_range(t, bits, lo, hi, symmetric=symmetric)
+    return out.numpy() if was_numpy else out
+
+
+def smoothquant_scales(act_max, weight, alpha: float):
+    """SmoothQuant's per-input-channel migration scales ``s_j = max|X_j|^α / max|W_j|^(1−α)``.
+
+    Parameters
+    ----------
+    act_max : array_like, shape (in,)
+        Calibrated ``max_i |x_ij|`` of each input channel.
+    weight : torch.Tensor or numpy.ndarray, shape (out, in)
+        The layer's weight; ``max|W_j|`` is taken over column ``j`` (the weights that read input
+        ``j``).
+    alpha : float in [0, 1]
+        Migration strength: 0 leaves the activations' ranges alone (only the weights' are
+        equalised), 1 moves all of the activation range into the weights.
+
+    Returns
+    -------
+    numpy.ndarray, shape (in,), float64
+        Positive scales; a channel with ``max|X_j| = 0`` or ``max|W_j| = 0`` gets 1.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For arrays of the wrong shape, negative or non-finite ranges, or ``alpha`` outside [0, 1].
+
+    Notes
+    -----
+    ``y = W x = (W diag(s)) (diag(s)^{-1} x)`` exactly; after the migration the activation
+    channel ``j`` has range ``max|X_j|^{1−α} max|W_j|^{1−α}`` and the weight column
+    ``max|X_j|^α max|W_j|^α``: at ``α = 1/2`` both equal ``sqrt(max|X_j| max|W_j|)``.
+    Xiao et al. (2023), eq. (4).
+
+    Examples
+    --------
+    >>> smoothquant_scales([16.0, 1.0], np.array([[1.0, 1.0], [-0.25, 0.5]]), 0.5).tolist()
+    [4.0, 1.0]
+    """
+    a = as_float64(act_max, "act_max")
+    t, _ = _as_tensor(weight, "weight")
+    w = t.detach().double().cpu().numpy()
+    if w.ndim != 2 or a.ndim != 1 or a.size != w.shape[1]:
+        raise ValueError(f"need act_max of shape (in,) and weight (out, in); got {a.shape} and {w.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(w).all()) or (a < 0).any():
+        raise ValueError("act_max must be finite and >= 0, and weight finite")
+    al = check_real(alpha, "alpha", lo=0.0, hi=1.0)
+    wmax = np.abs(w).max(axis=0)
+    ok = (a > 0) & (wmax > 0)
+    s = np.ones_like(a)
+    s[ok] = a[ok] ** al / wmax[ok] ** (1.0 - al)
+    return s
+
+
+@dataclass(frozen=True)
+class LinearQuantization:
+    """How the linear layers are fake-quantised by :func:`quantized_linears`.
+
+    Parameters
+    ----------
+    act_bits : int or None
+        Bit width of the inputs (``None``: inputs stay in floating point).
+    act_granularity : {"tensor", "token", "channel"}
+        Which entries share a range (the range is the current batch's unless ``static``).
+    act_symmetric : bool
+        Symmetric grid or asymmetric with a zero-point.
+    static : bool
+        Use the calibrated ranges passed to :func:`quantized_linears` (per tensor or per
+        channel), fixed in advance; values beyond them are clipped.
+    weight_bits : int or None
+        Bit width of the weights, per output row (``None``: float weights).
+    weight_symmetric : bool
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bit widths or granularities that :func:`fake_quantize` rejects, or ``static`` with
+        per-token ranges (a token's range is not known in advance).
+
+    Examples
+    --------
+    >>> LinearQuantization(act_bits=8, static=True).describe()
+    'A8 per-tensor static symmetric'
+    """
+
+    act_bits: int | None = 8
+    act_granularity: str = "tensor"
+    act_symmetric: bool = True
+    static: bool = False
+    weight_bits: int | None = None
+    weight_symmetric: bool = True
+
+    def __post_init__(self):
+        if self.act_bits is not None:
+            _check_bits(self.act_bits)
+        if self.weight_bits is not None:
+            _check_bits(self.weight_bits)
+        _check_granularity(self.act_granularity)
+        for f in ("act_symmetric", "static", "weight_symmetric"):
+            if not isinstance(getattr(self, f), bool):
+                raise TypeError(f"{f} must be True or False")
+        if self.static and self.act_granularity == "token":
+            raise ValueError("static ranges are per tensor or per channel; per-token ranges are dynamic")
+
+    def describe(self) -> str:
+        """Short name, e.g. ``'W4 per-channel | A8 per-token dynamic asymmetric'``."""
+        parts = []
+        if self.weight_bits is not None:
+            parts.append(f"W{self.weight_bits} per-channel{'' if self.weight_symmetric else ' asymmetric'}")
+        if self.act_bits is not None:
+            parts.append(f"A{self.act_bits} per-{self.act_granularity} "
+                         f"{'static' if self.static else 'dynamic'} "
+                         f"{'symmetric' if self.act_symmetric else 'asymmetric'}")
+        return " | ".join(parts) if parts else "float"
+
+
+def _act_quantizer(spec: LinearQuantization, rng):
+    bits, gran, sym = spec.act_bits, spec.act_granularity, spec.act_symmetric
+
+    def quantize(x):
+        if spec.static:
+            lo, hi = rng
+            lo, hi = lo.to(x.dtype), hi.to(x.dtype)
+        elif gran == "tensor":
+            lo, hi = x.amin(), x.amax()
+        elif gran == "channel":
+            flat = x.reshape(-1, x.shape[-1])
+            lo, hi = flat.amin(dim=0), flat.amax(dim=0)
+        else:
+            lo, hi = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
+        return _quantize_range(x, bits, lo, hi, sym)
+
+    return quantize
+
+
+@contextlib.contextmanager
+def quantized_linears(
+    modules: Mapping[str, torch.nn.Linear],
+    spec: LinearQuantization,
+    *,
+    ranges: Mapping[str, tuple] | None = None,
+    smooth: Mapping[str, object] | None = None,
+    output_shift: Mapping[str, object] | None = None,
+) -> Iterator[None]:
+    """Context manager: fake-quantise inputs and/or weights of linear layers, as deployed.
+
+    Parameters
+    ----------
+    modules : mapping name -> nn.Linear
+    spec : LinearQuantization
+    ranges : mapping name -> (lo, hi), optional
+        Calibrated input ranges for ``spec.static`` (numbers for per-tensor, ``(in,)`` arrays for
+        per-channel), in the *smoothed* coordinates if ``smooth`` is given.  Required for every
+        module when ``spec.static``.
+    smooth : mapping name -> array of shape (in,), optional
+        SmoothQuant scales ``s`` (:func:`smoothquant_scales`): the input is divided by ``s`` before
+        it is quantised and the weight is multiplied by ``s`` (column-wise) before it is quantised.
+    output_shift : mapping name -> array of shape (out,), optional
+        Bias correction: subtracted from the layer's output (i.e. folded into its bias), e.g.
+        :func:`weight_bias_correction` or :func:`activation_bias_correction`.
+
+    Yields
+    ------
+    None
+
+    Raises
+    ------
+    TypeError
+        For a non-mapping ``modules`` or a non-:class:`LinearQuantization` ``spec``.
+    ValueError
+        If a mapping names a module that is not in ``modules``, has the wrong shape or is not
+        finite, or ``ranges`` is missing a module for a static spec.
+
+    Notes
+    -----
+    The weights are replaced in place for the duration of the block (``W̃ = Q(W diag(s))``) and
+    restored exactly on exit, also after an error; the inputs are changed by forward pre-hooks
+    and the shift by forward hooks, through :func:`companion.hooks.hooks`.  The layer then
+    computes ``W̃ Q(x/s) + b − shift`` instead of ``W x + b``.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1, bias=False).double()
+    >>> with torch.no_grad(): _ = lin.weight.copy_(torch.tensor([[1.0, 0.25]]))
+    >>> with quantized_linears({"l": lin}, LinearQuantization(act_bits=None, weight_bits=2)):
+    ...     y = lin(torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    >>> y.item(), lin.weight[0, 1].item()   # 0.25 is rounded to 0 inside the block, restored after
+    (1.0, 0.25)
+    """
+    if not isinstance(modules, Mapping) or not modules:
+        raise TypeError("modules must be a non-empty mapping name -> torch.nn.Linear")
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    if not isinstance(spec, LinearQuantization):
+        raise TypeError(f"spec must be a LinearQuantization, got {type(spec).__name__}")
+    ranges, smooth, output_shift = dict(ranges or {}), dict(smooth or {}), dict(output_shift or {})
+    for label, mapping in (("ranges", ranges), ("smooth", smooth), ("output_shift", output_shift)):
+        unknown = sorted(set(mapping) - set(modules))
+        if unknown:
+            raise ValueError(f"{label} names layers that are not in modules: {unknown[:3]}")
+    if spec.static and spec.act_bits is not None:
+        missing = sorted(set(modules) - set(ranges))
+        if missing:
+            raise ValueError(f"a static spec needs calibrated ranges for every module; missing {missing[:3]}")
+    prepared = {}
+    for name, mod in modules.items():
+        w = mod.weight
+        s = None if name not in smooth else _channel_vector(smooth[name], mod.in_features, w, f"smooth[{name!r}]")
+        if s is not None and not bool((s > 0).all()):
+            raise ValueError(f"smooth[{name!r}] must be positive")
+        shift = None if name not in output_shift else _channel_vector(
+            output_shift[name], mod.out_features, w, f"output_shift[{name!r}]")
+        rng = None
+        if spec.static and spec.act_bits is not None:
+            lo, hi = ranges[name]
+            rng = (_range_tensor(lo, w, f"ranges[{name!r}]"), _range_tensor(hi, w, f"ranges[{name!r}]"))
+        prepared[name] = (s, shift, rng)
+    saved = {}
+    pre, post = [], []
+    try:
+        with torch.no_grad():
+            for name, mod in modules.items():
+                s = prepared[name][0]
+                if s is None and spec.weight_bits is None:
+                    continue
+                saved[name] = mod.weight.detach().clone()
+                new = saved[name] * s if s is not None else saved[name]
+                if spec.weight_bits is not None:
+                    new = quantize_weight(new, spec.weight_bits, symmetric=spec.weight_symmetric)
+                mod.weight.copy_(new)
+        for name, mod in modules.items():
+            s, shift, rng = prepared[name]
+            quant = _act_quantizer(spec, rng) if spec.act_bits is not None else None
+            if s is not None or quant is not None:
+                def pre_hook(_m, args, s=s, quant=quant):
+                    x = args[0]
+                    if s is not None:
+                        x = x / s.to(x.dtype)
+                    if quant is not None:
+                        x = quant(x)
+                    return (x,) + tuple(args[1:])
+                pre.append((mod, pre_hook))
+            if shift is not None:
+                post.append((mod, lambda _m, _a, out, shift=shift: out - shift.to(out.dtype)))
+        with hooks(forward=post, pre=pre):
+            yield None
+    finally:
+        with torch.no_grad():
+            for name, w in saved.items():
+                modules[name].weight.copy_(w)
+
+
+def weight_bias_correction(weight, weight_q, input_mean):
+    """Nagel et al.'s bias correction for weight quantisation: the expected output shift
+    ``(W̃ − W) E[x]``, to be subtracted from the bias.
+
+    Parameters
+    ----------
+    weight, weight_q : torch.Tensor or numpy.ndarray, shape (out, in)
+        The float and the quantised weight.
+    input_mean : array_like, shape (in,)
+        ``E[x]`` of the layer's input (calibration data).
+
+    Returns
+    -------
+    numpy.ndarray, shape (out,), float64
+
+    Raises
+    ------
+    TypeError, ValueError
+        On shape mismatch or non-finite values.
+
+    Notes
+    -----
+    ``E[W̃ x] − E[W x] = (W̃ − W) E[x]``: the weight error ``ε = W̃ − W`` is fixed, so its
+    effect on the mean output is linear in the input mean.  A channel with a large mean
+    ``μ_j`` turns the rounding error of column ``j`` into a systematic shift ``ε_{:,j} μ_j`` --
+    the only place in quantisation where a channel mean enters by itself.
+    Nagel et al. (2019), section 4.2.
+
+    Examples
+    --------
+    >>> weight_bias_correction(np.eye(2), np.array([[1.0, 0.1], [0.0, 1.0]]), [0.0, 10.0]).tolist()
+    [1.0, 0.0]
+    """
+    w = as_float64(weight, "weight")
+    wq = as_float64(weight_q, "weight_q")
+    m = as_float64(input_mean, "input_mean")
+    if w.ndim != 2 or w.shape != wq.shape or m.shape != (w.shape[1],):
+        raise ValueError(f"need weight and weight_q of one shape (out, in) and input_mean (in,); "
+                         f"got {w.shape}, {wq.shape}, {m.shape}")
+    if not (np.isfinite(w).all() and np.isfinite(wq).all() and np.isfinite(m).all()):
+        raise ValueError("weight, weight_q and input_mean must be finite")
+    return (wq - w) @ m
+
+
+def activation_bias_correction(weight, mean_error):
+    """The activation analogue of bias correction: the expected output shift ``W E[Q(x) − x]``.
+
+    Parameters
+    ----------
+    weight : torch.Tensor or numpy.ndarray, shape (out, in)
+        The weight that reads the quantised input (the smoothed / quantised one if those are
+        used).
+    mean_error : array_like, shape (in,)
+        ``E[Q(x) − x]`` per input channel on calibration data (:func:`mean_quantization_error`).
+
+    Returns
+    -------
+    numpy.ndarray, shape (out,), float64
+
+    Raises
+    ------
+    TypeError, ValueError
+        On shape mismatch or non-finite values.
+
+    Examples
+    --------
+    >>> activation_bias_correction(np.array([[1.0, 2.0]]), [0.5, -0.25]).tolist()
+    [0.0]
+    """
+    w = as_float64(weight, "weight")
+    e = as_float64(mean_error, "mean_error")
+    if w.ndim != 2 or e.shape != (w.shape[1],):
+        raise ValueError(f"need weight (out, in) and mean_error (in,); got {w.shape} and {e.shape}")
+    if not (np.isfinite(w).all() and np.isfinite(e).all()):
+        raise ValueError("weight and mean_error must be finite")
+    return w @ e
+
+
+def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[str, torch.nn.Linear],
+                            spec: LinearQuantization, *, ranges=None, smooth=None) -> dict[str, np.ndarray]:
+    """``E[Q(x) − x]`` per input channel of each chosen layer, on calibration batches.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(batch)`` for a tensor or ``model(**batch)`` for a mapping.
+    batches : iterable of tensors or mappings
+    modules : mapping name -> nn.Linear
+    spec : LinearQuantization
+        Only the activation part is used (``act_bits`` must be set).
+    ranges, smooth : mappings, optional
+        As in :func:`quantized_linears`.
+
+    Returns
+    -------
+    dict name -> numpy.ndarray of shape (in,), float64
+        The mean over all tokens (pads included: pass unpadded batches) of ``Q(x/s) − x/s``,
+        in the smoothed coordinates.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`quantized_linears`; ``ValueError`` if ``spec.act_bits`` is None or ``batches``
+        is empty.
+
+    Notes
+    -----
+    The inputs are those of the float model (the hooks read, they do not change them), as in
+    Nagel et al.'s layer-wise correction.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1).double()
+    >>> x = torch.tensor([[0.0, 0.3], [1.0, 0.3]], dtype=torch.float64)
+    >>> err = mean_quantization_error(lin, [x], {"l": lin}, LinearQuantization(act_bits=2))
+    >>> np.round(err["l"], 6).tolist()
+    [0.0, -0.3]
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(spec, LinearQuantization) or spec.act_bits is None:
+        raise ValueError("spec must be a LinearQuantization with act_bits set")
+    if not isinstance(modules, Mapping) or not modules:
+        raise TypeError("modules must be a non-empty mapping name -> torch.nn.Linear")
+    ranges, smooth = dict(ranges or {}), dict(smooth or {})
+    acc = {name: [0, None] for name in modules}
+    quants, scales = {}, {}
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+        rng = None
+        if spec.static:
+            if name not in ranges:
+                raise ValueError(f"a static spec needs ranges for every module; missing {name!r}")
+            lo, hi = ranges[name]
+            rng = (_range_tensor(lo, mod.weight, "lo"), _range_tensor(hi, mod.weight, "hi"))
+        quants[name] = _act_quantizer(spec, rng)
+        scales[name] = (None if name not in smooth
+                        else _channel_vector(smooth[name], mod.in_features, mod.weight, f"smooth[{name!r}]"))
+
+    def make_hook(name):
+        def hook(_m, args):
+            x = args[0].detach()
+            if scales[name] is not None:
+                x = x / scales[name].to(x.dtype)
+            e = (quants[name](x) - x).reshape(-1, x.shape[-1]).double()
+            a = acc[name]
+            a[1] = e.sum(0) if a[1] is None else a[1] + e.sum(0)
+            a[0] += e.shape[0]
+
+        return hook
+
+    seen = 0
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
+        for batch in batches:
+            if isinstance(batch, Mapping):
+                model(**batch)
+            else:
+                model(batch)
+            seen += 1
+    if seen == 0:
+        raise ValueError("batches is empty; pass at least one batch")
+    out = {}
+    for name, (n, total) in acc.items():
+        if n == 0:
+            raise ValueError(f"layer {name!r} never ran")
+        out[name] = (total / n).cpu().numpy()
+    return out

@@ -300,3 +300,251 @@ def test_bad_hook_arguments():
     with pytest.raises(ValueError, match="lie in"):
         with quantize_linear_inputs(lin, 8, modules={"lin": lin}, keep_channels={"lin": [5]}):
             pass
+
+
+# =========================================================================== deployable schemes
+from companion.quantization import (  # noqa: E402
+    LinearQuantization,
+    activation_bias_correction,
+    dynamic_range,
+    mean_quantization_error,
+    quantize_weight,
+    quantize_with_range,
+    quantized_linears,
+    smoothquant_scales,
+    weight_bias_correction,
+)
+
+
+def test_range_quantiser_matches_the_dynamic_one():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 7, generator=g, dtype=torch.float64) * 3
+    for gran in ("tensor", "channel", "token"):
+        lo, hi = dynamic_range(x, gran)
+        torch.testing.assert_close(quantize_with_range(x, 4, lo, hi), fake_quantize(x, 4, gran), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_asymmetric_grid(bits):
+    rng = np.random.default_rng(bits)
+    x = rng.uniform(-0.3, 5.0, size=(200, 3))
+    lo, hi = dynamic_range(x, "channel")
+    xq = quantize_with_range(x, bits, lo, hi, symmetric=False)
+    step = (hi - np.minimum(lo, 0)) / (2**bits - 1)
+    assert (np.abs(xq - x) <= step / 2 * (1 + 1e-9) + 1e-12).all()   # inside the range: half a step
+    assert len(np.unique(xq[:, 0])) <= 2**bits
+    zero = quantize_with_range(np.zeros((1, 3)), bits, lo, hi, symmetric=False)
+    assert (zero == 0).all()                                          # 0 is a grid point
+    # an asymmetric grid is finer than the symmetric one on a one-signed range
+    sym = quantize_with_range(x, bits, lo, hi)
+    assert np.mean((xq - x) ** 2) < np.mean((sym - x) ** 2)
+
+
+def test_static_range_clips_outside_values():
+    x = np.array([[-3.0, 0.5, 2.0]])
+    np.testing.assert_array_equal(quantize_with_range(x, 8, -1.0, 1.0)[0, [0, 2]], [-1.0, 1.0])
+    np.testing.assert_array_equal(quantize_with_range(x, 8, 0.0, 1.0, symmetric=False)[0, [0, 2]], [0.0, 1.0])
+
+
+def test_quantize_weight_per_row():
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((4, 9)) * np.array([[0.01], [1.0], [10.0], [100.0]])
+    Wq = quantize_weight(W, 4)
+    step = np.abs(W).max(1, keepdims=True) / 7
+    assert (np.abs(Wq - W) <= step / 2 * (1 + 1e-12)).all()
+    Wt = quantize_weight(torch.from_numpy(W), 4, granularity="tensor")
+    assert isinstance(Wt, torch.Tensor)
+    assert np.abs(Wt.numpy()[0]).max() == 0.0        # a per-tensor grid wipes out the small row
+
+
+def test_smoothquant_scales_and_the_exact_migration():
+    rng = np.random.default_rng(2)
+    W = rng.standard_normal((5, 4))
+    a = np.array([100.0, 1.0, 0.1, 3.0])
+    for alpha in (0.0, 0.5, 1.0):
+        s = smoothquant_scales(a, W, alpha)
+        np.testing.assert_allclose(s, a**alpha / np.abs(W).max(0) ** (1 - alpha))
+    s = smoothquant_scales(a, W, 0.5)
+    np.testing.assert_allclose(a / s, np.abs(W * s).max(0))         # alpha = 1/2 balances the ranges
+    x = rng.standard_normal((3, 4))
+    np.testing.assert_allclose((x / s) @ (W * s).T, x @ W.T)
+    assert smoothquant_scales(np.array([0.0, 1.0]), np.array([[1.0, 0.0]]), 0.5).tolist() == [1.0, 1.0]
+
+
+def _lin(seed=0, bias=True):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(6, 3, bias=bias).double()
+
+
+def test_quantized_linears_computes_the_scheme_and_restores_the_weights():
+    lin = _lin()
+    w0 = lin.weight.detach().clone()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 6, generator=g, dtype=torch.float64) + 2.0
+    s = torch.as_tensor(smoothquant_scales(x.abs().amax(0), lin.weight, 0.5))
+    shift = torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64)
+    spec = LinearQuantization(act_bits=4, act_granularity="token", act_symmetric=False, weight_bits=4)
+    with quantized_linears({"l": lin}, spec, smooth={"l": s}, output_shift={"l": shift}):
+        y = lin(x)
+    xs = x / s
+    lo, hi = dynamic_range(xs, "token")
+    ref = (quantize_with_range(xs, 4, lo, hi, symmetric=False) @ quantize_weight(w0 * s, 4).T
+           + lin.bias - shift)
+    torch.testing.assert_close(y, ref)
+    assert torch.equal(lin.weight, w0) and not lin._forward_pre_hooks and not lin._forward_hooks
+    # smoothing alone changes nothing but rounding
+    with quantized_linears({"l": lin}, LinearQuantization(act_bits=None), smooth={"l": s}):
+        torch.testing.assert_close(lin(x), x @ w0.T + lin.bias)
+    # weights are restored after an error too
+    with pytest.raises(RuntimeError):
+        with quantized_linears({"l": lin}, LinearQuantization(act_bits=None, weight_bits=2)):
+            raise RuntimeError
+    assert torch.equal(lin.weight, w0)
+
+
+def test_static_spec_uses_the_calibrated_range():
+    lin = _lin(bias=False)
+    x = torch.tensor([[0.5, -0.25, 4.0, 0.0, 0.1, 0.2]], dtype=torch.float64)
+    with quantized_linears({"l": lin}, LinearQuantization(act_bits=8, static=True), ranges={"l": (-1.0, 1.0)}):
+        y = lin(x)
+    torch.testing.assert_close(y, quantize_with_range(x, 8, -1.0, 1.0) @ lin.weight.T)
+
+
+def test_weight_bias_correction_removes_the_mean_output_shift():
+    lin = _lin()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(50, 6, generator=g, dtype=torch.float64) * 0.3 + torch.tensor([5.0, 0, 0, -3.0, 0, 1.0])
+    Wq = quantize_weight(lin.weight.detach(), 3)
+    shift = weight_bias_correction(lin.weight, Wq, x.mean(0))
+    spec = LinearQuantization(act_bits=None, weight_bits=3)
+    with quantized_linears({"l": lin}, spec, output_shift={"l": shift}):
+        y = lin(x)
+    with torch.no_grad():
+        torch.testing.assert_close(y.mean(0), lin(x).mean(0), atol=1e-12, rtol=0)
+        with quantized_linears({"l": lin}, spec):
+            assert (lin(x).mean(0) - lin.weight.new_tensor(0)).sub(y.mean(0)).abs().max() > 1e-3
+
+
+def test_activation_bias_correction_removes_the_mean_output_shift():
+    lin = _lin()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 6, generator=g, dtype=torch.float64) + torch.tensor([8.0, 0, 0, 0, 0, 0])
+    spec = LinearQuantization(act_bits=3, act_granularity="tensor")
+    err = mean_quantization_error(lin, [x[:20], x[20:]], {"l": lin}, spec)
+    np.testing.assert_allclose(err["l"], (fake_quantize(x[:20], 3) - x[:20]).mean(0) / 2
+                               + (fake_quantize(x[20:], 3) - x[20:]).mean(0) / 2, atol=1e-12)
+    shift = activation_bias_correction(lin.weight, err["l"])
+    outs = []
+    with torch.no_grad(), quantized_linears({"l": lin}, spec, output_shift={"l": shift}):
+        outs = [lin(x[:20]), lin(x[20:])]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(outs).mean(0), lin(x).mean(0), atol=1e-12, rtol=0)
+
+
+def test_linear_quantization_spec():
+    assert LinearQuantization(act_bits=4, act_granularity="token", act_symmetric=False,
+                              weight_bits=8).describe() == "W8 per-channel | A4 per-token dynamic asymmetric"
+    assert LinearQuantization(act_bits=None).describe() == "float"
+    with pytest.raises(ValueError, match="per-token ranges are dynamic"):
+        LinearQuantization(act_granularity="token", static=True)
+    with pytest.raises(ValueError, match="bits"):
+        LinearQuantization(act_bits=1)
+    with pytest.raises(TypeError, match="static"):
+        LinearQuantization(static=1)
+
+
+def test_bad_deployable_inputs():
+    lin = _lin()
+    x = np.ones((2, 3))
+    with pytest.raises(ValueError, match="lo must not exceed hi"):
+        quantize_with_range(x, 8, 1.0, -1.0)
+    with pytest.raises(ValueError, match="broadcast"):
+        quantize_with_range(x, 8, np.zeros(2), np.ones(2))
+    with pytest.raises(ValueError, match="NaN"):
+        quantize_with_range(x, 8, np.nan, 1.0)
+    with pytest.raises(TypeError, match="symmetric"):
+        quantize_with_range(x, 8, 0.0, 1.0, symmetric="no")
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_weight(np.ones(3), 4)
+    with pytest.raises(ValueError, match="granularity"):
+        quantize_weight(np.ones((2, 2)), 4, granularity="token")
+    with pytest.raises(ValueError, match="alpha"):
+        smoothquant_scales(np.ones(2), np.ones((2, 2)), 1.5)
+    with pytest.raises(ValueError, match="shape"):
+        smoothquant_scales(np.ones(3), np.ones((2, 2)), 0.5)
+    with pytest.raises(ValueError, match=">= 0"):
+        smoothquant_scales(-np.ones(2), np.ones((2, 2)), 0.5)
+    spec = LinearQuantization(act_bits=8, static=True)
+    with pytest.raises(ValueError, match="missing"):
+        with quantized_linears({"l": lin}, spec):
+            pass
+    with pytest.raises(ValueError, match="not in modules"):
+        with quantized_linears({"l": lin}, LinearQuantization(), smooth={"m": np.ones(6)}):
+            pass
+    with pytest.raises(ValueError, match="positive"):
+        with quantized_linears({"l": lin}, LinearQuantization(), smooth={"l": -np.ones(6)}):
+            pass
+    with pytest.raises(ValueError, match="shape"):
+        with quantized_linears({"l": lin}, LinearQuantization(), output_shift={"l": np.ones(6)}):
+            pass
+    with pytest.raises(TypeError, match="LinearQuantization"):
+        with quantized_linears({"l": lin}, "A8"):
+            pass
+    with pytest.raises(TypeError, match="not torch.nn.Linear"):
+        with quantized_linears({"l": torch.nn.ReLU()}, LinearQuantization()):
+            pass
+    with pytest.raises(ValueError, match="shape"):
+        weight_bias_correction(np.ones((2, 3)), np.ones((2, 3)), np.ones(2))
+    with pytest.raises(ValueError, match="finite"):
+        weight_bias_correction(np.ones((2, 3)), np.full((2, 3), np.nan), np.ones(3))
+    with pytest.raises(ValueError, match="mean_error"):
+        activation_bias_correction(np.ones((2, 3)), np.ones(2))
+    with pytest.raises(ValueError, match="act_bits"):
+        mean_quantization_error(lin, [torch.ones(1, 6, dtype=torch.float64)], {"l": lin},
+                                LinearQuantization(act_bits=None))
+    with pytest.raises(ValueError, match="batches is empty"):
+        mean_quantization_error(lin, [], {"l": lin}, LinearQuantization())
+    assert not lin._forward_pre_hooks and not lin._forward_hooks
+
+
+# =========================================================================== figure helpers
+def test_quantization_figure_helpers():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from companion import plots
+
+    fig, (a1, a2, a3) = plt.subplots(1, 3)
+    r = np.array([1.0, 10.0, 100.0])
+    sc = plots.quantization_error_scatter(a1, r, (r / 127) ** 2 / 12, [0.0, 0.5, 1.0])
+    assert sc.get_offsets().shape == (3, 2) and a1.get_xscale() == "log"
+    bars = plots.scheme_bars(a2, ["a", "b"], [0.0, 2.0], [0.1, 0.2])
+    assert bars[0].get_width() == 1e-3 and [t.get_text() for t in a2.get_yticklabels()] == ["a", "b"]
+    plots.grouped_bars(a3, ["10%", "30%"], {"x": [1.0, 2.0], "y": [3.0, 4.0]}, ylabel="nats")
+    assert len(a3.patches) == 4
+    with pytest.raises(ValueError, match="entries"):
+        plots.scheme_bars(a2, ["a"], [1.0, 2.0])
+    with pytest.raises(TypeError, match="labels"):
+        plots.scheme_bars(a2, "ab", [1.0, 2.0])
+    with pytest.raises(TypeError, match="series"):
+        plots.grouped_bars(a3, ["a"], [1.0])
+    plt.close(fig)
+
+
+def test_compression_sweep_scheme_names_parse():
+    from companion.experiments.compression_sweep import CompressionBench, quantization_schemes
+
+    bench = object.__new__(CompressionBench)
+    bench.activation = lambda bits, gran, **kw: ("A", bits, gran, kw)
+    bench.weights = lambda bits, **kw: ("W", bits, kw)
+    got = {n: bench.scheme(n) for n in quantization_schemes((0.5,))}
+    assert got["A8 tensor static asym"] == ("A", 8, "tensor", {"symmetric": False, "static": True,
+                                                                "weight_bits": None})
+    assert got["W4 asym, bias corr"] == ("W", 4, {"symmetric": False, "bias_correction": True})
+    assert got["W8A8 tensor static, SQ alpha=0.5"] == ("A", 8, "tensor", {"symmetric": True, "static": True,
+                                                                          "weight_bits": 8, "alpha": 0.5})
+    assert got["A8 tensor dynamic, top-4 float"][3]["keep"] == 4
+    assert got["A4 token dynamic, centred on mean"][3]["center"] is True
+    assert len(got) == len(set(got)) == 19 + 2 + 2

@@ -1,0 +1,331 @@
+"""The ``compression_sweep`` experiment: quantisation schemes and pruning on a causal LM.
+
+Every scheme is applied to the 210 linear layers inside SmolLM2-135M's blocks (the head and the
+embeddings stay in floating point) and measured on held-out text against the float model:
+the paired next-token loss increase per text, the KL divergence of the next-token
+distributions, and the relative mean squared error of the residual stream after every block.
+Calibration (ranges, means, SmoothQuant scales, bias corrections, sensitivities, pruning scores)
+uses one split of the corpus, evaluation another.
+
+The chapter ``applications`` renders the stored Result and re-measures a few schemes live
+(:class:`CompressionBench` is the code both use).  Run it with::
+
+    python -m companion run compression_sweep --out companion/data/results
+
+SmolLM2-135M's offline weights are the 4-bit Q4_1 GGUF checkpoint, dequantised: every weight
+already lies on a 4-bit grid of its block of 32, which the weight-quantisation rows must be read
+against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from companion._validation import check_int
+from companion.experiments import register
+
+__all__ = ["CompressionSweepExperiment", "CompressionBench", "SITES", "quantization_schemes"]
+
+#: The four kinds of linear input of a Llama block, by the layer that reads them.
+SITES = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+         "down": ("down_proj",)}
+
+
+def quantization_schemes(alphas) -> list[str]:
+    """Names of the whole-model schemes the sweep measures, in table order."""
+    names = ["A8 tensor dynamic", "A8 tensor dynamic, centred on mean", "A8 tensor static",
+             "A8 tensor static, act bias corr", "A8 tensor static asym", "A8 token dynamic",
+             "A8 token dynamic asym", "A4 token dynamic", "A4 token dynamic, centred on mean",
+             "A4 token dynamic, act bias corr", "A4 token dynamic asym", "A8 tensor dynamic, top-4 float",
+             "W8", "W4", "W4 asym", "W4, bias corr", "W4 asym, bias corr", "W3", "W3, bias corr"]
+    names += [f"W8A8 tensor static, SQ alpha={a:g}" if a is not None else "W8A8 tensor static"
+              for a in (None, *alphas)]
+    names += ["W8A8 token dynamic", "W8A8 token dynamic, SQ alpha=0.5"]
+    return names
+
+
+class CompressionBench:
+    """A float model, a calibration and an evaluation split, and the schemes applied to them.
+
+    Parameters
+    ----------
+    m : companion.models.LoadedModel
+        A causal LM (float64 recommended: fake quantisation amplifies last-bit differences).
+    calib_texts, eval_texts : list of str
+        Each at least ``seq_len`` tokens long (no padding inside a batch).
+    seq_len : int
+    stats : dict name -> LinearInputStatistics, optional
+        Statistics of the calibration split (:func:`companion.pruning.linear_input_statistics`
+        over the one calibration batch), if already computed; else they are computed here.
+
+    Notes
+    -----
+    ``measure(ctx)`` runs the evaluation batch inside the context ``ctx`` and returns the loss
+    increase per text (paired with the float run), the mean KL(p_float ‖ p_scheme) per text
+    and the relative MSE of the residual stream after each block (all positions but the first,
+    where SmolLM2 keeps its massive activations, so that the first token does not dominate).
+    """
+
+    def __init__(self, m, calib_texts, eval_texts, seq_len: int = 64, stats=None):
+        import torch
+
+        from companion import models, pruning
+
+        self.m = m
+        self.seq_len = check_int(seq_len, "seq_len", 2)
+        self.calib = dict(models.tokenize(m, list(calib_texts), self.seq_len))
+        self.eval = dict(models.tokenize(m, list(eval_texts), self.seq_len))
+        for label, batch in (("calibration", self.calib), ("evaluation", self.eval)):
+            if not bool(batch["attention_mask"].all()):
+                raise ValueError(f"every {label} text must have at least {self.seq_len} tokens")
+        self.linears = {n: mod for n, mod in m.model.named_modules()
+                        if isinstance(mod, torch.nn.Linear) and ".layers." in n}
+        self.stats = (pruning.linear_input_statistics(m.model, [self.calib], self.linears)
+                      if stats is None else dict(stats))
+        self._base = {"eval": self._run(self.eval)}
+
+    # ------------------------------------------------------------------ measuring
+    def _run(self, batch):
+        import torch
+
+        with torch.no_grad():
+            out = self.m.model(**batch, use_cache=False, output_hidden_states=True)
+        logp = torch.log_softmax(out.logits[:, :-1].double(), dim=-1)
+        target = batch["input_ids"][:, 1:]
+        loss = -logp.gather(-1, target[..., None])[..., 0].mean(dim=1)
+        hidden = torch.stack(out.hidden_states[1:])[:, :, 1:].double()     # [L, batch, tokens-1, d]
+        return logp, loss.numpy(), hidden
+
+    def measure(self, ctx=None, split: str = "eval") -> dict:
+        """Loss increase and KL per text, relative MSE per block, with ``ctx`` applied."""
+        if split not in self._base:
+            self._base[split] = self._run(self.calib)
+        logp0, loss0, h0 = self._base[split]
+        with ctx if ctx is not None else contextlib.nullcontext():
+            logp, loss, h = self._run(self.eval if split == "eval" else self.calib)
+        kl = (logp0.exp() * (logp0 - logp)).sum(-1).mean(dim=1)
+        num = (h - h0).pow(2).sum(-1).mean(dim=(1, 2))
+        den = h0.pow(2).sum(-1).mean(dim=(1, 2))
+        return {"loss": loss - loss0, "kl": kl.numpy(), "rel_mse": (num / den).numpy()}
+
+    @property
+    def base_loss(self) -> np.ndarray:
+        """Float model's loss per evaluation text."""
+        return self._base["eval"][1]
+
+    # ------------------------------------------------------------------ schemes
+    def modules(self, sites=None, layers=None) -> dict:
+        """The linear layers at the given sites (keys of :data:`SITES`) and block indices."""
+        kinds = None if sites is None else {k for s in sites for k in SITES[s]}
+        return {n: mod for n, mod in self.linears.items()
+                if (kinds is None or n.split(".")[-1] in kinds)
+                and (layers is None or int(n.split(".")[2]) in layers)}
+
+    def static_ranges(self, modules, symmetric=True, smooth=None):
+        """Per-tensor calibrated ranges ``(lo, hi)`` of each input (in smoothed coordinates)."""
+        out = {}
+        for n in modules:
+            st = self.stats[n]
+            s = np.ones_like(st.max_abs) if smooth is None else smooth[n]
+            lo, hi = float((st.min / s).min()), float((st.max / s).max())
+            if symmetric:
+                r = max(abs(lo), abs(hi))
+                lo, hi = -r, r
+            out[n] = (lo, hi)
+        return out
+
+    def smooth_scales(self, modules, alpha):
+        """SmoothQuant scales from the calibration ranges."""
+        from companion.quantization import smoothquant_scales
+
+        return {n: smoothquant_scales(self.stats[n].max_abs, mod.weight, alpha) for n, mod in modules.items()}
+
+    def activation(self, bits, granularity, *, symmetric=True, static=False, modules=None,
+                   bias_correction=False, weight_bits=None, alpha=None, center=False, keep=None):
+        """A context manager applying one quantisation scheme to ``modules`` (default: all)."""
+        from companion.pruning import top_channels
+        from companion.quantization import (LinearQuantization, activation_bias_correction,
+                                            mean_quantization_error, quantize_linear_inputs,
+                                            quantized_linears)
+        import torch
+
+        mods = self.linears if modules is None else modules
+        if center or keep:
+            centers = ({n: torch.as_tensor(self.stats[n].mean) for n in mods} if center else None)
+            keeps = ({n: top_channels(self.stats[n].max_abs, keep) for n in mods} if keep else None)
+            return quantize_linear_inputs(self.m.model, bits, granularity, modules=mods, centers=centers,
+                                          keep_channels=keeps)
+        spec = LinearQuantization(act_bits=bits, act_granularity=granularity, act_symmetric=symmetric,
+                                  static=static, weight_bits=weight_bits)
+        smooth = None if alpha is None else self.smooth_scales(mods, alpha)
+        ranges = self.static_ranges(mods, symmetric, smooth) if static else None
+        shift = None
+        if bias_correction:
+            err = mean_quantization_error(self.m.model, [self.calib], mods, spec, ranges=ranges, smooth=smooth)
+            shift = {n: activation_bias_correction(mod.weight, err[n]) for n, mod in mods.items()}
+        return quantized_linears(mods, spec, ranges=ranges, smooth=smooth, output_shift=shift)
+
+    def weights(self, bits, *, symmetric=True, bias_correction=False, modules=None):
+        """Weight-only quantisation, optionally with Nagel et al.'s bias correction."""
+        from companion.quantization import (LinearQuantization, quantize_weight, quantized_linears,
+                                            weight_bias_correction)
+
+        mods = self.linears if modules is None else modules
+        spec = LinearQuantization(act_bits=None, weight_bits=bits, weight_symmetric=symmetric)
+        shift = None
+        if bias_correction:
+            shift = {n: weight_bias_correction(mod.weight, quantize_weight(mod.weight.detach(), bits,
+                                                                           symmetric=symmetric),
+                                               self.stats[n].mean)
+                     for n, mod in mods.items()}
+        return quantized_linears(mods, spec, output_shift=shift)
+
+    def scheme(self, name: str):
+        """The context manager of a named whole-model scheme (:func:`quantization_schemes`)."""
+        base, _, option = name.partition(", ")
+        kw = {}
+        if option.startswith("SQ alpha="):
+            kw["alpha"] = float(option.split("=")[1])
+        elif option:
+            kw = {"centred on mean": {"center": True}, "act bias corr": {"bias_correction": True},
+                  "top-4 float": {"keep": 4}, "bias corr": {"bias_correction": True}}[option]
+        words = base.split()
+        if words[0].startswith("W") and "A" not in words[0]:
+            return self.weights(int(words[0][1:]), symmetric="asym" not in words, **kw)
+        wbits = None
+        if words[0].startswith("W"):
+            wbits, abits = (int(v) for v in words[0][1:].split("A"))
+        else:
+            abits = int(words[0][1:])
+        return self.activation(abits, words[1], symmetric="asym" not in words, static="static" in words,
+                               weight_bits=wbits, **kw)
+
+
+def _summary(r) -> list[float]:
+    n = len(r["loss"])
+    return [float(r["loss"].mean()), float(r["loss"].std(ddof=1) / np.sqrt(n)), float(r["kl"].mean()),
+            float(r["kl"].std(ddof=1) / np.sqrt(n)), float(r["rel_mse"][-1])]
+
+
+@register("compression_sweep", schema=1)
+@dataclass(frozen=True)
+class CompressionSweepExperiment:
+    """Quantisation schemes, mixed precision and pruning with mean compensation on a causal LM.
+
+    Attributes
+    ----------
+    model : str
+        A causal LM for :func:`companion.models.load` (SmolLM2-135M: Q4_1 weights dequantised).
+    n_calib, n_eval : int
+        Texts in the calibration and the evaluation split: the first corpus paragraphs (of the
+        first 40) with at least ``seq_len`` tokens, in order.
+    seq_len : int
+    dtype : str
+        Compute type (float64: fake quantisation flips roundings between CPU kernel sets in
+        float32).
+    alphas : tuple of float
+        SmoothQuant migration strengths.
+    low_bits, high_bits : int
+        Mixed precision: per-token dynamic activations at ``low_bits`` everywhere except the
+        chosen layers/sites at ``high_bits``.
+    keep_layers : int
+        Layers kept at ``high_bits`` by each selection rule.
+    prune_fractions : tuple of float
+        Fractions of the MLP neurons of every block removed.
+
+    Notes
+    -----
+    Arrays: ``schemes_summary [n_schemes, 5]`` (loss increase, its s.e., KL, its s.e., relative
+    MSE after the last block), ``schemes_loss``/``schemes_kl [n_schemes, n_eval]``,
+    ``schemes_rel_mse [n_schemes, L]``; ``site_summary [4, 5]``; ``layer_kl [L]`` (calibration
+    split: only layer ``l`` at ``low_bits`` per token), ``layer_mean_share``/``layer_range`` [L];
+    ``mixed_summary [n_rules, 5]``; ``prune_summary [n_scores, 2, n_fractions, 5]`` (without /
+    with mean compensation).  Scalars: the names of the rows.
+    """
+
+    model: str = "smollm2-135m"
+    n_calib: int = 8
+    n_eval: int = 8
+    seq_len: int = 64
+    dtype: str = "float64"
+    alphas: tuple[float, ...] = (0.25, 0.5, 0.65, 0.8, 0.9)
+    low_bits: int = 4
+    high_bits: int = 8
+    keep_layers: int = 6
+    prune_fractions: tuple[float, ...] = (0.1, 0.3)
+
+    def compute(self, device, progress):
+        from companion import models, pruning
+        from companion.corpus import load_corpus
+
+        check_int(self.n_calib, "n_calib", 2)
+        check_int(self.n_eval, "n_eval", 2)
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        paragraphs = load_corpus()
+        long_enough = [p for p in paragraphs[:40] if len(m.tokenizer(p)["input_ids"]) >= self.seq_len]
+        bench = CompressionBench(m, long_enough[:self.n_calib],
+                                 long_enough[self.n_calib:self.n_calib + self.n_eval], self.seq_len)
+        out: dict = {"base_loss": bench.base_loss}
+        names = quantization_schemes(self.alphas)
+        res = [bench.measure(bench.scheme(n)) for n in names]
+        out["schemes"] = names
+        out["schemes_summary"] = np.array([_summary(r) for r in res])
+        out["schemes_loss"] = np.array([r["loss"] for r in res])
+        out["schemes_kl"] = np.array([r["kl"] for r in res])
+        out["schemes_rel_mse"] = np.array([r["rel_mse"] for r in res])
+        lo, hi = self.low_bits, self.high_bits
+        # per site: only that site at low bits
+        site_res = [bench.measure(bench.activation(lo, "token", modules=bench.modules([s]))) for s in SITES]
+        out["sites"] = list(SITES)
+        out["site_summary"] = np.array([_summary(r) for r in site_res])
+        # per layer: sensitivity on the calibration split, statistics of the layer's inputs
+        L = m.n_layers
+        layer_kl = [bench.measure(bench.activation(lo, "token", modules=bench.modules(layers=[ell])),
+                                  split="calib")["kl"].mean() for ell in range(L)]
+        out["layer_kl"] = np.array(layer_kl)
+        share, rng_ = [], []
+        for ell in range(L):
+            sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
+            share.append(sum(float((s.mean**2).sum()) for s in sts)
+                         / sum(float(s.second_moment.sum()) for s in sts))
+            rng_.append(max(float(s.max_abs.max()) for s in sts))
+        out["layer_mean_share"], out["layer_range"] = np.array(share), np.array(rng_)
+        k = self.keep_layers
+        rules = {"sensitivity (calibration KL)": np.argsort(-np.array(layer_kl), kind="stable")[:k],
+                 "largest mean share (the note)": np.argsort(-np.array(share), kind="stable")[:k],
+                 "largest range": np.argsort(-np.array(rng_), kind="stable")[:k],
+                 "random (seed 0)": np.random.default_rng(0).choice(L, k, replace=False)}
+        mixed = []
+        for chosen in rules.values():
+            high = bench.modules(layers=set(int(c) for c in chosen))
+            low = {n: mod for n, mod in bench.linears.items() if n not in high}
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(bench.activation(hi, "token", modules=high))
+                mixed.append(bench.measure(bench.activation(lo, "token", modules=low)))
+        # per site: one site kept at high bits, the rest low
+        for s in SITES:
+            high = bench.modules([s])
+            low = {n: mod for n, mod in bench.linears.items() if n not in high}
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(bench.activation(hi, "token", modules=high))
+                mixed.append(bench.measure(bench.activation(lo, "token", modules=low)))
+        out["mixed_rules"] = list(rules) + [f"{s} at {hi} bits" for s in SITES]
+        out["mixed_layers"] = np.array([sorted(int(c) for c in v) for v in rules.values()])
+        out["mixed_summary"] = np.array([_summary(r) for r in mixed])
+        # pruning the MLP neurons of every block, with and without mean compensation
+        downs = bench.modules(["down"])
+        scores = pruning.PRUNING_SCORES
+        prune = np.zeros((len(scores), 2, len(self.prune_fractions), 5))
+        for a, method in enumerate(scores):
+            for c, f in enumerate(self.prune_fractions):
+                chosen = {n: pruning.lowest_fraction(
+                    pruning.neuron_scores(method, bench.stats[n], mod.weight, seed=0), f) for n, mod in downs.items()}
+                for b, fill in enumerate((None, {n: bench.stats[n].mean for n in downs})):
+                    prune[a, b, c] = _summary(bench.measure(pruning.zero_linear_inputs(downs, chosen, fill=fill)))
+        out["prune_scores"] = list(scores)
+        out["prune_summary"] = prune
+        out.update(m.facts())
+        return out

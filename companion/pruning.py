@@ -1,0 +1,754 @@
+"""Pruning inputs of linear layers, and the statistics of those inputs.
+
+* **statistics of linear inputs** -- per-channel mean, variance and range streamed over a corpus
+  (:func:`linear_input_statistics`, :class:`LinearInputStatistics`), the inputs of one forward pass
+  (:func:`capture_linear_inputs`), per-channel medians (:func:`linear_input_medians`) and the
+  channels with the largest score (:func:`top_channels`; used for the float channels of mixed
+  precision in :mod:`companion.quantization`);
+* **pruning** -- scores of input neurons from activation statistics, weight magnitude, their
+  product, the spread about the mean, or chance (:func:`neuron_scores`, :func:`lowest_fraction`),
+  the pruned forward pass with or without mean compensation (:func:`zero_linear_inputs`) and the
+  exact error of removing neurons with its bounds (:func:`removal_error`).
+
+Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``; column
+``w_j = W[:, j]`` reads input neuron ``j``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from companion._validation import check_int, check_real
+from companion.hooks import hooks
+
+__all__ = [
+    "LinearInputStatistics",
+    "linear_input_statistics",
+    "capture_linear_inputs",
+    "linear_input_medians",
+    "top_channels",
+    "PRUNING_SCORES",
+    "neuron_scores",
+    "lowest_fraction",
+    "zero_linear_inputs",
+    "compensated_bias",
+    "removal_error",
+]
+
+
+# =========================================================================== argument checks
+
+def _check_modules(modules) -> dict[str, torch.nn.Linear]:
+    if not isinstance(modules, Mapping):
+        raise TypeError(f"modules must be a mapping name -> torch.nn.Linear, got {type(modules).__name__}")
+    if not modules:
+        raise ValueError("modules is empty; pass at least one {name: nn.Linear}")
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    return dict(modules)
+
+
+def _as_1d_float(v, name: str) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D array of real numbers") from exc
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return a
+
+
+def _split_inputs(inputs):
+    """A forward call's positional/keyword arguments and the token mask (or None)."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}, None
+    if isinstance(inputs, Mapping):
+        kwargs = dict(inputs)
+        mask = kwargs.get("attention_mask")
+        return (), kwargs, mask
+    raise TypeError(
+        "each batch must be a tensor of input ids or a mapping of model arguments "
+        f"(e.g. the output of companion.models.tokenize), got {type(inputs).__name__}"
+    )
+
+
+# =========================================================================== statistics
+@dataclass(frozen=True)
+class LinearInputStatistics:
+    """Per-channel statistics of the input of one linear layer over a corpus.
+
+    Attributes
+    ----------
+    mean, var, max_abs : numpy.ndarray, shape (in_features,), float64
+        Channel mean ``μ_j``, population variance ``σ_j²`` and ``max |x_j|`` over the tokens.
+    n_tokens : int
+        Number of tokens that entered (pads excluded).
+    min, max : numpy.ndarray of shape (in_features,), or None
+        Smallest and largest value of each channel (the range an asymmetric static quantiser is
+        calibrated on); ``None`` when the object was built by hand without them.
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    max_abs: np.ndarray
+    n_tokens: int
+    min: np.ndarray | None = None
+    max: np.ndarray | None = None
+
+    @property
+    def std(self) -> np.ndarray:
+        """``σ_j = sqrt(var_j)``."""
+        return np.sqrt(self.var)
+
+    @property
+    def second_moment(self) -> np.ndarray:
+        """``E[x_j²] = μ_j² + σ_j²``."""
+        return self.var + self.mean**2
+
+
+def linear_input_statistics(
+    model: torch.nn.Module, batches: Iterable, modules: Mapping[str, torch.nn.Linear]
+) -> dict[str, LinearInputStatistics]:
+    """Stream mean, variance and ``max|x|`` of every input channel of the chosen linear layers.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(ids)`` for a tensor batch or ``model(**batch)`` for a mapping.
+    batches : iterable
+        Tensors of input ids, or mappings of model arguments (e.g.
+        :func:`companion.models.tokenize` output).  If a mapping has an ``attention_mask`` of
+        shape ``[batch, tokens]``, pad tokens (mask 0) are excluded.
+    modules : mapping name -> nn.Linear
+        The layers whose inputs are measured (inputs of shape ``[..., in_features]``).
+
+    Returns
+    -------
+    dict name -> LinearInputStatistics
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a module, ``modules`` is not a mapping of ``nn.Linear``, or a batch
+        is neither a tensor nor a mapping.
+    ValueError
+        If ``modules`` or ``batches`` is empty, a hooked layer never ran, or the inputs contain
+        NaN/inf.
+
+    Notes
+    -----
+    Each batch's count ``n_b``, mean ``m_b`` and centred sum of squares ``M_b`` are merged into
+    the running ``(n, m, M)`` exactly (Chan, Golub & LeVeque 1982):
+    ``δ = m_b − m``, ``m ← m + δ n_b/(n + n_b)``, ``M ← M + M_b + δ² n n_b/(n + n_b)``, in
+    float64, so memory is ``O(Σ in_features)`` for any corpus size.  A channel whose every token
+    holds one value gets exactly that mean and variance 0 (the rounded batch means alone would
+    leave a variance near 1e-34).  Forward pre-hooks read the
+    inputs without changing them; they are removed on exit, also after an error.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> st = linear_input_statistics(lin, [torch.tensor([[1.0, 0.0], [3.0, -2.0]])], {"lin": lin})
+    >>> st["lin"].mean.tolist(), st["lin"].var.tolist(), st["lin"].max_abs.tolist()
+    ([2.0, -1.0], [1.0, 1.0], [3.0, 2.0])
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = _check_modules(modules)
+    acc = {name: {"n": 0, "mean": None, "m2": None, "max": None, "lo": None, "hi": None}
+           for name in modules}
+    current_mask: list = [None]
+
+    def make_hook(name):
+        def hook(_module, args):
+            x = args[0].detach()
+            mask = current_mask[0]
+            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                x = x[mask.bool()]
+            x = x.reshape(-1, x.shape[-1]).double()
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"the input of {name!r} contains NaN or infinite values")
+            nb = x.shape[0]
+            if nb == 0:
+                return None
+            mb = x.mean(dim=0)
+            m2b = ((x - mb) ** 2).sum(dim=0)
+            mx = x.abs().amax(dim=0)
+            lo, hi = x.amin(dim=0), x.amax(dim=0)
+            a = acc[name]
+            if a["n"] == 0:
+                a.update(n=nb, mean=mb, m2=m2b, max=mx, lo=lo, hi=hi)
+            else:
+                n, tot = a["n"], a["n"] + nb
+                delta = mb - a["mean"]
+                a["mean"] = a["mean"] + delta * (nb / tot)
+                a["m2"] = a["m2"] + m2b + delta**2 * (n * nb / tot)
+                a["max"] = torch.maximum(a["max"], mx)
+                a["lo"], a["hi"] = torch.minimum(a["lo"], lo), torch.maximum(a["hi"], hi)
+                a["n"] = tot
+            return None
+
+        return hook
+
+    seen = 0
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
+        for batch in batches:
+            args, kwargs, mask = _split_inputs(batch)
+            current_mask[0] = mask
+            model(*args, **kwargs)
+            seen += 1
+    if seen == 0:
+        raise ValueError("batches is empty; pass at least one batch")
+    out = {}
+    for name, a in acc.items():
+        if a["n"] == 0:
+            raise ValueError(f"layer {name!r} never ran (or saw only pad tokens); check the module names")
+        # a constant channel: exact mean and variance 0 (rounded batch means leave M ~ 1e-34);
+        # any mean lies in [min, max], rounding can push it out by an ulp
+        constant = a["lo"] == a["hi"]
+        inside = torch.minimum(torch.maximum(a["mean"], a["lo"]), a["hi"])
+        mean = torch.where(constant, a["lo"], inside)
+        m2 = torch.where(constant, torch.zeros_like(a["m2"]), a["m2"])
+        out[name] = LinearInputStatistics(
+            mean=mean.cpu().numpy(), var=(m2 / a["n"]).cpu().numpy(),
+            max_abs=a["max"].cpu().numpy(), n_tokens=int(a["n"]),
+            min=a["lo"].cpu().numpy(), max=a["hi"].cpu().numpy(),
+        )
+    return out
+
+
+def _map_inputs_once(model, inputs, modules, reduce):
+    """Run ``model`` once on ``inputs`` and return ``{name: reduce(name, x)}``, where ``x`` is
+    the input of ``modules[name]`` as ``[tokens, in_features]`` with pad tokens removed.
+
+    Raises ``ValueError`` if a module did not run exactly once.
+    """
+    args, kwargs, mask = _split_inputs(inputs)
+    store: dict[str, list] = {name: [] for name in modules}
+
+    def make_hook(name):
+        def hook(_module, a):
+            x = a[0].detach()
+            if mask is not None and x.ndim == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                x = x[mask.bool()]
+            store[name].append(reduce(name, x.reshape(-1, x.shape[-1])))
+
+        return hook
+
+    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
+        model(*args, **kwargs)
+    out = {}
+    for name, xs in store.items():
+        if len(xs) != 1:
+            raise ValueError(f"layer {name!r} ran {len(xs)} times in one forward pass; expected exactly once")
+        out[name] = xs[0]
+    return out
+
+
+def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, torch.nn.Linear]) -> dict[str, torch.Tensor]:
+    """Inputs of the chosen linear layers during one forward pass, as ``[tokens, in_features]``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(ids)`` (tensor) or ``model(**inputs)`` (mapping).
+    inputs : torch.Tensor or mapping
+        One batch; with an ``attention_mask`` in a mapping, pad tokens are dropped.
+    modules : mapping name -> nn.Linear
+
+    Returns
+    -------
+    dict name -> torch.Tensor, shape ``[n_tokens, in_features]`` (detached copies)
+
+    Raises
+    ------
+    TypeError
+        For a non-module ``model``, bad ``modules`` or ``inputs``.
+    ValueError
+        If ``modules`` is empty or a layer did not run, or ran more than once.
+
+    Notes
+    -----
+    Memory is ``n_tokens × Σ in_features`` floats: capture a few layers, not all of them.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(3, 2)
+    >>> x = torch.randn(4, 3)
+    >>> torch.equal(capture_linear_inputs(lin, x, {"lin": lin})["lin"], x)
+    True
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = _check_modules(modules)
+    return _map_inputs_once(model, inputs, modules, lambda name, x: x.clone())
+
+
+def _column_median(x: torch.Tensor) -> torch.Tensor:
+    """Median of each column of ``x`` (rows = tokens): the midpoint of the two central values
+    for an even count, ``torch.quantile(x, 0.5, dim=0)`` to the last bit, without its full sort.
+    ``torch.median`` returns the lower central value; the upper one is ``-median(-x)``."""
+    return (torch.median(x, dim=0).values - torch.median(-x, dim=0).values) / 2
+
+
+def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, torch.nn.Linear]) -> dict[str, np.ndarray]:
+    """Per-channel median of the input of each chosen linear layer over one batch.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Called as ``model(ids)`` (tensor) or ``model(**inputs)`` (mapping).
+    inputs : torch.Tensor or mapping
+        One batch (the calibration set); with an ``attention_mask``, pads are excluded.
+    modules : mapping name -> nn.Linear
+
+    Returns
+    -------
+    dict name -> numpy.ndarray, shape (in_features,), float64
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`capture_linear_inputs`.
+
+    Notes
+    -----
+    A robust centre for bias correction: unlike the mean, the median is not moved by a few
+    huge values ("massive activations").  It is computed inside the hook (the midpoint of the
+    two central values for an even count, as ``torch.quantile(x, 0.5)``, from two
+    selections rather than a sort), so only one layer's
+    input is held at a time; a median does not merge across batches, hence one batch.
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1)
+    >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.0], [100.0, 1.0], [3.0, 1.0]])
+    >>> linear_input_medians(lin, x, {"lin": lin})["lin"].tolist()
+    [2.5, 0.5]
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = _check_modules(modules)
+
+    def median(name, x):
+        if x.shape[0] == 0:
+            raise ValueError(f"the input of {name!r} has no (unpadded) tokens")
+        return _column_median(x.double()).cpu().numpy()
+
+    return _map_inputs_once(model, inputs, modules, median)
+
+
+def top_channels(values, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest entries (e.g. ``max|x_j|``), largest first.
+
+    Parameters
+    ----------
+    values : array_like, shape (d,)
+        One score per channel.
+    k : int
+        How many channels, 0 ≤ k ≤ d.
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (k,)
+        Ties are broken by the lower index.
+
+    Raises
+    ------
+    TypeError
+        If ``k`` is not an integer or ``values`` is not numeric.
+    ValueError
+        If ``values`` is not a finite 1-D array or ``k`` is out of range.
+
+    Notes
+    -----
+    Mixed precision in the sense of Dettmers et al. (2022): the channels with the largest
+    range stay in floating point, the others are quantised with a scale they set.
+
+    Examples
+    --------
+    >>> top_channels([0.5, 9.0, 3.0, 9.0], 2).tolist()
+    [1, 3]
+    """
+    v = _as_1d_float(values, "values")
+    k = check_int(k, "k", 0)
+    if k > v.size:
+        raise ValueError(f"k = {k} exceeds the number of channels {v.size}")
+    order = np.lexsort((np.arange(v.size), -v))
+    return order[:k].astype(np.int64)
+
+
+# =========================================================================== pruning
+#: Neuron scores understood by :func:`neuron_scores` (low score = pruned first).
+PRUNING_SCORES = ("activation", "weight", "contribution", "spread", "random")
+
+
+def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weight=None, seed: int = 0) -> np.ndarray:
+    """Importance score of every input neuron of a linear layer; the lowest are pruned first.
+
+    Parameters
+    ----------
+    method : {"activation", "weight", "contribution", "spread", "random"}
+        ``"activation"``: ``|μ_j| + σ_j`` -- the note's rule "prune neurons whose activation
+        mean is near zero and whose variance is small";
+        ``"weight"``: ``‖W[:, j]‖₂`` -- magnitude of the weights that read neuron ``j``;
+        ``"contribution"``: ``sqrt(E[a_j²]) · ‖W[:, j]‖₂`` -- the root-mean-square size of the
+        neuron's contribution ``a_j W[:, j]`` to the layer's output;
+        ``"spread"``: ``σ_j · ‖W[:, j]‖₂`` -- the same with the mean taken out: the cost of removing
+        the neuron *with mean compensation* (``μ_j W[:, j]`` folded into the bias, see
+        :func:`compensated_bias`);
+        ``"random"``: i.i.d. uniform scores (a baseline).
+    stats : LinearInputStatistics, optional
+        Needed by ``"activation"``, ``"contribution"`` and ``"spread"``.
+    weight : torch.Tensor or numpy.ndarray, shape (out, in), optional
+        Weight of the layer that reads the neurons (``down_proj`` of a Llama MLP); needed by
+        ``"weight"``, ``"contribution"`` and ``"spread"``.
+    seed : int, default 0
+        Seed of ``"random"``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (in,), float64
+
+    Raises
+    ------
+    TypeError
+        If ``method`` is not a string, ``stats`` is not :class:`LinearInputStatistics`, or
+        ``weight`` is not an array/tensor.
+    ValueError
+        If ``method`` is unknown, a needed argument is missing, the shapes disagree,
+        ``weight`` is not finite, or ``seed`` < 0.
+
+    Notes
+    -----
+    Removing the set ``S`` changes the output by ``e = Σ_{j∈S} a_j W[:, j]``; by Minkowski's
+    inequality ``sqrt(E‖e‖²) ≤ Σ_{j∈S} sqrt(E a_j²) ‖W[:, j]‖``, a sum of the
+    ``"contribution"`` scores (see :func:`removal_error`).  ``E a_j² = μ_j² + σ_j²``, so the
+    note's statistics control one factor only.
+
+    Examples
+    --------
+    >>> st = LinearInputStatistics(np.array([0.0, 1.0]), np.array([1.0, 0.0]), np.array([2.0, 1.0]), 10)
+    >>> W = np.array([[3.0, 0.0], [4.0, 1.0]])
+    >>> neuron_scores("activation", st).tolist(), neuron_scores("contribution", st, W).tolist()
+    ([1.0, 1.0], [5.0, 1.0])
+    """
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string, one of {PRUNING_SCORES}")
+    if method not in PRUNING_SCORES:
+        raise ValueError(f"unknown pruning score {method!r}; use one of {PRUNING_SCORES}")
+    if stats is not None and not isinstance(stats, LinearInputStatistics):
+        raise TypeError(f"stats must be a LinearInputStatistics, got {type(stats).__name__}")
+    w = None
+    if weight is not None:
+        if isinstance(weight, torch.Tensor):
+            w = weight.detach().double().cpu().numpy()
+        elif isinstance(weight, np.ndarray):
+            w = weight.astype(np.float64)
+        else:
+            raise TypeError(f"weight must be a torch.Tensor or numpy.ndarray, got {type(weight).__name__}")
+        if w.ndim != 2:
+            raise ValueError(f"weight must be 2-D (out, in), got shape {w.shape}")
+        if not np.isfinite(w).all():
+            raise ValueError("weight contains NaN or infinite values")
+    if method in ("activation", "contribution", "spread") and stats is None:
+        raise ValueError(f"method {method!r} needs stats (from linear_input_statistics)")
+    if method in ("weight", "contribution", "spread") and w is None:
+        raise ValueError(f"method {method!r} needs the weight that reads the neurons")
+    if stats is not None and w is not None and stats.mean.shape[0] != w.shape[1]:
+        raise ValueError(f"stats has {stats.mean.shape[0]} channels but weight has {w.shape[1]} inputs")
+    if method == "activation":
+        return np.abs(stats.mean) + stats.std
+    if method == "weight":
+        return np.linalg.norm(w, axis=0)
+    if method == "contribution":
+        return np.sqrt(stats.second_moment) * np.linalg.norm(w, axis=0)
+    if method == "spread":
+        return stats.std * np.linalg.norm(w, axis=0)
+    n = stats.mean.shape[0] if stats is not None else (w.shape[1] if w is not None else None)
+    if n is None:
+        raise ValueError("method 'random' needs stats or weight to know the number of neurons")
+    seed = check_int(seed, "seed", 0)
+    return np.random.default_rng(seed).random(n)
+
+
+def lowest_fraction(scores, fraction: float) -> np.ndarray:
+    """Indices of the ``round(fraction · n)`` lowest scores, in increasing index order.
+
+    Parameters
+    ----------
+    scores : array_like, shape (n,)
+    fraction : float in [0, 1]
+
+    Returns
+    -------
+    numpy.ndarray of int64
+
+    Raises
+    ------
+    TypeError
+        If ``fraction`` is not a real number.
+    ValueError
+        If ``fraction`` is outside [0, 1] or ``scores`` is not a finite 1-D array.
+
+    Notes
+    -----
+    Ties are broken by the lower index (a stable sort), so the choice is deterministic.
+
+    Examples
+    --------
+    >>> lowest_fraction([3.0, 1.0, 2.0, 0.5], 0.5).tolist()
+    [1, 3]
+    """
+    s = _as_1d_float(scores, "scores")
+    f = check_real(fraction, "fraction", lo=0.0, hi=1.0)
+    k = int(round(f * s.size))
+    return np.sort(np.argsort(s, kind="stable")[:k]).astype(np.int64)
+
+
+@contextlib.contextmanager
+def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping[str, object],
+                       fill: Mapping[str, object] | None = None) -> Iterator[None]:
+    """Context manager: the chosen input channels of each layer read as 0 (neurons pruned).
+
+    Parameters
+    ----------
+    modules : mapping name -> nn.Linear
+    channels : mapping name -> sequence of int
+        Input channels to zero, per layer (every key must be in ``modules``).
+    fill : mapping name -> array_like of shape (in,), optional
+        *Mean compensation*: the pruned channels of that layer read ``fill[name][j]`` instead of 0
+        (pass the calibration means ``μ``); equivalent to deleting the columns and folding
+        ``Σ_{j∈S} μ_j W[:, j]`` into the bias (:func:`compensated_bias`).  Every key must be in
+        ``channels``.
+
+    Yields
+    ------
+    None
+
+    Raises
+    ------
+    TypeError
+        If ``modules`` is not a mapping of ``nn.Linear`` or a channel list is not integer.
+    ValueError
+        If ``channels`` names an unknown layer, or an index is out of range or repeated, or
+        ``fill`` names a layer without channels or has the wrong shape or non-finite values.
+
+    Notes
+    -----
+    Zeroing input ``j`` of ``y = W x + b`` equals deleting column ``j`` of ``W``: the neuron is
+    removed without touching the weights (a forward pre-hook multiplies by a 0/1 mask).
+
+    Examples
+    --------
+    >>> lin = torch.nn.Linear(2, 1, bias=False)
+    >>> with torch.no_grad(): _ = lin.weight.copy_(torch.tensor([[1.0, 10.0]]))
+    >>> with zero_linear_inputs({"lin": lin}, {"lin": [1]}):
+    ...     y = lin(torch.tensor([[2.0, 3.0]]))
+    >>> y.item()
+    2.0
+    """
+    modules = _check_modules(modules)
+    if not isinstance(channels, Mapping):
+        raise TypeError(f"channels must be a mapping name -> channel indices, got {type(channels).__name__}")
+    unknown = sorted(set(channels) - set(modules))
+    if unknown:
+        raise ValueError(f"channels names layers not in modules: {unknown[:3]}")
+    masks = {}
+    for name, idx in channels.items():
+        mod = modules[name]
+        a = np.asarray(idx.detach().cpu() if isinstance(idx, torch.Tensor) else idx)
+        if a.ndim != 1:
+            raise ValueError(f"channels[{name!r}] must be a 1-D list of indices, got shape {a.shape}")
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"channels[{name!r}] must hold integers, got dtype {a.dtype}")
+        if a.size and (a.min() < 0 or a.max() >= mod.in_features):
+            raise ValueError(f"channels[{name!r}] must lie in [0, {mod.in_features - 1}]")
+        if len(np.unique(a)) != a.size:
+            raise ValueError(f"channels[{name!r}] contains repeated indices")
+        m = torch.ones(mod.in_features, dtype=mod.weight.dtype, device=mod.weight.device)
+        m[torch.as_tensor(a.astype(np.int64), device=m.device)] = 0.0
+        masks[name] = m
+
+    fills = {}
+    if fill is not None:
+        if not isinstance(fill, Mapping):
+            raise TypeError(f"fill must be a mapping name -> values per input channel, got {type(fill).__name__}")
+        extra = sorted(set(fill) - set(channels))
+        if extra:
+            raise ValueError(f"fill names layers without pruned channels: {extra[:3]}")
+        for name, v in fill.items():
+            mod = modules[name]
+            a = _as_1d_float(v, f"fill[{name!r}]")
+            if a.size != mod.in_features:
+                raise ValueError(f"fill[{name!r}] must have {mod.in_features} entries (one per input), got {a.size}")
+            keep = masks[name]
+            fills[name] = (1.0 - keep) * torch.as_tensor(a, dtype=keep.dtype, device=keep.device)
+
+    def make_hook(mask, add):
+        def hook(_module, args):
+            x = args[0] * mask.to(args[0].dtype)
+            if add is not None:
+                x = x + add.to(x.dtype)
+            return (x,) + tuple(args[1:])
+
+        return hook
+
+    with hooks(pre=[(modules[name], make_hook(mask, fills.get(name))) for name, mask in masks.items()]):
+        yield None
+
+
+def compensated_bias(weight, bias, channels, mean):
+    """Bias that absorbs the mean of removed input neurons: ``b + Σ_{j∈S} μ_j W[:, j]``.
+
+    Parameters
+    ----------
+    weight : torch.Tensor or numpy.ndarray, shape (out, in)
+    bias : torch.Tensor, numpy.ndarray of shape (out,), or None (zero)
+    channels : sequence of int
+        The removed set ``S``.
+    mean : array_like, shape (in,)
+        The channel means ``μ`` (calibration data).
+
+    Returns
+    -------
+    numpy.ndarray, shape (out,), float64
+
+    Raises
+    ------
+    TypeError
+        If ``weight`` is not an array/tensor or ``channels`` not integer.
+    ValueError
+        On shape mismatch, non-finite values, or out-of-range/repeated channels.
+
+    Notes
+    -----
+    With the columns in ``S`` deleted and this bias, the layer outputs
+    ``W x + b − Σ_{j∈S} (x_j − μ_j) W[:, j]``: the error has mean zero over the calibration
+    tokens and mean square ``E‖Σ_{j∈S} (x_j − μ_j) w_j‖²``, whose diagonal is
+    ``Σ_{j∈S} σ_j² ‖w_j‖²`` (:func:`removal_error` with ``center``).  The same fold as Nagel et
+    al.'s bias correction, with the removed neurons as the "error".
+
+    Examples
+    --------
+    >>> compensated_bias(np.array([[1.0, 2.0], [0.0, 3.0]]), None, [1], [5.0, 0.5]).tolist()
+    [1.0, 1.5]
+    """
+    W = _to_float64(weight, "weight")
+    if W.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out, in), got shape {W.shape}")
+    mu = _as_1d_float(mean, "mean")
+    if mu.size != W.shape[1]:
+        raise ValueError(f"mean must have {W.shape[1]} entries (one per input), got {mu.size}")
+    s = _check_channel_set(channels, W.shape[1])
+    b = np.zeros(W.shape[0]) if bias is None else _as_1d_float(bias, "bias")
+    if b.size != W.shape[0]:
+        raise ValueError(f"bias must have {W.shape[0]} entries (one per output), got {b.size}")
+    return b + W[:, s] @ mu[s]
+
+
+def _to_float64(a, name):
+    if isinstance(a, torch.Tensor):
+        out = a.detach().double().cpu().numpy()
+    elif isinstance(a, np.ndarray):
+        out = a.astype(np.float64)
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
+    if not np.isfinite(out).all():
+        raise ValueError(f"{name} must be finite")
+    return out
+
+
+def _check_channel_set(channels, n):
+    s = np.asarray(channels.detach().cpu() if isinstance(channels, torch.Tensor) else channels)
+    if s.ndim != 1 or (s.size and not np.issubdtype(s.dtype, np.integer)):
+        raise TypeError("channels must be a 1-D sequence of integer indices")
+    if s.size and (s.min() < 0 or s.max() >= n or len(np.unique(s)) != s.size):
+        raise ValueError(f"channels must be distinct indices in [0, {n - 1}]")
+    return s.astype(np.int64)
+
+
+def removal_error(x, weight, channels, center=None) -> dict[str, float]:
+    """Exact mean squared output change from removing input neurons, with two bounds.
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray, shape (n_tokens, in)
+        Captured inputs of the layer (e.g. :func:`capture_linear_inputs`).
+    weight : torch.Tensor or numpy.ndarray, shape (out, in)
+    channels : sequence of int
+        The removed set ``S``.
+    center : array_like of shape (in,), optional
+        Mean compensation: the removed neurons are replaced by ``center`` (usually the
+        calibration means), so ``a_j`` below becomes ``a_j − c_j``.
+
+    Returns
+    -------
+    dict
+        ``"exact"``: ``(1/N) Σ_i ‖Σ_{j∈S} x_ij W[:, j]‖²``;
+        ``"diagonal"``: ``Σ_{j∈S} E[a_j²] ‖W[:, j]‖²`` (exact when the contributions are
+        uncorrelated);
+        ``"minkowski"``: ``(Σ_{j∈S} sqrt(E[a_j²]) ‖W[:, j]‖)²``, an upper bound on ``"exact"``
+        (``E`` is the mean over the ``N`` tokens).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` or ``weight`` is not an array/tensor, or ``channels`` is not integer.
+    ValueError
+        On shape mismatch, non-finite values, or out-of-range/repeated channels.
+
+    Notes
+    -----
+    ``E‖e‖² = Σ_{j,k∈S} E[a_j a_k] W_jᵀW_k``.  Minkowski's inequality in ``L²`` gives
+    ``sqrt(E‖Σ_j a_j W_j‖²) ≤ Σ_j sqrt(E‖a_j W_j‖²) = Σ_j sqrt(E a_j²) ‖W_j‖``.  The diagonal
+    term is neither an upper nor a lower bound in general (cross terms have either sign).
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, 1.0], [1.0, -1.0]])
+    >>> W = np.eye(2)
+    >>> removal_error(x, W, [0, 1])
+    {'exact': 2.0, 'diagonal': 2.0, 'minkowski': 4.0}
+    """
+    def to_np(a, name):
+        if isinstance(a, torch.Tensor):
+            return a.detach().double().cpu().numpy()
+        if isinstance(a, np.ndarray):
+            return a.astype(np.float64)
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
+
+    X, W = to_np(x, "x"), to_np(weight, "weight")
+    if center is not None and X.ndim == 2:
+        c = _as_1d_float(center, "center")
+        if c.size != X.shape[1]:
+            raise ValueError(f"center must have {X.shape[1]} entries (one per input), got {c.size}")
+        X = X - c
+    if X.ndim != 2 or W.ndim != 2 or X.shape[1] != W.shape[1] or X.shape[0] == 0:
+        raise ValueError(f"need x of shape (n_tokens, in) and weight of shape (out, in); got {X.shape} and {W.shape}")
+    if not (np.isfinite(X).all() and np.isfinite(W).all()):
+        raise ValueError("x and weight must be finite")
+    s = np.asarray(channels)
+    if s.ndim != 1 or (s.size and not np.issubdtype(s.dtype, np.integer)):
+        raise TypeError("channels must be a 1-D sequence of integer indices")
+    if s.size and (s.min() < 0 or s.max() >= W.shape[1] or len(np.unique(s)) != s.size):
+        raise ValueError(f"channels must be distinct indices in [0, {W.shape[1] - 1}]")
+    Xs, Ws = X[:, s], W[:, s]
+    e = Xs @ Ws.T
+    ea2 = (Xs**2).mean(axis=0)
+    wn = np.linalg.norm(Ws, axis=0)
+    return {
+        "exact": float((e**2).sum(axis=1).mean()),
+        "diagonal": float((ea2 * wn**2).sum()),
+        "minkowski": float((np.sqrt(ea2) * wn).sum() ** 2),
+    }
