@@ -1,10 +1,8 @@
 """Tests for companion.applications: statistics against direct computation, pruning scores and
-the removal-error bounds, the tail clipping threshold, the regulariser, the controlled training
-loop, the stream drift, and every bad input."""
+the removal-error bounds, and every bad input (the training controls are tested in
+tests/test_training_controls.py)."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -16,40 +14,21 @@ from hypothesis.extra.numpy import arrays
 from companion.applications import (
     PRUNING_SCORES,
     LinearInputStatistics,
-    TailClipper,
-    TrainingControls,
     capture_linear_inputs,
     linear_input_medians,
-    column_means,
     linear_input_statistics,
     lowest_fraction,
-    mean_frobenius_penalty,
     neuron_scores,
-    regularised_weights,
     removal_error,
-    stream_drift,
-    tail_clip_threshold,
-    tiny_lm_loss,
     top_channels,
-    train_with_controls,
     zero_linear_inputs,
 )
-from companion.stacks import StackConfig, TinyLM, byte_tokenize
-from companion.tails import subgaussian_tail_bound
 
 
 @pytest.fixture
 def net():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)).double()
-
-
-@pytest.fixture
-def tiny_cfg():
-    return StackConfig(d_model=16, n_layers=2, n_heads=2, vocab_size=256, max_len=32)
-
-
-TEXT = "In the beginning God created the heaven and the earth. " * 40
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -205,133 +184,6 @@ def test_minkowski_bound_property(x, W, S):
     assert r["exact"] <= r["minkowski"] * (1 + 1e-9) + 1e-9
 
 
-# ----------------------------------------------------------------------------- clipping
-def test_tail_clip_threshold_inverts_the_subgaussian_tail():
-    for delta in (0.5, 0.1, 0.01, 1e-6):
-        tau = tail_clip_threshold(2.0, 0.7, delta)
-        u = tau - 2.0
-        assert math.exp(-(u**2) / (2 * 0.7**2)) == pytest.approx(delta, rel=1e-12)
-        # the same statement through the book's tail module (one-sided Chernoff bound)
-        assert subgaussian_tail_bound(u, 0.7**2, two_sided=False) == pytest.approx(delta, rel=1e-12)
-    np.testing.assert_allclose(tail_clip_threshold([0.0, 1.0], [1.0, 0.0], 0.05),
-                               [math.sqrt(2 * math.log(20)), 1.0])
-
-
-def test_tail_threshold_holds_for_gaussian_samples():
-    """For Gaussian norms the exceedance rate must stay below δ (the one-sided bound is valid)."""
-    rng = np.random.default_rng(0)
-    g = 5 + 0.3 * rng.standard_normal(400_000)
-    for delta in (0.1, 0.01):
-        rate = np.mean(g > tail_clip_threshold(5.0, 0.3, delta))
-        assert rate <= delta
-        assert rate >= delta / 20  # not vacuous: within a small factor of δ
-
-
-def test_tail_clipper_window():
-    c = TailClipper(delta=0.05, window=4, min_history=3)
-    vals = [1.0, 2.0, 4.0, 8.0, 16.0]
-    c.update(vals[0]); c.update(vals[1])
-    assert c.threshold == math.inf
-    for v in vals[2:]:
-        c.update(v)
-    w = np.array(vals[-4:])
-    assert c.threshold == pytest.approx(tail_clip_threshold(w.mean(), w.std(), 0.05))
-
-
-# ----------------------------------------------------------------------------- regulariser
-def test_column_means_and_penalty():
-    W1 = torch.tensor([[1.0, 2.0, 3.0], [0.0, -1.0, 4.0]], requires_grad=True)
-    W2 = torch.tensor([[2.0], [-2.0]], requires_grad=True)
-    torch.testing.assert_close(column_means(W1), torch.tensor([2.0, 1.0]))
-    p = mean_frobenius_penalty([W1, W2], 0.5, 2.0)
-    ref = 0.5 * (W1.detach() ** 2).sum() + 2.0 * (torch.tensor([2.0, 1.0]) ** 2).sum() + 0.5 * 8 + 2.0 * 8
-    torch.testing.assert_close(p.detach(), ref)
-    p.backward()
-    # d/dW [λ_μ Σ_j c_j²] = 2 λ_μ c_j / in for each entry of row j
-    torch.testing.assert_close(W1.grad, 2 * 0.5 * W1.detach() + 2 * 2.0 * torch.tensor([[2.0], [1.0]]) / 3 * torch.ones(2, 3))
-
-
-def test_colmean_transfers_a_uniform_input_mean():
-    """The docstring's claim: inputs with common mean m̄ give output means in·m̄·c_j."""
-    torch.manual_seed(0)
-    W = torch.randn(4, 50, dtype=torch.float64)
-    z = torch.randn(100_000, 50, dtype=torch.float64) * 0.1 + 2.0
-    out_mean = (z @ W.T).mean(0)
-    torch.testing.assert_close(out_mean, 50 * 2.0 * column_means(W), rtol=0.02, atol=0.02)
-
-
-def test_regularised_weights(tiny_cfg):
-    lm = TinyLM(tiny_cfg)
-    names = [n for n, _ in regularised_weights(lm, ("w_v", "w_out"))]
-    assert names == ["stack.blocks.0.sublayers.0.f.w_v", "stack.blocks.0.sublayers.1.f.w_out",
-                     "stack.blocks.1.sublayers.0.f.w_v", "stack.blocks.1.sublayers.1.f.w_out"]
-
-
-# ----------------------------------------------------------------------------- training
-def test_training_records_and_controls(tiny_cfg):
-    ids = byte_tokenize(TEXT)
-    base = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none"), steps=12, batch_size=4, seq_len=16)
-    assert base.losses.shape == base.grad_norms.shape == (12,)
-    assert not base.clipped.any() and np.isinf(base.thresholds).all()
-    assert base.losses[-3:].mean() < base.losses[:3].mean()  # it learns
-    fixed = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="fixed", clip_value=1e-3), steps=5,
-                                batch_size=4, seq_len=16)
-    assert fixed.clipped.all() and fixed.clip_rate == 1.0  # every gradient is larger than 1e-3
-    tail = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="tail", tail_window=4, tail_min_history=3),
-                               steps=8, batch_size=4, seq_len=16)
-    assert np.isinf(tail.thresholds[:3]).all() and np.isfinite(tail.thresholds[3:]).all()
-    w = tail.grad_norms[:3]
-    assert tail.thresholds[3] == pytest.approx(tail_clip_threshold(w.mean(), w.std(), 0.01))
-    np.testing.assert_array_equal(tail.clipped, tail.grad_norms > tail.thresholds)
-    # determinism: same seed, same run
-    again = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none"), steps=12, batch_size=4, seq_len=16)
-    np.testing.assert_array_equal(base.losses, again.losses)
-
-
-def test_regulariser_shrinks_column_means(tiny_cfg):
-    ids = byte_tokenize(TEXT)
-    kw = dict(steps=40, batch_size=4, seq_len=16, lr=1e-2)
-    plain = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none", reg_targets=("w_out",)), **kw)
-    reg = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none", lam_colmean=100.0, reg_targets=("w_out",)), **kw)
-
-    def colmean_norm(model):
-        return sum(float(column_means(w.detach()).norm()) for _, w in regularised_weights(model, ("w_out",)))
-
-    assert colmean_norm(reg.model) < 0.5 * colmean_norm(plain.model)
-
-
-def test_tiny_lm_loss_matches_direct(tiny_cfg):
-    lm = TinyLM(tiny_cfg)
-    ids = byte_tokenize(TEXT[:200])
-    T = 16
-    n = (ids.numel() - 1) // T
-    total = 0.0
-    with torch.no_grad():
-        for i in range(n):
-            w = ids[i * T: i * T + T + 1][None]
-            logits, _ = lm(w[:, :-1])
-            total += float(torch.nn.functional.cross_entropy(logits[0], w[0, 1:], reduction="sum"))
-    assert tiny_lm_loss(lm, ids, T, batch_size=3) == pytest.approx(total / (n * T), rel=1e-6)
-
-
-def test_stream_drift_matches_direct(tiny_cfg):
-    lm = TinyLM(tiny_cfg)
-    ids = byte_tokenize(TEXT[:320])
-    sd = stream_drift(lm, ids, 16, multiples=(0.5, 2.0), max_windows=5)
-    with torch.no_grad():
-        _, out = lm(ids[:80].view(5, 16))
-    x = out.stream.double().reshape(3, -1, 16).numpy()
-    np.testing.assert_allclose(sd.mean, x.mean(1), atol=1e-12)
-    np.testing.assert_allclose(sd.std, x.std(1), atol=1e-12)
-    rms = np.sqrt((x**2).mean(axis=(1, 2)))
-    np.testing.assert_allclose(sd.rms, rms, rtol=1e-12)
-    np.testing.assert_allclose(sd.max_abs, np.abs(x).max(axis=(1, 2)), rtol=0)
-    np.testing.assert_allclose(sd.exceed_frac[:, 1], (np.abs(x) > 2 * rms[:, None, None]).mean(axis=(1, 2)))
-    np.testing.assert_array_equal(sd.mean_dominated[:, 0], (np.abs(x.mean(1)) > 0.5 * rms[:, None]).sum(1))
-    np.testing.assert_allclose(sd.drift, np.linalg.norm(x.mean(1), axis=1) / (4 * rms))
-    assert sd.n_tokens == 80
-
-
 # ----------------------------------------------------------------------------- bad inputs
 def test_bad_statistics_inputs(net):
     with pytest.raises(TypeError, match="nn.Module"):
@@ -397,15 +249,6 @@ def test_bad_neuron_score_weight_values():
         neuron_scores("weight", st_, np.array([[1.0, np.nan]]))
 
 
-def test_bad_penalty_elements():
-    with pytest.raises(TypeError, match=r"weights\[1\] must be a floating torch.Tensor"):
-        mean_frobenius_penalty([torch.ones(2, 2), np.ones((2, 2))], 0.1, 0.1)
-    with pytest.raises(TypeError, match=r"weights\[0\]"):
-        mean_frobenius_penalty([torch.ones(2, 2, dtype=torch.int64)], 0.1, 0.1)
-    with pytest.raises(ValueError, match=r"weights\[0\] must be 2-D"):
-        mean_frobenius_penalty([torch.ones(3)], 0.1, 0.1)
-
-
 @pytest.mark.parametrize("fraction,exc", [(1.5, ValueError), (-0.1, ValueError), ("half", TypeError),
                                           (float("nan"), ValueError)])
 def test_bad_lowest_fraction(fraction, exc):
@@ -445,99 +288,3 @@ def test_bad_removal_error():
         removal_error(np.full((4, 3), np.nan), W, [0])
     with pytest.raises(TypeError, match="x must be"):
         removal_error([[1.0]], W, [0])
-
-
-@pytest.mark.parametrize("mean,std,delta,exc", [(0.0, -1.0, 0.1, ValueError), (0.0, 1.0, 0.0, ValueError),
-                                                (0.0, 1.0, 1.0, ValueError), (0.0, 1.0, "0.1", TypeError),
-                                                (np.nan, 1.0, 0.1, ValueError), ("a", 1.0, 0.1, TypeError)])
-def test_bad_tail_threshold(mean, std, delta, exc):
-    with pytest.raises(exc):
-        tail_clip_threshold(mean, std, delta)
-
-
-def test_bad_tail_clipper():
-    with pytest.raises(ValueError, match="min_history"):
-        TailClipper(window=5, min_history=6)
-    with pytest.raises(ValueError, match="window"):
-        TailClipper(window=1, min_history=1)
-    with pytest.raises(TypeError, match="window"):
-        TailClipper(window=5.0)
-    with pytest.raises(ValueError, match="delta"):
-        TailClipper(delta=1.5)
-    c = TailClipper()
-    with pytest.raises(ValueError, match="grad_norm"):
-        c.update(-1.0)
-    with pytest.raises(ValueError, match="grad_norm"):
-        c.update(float("inf"))
-
-
-def test_bad_regulariser_inputs(tiny_cfg):
-    W = torch.ones(2, 3)
-    with pytest.raises(TypeError, match="weight"):
-        column_means(np.ones((2, 3)))
-    with pytest.raises(ValueError, match="2-D"):
-        column_means(torch.ones(3))
-    with pytest.raises(ValueError, match="lam_frobenius"):
-        mean_frobenius_penalty([W], -1.0, 0.0)
-    with pytest.raises(ValueError, match="lam_colmean"):
-        mean_frobenius_penalty([W], 0.0, float("inf"))
-    with pytest.raises(ValueError, match="empty"):
-        mean_frobenius_penalty([], 0.1, 0.1)
-    with pytest.raises(TypeError, match="list of weight"):
-        mean_frobenius_penalty(W, 0.1, 0.1)
-    lm = TinyLM(tiny_cfg)
-    with pytest.raises(ValueError, match="no linear layer"):
-        regularised_weights(lm, ("w_values",))
-    with pytest.raises(TypeError, match="list of attribute"):
-        regularised_weights(lm, "w_o")
-    with pytest.raises(ValueError, match="empty"):
-        regularised_weights(lm, ())
-
-
-@pytest.mark.parametrize("kw,exc,msg", [
-    (dict(clip="adaptive"), ValueError, "clip must be"), (dict(clip_value=0.0), ValueError, "clip_value"),
-    (dict(tail_delta=0.0), ValueError, "delta"), (dict(lam_colmean=-1.0), ValueError, "lam_colmean"),
-    (dict(reg_targets=["w_o"]), TypeError, "tuple"), (dict(tail_window=10, tail_min_history=20), ValueError, "min_history"),
-])
-def test_bad_training_controls(kw, exc, msg):
-    with pytest.raises(exc, match=msg):
-        TrainingControls(**kw)
-
-
-def test_bad_training_arguments(tiny_cfg):
-    ids = byte_tokenize(TEXT)
-    with pytest.raises(TypeError, match="StackConfig"):
-        train_with_controls({"d_model": 16}, ids, ids)
-    with pytest.raises(ValueError, match="256"):
-        train_with_controls(StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=100), ids, ids)
-    with pytest.raises(TypeError, match="TrainingControls"):
-        train_with_controls(tiny_cfg, ids, ids, {"clip": "none"})
-    with pytest.raises(ValueError, match="max_len"):
-        train_with_controls(tiny_cfg, ids, ids, seq_len=64)
-    with pytest.raises(ValueError, match="need at least"):
-        train_with_controls(tiny_cfg, ids[:10], ids, seq_len=16)
-    with pytest.raises(TypeError, match="integer tensor"):
-        train_with_controls(tiny_cfg, ids.float(), ids, seq_len=16)
-    with pytest.raises(ValueError, match="steps"):
-        train_with_controls(tiny_cfg, ids, ids, steps=0, seq_len=16)
-    with pytest.raises(ValueError, match="lr"):
-        train_with_controls(tiny_cfg, ids, ids, lr=-1.0, seq_len=16)
-    with pytest.raises(ValueError, match="became"):
-        train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none"), steps=30, seq_len=16, lr=1e12, warmup=0)
-
-
-def test_bad_eval_and_drift_inputs(tiny_cfg):
-    lm = TinyLM(tiny_cfg)
-    ids = byte_tokenize(TEXT[:100])
-    with pytest.raises(TypeError, match="TinyLM"):
-        tiny_lm_loss(torch.nn.Linear(2, 2), ids, 16)
-    with pytest.raises(ValueError, match="need at least"):
-        tiny_lm_loss(lm, ids[:5], 16)
-    with pytest.raises(ValueError, match="seq_len"):
-        tiny_lm_loss(lm, ids, 0)
-    with pytest.raises(ValueError, match="multiples must be > 0"):
-        stream_drift(lm, ids, 16, multiples=(0.0,))
-    with pytest.raises(ValueError, match="non-empty"):
-        stream_drift(lm, ids, 16, multiples=())
-    with pytest.raises(TypeError, match="TinyLM"):
-        stream_drift("lm", ids, 16)

@@ -1,0 +1,798 @@
+"""Training controls of the outlier note (§6), made testable: clipping and the regulariser.
+
+Two proposals of the note for training are turned into measurements on a byte-level
+:class:`companion.stacks.TinyLM`:
+
+* **clipping** -- a gradient-norm threshold from a sub-Gaussian tail bound
+  (:func:`tail_clip_threshold`, :class:`TailClipper`);
+* **the regulariser** -- ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²`` (:func:`column_means`,
+  :func:`mean_frobenius_penalty`, :func:`regularised_weights`);
+* a training loop with both controls (:class:`TrainingControls`, :func:`train_with_controls`,
+  its record :class:`ControlledRun`), the held-out loss (:func:`tiny_lm_loss`), the mean drift,
+  the outlier counts and the per-channel peaks ``max_t |x_tj| / rms`` of the residual stream
+  (:func:`stream_drift`, :class:`StreamDrift`), and the interval over seeds that every
+  multi-seed comparison reports (:func:`seed_interval`).
+
+Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``.  The note
+writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
+feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from companion._validation import check_int, check_real
+from companion.stacks import StackConfig, TinyLM
+
+__all__ = [
+    "tail_clip_threshold",
+    "TailClipper",
+    "column_means",
+    "mean_frobenius_penalty",
+    "regularised_weights",
+    "TrainingControls",
+    "ControlledRun",
+    "train_with_controls",
+    "tiny_lm_loss",
+    "StreamDrift",
+    "stream_drift",
+    "seed_interval",
+]
+
+
+# =========================================================================== argument checks
+def _as_1d_float(v, name: str) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D array of real numbers") from exc
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return a
+
+
+# =========================================================================== clipping
+def tail_clip_threshold(mean, std, delta: float):
+    """Gradient-norm threshold exceeded with probability at most ``delta`` under a sub-Gaussian model.
+
+    Parameters
+    ----------
+    mean : float or array_like
+        Mean ``m`` of the gradient norm.
+    std : float or array_like, ≥ 0
+        Its sub-Gaussian parameter ``s`` (estimated by the standard deviation).
+    delta : float in (0, 1)
+        Target probability of clipping.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        ``τ = m + s · sqrt(2 ln(1/δ))``.
+
+    Raises
+    ------
+    TypeError
+        If ``delta`` is not a real number, or ``mean``/``std`` are not numeric.
+    ValueError
+        If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64
+        range.
+
+    Notes
+    -----
+    If ``G − m`` is ``s²``-sub-Gaussian, the Chernoff bound gives the one-sided tail
+    ``P(G − m ≥ u) ≤ exp(−u²/(2s²))``; setting it equal to ``δ`` gives ``u = s sqrt(2 ln(1/δ))``
+    (``ln(1/δ)`` is taken as ``−ln δ`` below 1e-300 and ``−log1p(δ − 1)`` above 0.99, where
+    ``1/δ`` overflows or keeps too few digits).
+    This is the "threshold from the tail bound" of the note, made explicit; whether gradient
+    norms obey it is an empirical question (the book measures the clipping rate).
+
+    Examples
+    --------
+    >>> round(tail_clip_threshold(1.0, 0.5, 0.01), 4)
+    2.5174
+    """
+    d = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    try:
+        m = np.asarray(mean, dtype=np.float64)
+        s = np.asarray(std, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("mean and std must be real numbers or arrays of them") from exc
+    if not (np.isfinite(m).all() and np.isfinite(s).all()):
+        raise ValueError("mean and std must be finite")
+    if (s < 0).any():
+        raise ValueError(f"std must be >= 0, got {s.min()}")
+    if d < 1e-300:  # 1/d overflows below 5.6e-309
+        log_inv = -math.log(d)
+    elif d > 0.99:  # 1/d keeps few digits of 1 - d: ln(1/d) = -log1p(d - 1), d - 1 exact
+        log_inv = -math.log1p(d - 1.0)
+    else:
+        log_inv = math.log(1.0 / d)
+    with np.errstate(over="ignore"):
+        tau = m + s * math.sqrt(2.0 * log_inv)
+    if not np.isfinite(tau).all():
+        raise ValueError(
+            "the threshold m + s sqrt(2 ln(1/delta)) exceeds the float64 range; rescale the norms"
+        )
+    return float(tau) if tau.ndim == 0 else tau
+
+
+class TailClipper:
+    """Dynamic clipping threshold from the last ``window`` gradient norms.
+
+    Parameters
+    ----------
+    delta : float in (0, 1), default 0.01
+        Target clipping probability of :func:`tail_clip_threshold`.
+    window : int, default 50
+        Number of most recent (unclipped) gradient norms used for the mean and std.
+    min_history : int, default 20
+        Below this many observations the threshold is ``inf`` (no clipping yet).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For non-integer or non-positive sizes, ``min_history > window``, or a bad ``delta``.
+
+    Notes
+    -----
+    ``τ_t = m_t + s_t sqrt(2 ln(1/δ))`` with ``m_t``, ``s_t`` the mean and (population)
+    standard deviation of the window.  A data-driven ("dynamic") rule in the sense of the
+    note; the norms are recorded before clipping.
+
+    Examples
+    --------
+    >>> c = TailClipper(delta=0.01, window=3, min_history=2)
+    >>> c.threshold
+    inf
+    >>> for g in (1.0, 2.0, 3.0, 4.0): c.update(g)
+    >>> round(c.threshold, 4)     # window (2, 3, 4): mean 3, std 0.8165
+    5.4779
+    """
+
+    def __init__(self, delta: float = 0.01, window: int = 50, min_history: int = 20):
+        self.delta = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+        self.window = check_int(window, "window", 2)
+        self.min_history = check_int(min_history, "min_history", 2)
+        if self.min_history > self.window:
+            raise ValueError(f"min_history ({min_history}) must not exceed window ({window})")
+        self._norms: deque[float] = deque(maxlen=self.window)
+
+    def update(self, grad_norm: float) -> None:
+        """Record one (unclipped) gradient norm.
+
+        Raises
+        ------
+        ValueError
+            If the norm is negative or not finite.
+        """
+        g = check_real(grad_norm, "grad_norm", lo=0.0)
+        self._norms.append(g)
+
+    @property
+    def threshold(self) -> float:
+        """Current ``τ`` (``inf`` while fewer than ``min_history`` norms are recorded)."""
+        if len(self._norms) < self.min_history:
+            return math.inf
+        a = np.fromiter(self._norms, dtype=np.float64)
+        return tail_clip_threshold(a.mean(), a.std(), self.delta)
+
+
+# =========================================================================== the regulariser
+def column_means(weight: torch.Tensor) -> torch.Tensor:
+    """The note's column means: for each output ``j``, the mean of the weights feeding it.
+
+    Parameters
+    ----------
+    weight : torch.Tensor, shape (out, in)
+        ``nn.Linear`` layout.
+
+    Returns
+    -------
+    torch.Tensor, shape (out,)
+        ``c_j = (1/in) Σ_i W[j, i]`` (differentiable).
+
+    Raises
+    ------
+    TypeError
+        If ``weight`` is not a floating torch tensor.
+    ValueError
+        If ``weight`` is not 2-D.
+
+    Notes
+    -----
+    In the note's layout ``X = Wᵀ Z`` these are the means of the columns of ``W``.  If every
+    input has the same mean ``m̄``, output ``j`` has mean ``in · m̄ · c_j``: the column means
+    carry a uniform input mean into the outputs.
+
+    Examples
+    --------
+    >>> column_means(torch.tensor([[1.0, 3.0], [2.0, -2.0]])).tolist()
+    [2.0, 0.0]
+    """
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+    return weight.mean(dim=1)
+
+
+def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float, lam_colmean: float) -> torch.Tensor:
+    """The note's regulariser ``Σ_W λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``.
+
+    Parameters
+    ----------
+    weights : sequence of torch.Tensor, each (out, in)
+    lam_frobenius : float ≥ 0
+        ``λ_F`` (controls the scale of the weights: "the variance").
+    lam_colmean : float ≥ 0
+        ``λ_μ`` (controls the column means: "the systematic bias").
+
+    Returns
+    -------
+    torch.Tensor (scalar, differentiable)
+
+    Raises
+    ------
+    TypeError
+        If ``weights`` is not a sequence of tensors or a λ is not a real number.
+    ValueError
+        If ``weights`` is empty, a λ is negative or not finite, or a weight is not 2-D.
+
+    Notes
+    -----
+    Squared norms (the note says "L2 norm"; the square is smooth at 0 and is what is used
+    in practice).  With i.i.d. entries of variance ``s²``, ``‖W‖_F² = out·in·s²`` while
+    ``‖colmean(W)‖² ≈ out·s²/in``: the two λ live on scales ``in²`` apart.
+
+    Examples
+    --------
+    >>> W = torch.tensor([[1.0, 3.0], [2.0, -2.0]])
+    >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)    # 0.1*18 + 1*(4 + 0)
+    5.8
+    """
+    lf = check_real(lam_frobenius, "lam_frobenius", lo=0.0)
+    lm = check_real(lam_colmean, "lam_colmean", lo=0.0)
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
+        raise TypeError("weights must be a list of weight tensors")
+    if len(weights) == 0:
+        raise ValueError("weights is empty; pass at least one matrix")
+    for k, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+            raise TypeError(f"weights[{k}] must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
+        if w.ndim != 2:
+            raise ValueError(f"weights[{k}] must be 2-D (out, in), got shape {tuple(w.shape)}")
+    total = None
+    for w in weights:
+        term = lf * w.pow(2).sum() + lm * column_means(w).pow(2).sum()
+        total = term if total is None else total + term
+    return total
+
+
+def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[tuple[str, torch.nn.Parameter]]:
+    """The weight matrices of the ``nn.Linear`` modules whose attribute name is in ``targets``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        E.g. a :class:`companion.stacks.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP
+        ``w_in, w_out``; ``unembed``).
+    targets : sequence of str
+        Attribute names, e.g. ``("w_v", "w_o")`` for the note's "value and output matrices".
+
+    Returns
+    -------
+    list of (qualified name, weight parameter), in module order
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a module or ``targets`` not a sequence of strings.
+    ValueError
+        If ``targets`` is empty or matches no linear layer.
+
+    Examples
+    --------
+    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=8))
+    >>> [n for n, _ in regularised_weights(lm, ["w_o"])]
+    ['stack.blocks.0.sublayers.0.f.w_o', 'stack.blocks.1.sublayers.0.f.w_o']
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(targets, str) or not isinstance(targets, Sequence) or not all(isinstance(t, str) for t in targets):
+        raise TypeError("targets must be a list of attribute names such as ['w_v', 'w_o']")
+    if not targets:
+        raise ValueError("targets is empty; name at least one kind of matrix, e.g. 'w_o'")
+    out = [(n, m.weight) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in set(targets)]
+    if not out:
+        raise ValueError(f"no linear layer of the model is named like {list(targets)}")
+    return out
+
+
+# =========================================================================== training
+_CLIP_MODES = ("none", "fixed", "tail")
+
+
+@dataclass(frozen=True)
+class TrainingControls:
+    """Gradient clipping and the mean-and-Frobenius regulariser of one training run.
+
+    Parameters
+    ----------
+    clip : {"none", "fixed", "tail"}, default "fixed"
+        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the
+        :class:`TailClipper` threshold; ``"none"``: never clip.
+    clip_value : float > 0, default 1.0
+    tail_delta : float in (0, 1), default 0.01
+    tail_window : int ≥ 2, default 50
+    tail_min_history : int ≥ 2, default 20
+    lam_frobenius, lam_colmean : float ≥ 0, default 0
+        ``λ_F`` and ``λ_μ`` of :func:`mean_frobenius_penalty`.
+    reg_targets : tuple of str, default ("w_v", "w_o")
+        Matrices the regulariser acts on (:func:`regularised_weights`).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For values of the wrong type or out of range.
+
+    Examples
+    --------
+    >>> TrainingControls(clip="tail", tail_delta=0.05).clip
+    'tail'
+    """
+
+    clip: str = "fixed"
+    clip_value: float = 1.0
+    tail_delta: float = 0.01
+    tail_window: int = 50
+    tail_min_history: int = 20
+    lam_frobenius: float = 0.0
+    lam_colmean: float = 0.0
+    reg_targets: tuple[str, ...] = ("w_v", "w_o")
+
+    def __post_init__(self):
+        if not isinstance(self.clip, str) or self.clip not in _CLIP_MODES:
+            raise ValueError(f"clip must be one of {_CLIP_MODES}, got {self.clip!r}")
+        check_real(self.clip_value, "clip_value", lo=0.0, lo_open=True)
+        TailClipper(self.tail_delta, self.tail_window, self.tail_min_history)  # validates
+        check_real(self.lam_frobenius, "lam_frobenius", lo=0.0)
+        check_real(self.lam_colmean, "lam_colmean", lo=0.0)
+        if not isinstance(self.reg_targets, tuple) or not all(isinstance(t, str) for t in self.reg_targets):
+            raise TypeError("reg_targets must be a tuple of strings such as ('w_v', 'w_o')")
+
+    @property
+    def regularised(self) -> bool:
+        """Whether the regulariser is active."""
+        return self.lam_frobenius > 0 or self.lam_colmean > 0
+
+
+@dataclass
+class ControlledRun:
+    """Record of :func:`train_with_controls`.
+
+    Attributes
+    ----------
+    model : TinyLM
+        Trained, in ``eval()`` mode.
+    losses : numpy.ndarray, shape (steps,)
+        Training cross-entropy (nats/byte) at each step, without the penalty.
+    grad_norms : numpy.ndarray, shape (steps,)
+        Global gradient norm before clipping.
+    thresholds : numpy.ndarray, shape (steps,)
+        Clipping threshold used at each step (``inf`` = none).
+    clipped : numpy.ndarray of bool, shape (steps,)
+    eval_loss : float
+        Held-out cross-entropy (:func:`tiny_lm_loss`).
+    controls : TrainingControls
+    config : StackConfig
+    """
+
+    model: TinyLM
+    losses: np.ndarray
+    grad_norms: np.ndarray
+    thresholds: np.ndarray
+    clipped: np.ndarray
+    eval_loss: float
+    controls: TrainingControls
+    config: StackConfig = field(repr=False)
+
+    @property
+    def clip_rate(self) -> float:
+        """Fraction of steps at which the gradient was clipped."""
+        return float(self.clipped.mean())
+
+
+def _check_ids(ids, name: str, min_len: int) -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be a 1-D integer tensor of token ids (e.g. byte_tokenize(text))")
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+    if ids.numel() < min_len:
+        raise ValueError(f"{name} has {ids.numel()} tokens; need at least {min_len}")
+    return ids
+
+
+def train_with_controls(
+    config: StackConfig,
+    train_ids: torch.Tensor,
+    eval_ids: torch.Tensor,
+    controls: TrainingControls = TrainingControls(),
+    *,
+    steps: int = 200,
+    batch_size: int = 16,
+    seq_len: int = 64,
+    lr: float = 3e-3,
+    warmup: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    callback: Callable[[int, TinyLM], None] | None = None,
+) -> ControlledRun:
+    """Train a :class:`TinyLM` with a chosen clipping rule and the optional regulariser.
+
+    Parameters
+    ----------
+    config : StackConfig
+        ``vocab_size`` 256 (bytes), ``max_len ≥ seq_len``.
+    train_ids, eval_ids : torch.LongTensor, 1-D
+        Byte ids (:func:`companion.stacks.byte_tokenize`) of the training and held-out text.
+    controls : TrainingControls
+        Clipping rule and regulariser.
+    steps, batch_size, seq_len : int
+    lr : float > 0
+        Peak learning rate of Adam (no weight decay: the only penalty is the regulariser).
+    warmup : int or None
+        Linear warm-up steps (``None``: ``steps // 10``), then cosine decay to ``lr/10``.
+    seed : int
+        Seed of the window sampling (the weights are seeded by ``config.seed``).
+    dtype : torch.float32 or torch.float64, default float32
+        Precision of the weights and of training.  In float64 the trajectory depends on the
+        CPU's kernel set only in the last digits, which long runs amplify far less than in float32.
+    callback : callable or None
+        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1),
+        e.g. to measure the residual stream during training; it must not change the model.
+
+    Returns
+    -------
+    ControlledRun
+
+    Raises
+    ------
+    TypeError
+        For arguments of the wrong type.
+    ValueError
+        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or
+        a training loss that becomes NaN/inf (the message says at which step).
+
+    Notes
+    -----
+    Each step: sample ``batch_size`` windows, ``loss = CE + penalty``, backward, record the
+    global gradient norm ``‖g‖``, clip to ``τ`` if ``‖g‖ > τ`` (rescale by ``τ/‖g‖``), Adam
+    step.  The tail rule updates its window with the *unclipped* norm after deciding.
+    Deterministic on CPU for fixed seeds and thread count.
+
+    Examples
+    --------
+    >>> from companion.stacks import byte_tokenize
+    >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
+    >>> ids = byte_tokenize("abcabcabd" * 30)
+    >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
+    >>> run.losses.shape, run.clipped.dtype
+    ((3,), dtype('bool'))
+    """
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    if config.vocab_size != 256:
+        raise ValueError(f"config.vocab_size must be 256 (bytes), got {config.vocab_size}")
+    if not isinstance(controls, TrainingControls):
+        raise TypeError(f"controls must be a TrainingControls, got {type(controls).__name__}")
+    steps = check_int(steps, "steps", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    seq_len = check_int(seq_len, "seq_len", 2)
+    seed = check_int(seed, "seed", 0)
+    lr = check_real(lr, "lr", lo=0.0, lo_open=True)
+    warmup = max(1, steps // 10) if warmup is None else check_int(warmup, "warmup", 0)
+    if seq_len > config.max_len:
+        raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
+    train_ids = _check_ids(train_ids, "train_ids", seq_len + 2)
+    eval_ids = _check_ids(eval_ids, "eval_ids", seq_len + 1)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable as callback(step, model), got {type(callback).__name__}")
+
+    model = TinyLM(config).to(dtype)
+    reg = regularised_weights(model, controls.reg_targets) if controls.regularised else []
+    reg_w = [w for _, w in reg]
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
+
+    def rate(step):
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        frac = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    clipper = TailClipper(controls.tail_delta, controls.tail_window, controls.tail_min_history)
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(seq_len + 1)
+    losses, norms, taus = np.empty(steps), np.empty(steps), np.empty(steps)
+    clipped = np.zeros(steps, dtype=bool)
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, train_ids.numel() - seq_len - 1, (batch_size,), generator=g)
+        window = train_ids[starts[:, None] + offsets]
+        logits, _ = model(window[:, :-1])
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+        loss = (ce + mean_frobenius_penalty(reg_w, controls.lam_frobenius, controls.lam_colmean)) if reg_w else ce
+        if not torch.isfinite(loss):
+            raise ValueError(f"the training loss became {loss.item()} at step {step}; lower lr or clip")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params if p.grad is not None])))
+        if controls.clip == "fixed":
+            tau = controls.clip_value
+        elif controls.clip == "tail":
+            tau = clipper.threshold
+        else:
+            tau = math.inf
+        if gnorm > tau:
+            factor = tau / (gnorm + 1e-12)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+            clipped[step] = True
+        clipper.update(gnorm)
+        opt.step()
+        sched.step()
+        losses[step], norms[step], taus[step] = ce.item(), gnorm, tau
+        if callback is not None:
+            model.eval()
+            callback(step + 1, model)
+            model.train()
+    model.eval()
+    return ControlledRun(model=model, losses=losses, grad_norms=norms, thresholds=taus, clipped=clipped,
+                         eval_loss=tiny_lm_loss(model, eval_ids, seq_len), controls=controls, config=config)
+
+
+def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
+    """Mean next-token cross-entropy of a :class:`TinyLM` on non-overlapping windows of ``ids``.
+
+    Parameters
+    ----------
+    model : TinyLM
+    ids : torch.LongTensor, 1-D
+    seq_len : int ≥ 1
+        Tokens fed per window; each window of ``seq_len + 1`` ids yields ``seq_len`` predictions.
+    batch_size : int ≥ 1
+        Windows per forward pass.
+
+    Returns
+    -------
+    float
+        nats per token, over ``⌊(len(ids) − 1)/seq_len⌋`` windows.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
+    ValueError
+        If ``ids`` is shorter than ``seq_len + 1`` or a size is < 1.
+
+    Examples
+    --------
+    >>> from companion.stacks import byte_tokenize
+    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
+    >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
+    True
+    """
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    seq_len = check_int(seq_len, "seq_len", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    ids = _check_ids(ids, "ids", seq_len + 1)
+    n = (ids.numel() - 1) // seq_len
+    starts = torch.arange(n) * seq_len
+    offsets = torch.arange(seq_len + 1)
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for b in range(0, n, batch_size):
+            w = ids[starts[b:b + batch_size, None] + offsets]
+            logits, _ = model(w[:, :-1])
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum"))
+            count += w[:, 1:].numel()
+    model.train(was_training)
+    return total / count
+
+
+# =========================================================================== stream drift
+@dataclass(frozen=True)
+class StreamDrift:
+    """Mean drift and outliers of a TinyLM's residual stream, per layer.
+
+    Attributes
+    ----------
+    mean, std : numpy.ndarray, shape (L+1, d)
+        Channel mean ``μ_j`` and standard deviation ``σ_j`` over the tokens, at each layer.
+    rms : numpy.ndarray, shape (L+1,)
+        ``sqrt(mean x²)`` over tokens and channels: the layer's typical scale.
+    max_abs : numpy.ndarray, shape (L+1,)
+        Largest ``|x|`` at each layer (``max_abs / rms`` is the peak-to-typical ratio).
+    multiples : numpy.ndarray, shape (k,)
+        Thresholds ``t = multiple · rms_l``.
+    exceed_frac : numpy.ndarray, shape (L+1, k)
+        Fraction of entries with ``|x| > t`` (``Σ_j C_j(t) / (N d)``).
+    mean_dominated : numpy.ndarray of int, shape (L+1, k)
+        Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
+    n_tokens : int
+    channel_max_abs : numpy.ndarray, shape (L+1, d)
+        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the
+        layer's rms).
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+    rms: np.ndarray
+    max_abs: np.ndarray
+    multiples: np.ndarray
+    exceed_frac: np.ndarray
+    mean_dominated: np.ndarray
+    n_tokens: int
+    channel_max_abs: np.ndarray
+
+    @property
+    def channel_peak(self) -> np.ndarray:
+        """``max_t |x_tj| / rms_l`` per layer and channel, shape (L+1, d): outliers stand out."""
+        return self.channel_max_abs / self.rms[:, None]
+
+    @property
+    def channel_rms(self) -> np.ndarray:
+        """``sqrt(mean_t x_tj²) / rms_l`` per layer and channel (1 for equal channels)."""
+        return np.sqrt(self.mean**2 + self.std**2) / self.rms[:, None]
+
+    @property
+    def drift(self) -> np.ndarray:
+        """Relative mean drift ``‖μ‖ / (sqrt(d) · rms)`` per layer (0: centred, 1: all mean)."""
+        d = self.mean.shape[1]
+        return np.linalg.norm(self.mean, axis=1) / (math.sqrt(d) * self.rms)
+
+
+def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0, 6.0), max_windows: int = 64) -> StreamDrift:
+    """Channel means, scales and outlier counts of the residual stream of a :class:`TinyLM`.
+
+    Parameters
+    ----------
+    model : TinyLM
+    ids : torch.LongTensor, 1-D
+        Held-out bytes; non-overlapping windows of ``seq_len`` tokens are used.
+    seq_len : int ≥ 1
+    multiples : sequence of float > 0
+        Thresholds in units of the layer's rms.
+    max_windows : int ≥ 1
+        At most this many windows (one forward pass).
+
+    Returns
+    -------
+    StreamDrift
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
+    ValueError
+        If ``multiples`` is empty or not positive, or ``ids`` is too short.
+
+    Notes
+    -----
+    ``stream[l]`` is the residual stream before block ``l`` (:class:`companion.stacks.StackOutput`),
+    ``l = 0 … L``.  Counts follow ``C_j(t) = #{i : |x_ij| > t}`` of the note's Theorem 2.
+
+    Examples
+    --------
+    >>> from companion.stacks import byte_tokenize
+    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
+    >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
+    >>> sd.mean.shape, sd.exceed_frac.shape
+    ((3, 8), (3, 2))
+    """
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    seq_len = check_int(seq_len, "seq_len", 1)
+    max_windows = check_int(max_windows, "max_windows", 1)
+    mult = _as_1d_float(multiples, "multiples")
+    if (mult <= 0).any():
+        raise ValueError("multiples must be > 0")
+    ids = _check_ids(ids, "ids", seq_len)
+    n = min(max_windows, ids.numel() // seq_len)
+    w = ids[: n * seq_len].view(n, seq_len)
+    with torch.no_grad():
+        _, out = model(w)
+    x = out.stream.double().reshape(out.stream.shape[0], -1, out.stream.shape[-1])  # [L+1, N, d]
+    mu = x.mean(dim=1)
+    sd = x.std(dim=1, unbiased=False)
+    rms = x.pow(2).mean(dim=(1, 2)).sqrt()
+    t = rms[:, None] * torch.as_tensor(mult, dtype=x.dtype)[None, :]  # [L+1, k]
+    exceed = (x.abs()[:, :, :, None] > t[:, None, None, :]).double().mean(dim=(1, 2))
+    dominated = (mu.abs()[:, :, None] > t[:, None, :]).sum(dim=1)
+    chmax = x.abs().amax(dim=1)                                              # [L+1, d]
+    return StreamDrift(mean=mu.cpu().numpy(), std=sd.cpu().numpy(), rms=rms.cpu().numpy(),
+                       max_abs=chmax.amax(dim=1).cpu().numpy(), multiples=mult,
+                       exceed_frac=exceed.cpu().numpy(),
+                       mean_dominated=dominated.cpu().numpy().astype(np.int64),
+                       n_tokens=int(x.shape[1]), channel_max_abs=chmax.cpu().numpy())
+
+
+# =========================================================================== seeds
+def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds and its Student-t confidence interval.
+
+    Parameters
+    ----------
+    values : array_like, at least 2 entries along ``axis``
+        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired
+        differences between two arms that share their seeds.
+    level : float in (0, 1), default 0.95
+    axis : int, default 0
+        The seed axis.
+
+    Returns
+    -------
+    mean, lo, hi : numpy.ndarray (0-d for 1-D input)
+        ``mean ± t_{n-1, (1+level)/2} · s/√n``, ``s`` the sample standard deviation (``ddof=1``).
+
+    Raises
+    ------
+    TypeError
+        If ``values`` is not numeric or ``level`` not a real number.
+    ValueError
+        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is
+        out of range.
+
+    Notes
+    -----
+    The interval assumes the per-seed values are independent draws of one distribution (seeds
+    of the initialisation and of the data order) and roughly normal; with 5 to 10 seeds it is
+    what the data support, and it is wide: ``t_{4, 0.975} = 2.78``.
+
+    Examples
+    --------
+    >>> m, lo, hi = seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    >>> float(m), round(float(lo), 3), round(float(hi), 3)
+    (3.0, 1.037, 4.963)
+    """
+    lv = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    if isinstance(values, (str, bytes)):
+        raise TypeError("values must be an array of real numbers (one per seed)")
+    try:
+        a = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("values must be an array of real numbers (one per seed)") from exc
+    if a.ndim == 0:
+        raise ValueError("values must hold one value per seed, got a scalar")
+    ax = check_int(axis, "axis")
+    if not -a.ndim <= ax < a.ndim:
+        raise ValueError(f"axis {ax} is out of range for an array of {a.ndim} dimensions")
+    n = a.shape[ax]
+    if n < 2:
+        raise ValueError(f"need at least 2 seeds for an interval, got {n}")
+    if not np.isfinite(a).all():
+        raise ValueError("values contain NaN or infinite entries")
+    mean = a.mean(axis=ax)
+    half = stats.t.ppf(0.5 + lv / 2, n - 1) * a.std(axis=ax, ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half
