@@ -442,3 +442,33 @@ def test_study_config_checks_and_tiny_run(tmp_path):
     assert run.eval_loss == r.arrays["eval_loss"][1, 1]
     sd = stream_drift(run.model, test_ids, cfg.seq_len, multiples=(6.0,), max_windows=cfg.eval_windows)
     np.testing.assert_allclose(sd.channel_peak, r.arrays["channel_peak"][1, 1])
+
+
+def test_merge_arms_joins_results_of_disjoint_arms():
+    import dataclasses
+
+    from companion import experiments as xp
+    from companion.experiments import training_controls_study as tcs
+
+    a = xp.run(tcs.tiny(arms=("none",), steps=3))
+    b = xp.run(tcs.tiny(arms=("fixed", "colmean_mlp"), steps=3))
+    arms, arrays = tcs.merge_arms(a, b)
+    assert arms == ["none", "fixed", "colmean_mlp"]
+    assert arrays["eval_loss"].shape == (3, 2) and arrays["channel_peak"].shape[:2] == (3, 2)
+    np.testing.assert_array_equal(arrays["train_loss"][1:], b.arrays["train_loss"])
+    np.testing.assert_array_equal(arrays["init_drift"], a.arrays["init_drift"])
+    assert set(tcs.PER_ARM) | {"init_drift", "init_drift_mlp0", "init_drift_vo0", "init_eval_loss",
+                               "init_colmean_vo", "init_colmean_mlp", "init_peak",
+                               "probe_steps"} == set(a.arrays)
+    with pytest.raises(ValueError, match="twice"):
+        tcs.merge_arms(a, a)
+    other = dataclasses.replace(b, config=dict(b.config, lr=0.5))
+    with pytest.raises(ValueError, match="more than their arms"):
+        tcs.merge_arms(a, other)
+    bad = dataclasses.replace(b, arrays=dict(b.arrays, init_drift=b.arrays["init_drift"] + 1))
+    with pytest.raises(ValueError, match="disagree on 'init_drift'"):
+        tcs.merge_arms(a, bad)
+    with pytest.raises(ValueError, match="at least one"):
+        tcs.merge_arms()
+    with pytest.raises(TypeError, match="Results of the training_controls_study"):
+        tcs.merge_arms(a, {"arms": ["x"]})

@@ -23,10 +23,10 @@ the largest channel peak of each layer on ``probe_windows`` held-out windows.  A
 training) the drift of each seed's initialisation is also recorded, with the column means of the
 MLP output matrices (and, separately, of the value and output matrices) set to zero.
 
-The chapter *Training controls* renders two stored configurations: :data:`SHORT` (100 steps at a
-peak rate of 3e-3, the set-up of the applications chapter before this study) and the default
-(600 steps at 1e-2: Adam without weight decay at a larger rate and longer, where channels with
-large peaks appear).
+The chapter *Training controls* renders two regimes: :data:`SHORT` (100 steps at a peak rate of
+3e-3, the set-up of the applications chapter before this study) and the default (600 steps at
+1e-2: Adam without weight decay at a larger rate and longer, where channels with large peaks
+appear), stored as two Results :data:`LONG_CLIP` and :data:`LONG_REG` that :func:`merge_arms` joins.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from companion.training_controls import (
     train_with_controls,
 )
 
-__all__ = ["ARMS", "SHORT", "TrainingControlsStudy", "arm_controls", "corpus_split", "member_config",
-           "run_study", "tiny"]
+__all__ = ["ARMS", "LONG_CLIP", "LONG_REG", "PER_ARM", "SHORT", "TrainingControlsStudy", "arm_controls",
+           "corpus_split", "member_config", "merge_arms", "run_study", "tiny"]
 
 #: The arms a study may contain, with their controls (see the module docstring).
 ARMS = {
@@ -81,7 +81,10 @@ class TrainingControlsStudy:
         Peak rate of Adam (``betas = (0.9, 0.95)``, no weight decay), linear warm-up over
         ``warmup`` steps then cosine decay to a tenth.
     warmup : int, default 60
-    dtype : {"float64", "float32"}, default "float64"
+    dtype : {"float32", "float64"}, default "float32"
+        Training precision.  float64 costs about 2.5 times as much on a CPU; the long regime is
+        stored in float32 (a recomputation elsewhere differs in the last digits, far below the
+        spread between seeds), the short one in float64.
     held_out : int, default 20
         The last ``len(paragraphs) // held_out`` paragraphs are the held-out text.
     eval_windows : int, default 64
@@ -111,7 +114,7 @@ class TrainingControlsStudy:
     seq_len: int = 64
     lr: float = 1e-2
     warmup: int = 60
-    dtype: str = "float64"
+    dtype: str = "float32"
     held_out: int = 20
     eval_windows: int = 64
     probe_every: int = 50
@@ -147,7 +150,71 @@ class TrainingControlsStudy:
 
 
 #: The short regime: the applications chapter's former set-up (100 steps, peak rate 3e-3).
-SHORT = TrainingControlsStudy(seeds=tuple(range(8)), steps=100, lr=3e-3, warmup=10, probe_every=10)
+SHORT = TrainingControlsStudy(seeds=tuple(range(8)), steps=100, lr=3e-3, warmup=10, dtype="float64",
+                              probe_every=10)
+
+
+#: The long regime, stored as two Results (run as two processes): the clipping arms with the
+#: reference, and the two regulariser arms (same seeds, so :func:`merge_arms` joins them).
+LONG_CLIP = TrainingControlsStudy(arms=("none", "fixed", "tail"))
+LONG_REG = TrainingControlsStudy(arms=("reg_vo", "colmean_mlp"))
+
+#: Arrays of a Result with one entry per (arm, seed); the others are per seed or per probe.
+PER_ARM = ("eval_loss", "train_loss", "grad_norm", "threshold", "clipped", "train_seconds", "drift",
+           "rms", "channel_peak", "channel_mean", "channel_std", "exceed6", "colmean_vo",
+           "colmean_mlp", "peak_trace")
+
+
+def merge_arms(*results) -> tuple[list[str], dict]:
+    """Join Results of one regime that hold different arms of the same seeds.
+
+    Parameters
+    ----------
+    *results : companion.experiments.Result
+        Results of this experiment whose configs differ only in ``arms`` (disjoint).
+
+    Returns
+    -------
+    arms : list of str
+        The arms, in the order of the Results.
+    arrays : dict
+        The per-(arm, seed) arrays of :data:`PER_ARM` concatenated along the arm axis; the
+        per-seed arrays (initialisation) and ``probe_steps`` from the first Result, after checking
+        that every Result agrees on them.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a Result of this experiment.
+    ValueError
+        If no Result is given, the configs differ in anything but ``arms``, or an arm repeats.
+    """
+    from companion.experiments import Result
+
+    if not results:
+        raise ValueError("merge_arms needs at least one Result")
+    for r in results:
+        if not isinstance(r, Result) or r.name != "training_controls_study":
+            raise TypeError("merge_arms takes Results of the training_controls_study experiment")
+    base = {k: v for k, v in results[0].config.items() if k != "arms"}
+    arms: list[str] = []
+    for r in results:
+        if {k: v for k, v in r.config.items() if k != "arms"} != base:
+            raise ValueError("merge_arms: the Results differ in more than their arms")
+        arms += list(r.scalars["arms"])
+    if len(set(arms)) != len(arms):
+        raise ValueError(f"merge_arms: an arm appears twice in {arms}")
+    first = results[0].arrays
+    arrays = {}
+    for key, value in first.items():
+        if key in PER_ARM:
+            arrays[key] = np.concatenate([r.arrays[key] for r in results], axis=0)
+        else:
+            for r in results[1:]:
+                if not np.array_equal(r.arrays[key], value):
+                    raise ValueError(f"merge_arms: the Results disagree on {key!r}")
+            arrays[key] = value
+    return arms, arrays
 
 
 def arm_controls(arm: str) -> TrainingControls:
