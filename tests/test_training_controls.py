@@ -437,7 +437,7 @@ def test_study_config_checks_and_tiny_run(tmp_path):
     train_ids, test_ids = tcs.corpus_split(cfg.held_out)
     run = train_with_controls(tcs.member_config(cfg, 1), train_ids, test_ids, tcs.arm_controls("colmean_mlp"),
                               steps=cfg.steps, batch_size=cfg.batch_size, seq_len=cfg.seq_len, lr=cfg.lr,
-                              warmup=cfg.warmup, seed=1, dtype=torch.float64)
+                              warmup=cfg.warmup, seed=1, dtype=getattr(torch, cfg.dtype))
     np.testing.assert_array_equal(run.losses, r.arrays["train_loss"][1, 1])
     assert run.eval_loss == r.arrays["eval_loss"][1, 1]
     sd = stream_drift(run.model, test_ids, cfg.seq_len, multiples=(6.0,), max_windows=cfg.eval_windows)
