@@ -38,6 +38,9 @@ __all__ += ["quantization_error_scatter"]
 __all__ += ["scheme_bars"]
 __all__ += ["grouped_bars"]
 
+__all__ += ["seed_points"]
+__all__ += ["seed_bands"]
+
 
 
 def _check_axes(ax):
@@ -564,3 +567,93 @@ def grouped_bars(ax, groups, series, *, ylabel: str = "", log: bool = True, widt
     ax.set(yscale="log" if check_bool(log, "log") else "linear", ylabel=ylabel)
     ax.legend(fontsize=8)
     return ax
+
+
+# --- train ---
+def seed_points(ax, values, labels, *, level: float = 0.95, reference: float | None = None,
+                colors=None, jitter: float = 0.12):
+    """One column per arm: every seed's value as a dot, the mean with its t-interval as a bar.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    values : array_like, shape (arms, seeds)
+        E.g. the held-out loss of each seed, or paired differences to a reference arm.
+    labels : sequence of str, one per arm
+        Tick labels.
+    level : float in (0, 1), default 0.95
+        Level of the Student-t interval over seeds
+        (:func:`companion.training_controls.seed_interval`).
+    reference : float, optional
+        A horizontal dotted line (e.g. 0 for differences).
+    colors : sequence of colours, optional
+        One per arm; default ``C0, C1, ...``.
+    jitter : float ≥ 0
+        Horizontal spread of the seed dots.
+
+    Returns
+    -------
+    list of matplotlib.container.ErrorbarContainer
+        One per arm, in order.
+    """
+    from companion.training_controls import seed_interval
+
+    _check_axes(ax)
+    v = as_float64(values, "values")
+    if v.ndim != 2 or v.shape[1] < 2:
+        raise ValueError(f"values must have shape (arms, seeds) with at least 2 seeds, got {v.shape}")
+    if isinstance(labels, str) or len(labels) != v.shape[0] or not all(isinstance(s, str) for s in labels):
+        raise ValueError(f"labels must be {v.shape[0]} strings, one per arm")
+    jitter = check_real(jitter, "jitter", lo=0.0)
+    colors = [f"C{k}" for k in range(v.shape[0])] if colors is None else list(colors)
+    if len(colors) != v.shape[0]:
+        raise ValueError(f"colors must have {v.shape[0]} entries, got {len(colors)}")
+    mean, lo, hi = seed_interval(v, level=level, axis=1)
+    offsets = np.linspace(-jitter, jitter, v.shape[1])
+    out = []
+    for k in range(v.shape[0]):
+        ax.plot(k + offsets, v[k], "o", color=colors[k], ms=3, alpha=0.5)
+        out.append(ax.errorbar([k], [mean[k]], yerr=[[mean[k] - lo[k]], [hi[k] - mean[k]]], fmt="s",
+                               color=colors[k], ms=6, capsize=4, lw=1.5))
+    if reference is not None:
+        ax.axhline(check_real(reference, "reference"), color="k", ls=":", lw=0.8)
+    ax.set_xticks(np.arange(v.shape[0]), list(labels))
+    return out
+
+
+def seed_bands(ax, x, values, labels, *, level: float = 0.95, colors=None):
+    """Per arm, the mean over seeds of a curve with its t-interval as a shaded band.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    x : array_like, shape (K,)
+    values : array_like, shape (arms, seeds, K)
+    labels : sequence of str, one per arm
+    level : float in (0, 1), default 0.95
+    colors : sequence of colours, optional
+
+    Returns
+    -------
+    list of matplotlib.lines.Line2D
+        The mean curves, one per arm.
+    """
+    from companion.training_controls import seed_interval
+
+    _check_axes(ax)
+    v = as_float64(values, "values")
+    if v.ndim != 3 or v.shape[1] < 2:
+        raise ValueError(f"values must have shape (arms, seeds, K) with at least 2 seeds, got {v.shape}")
+    xs = _vector(x, "x", v.shape[2])
+    if isinstance(labels, str) or len(labels) != v.shape[0] or not all(isinstance(s, str) for s in labels):
+        raise ValueError(f"labels must be {v.shape[0]} strings, one per arm")
+    colors = [f"C{k}" for k in range(v.shape[0])] if colors is None else list(colors)
+    if len(colors) != v.shape[0]:
+        raise ValueError(f"colors must have {v.shape[0]} entries, got {len(colors)}")
+    mean, lo, hi = seed_interval(v, level=level, axis=1)
+    lines = []
+    for k in range(v.shape[0]):
+        (line,) = ax.plot(xs, mean[k], "-", color=colors[k], label=labels[k])
+        ax.fill_between(xs, lo[k], hi[k], color=colors[k], alpha=0.2, lw=0)
+        lines.append(line)
+    return lines

@@ -540,8 +540,7 @@ def test_dot_product_moments_beyond_the_float_range():
         al.dot_product_moments(big, big, big, np.array([1.0]))
 
 
-# =========================================================================== applications
-from companion import applications as app  # noqa: E402
+# =========================================================================== pruning
 
 
 def test_linear_input_statistics_of_a_constant_channel():
@@ -554,20 +553,6 @@ def test_linear_input_statistics_of_a_constant_channel():
     st_ = linear_input_statistics(lin, batches, {"lin": lin})["lin"]
     assert st_.mean[0] == 0.1 and st_.var[0] == 0.0
     assert st_.var[1] > 0
-
-
-@pytest.mark.parametrize("delta", [1e-320, 5e-324, 1.0 - 1e-15, 1.0 - 2**-53])
-def test_tail_clip_threshold_for_delta_near_0_and_1(delta):
-    # 1/delta overflowed (tau = inf, NaN with std = 0); near 1, 1/delta kept 1 digit of 1 - delta
-    tau = app.tail_clip_threshold(1.0, 0.5, delta)
-    log_inv = -math.log(delta) if delta < 0.5 else -math.log1p(delta - 1.0)  # ln(1/delta)
-    assert tau == approx(1.0 + 0.5 * math.sqrt(2.0 * log_inv), rel=1e-14)
-    assert app.tail_clip_threshold(1.0, 0.0, delta) == 1.0
-
-
-def test_tail_clip_threshold_beyond_the_float_range():
-    with pytest.raises(ValueError, match="float64 range"):
-        app.tail_clip_threshold(1.0, 1e308, 0.01)
 
 
 # =========================================================================== perturbation

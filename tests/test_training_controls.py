@@ -1,5 +1,6 @@
-"""Tests for companion.applications: the tail clipping threshold, the regulariser, the controlled training
-loop, the stream drift, and every bad input."""
+"""Tests for companion.training_controls: the tail clipping threshold, the regulariser, the
+controlled training loop (precision, callback), the stream drift with its per-channel peaks, the
+interval over seeds, and every bad input."""
 
 from __future__ import annotations
 
@@ -8,23 +9,23 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
+from pytest import approx
+from scipy import stats
 
-from companion.applications import (
+from companion.stacks import StackConfig, TinyLM, byte_tokenize
+from companion.tails import subgaussian_tail_bound
+from companion.training_controls import (
     TailClipper,
     TrainingControls,
     column_means,
     mean_frobenius_penalty,
     regularised_weights,
+    seed_interval,
     stream_drift,
     tail_clip_threshold,
     tiny_lm_loss,
     train_with_controls,
 )
-from companion.stacks import StackConfig, TinyLM, byte_tokenize
-from companion.tails import subgaussian_tail_bound
 
 
 @pytest.fixture
@@ -36,7 +37,6 @@ TEXT = "In the beginning God created the heaven and the earth. " * 40
 
 
 # ----------------------------------------------------------------------------- clipping
-
 def test_tail_clip_threshold_inverts_the_subgaussian_tail():
     for delta in (0.5, 0.1, 0.01, 1e-6):
         tau = tail_clip_threshold(2.0, 0.7, delta)
@@ -70,7 +70,6 @@ def test_tail_clipper_window():
 
 
 # ----------------------------------------------------------------------------- regulariser
-
 def test_column_means_and_penalty():
     W1 = torch.tensor([[1.0, 2.0, 3.0], [0.0, -1.0, 4.0]], requires_grad=True)
     W2 = torch.tensor([[2.0], [-2.0]], requires_grad=True)
@@ -100,7 +99,6 @@ def test_regularised_weights(tiny_cfg):
 
 
 # ----------------------------------------------------------------------------- training
-
 def test_training_records_and_controls(tiny_cfg):
     ids = byte_tokenize(TEXT)
     base = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none"), steps=12, batch_size=4, seq_len=16)
@@ -164,8 +162,6 @@ def test_stream_drift_matches_direct(tiny_cfg):
     np.testing.assert_allclose(sd.drift, np.linalg.norm(x.mean(1), axis=1) / (4 * rms))
     assert sd.n_tokens == 80
 
-
-# ----------------------------------------------------------------------------- bad inputs
 
 def test_bad_penalty_elements():
     with pytest.raises(TypeError, match=r"weights\[1\] must be a floating torch.Tensor"):
@@ -270,3 +266,209 @@ def test_bad_eval_and_drift_inputs(tiny_cfg):
         stream_drift(lm, ids, 16, multiples=())
     with pytest.raises(TypeError, match="TinyLM"):
         stream_drift("lm", ids, 16)
+
+
+# ----------------------------------------------------------------------------- extreme deltas
+# (moved from tests/test_extreme_inputs.py with the function)
+@pytest.mark.parametrize("delta", [1e-320, 5e-324, 1.0 - 1e-15, 1.0 - 2**-53])
+def test_tail_clip_threshold_for_delta_near_0_and_1(delta):
+    # 1/delta overflowed (tau = inf, NaN with std = 0); near 1, 1/delta kept 1 digit of 1 - delta
+    tau = tail_clip_threshold(1.0, 0.5, delta)
+    log_inv = -math.log(delta) if delta < 0.5 else -math.log1p(delta - 1.0)  # ln(1/delta)
+    assert tau == approx(1.0 + 0.5 * math.sqrt(2.0 * log_inv), rel=1e-14)
+    assert tail_clip_threshold(1.0, 0.0, delta) == 1.0
+
+
+def test_tail_clip_threshold_beyond_the_float_range():
+    with pytest.raises(ValueError, match="float64 range"):
+        tail_clip_threshold(1.0, 1e308, 0.01)
+
+
+# ----------------------------------------------------------------------------- precision, callback
+def test_float64_training_and_callback(tiny_cfg):
+    ids = byte_tokenize(TEXT)
+    seen = []
+
+    def cb(step, model):
+        assert not model.training
+        seen.append((step, next(model.parameters()).dtype))
+
+    run = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none"), steps=4, batch_size=2,
+                              seq_len=16, dtype=torch.float64, callback=cb)
+    assert [s for s, _ in seen] == [1, 2, 3, 4] and all(d == torch.float64 for _, d in seen)
+    assert next(run.model.parameters()).dtype == torch.float64
+    # float64 and float32 start from the same weights: the first loss agrees to float32 precision
+    run32 = train_with_controls(tiny_cfg, ids, ids, TrainingControls(clip="none"), steps=1, batch_size=2,
+                                seq_len=16)
+    assert run.losses[0] == approx(run32.losses[0], rel=1e-5)
+    sd = stream_drift(run.model, ids, 16, max_windows=4)
+    assert sd.mean.dtype == np.float64 and sd.channel_max_abs.shape == (3, 16)
+
+
+def test_channel_peaks_match_direct(tiny_cfg):
+    lm = TinyLM(tiny_cfg)
+    ids = byte_tokenize(TEXT[:320])
+    sd = stream_drift(lm, ids, 16, max_windows=5)
+    with torch.no_grad():
+        _, out = lm(ids[:80].view(5, 16))
+    x = out.stream.double().reshape(3, -1, 16).numpy()
+    rms = np.sqrt((x**2).mean(axis=(1, 2)))
+    np.testing.assert_allclose(sd.channel_peak, np.abs(x).max(axis=1) / rms[:, None], rtol=1e-12)
+    np.testing.assert_allclose(sd.channel_rms, np.sqrt((x**2).mean(axis=1)) / rms[:, None], rtol=1e-10)
+    np.testing.assert_allclose(sd.max_abs, sd.channel_max_abs.max(axis=1), rtol=0)
+    # the channel rms ratios average to 1 in the mean square
+    np.testing.assert_allclose((sd.channel_rms**2).mean(axis=1), 1.0, rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------- seeds
+def test_seed_interval_matches_scipy():
+    v = np.array([2.51, 2.47, 2.49, 2.55, 2.46, 2.50])
+    m, lo, hi = seed_interval(v)
+    ref = stats.t.interval(0.95, len(v) - 1, loc=v.mean(), scale=stats.sem(v))
+    assert float(m) == approx(v.mean()) and (float(lo), float(hi)) == approx(ref, rel=1e-12)
+    m9, lo9, hi9 = seed_interval(v, level=0.99)
+    assert lo9 < lo and hi9 > hi
+    # along an axis: one interval per arm
+    arr = np.stack([v, v + 1.0])
+    m2, lo2, hi2 = seed_interval(arr, axis=1)
+    np.testing.assert_allclose(m2, [v.mean(), v.mean() + 1.0])
+    np.testing.assert_allclose(hi2 - lo2, [hi - lo, hi - lo])
+
+
+def test_seed_interval_coverage():
+    """About 95% of intervals from 5 normal draws contain the true mean."""
+    rng = np.random.default_rng(0)
+    draws = rng.normal(1.0, 0.3, size=(5, 4000))
+    _, lo, hi = seed_interval(draws, axis=0)
+    cover = np.mean((lo <= 1.0) & (1.0 <= hi))
+    assert 0.94 < cover < 0.96
+
+
+@pytest.mark.parametrize("values,kw,exc,msg", [
+    ([1.0], {}, ValueError, "at least 2"), (3.0, {}, ValueError, "scalar"),
+    ([1.0, np.nan], {}, ValueError, "NaN"), ("ab", {}, TypeError, "real numbers"),
+    ([1.0, 2.0], {"level": 1.0}, ValueError, "level"), ([1.0, 2.0], {"level": "0.9"}, TypeError, "level"),
+    ([[1.0, 2.0]], {"axis": 2}, ValueError, "out of range"), ([1.0, 2.0], {"axis": 0.5}, TypeError, "axis"),
+    ([["a", "b"]], {}, TypeError, "real numbers"),
+])
+def test_bad_seed_interval(values, kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        seed_interval(values, **kw)
+
+
+def test_bad_precision_and_callback(tiny_cfg):
+    ids = byte_tokenize(TEXT)
+    with pytest.raises(ValueError, match="dtype"):
+        train_with_controls(tiny_cfg, ids, ids, steps=1, seq_len=16, dtype=torch.float16)
+    with pytest.raises(TypeError, match="callback"):
+        train_with_controls(tiny_cfg, ids, ids, steps=1, seq_len=16, callback="every 10 steps")
+
+
+# ----------------------------------------------------------------------------- figure helpers
+def test_seed_points_and_bands_draw_means_and_intervals():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    from companion import plots
+
+    v = np.array([[1.0, 2.0, 3.0], [0.0, 0.5, 1.0]])
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    bars = plots.seed_points(ax1, v, ["a", "b"], reference=0.0)
+    assert len(bars) == 2 and all(isinstance(b, ErrorbarContainer) for b in bars)
+    m, lo, hi = seed_interval(v[0])
+    seg = bars[0].lines[2][0].get_segments()[0]
+    assert seg[:, 1].min() == approx(float(lo)) and seg[:, 1].max() == approx(float(hi))
+    assert [t.get_text() for t in ax1.get_xticklabels()] == ["a", "b"]
+    curves = np.stack([v, v + 1.0], axis=2)                                 # (2 arms, 3 seeds, 2)
+    lines = plots.seed_bands(ax2, [0, 10], curves, ["a", "b"])
+    np.testing.assert_allclose(lines[0].get_ydata(), [2.0, 3.0])
+    assert len(ax2.collections) == 2
+    with pytest.raises(ValueError, match="arms, seeds"):
+        plots.seed_points(ax1, v[0], ["a"])
+    with pytest.raises(ValueError, match="labels"):
+        plots.seed_points(ax1, v, ["a"])
+    with pytest.raises(TypeError, match="Axes"):
+        plots.seed_points("ax", v, ["a", "b"])
+    with pytest.raises(ValueError, match="colors"):
+        plots.seed_points(ax1, v, ["a", "b"], colors=["k"])
+    with pytest.raises(ValueError, match="seeds, K"):
+        plots.seed_bands(ax2, [0, 10], v, ["a", "b"])
+    with pytest.raises(ValueError, match="entries"):
+        plots.seed_bands(ax2, [0, 1, 2], curves, ["a", "b"])
+    with pytest.raises(ValueError, match="labels"):
+        plots.seed_bands(ax2, [0, 10], curves, "ab")
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the stored study
+def test_study_config_checks_and_tiny_run(tmp_path):
+    from companion import experiments as xp
+    from companion.experiments import training_controls_study as tcs
+
+    assert "training_controls_study" in xp.experiment_names()
+    assert tcs.SHORT.steps == 100 and len(tcs.SHORT.seeds) >= 5 and len(tcs.TrainingControlsStudy().seeds) >= 5
+    for kw, exc, msg in [(dict(arms=("none", "magic")), ValueError, "arms must be among"),
+                         (dict(arms=("none", "none")), ValueError, "distinct"),
+                         (dict(arms=()), ValueError, "non-empty"),
+                         (dict(seeds=(0,)), ValueError, "at least 2"),
+                         (dict(seeds=(0, 0)), ValueError, "at least 2"),
+                         (dict(seeds=(0, -1)), ValueError, "seeds"),
+                         (dict(steps=0), ValueError, "steps"), (dict(d_model=10, n_heads=4), ValueError, "divide"),
+                         (dict(lr=0.0), ValueError, "lr"), (dict(dtype="float16"), ValueError, "dtype"),
+                         (dict(steps=2.5), TypeError, "steps")]:
+        with pytest.raises(exc, match=msg):
+            tcs.tiny(**kw)
+    with pytest.raises(ValueError, match="arm must be"):
+        tcs.arm_controls("magic")
+    with pytest.raises(TypeError, match="TrainingControlsStudy"):
+        tcs.run_study({"steps": 3})
+    cfg = tcs.tiny()
+    r = xp.run(cfg)
+    A, S = len(cfg.arms), len(cfg.seeds)
+    assert r.arrays["eval_loss"].shape == (A, S) and r.arrays["channel_peak"].shape == (A, S, 3, 8)
+    assert r.arrays["peak_trace"].shape == (A, S, 2, 3) and r.arrays["init_drift"].shape == (S, 3)
+    np.testing.assert_array_equal(r.arrays["probe_steps"], [3, 6])
+    # the regulariser arm acts on the MLP output column means only; the reference has none
+    assert r.scalars["arms"] == ["none", "colmean_mlp"]
+    # one run reproduced directly: same controls, seed and precision give the same losses
+    train_ids, test_ids = tcs.corpus_split(cfg.held_out)
+    run = train_with_controls(tcs.member_config(cfg, 1), train_ids, test_ids, tcs.arm_controls("colmean_mlp"),
+                              steps=cfg.steps, batch_size=cfg.batch_size, seq_len=cfg.seq_len, lr=cfg.lr,
+                              warmup=cfg.warmup, seed=1, dtype=getattr(torch, cfg.dtype))
+    np.testing.assert_array_equal(run.losses, r.arrays["train_loss"][1, 1])
+    assert run.eval_loss == r.arrays["eval_loss"][1, 1]
+    sd = stream_drift(run.model, test_ids, cfg.seq_len, multiples=(6.0,), max_windows=cfg.eval_windows)
+    np.testing.assert_allclose(sd.channel_peak, r.arrays["channel_peak"][1, 1])
+
+
+def test_merge_arms_joins_results_of_disjoint_arms():
+    import dataclasses
+
+    from companion import experiments as xp
+    from companion.experiments import training_controls_study as tcs
+
+    a = xp.run(tcs.tiny(arms=("none",), steps=3))
+    b = xp.run(tcs.tiny(arms=("fixed", "colmean_mlp"), steps=3))
+    arms, arrays = tcs.merge_arms(a, b)
+    assert arms == ["none", "fixed", "colmean_mlp"]
+    assert arrays["eval_loss"].shape == (3, 2) and arrays["channel_peak"].shape[:2] == (3, 2)
+    np.testing.assert_array_equal(arrays["train_loss"][1:], b.arrays["train_loss"])
+    np.testing.assert_array_equal(arrays["init_drift"], a.arrays["init_drift"])
+    assert set(tcs.PER_ARM) | {"init_drift", "init_drift_mlp0", "init_drift_vo0", "init_eval_loss",
+                               "init_colmean_vo", "init_colmean_mlp", "init_peak",
+                               "probe_steps"} == set(a.arrays)
+    with pytest.raises(ValueError, match="twice"):
+        tcs.merge_arms(a, a)
+    other = dataclasses.replace(b, config=dict(b.config, lr=0.5))
+    with pytest.raises(ValueError, match="more than their arms"):
+        tcs.merge_arms(a, other)
+    bad = dataclasses.replace(b, arrays=dict(b.arrays, init_drift=b.arrays["init_drift"] + 1))
+    with pytest.raises(ValueError, match="disagree on 'init_drift'"):
+        tcs.merge_arms(a, bad)
+    with pytest.raises(ValueError, match="at least one"):
+        tcs.merge_arms()
+    with pytest.raises(TypeError, match="Results of the training_controls_study"):
+        tcs.merge_arms(a, {"arms": ["x"]})

@@ -1,15 +1,17 @@
-"""The applications of the outlier note (§5-7), made testable.
+"""Training controls of the outlier note (§6), made testable: clipping and the regulariser.
 
-Two proposals of the note are turned into measurements here (quantisation and pruning live in
-:mod:`companion.quantization` and :mod:`companion.pruning`):
+Two proposals of the note for training are turned into measurements on a byte-level
+:class:`companion.stacks.TinyLM`:
 
 * **clipping** -- a gradient-norm threshold from a sub-Gaussian tail bound
   (:func:`tail_clip_threshold`, :class:`TailClipper`);
 * **the regulariser** -- ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²`` (:func:`column_means`,
-  :func:`mean_frobenius_penalty`), a training loop with both controls on top of
-  :class:`companion.stacks.TinyLM` (:func:`train_with_controls`), the held-out loss
-  (:func:`tiny_lm_loss`) and the mean drift and outlier counts of the residual stream
-  (:func:`stream_drift`).
+  :func:`mean_frobenius_penalty`, :func:`regularised_weights`);
+* a training loop with both controls (:class:`TrainingControls`, :func:`train_with_controls`,
+  its record :class:`ControlledRun`), the held-out loss (:func:`tiny_lm_loss`), the mean drift,
+  the outlier counts and the per-channel peaks ``max_t |x_tj| / rms`` of the residual stream
+  (:func:`stream_drift`, :class:`StreamDrift`), and the interval over seeds that every
+  multi-seed comparison reports (:func:`seed_interval`).
 
 Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``.  The note
 writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy import stats
 
 from companion._validation import check_int, check_real
 from companion.stacks import StackConfig, TinyLM
@@ -42,6 +45,7 @@ __all__ = [
     "tiny_lm_loss",
     "StreamDrift",
     "stream_drift",
+    "seed_interval",
 ]
 
 
@@ -434,6 +438,8 @@ def train_with_controls(
     lr: float = 3e-3,
     warmup: int | None = None,
     seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    callback: Callable[[int, TinyLM], None] | None = None,
 ) -> ControlledRun:
     """Train a :class:`TinyLM` with a chosen clipping rule and the optional regulariser.
 
@@ -452,6 +458,12 @@ def train_with_controls(
         Linear warm-up steps (``None``: ``steps // 10``), then cosine decay to ``lr/10``.
     seed : int
         Seed of the window sampling (the weights are seeded by ``config.seed``).
+    dtype : torch.float32 or torch.float64, default float32
+        Precision of the weights and of training.  In float64 the trajectory depends on the
+        CPU's kernel set only in the last digits, which long runs amplify far less than in float32.
+    callback : callable or None
+        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1),
+        e.g. to measure the residual stream during training; it must not change the model.
 
     Returns
     -------
@@ -474,6 +486,7 @@ def train_with_controls(
 
     Examples
     --------
+    >>> from companion.stacks import byte_tokenize
     >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
     >>> ids = byte_tokenize("abcabcabd" * 30)
     >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
@@ -496,8 +509,12 @@ def train_with_controls(
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
     train_ids = _check_ids(train_ids, "train_ids", seq_len + 2)
     eval_ids = _check_ids(eval_ids, "eval_ids", seq_len + 1)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable as callback(step, model), got {type(callback).__name__}")
 
-    model = TinyLM(config)
+    model = TinyLM(config).to(dtype)
     reg = regularised_weights(model, controls.reg_targets) if controls.regularised else []
     reg_w = [w for _, w in reg]
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
@@ -543,6 +560,10 @@ def train_with_controls(
         opt.step()
         sched.step()
         losses[step], norms[step], taus[step] = ce.item(), gnorm, tau
+        if callback is not None:
+            model.eval()
+            callback(step + 1, model)
+            model.train()
     model.eval()
     return ControlledRun(model=model, losses=losses, grad_norms=norms, thresholds=taus, clipped=clipped,
                          eval_loss=tiny_lm_loss(model, eval_ids, seq_len), controls=controls, config=config)
@@ -574,6 +595,7 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
 
     Examples
     --------
+    >>> from companion.stacks import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
     >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
     True
@@ -619,6 +641,9 @@ class StreamDrift:
     mean_dominated : numpy.ndarray of int, shape (L+1, k)
         Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
     n_tokens : int
+    channel_max_abs : numpy.ndarray, shape (L+1, d)
+        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the
+        layer's rms).
     """
 
     mean: np.ndarray
@@ -629,6 +654,17 @@ class StreamDrift:
     exceed_frac: np.ndarray
     mean_dominated: np.ndarray
     n_tokens: int
+    channel_max_abs: np.ndarray
+
+    @property
+    def channel_peak(self) -> np.ndarray:
+        """``max_t |x_tj| / rms_l`` per layer and channel, shape (L+1, d): outliers stand out."""
+        return self.channel_max_abs / self.rms[:, None]
+
+    @property
+    def channel_rms(self) -> np.ndarray:
+        """``sqrt(mean_t x_tj²) / rms_l`` per layer and channel (1 for equal channels)."""
+        return np.sqrt(self.mean**2 + self.std**2) / self.rms[:, None]
 
     @property
     def drift(self) -> np.ndarray:
@@ -669,6 +705,7 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
 
     Examples
     --------
+    >>> from companion.stacks import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
     >>> sd.mean.shape, sd.exceed_frac.shape
@@ -693,6 +730,69 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
     t = rms[:, None] * torch.as_tensor(mult, dtype=x.dtype)[None, :]  # [L+1, k]
     exceed = (x.abs()[:, :, :, None] > t[:, None, None, :]).double().mean(dim=(1, 2))
     dominated = (mu.abs()[:, :, None] > t[:, None, :]).sum(dim=1)
-    return StreamDrift(mean=mu.numpy(), std=sd.numpy(), rms=rms.numpy(), max_abs=x.abs().amax(dim=(1, 2)).numpy(), multiples=mult,
-                       exceed_frac=exceed.numpy(), mean_dominated=dominated.numpy().astype(np.int64),
-                       n_tokens=int(x.shape[1]))
+    chmax = x.abs().amax(dim=1)                                              # [L+1, d]
+    return StreamDrift(mean=mu.cpu().numpy(), std=sd.cpu().numpy(), rms=rms.cpu().numpy(),
+                       max_abs=chmax.amax(dim=1).cpu().numpy(), multiples=mult,
+                       exceed_frac=exceed.cpu().numpy(),
+                       mean_dominated=dominated.cpu().numpy().astype(np.int64),
+                       n_tokens=int(x.shape[1]), channel_max_abs=chmax.cpu().numpy())
+
+
+# =========================================================================== seeds
+def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds and its Student-t confidence interval.
+
+    Parameters
+    ----------
+    values : array_like, at least 2 entries along ``axis``
+        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired
+        differences between two arms that share their seeds.
+    level : float in (0, 1), default 0.95
+    axis : int, default 0
+        The seed axis.
+
+    Returns
+    -------
+    mean, lo, hi : numpy.ndarray (0-d for 1-D input)
+        ``mean ± t_{n-1, (1+level)/2} · s/√n``, ``s`` the sample standard deviation (``ddof=1``).
+
+    Raises
+    ------
+    TypeError
+        If ``values`` is not numeric or ``level`` not a real number.
+    ValueError
+        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is
+        out of range.
+
+    Notes
+    -----
+    The interval assumes the per-seed values are independent draws of one distribution (seeds
+    of the initialisation and of the data order) and roughly normal; with 5 to 10 seeds it is
+    what the data support, and it is wide: ``t_{4, 0.975} = 2.78``.
+
+    Examples
+    --------
+    >>> m, lo, hi = seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    >>> float(m), round(float(lo), 3), round(float(hi), 3)
+    (3.0, 1.037, 4.963)
+    """
+    lv = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    if isinstance(values, (str, bytes)):
+        raise TypeError("values must be an array of real numbers (one per seed)")
+    try:
+        a = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("values must be an array of real numbers (one per seed)") from exc
+    if a.ndim == 0:
+        raise ValueError("values must hold one value per seed, got a scalar")
+    ax = check_int(axis, "axis")
+    if not -a.ndim <= ax < a.ndim:
+        raise ValueError(f"axis {ax} is out of range for an array of {a.ndim} dimensions")
+    n = a.shape[ax]
+    if n < 2:
+        raise ValueError(f"need at least 2 seeds for an interval, got {n}")
+    if not np.isfinite(a).all():
+        raise ValueError("values contain NaN or infinite entries")
+    mean = a.mean(axis=ax)
+    half = stats.t.ppf(0.5 + lv / 2, n - 1) * a.std(axis=ax, ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half

@@ -1,0 +1,355 @@
+"""Clipping and the mean-and-Frobenius regulariser, several seeds per arm, on trained TinyLMs.
+
+One byte-level Pre-LN :class:`~companion.stacks.TinyLM` is trained on the committed corpus (all
+paragraphs but the last 5%, which are held out) once per *arm* and *seed*.  An arm is one
+setting of :class:`companion.training_controls.TrainingControls` (:data:`ARMS`):
+
+``"none"``         no clipping, no regulariser (the reference every other arm differs from in
+                   one control);
+``"fixed"``        the global gradient norm clipped at ``tau = 1``;
+``"tail"``         clipped at the sub-Gaussian tail threshold ``m + s sqrt(2 ln(1/delta))`` of
+                   the last 50 norms, ``delta = 0.01`` (:class:`~companion.training_controls.TailClipper`);
+``"reg_vo"``       the note's regulariser on the attention value and output matrices,
+                   ``lambda_F = 1e-3``, ``lambda_mu = 10``;
+``"colmean_mlp"``  the column-mean penalty (``lambda_mu = 10``) on the MLP output matrices.
+
+Seed ``s`` sets both the initialisation (``StackConfig.seed``) and the order of the training
+windows, and is shared by all arms, so arms can be compared seed by seed (paired differences).
+Every run is measured on the held-out bytes: the loss, the clipping record, the column means of
+the regularised matrices, and the residual stream at every layer (:func:`~companion.
+training_controls.stream_drift`: channel means and standard deviations, the relative mean drift,
+and the per-channel peak ``max_t |x_tj| / rms_l``); during training, every ``probe_every`` steps,
+the largest channel peak of each layer on ``probe_windows`` held-out windows.  At step 0 (before
+training) the drift of each seed's initialisation is also recorded, with the column means of the
+MLP output matrices (and, separately, of the value and output matrices) set to zero.
+
+The chapter *Training controls* renders two regimes: :data:`SHORT` (100 steps at a peak rate of
+3e-3, the set-up of the applications chapter before this study) and the default (600 steps at
+1e-2: Adam without weight decay at a larger rate and longer, where channels with large peaks
+appear), stored as two Results :data:`LONG_CLIP` and :data:`LONG_REG` that :func:`merge_arms` joins.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from companion._validation import check_int, check_real
+from companion.corpus import load_corpus
+from companion.experiments import register
+from companion.stacks import StackConfig, TinyLM, byte_tokenize
+from companion.training_controls import (
+    TrainingControls,
+    column_means,
+    regularised_weights,
+    stream_drift,
+    tiny_lm_loss,
+    train_with_controls,
+)
+
+__all__ = ["ARMS", "LONG_CLIP", "LONG_REG", "PER_ARM", "SHORT", "TrainingControlsStudy", "arm_controls",
+           "corpus_split", "member_config", "merge_arms", "run_study", "tiny"]
+
+#: The arms a study may contain, with their controls (see the module docstring).
+ARMS = {
+    "none": TrainingControls(clip="none"),
+    "fixed": TrainingControls(clip="fixed", clip_value=1.0),
+    "tail": TrainingControls(clip="tail", tail_delta=0.01, tail_window=50, tail_min_history=20),
+    "reg_vo": TrainingControls(clip="none", lam_frobenius=1e-3, lam_colmean=10.0,
+                               reg_targets=("w_v", "w_o")),
+    "colmean_mlp": TrainingControls(clip="none", lam_colmean=10.0, reg_targets=("w_out",)),
+}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@register("training_controls_study", schema=1)
+@dataclass(frozen=True)
+class TrainingControlsStudy:
+    """Config of the study (defaults: the longer, larger-rate regime rendered by the chapter).
+
+    Parameters
+    ----------
+    arms : tuple of str, default all of :data:`ARMS`
+    seeds : tuple of int, default (0, 1, 2, 3, 4)
+    d_model, n_layers, n_heads : int, default 48, 4, 4
+        Pre-LN TinyLM, LayerNorm, attention then ReLU MLP (width ``4 d``) in every block.
+    steps, batch_size, seq_len : int, default 600, 16, 64
+    lr : float, default 1e-2
+        Peak rate of Adam (``betas = (0.9, 0.95)``, no weight decay), linear warm-up over
+        ``warmup`` steps then cosine decay to a tenth.
+    warmup : int, default 60
+    dtype : {"float32", "float64"}, default "float32"
+        Training precision.  float64 costs about 2.5 times as much on a CPU; the long regime is
+        stored in float32 (a recomputation elsewhere differs in the last digits, far below the
+        spread between seeds), the short one in float64.
+    held_out : int, default 20
+        The last ``len(paragraphs) // held_out`` paragraphs are the held-out text.
+    eval_windows : int, default 64
+        Held-out windows of ``seq_len`` bytes for the stream statistics after training.
+    probe_every, probe_windows : int, default 50, 16
+        Channel peaks during training.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For an unknown arm, repeated arms or seeds, fewer than 2 seeds, non-positive sizes, a
+        bad rate or dtype.
+
+    Examples
+    --------
+    >>> TrainingControlsStudy().arms[:2], SHORT.steps
+    (('none', 'fixed'), 100)
+    """
+
+    arms: tuple[str, ...] = tuple(ARMS)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    d_model: int = 48
+    n_layers: int = 4
+    n_heads: int = 4
+    steps: int = 600
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 1e-2
+    warmup: int = 60
+    dtype: str = "float32"
+    held_out: int = 20
+    eval_windows: int = 64
+    probe_every: int = 50
+    probe_windows: int = 16
+
+    def __post_init__(self):
+        if not self.arms:
+            raise ValueError("TrainingControlsStudy.arms must be non-empty")
+        for a in self.arms:
+            if a not in ARMS:
+                raise ValueError(f"TrainingControlsStudy.arms must be among {tuple(ARMS)}, got {a!r}")
+        if len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"TrainingControlsStudy.arms must be distinct, got {self.arms}")
+        for s in self.seeds:
+            check_int(s, "TrainingControlsStudy.seeds", minimum=0)
+        if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"TrainingControlsStudy.seeds must be at least 2 distinct seeds, got {self.seeds}")
+        for name in ("d_model", "n_layers", "n_heads", "steps", "batch_size", "seq_len", "eval_windows",
+                     "probe_every", "probe_windows"):
+            check_int(getattr(self, name), f"TrainingControlsStudy.{name}", minimum=1)
+        check_int(self.warmup, "TrainingControlsStudy.warmup", minimum=0)
+        check_int(self.held_out, "TrainingControlsStudy.held_out", minimum=2)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"TrainingControlsStudy.n_heads = {self.n_heads} must divide "
+                             f"d_model = {self.d_model}")
+        check_real(self.lr, "TrainingControlsStudy.lr", lo=0.0, lo_open=True)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"TrainingControlsStudy.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+
+    def compute(self, device, progress: bool = False) -> dict:
+        """Train and measure every (arm, seed) pair (see :func:`run_study`)."""
+        return run_study(self, progress)
+
+
+#: The short regime: the applications chapter's former set-up (100 steps, peak rate 3e-3).
+SHORT = TrainingControlsStudy(seeds=tuple(range(8)), steps=100, lr=3e-3, warmup=10, dtype="float64",
+                              probe_every=10)
+
+
+#: The long regime, stored as two Results (run as two processes): the clipping arms with the
+#: reference, and the two regulariser arms (same seeds, so :func:`merge_arms` joins them).
+LONG_CLIP = TrainingControlsStudy(arms=("none", "fixed", "tail"))
+LONG_REG = TrainingControlsStudy(arms=("reg_vo", "colmean_mlp"))
+
+#: Arrays of a Result with one entry per (arm, seed); the others are per seed or per probe.
+PER_ARM = ("eval_loss", "train_loss", "grad_norm", "threshold", "clipped", "train_seconds", "drift",
+           "rms", "channel_peak", "channel_mean", "channel_std", "exceed6", "colmean_vo",
+           "colmean_mlp", "peak_trace")
+
+
+def merge_arms(*results) -> tuple[list[str], dict]:
+    """Join Results of one regime that hold different arms of the same seeds.
+
+    Parameters
+    ----------
+    *results : companion.experiments.Result
+        Results of this experiment whose configs differ only in ``arms`` (disjoint).
+
+    Returns
+    -------
+    arms : list of str
+        The arms, in the order of the Results.
+    arrays : dict
+        The per-(arm, seed) arrays of :data:`PER_ARM` concatenated along the arm axis; the
+        per-seed arrays (initialisation) and ``probe_steps`` from the first Result, after checking
+        that every Result agrees on them.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a Result of this experiment.
+    ValueError
+        If no Result is given, the configs differ in anything but ``arms``, or an arm repeats.
+    """
+    from companion.experiments import Result
+
+    if not results:
+        raise ValueError("merge_arms needs at least one Result")
+    for r in results:
+        if not isinstance(r, Result) or r.name != "training_controls_study":
+            raise TypeError("merge_arms takes Results of the training_controls_study experiment")
+    base = {k: v for k, v in results[0].config.items() if k != "arms"}
+    arms: list[str] = []
+    for r in results:
+        if {k: v for k, v in r.config.items() if k != "arms"} != base:
+            raise ValueError("merge_arms: the Results differ in more than their arms")
+        arms += list(r.scalars["arms"])
+    if len(set(arms)) != len(arms):
+        raise ValueError(f"merge_arms: an arm appears twice in {arms}")
+    first = results[0].arrays
+    arrays = {}
+    for key, value in first.items():
+        if key in PER_ARM:
+            arrays[key] = np.concatenate([r.arrays[key] for r in results], axis=0)
+        else:
+            for r in results[1:]:
+                if not np.array_equal(r.arrays[key], value):
+                    raise ValueError(f"merge_arms: the Results disagree on {key!r}")
+            arrays[key] = value
+    return arms, arrays
+
+
+def arm_controls(arm: str) -> TrainingControls:
+    """The :class:`TrainingControls` of an arm of :data:`ARMS`.
+
+    Examples
+    --------
+    >>> arm_controls("reg_vo").reg_targets
+    ('w_v', 'w_o')
+    """
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {tuple(ARMS)}, got {arm!r}")
+    return ARMS[arm]
+
+
+def corpus_split(held_out: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte ids of the training text and of the held-out text (the last ``1/held_out`` paragraphs)."""
+    held_out = check_int(held_out, "held_out", minimum=2)
+    paragraphs = load_corpus()
+    k = len(paragraphs) // held_out
+    return byte_tokenize(paragraphs[:-k]), byte_tokenize(paragraphs[-k:])
+
+
+def member_config(config: TrainingControlsStudy, seed: int) -> StackConfig:
+    """The :class:`StackConfig` of the run with seed ``seed``."""
+    return StackConfig(d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
+                       vocab_size=256, max_len=config.seq_len, placement="pre", seed=seed)
+
+
+def _colmean_norm(model: TinyLM, targets) -> float:
+    return float(np.sqrt(sum(float(column_means(w.detach().double()).pow(2).sum())
+                             for _, w in regularised_weights(model, targets))))
+
+
+def _centred_rows(model: TinyLM, targets) -> TinyLM:
+    clone = TinyLM(model.config).to(next(model.parameters()).dtype)
+    clone.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for _, w in regularised_weights(clone, targets):
+            w.sub_(w.mean(dim=1, keepdim=True))
+    return clone.eval()
+
+
+def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
+    """Train and measure every (arm, seed); return the arrays of the Result.
+
+    Axes: ``A`` arms, ``S`` seeds, ``T`` steps, ``K`` probes, ``L+1`` stream layers, ``d``
+    channels.
+    """
+    if not isinstance(config, TrainingControlsStudy):
+        raise TypeError(f"config must be a TrainingControlsStudy, got {type(config).__name__}")
+
+    dtype = _DTYPES[config.dtype]
+    train_ids, test_ids = corpus_split(config.held_out)
+    A, S, T, L, d = len(config.arms), len(config.seeds), config.steps, config.n_layers, config.d_model
+    probe_steps = np.arange(config.probe_every, T + 1, config.probe_every)
+    K = len(probe_steps)
+    shape = (A, S)
+    out = {
+        "eval_loss": np.empty(shape), "train_loss": np.empty(shape + (T,)),
+        "grad_norm": np.empty(shape + (T,)), "threshold": np.empty(shape + (T,)),
+        "clipped": np.zeros(shape + (T,), dtype=bool), "train_seconds": np.empty(shape),
+        "drift": np.empty(shape + (L + 1,)), "rms": np.empty(shape + (L + 1,)),
+        "channel_peak": np.empty(shape + (L + 1, d)), "channel_mean": np.empty(shape + (L + 1, d)),
+        "channel_std": np.empty(shape + (L + 1, d)),
+        "exceed6": np.empty(shape + (L + 1,)),
+        "colmean_vo": np.empty(shape), "colmean_mlp": np.empty(shape),
+        "peak_trace": np.empty(shape + (K, L + 1)),
+        "init_drift": np.empty((S, L + 1)), "init_drift_mlp0": np.empty((S, L + 1)),
+        "init_drift_vo0": np.empty((S, L + 1)), "init_eval_loss": np.empty(S),
+        "init_colmean_vo": np.empty(S), "init_colmean_mlp": np.empty(S),
+        "init_peak": np.empty((S, L + 1)),
+    }
+    for si, seed in enumerate(config.seeds):
+        init = TinyLM(member_config(config, seed)).to(dtype).eval()
+        sd0 = stream_drift(init, test_ids, config.seq_len, max_windows=config.eval_windows)
+        out["init_drift"][si] = sd0.drift
+        out["init_peak"][si] = sd0.channel_peak.max(axis=1)
+        out["init_drift_mlp0"][si] = stream_drift(_centred_rows(init, ("w_out",)), test_ids, config.seq_len,
+                                                  max_windows=config.eval_windows).drift
+        out["init_drift_vo0"][si] = stream_drift(_centred_rows(init, ("w_v", "w_o")), test_ids, config.seq_len,
+                                                 max_windows=config.eval_windows).drift
+        out["init_eval_loss"][si] = tiny_lm_loss(init, test_ids, config.seq_len)
+        out["init_colmean_vo"][si] = _colmean_norm(init, ("w_v", "w_o"))
+        out["init_colmean_mlp"][si] = _colmean_norm(init, ("w_out",))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=A * S, desc="training controls")
+    for ai, arm in enumerate(config.arms):
+        for si, seed in enumerate(config.seeds):
+            trace = np.empty((K, L + 1))
+
+            def probe(step, model, trace=trace):
+                if step % config.probe_every == 0:
+                    sd = stream_drift(model, test_ids, config.seq_len, max_windows=config.probe_windows)
+                    trace[step // config.probe_every - 1] = sd.channel_peak.max(axis=1)
+
+            t0 = time.perf_counter()
+            run = train_with_controls(member_config(config, seed), train_ids, test_ids, arm_controls(arm),
+                                      steps=T, batch_size=config.batch_size, seq_len=config.seq_len,
+                                      lr=config.lr, warmup=config.warmup, seed=seed, dtype=dtype,
+                                      callback=probe)
+            out["train_seconds"][ai, si] = time.perf_counter() - t0
+            out["eval_loss"][ai, si] = run.eval_loss
+            out["train_loss"][ai, si] = run.losses
+            out["grad_norm"][ai, si] = run.grad_norms
+            out["threshold"][ai, si] = run.thresholds
+            out["clipped"][ai, si] = run.clipped
+            sd = stream_drift(run.model, test_ids, config.seq_len, multiples=(6.0,),
+                              max_windows=config.eval_windows)
+            out["drift"][ai, si] = sd.drift
+            out["rms"][ai, si] = sd.rms
+            out["channel_peak"][ai, si] = sd.channel_peak
+            out["channel_mean"][ai, si] = sd.mean
+            out["channel_std"][ai, si] = sd.std
+            out["exceed6"][ai, si] = sd.exceed_frac[:, 0]
+            out["colmean_vo"][ai, si] = _colmean_norm(run.model, ("w_v", "w_o"))
+            out["colmean_mlp"][ai, si] = _colmean_norm(run.model, ("w_out",))
+            out["peak_trace"][ai, si] = trace
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
+    out.update(arms=list(config.arms), seeds=list(config.seeds), probe_steps=probe_steps,
+               n_eval_tokens=int(min(config.eval_windows, test_ids.numel() // config.seq_len)
+                                 * config.seq_len),
+               train_bytes=int(train_ids.numel()), held_out_bytes=int(test_ids.numel()),
+               train_tokens=config.steps * config.batch_size * config.seq_len)
+    return out
+
+
+def tiny(**overrides) -> TrainingControlsStudy:
+    """A seconds-sized config for tests (two arms, two seeds, width 8)."""
+    base = TrainingControlsStudy(arms=("none", "colmean_mlp"), seeds=(0, 1), d_model=8, n_layers=2,
+                                 n_heads=2, steps=6, batch_size=2, seq_len=16, warmup=2,
+                                 eval_windows=4, probe_every=3, probe_windows=2)
+    return replace(base, **overrides)
