@@ -4,7 +4,9 @@ The functions here are the mathematical objects of the chapter *LayerNorm geomet
 
 * :func:`layernorm` and :func:`rmsnorm` normalise the last axis of an array (NumPy, float64);
 * :func:`layernorm_jacobian` and :func:`rmsnorm_jacobian` return the exact ``d x d`` Jacobian
-  of the normalisation without affine parameters at a 1-D input;
+  of the normalisation at a 1-D input, without affine parameters or with a gain ``gamma``;
+* :func:`gain_jacobian_norm_bounds` brackets the spectral norm of that Jacobian with a gain,
+  ``gamma_(m+1) / s <= ||J|| <= max|gamma| / s``, for one input or a batch of rows;
 * :func:`autograd_jacobian` computes the same matrices (for one vector or a batch) by
   differentiating PyTorch's own ``torch.nn.functional.layer_norm`` / ``rms_norm``, an
   independent implementation used to check the formulas.
@@ -19,11 +21,14 @@ import numbers
 
 import numpy as np
 
+from companion._validation import check_real
+
 __all__ = [
     "layernorm",
     "rmsnorm",
     "layernorm_jacobian",
     "rmsnorm_jacobian",
+    "gain_jacobian_norm_bounds",
     "autograd_jacobian",
 ]
 
@@ -181,8 +186,8 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     return out * gamma if gamma is not None else out
 
 
-def layernorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
-    r"""Exact Jacobian of LayerNorm (no affine parameters) at a 1-D input.
+def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
+    r"""Exact Jacobian of LayerNorm at a 1-D input, without affine parameters or with a gain.
 
     Parameters
     ----------
@@ -190,6 +195,9 @@ def layernorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
         The point at which to differentiate.
     eps : float, default 0.0
         Variance epsilon, as in :func:`layernorm`.
+    gamma : array_like of shape (d,), optional
+        Gain; the Jacobian is then :math:`\operatorname{diag}(\gamma)\,J` (a bias does not
+        change it). ``None`` means no gain.
 
     Returns
     -------
@@ -201,7 +209,8 @@ def layernorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is not 1-D, contains NaN/inf, is constant while ``eps`` = 0, or ``eps`` < 0.
+        If ``x`` is not 1-D, contains NaN/inf, is constant while ``eps`` = 0, ``eps`` < 0, or
+        ``gamma`` does not have shape ``(d,)``.
 
     Notes
     -----
@@ -227,14 +236,16 @@ def layernorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
     eps = _check_eps(eps)
     x = _as_float_array(x, one_d=True)
     d = x.shape[0]
+    gamma = _check_affine(gamma, d, "gamma")
     y, s = _centred_scale(x, eps, centre=True)
     s = float(s[0])
     P = np.eye(d) - 1.0 / d
-    return (P - np.outer(y, y) / (d * s * s)) / s
+    J = (P - np.outer(y, y) / (d * s * s)) / s
+    return J if gamma is None else gamma[:, None] * J
 
 
-def rmsnorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
-    r"""Exact Jacobian of RMSNorm (no gain) at a 1-D input.
+def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
+    r"""Exact Jacobian of RMSNorm at a 1-D input, without gain or with a gain.
 
     Parameters
     ----------
@@ -242,6 +253,9 @@ def rmsnorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
         The point at which to differentiate.
     eps : float, default 0.0
         Epsilon added to the mean square, as in :func:`rmsnorm`.
+    gamma : array_like of shape (d,), optional
+        Gain; the Jacobian is then :math:`\operatorname{diag}(\gamma)\,J`. ``None`` means no
+        gain.
 
     Returns
     -------
@@ -252,7 +266,8 @@ def rmsnorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is not 1-D, contains NaN/inf, is all zero while ``eps`` = 0, or ``eps`` < 0.
+        If ``x`` is not 1-D, contains NaN/inf, is all zero while ``eps`` = 0, ``eps`` < 0, or
+        ``gamma`` does not have shape ``(d,)``.
 
     Notes
     -----
@@ -273,9 +288,81 @@ def rmsnorm_jacobian(x, eps: float = 0.0) -> np.ndarray:
     eps = _check_eps(eps)
     x = _as_float_array(x, one_d=True)
     d = x.shape[0]
+    gamma = _check_affine(gamma, d, "gamma")
     _, r = _centred_scale(x, eps, centre=False)
     r = float(r[0])
-    return (np.eye(d) - np.outer(x, x) / (d * r * r)) / r
+    J = (np.eye(d) - np.outer(x, x) / (d * r * r)) / r
+    return J if gamma is None else gamma[:, None] * J
+
+
+def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
+                              eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    r"""Bounds on the spectral norm of a normalisation's Jacobian with a learned gain.
+
+    Parameters
+    ----------
+    x : array_like, shape (d,) or (n, d)
+        The input (one token) or a batch of inputs, one per row.
+    gamma : array_like, shape (d,)
+        The gain of the normalisation.
+    kind : {"rmsnorm", "layernorm"}
+        Which normalisation; a LayerNorm bias does not change the Jacobian.
+    eps : float, default 0.0
+        Epsilon inside the square root, as in :func:`rmsnorm` / :func:`layernorm`.
+
+    Returns
+    -------
+    (lower, upper) : tuple of numpy.ndarray
+        Arrays of the shape of ``x`` without its last axis (0-d for one input):
+        ``lower = g_(m+1) / s`` and ``upper = g_(1) / s``, where ``g_(1) >= g_(2) >= ...`` are
+        the sorted ``|gamma_j|``, ``s`` is the normaliser of the row
+        (:math:`\sqrt{\|x\|^2/d + \epsilon}` for RMSNorm, :math:`\sqrt{\mathrm{std}(x)^2 + \epsilon}`
+        for LayerNorm) and ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` or ``gamma`` is not numeric or ``eps`` is not a real number.
+    ValueError
+        If ``kind`` is unknown, ``x`` is not 1-D or 2-D, ``gamma`` does not have shape ``(d,)``,
+        ``d <= m``, an input contains NaN/inf, ``eps`` < 0, or a row is degenerate (zero for
+        RMSNorm, constant for LayerNorm) while ``eps`` = 0.
+
+    Notes
+    -----
+    The Jacobian is :math:`J = \Gamma J_0` with :math:`\Gamma = \operatorname{diag}(\gamma)` and
+    :math:`J_0` the Jacobian without gain, which is :math:`1/s` times the identity on a subspace
+    :math:`U` of codimension :math:`m` (the complement of :math:`x`, or of :math:`\mathbf 1` and
+    the centred :math:`x`) and at most :math:`1/s` on its complement. Hence
+    :math:`\|J\| \le \|\Gamma\|\,\|J_0\| = g_{(1)}/s`, and, restricting to :math:`U`,
+    :math:`\|J\| \ge \|\Gamma P_U\|/s \ge g_{(m+1)}/s` by Cauchy's interlacing theorem
+    (:math:`P_U \Gamma^2 P_U` is a compression of :math:`\Gamma^2` to codimension :math:`m`).
+    So :math:`\|J\| = \max_j|\gamma_j|/s` up to the gap between the largest gains.
+
+    Examples
+    --------
+    >>> x, g = np.array([3.0, -1.0, 2.0, 0.5]), np.array([2.0, 1.5, 0.5, 1.0])
+    >>> lo, hi = gain_jacobian_norm_bounds(x, g)
+    >>> exact = np.linalg.norm(rmsnorm_jacobian(x, gamma=g), 2)
+    >>> bool(lo <= exact <= hi)
+    True
+    """
+    if kind not in ("rmsnorm", "layernorm"):
+        raise ValueError(f"kind must be 'rmsnorm' or 'layernorm', got {kind!r}")
+    eps = check_real(eps, "eps", lo=0.0)
+    arr = _as_float_array(x)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"x must be a 1-D vector or a 2-D batch of rows, got shape {arr.shape}")
+    d = arr.shape[-1]
+    if gamma is None:
+        raise TypeError("gamma must be an array of shape (d,), got None")
+    g = np.sort(np.abs(_check_affine(gamma, d, "gamma")))[::-1]
+    m = 1 if kind == "rmsnorm" else 2
+    if d <= m:
+        raise ValueError(f"the feature axis must be longer than {m} for {kind}, got d = {d}")
+    _, s = _centred_scale(arr, eps, centre=(kind == "layernorm"))
+    s = s[..., 0]
+    return g[m] / s, g[0] / s
 
 
 def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarray:
