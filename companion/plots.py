@@ -26,21 +26,10 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["band", "counts", "depth_axis", "depth_colours", "finish", "interval_errorbars", "table",
-           "tail_curves"]
-__all__ += ["window_edges"]
-__all__ += ["effect_profiles"]
-__all__ += ["channel_points"]
-__all__ += ["count_comparison"]
-__all__ += ["layer_profiles"]
-__all__ += ["partial_dot_curves"]
-__all__ += ["quantization_error_scatter"]
-__all__ += ["scheme_bars"]
-__all__ += ["grouped_bars"]
-
-__all__ += ["seed_points"]
-__all__ += ["seed_bands"]
-
+__all__ = ["band", "channel_points", "count_comparison", "counts", "depth_axis", "depth_colours",
+           "effect_profiles", "finish", "grouped_bars", "interval_errorbars", "layer_profiles",
+           "partial_dot_curves", "quantization_error_scatter", "scheme_bars", "seed_bands",
+           "seed_points", "table", "tail_curves", "window_edges"]
 
 
 def _check_axes(ax):
@@ -243,7 +232,7 @@ def table(columns, rows, fmts, *, sep: str = " ") -> str:
     return "\n".join(lines)
 
 
-# --- engine ---
+# --- injection: windows and effect profiles ---
 def window_edges(ax, depths, measured, predicted, labels, predicted_labels=None, *,
                  colours=("C0", "C1", "C3"), note: float | None = 0.0625):
     """Lower edge of the injection window against depth: measured (dots) and predicted (dashes).
@@ -321,7 +310,7 @@ def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
     return ax
 
 
-# --- outliers ---
+# --- channel statistics, counts and attention logits ---
 def _curve_items(curves, name: str):
     if not isinstance(curves, dict) or not curves:
         raise TypeError(f"{name} must be a non-empty dict label -> values or label -> (values, fmt)")
@@ -513,7 +502,7 @@ def partial_dot_curves(axes, part, label: str):
             "slope_snr": float(np.polyfit(np.log(m_), np.log(snr), 1)[0])}
 
 
-# --- quant ---
+# --- quantisation and pruning ---
 def quantization_error_scatter(ax, ranges, mse, colour, *, bits: int = 8):
     """Per-channel quantisation MSE against the channel's range, coloured (e.g. by ``|μ|/range``),
     with the uniform-error line ``Δ²/12`` and the bound ``Δ²/4`` (``Δ = range/q``); log axes.
@@ -569,7 +558,7 @@ def grouped_bars(ax, groups, series, *, ylabel: str = "", log: bool = True, widt
     return ax
 
 
-# --- train ---
+# --- training runs over seeds ---
 def seed_points(ax, values, labels, *, level: float = 0.95, reference: float | None = None,
                 colors=None, jitter: float = 0.12):
     """One column per arm: every seed's value as a dot, the mean with its t-interval as a bar.
