@@ -14,14 +14,17 @@ layer (``benchmarks/bench_probes.py``).
 The measurements use one vocabulary, :mod:`companion.perturbation`
 (:data:`~companion.perturbation.METRIC_NAMES`, :func:`~companion.perturbation.next_token_kl`):
 
-injection_sweep, SweepResult, adapt
+injection_sweep, adapt
     The engine: streams or measurements of every (layer, scale) injection.
-stack_injection_sweep, InjectionSweep
+stack_injection_sweep
     On a stack: every metric per layer and position, the output change, the next-token KL of
     a language model, and the skip-path prediction of the projection.
-track_injection, InjectionTrack
+track_injection
     On a real model with two-segment prompts (:func:`companion.directions.make_prompts`):
     the metrics averaged over each position group, and the output effect of every run.
+SweepResult, EFFECT_KINDS
+    The one result type of all three, with the accessors ``mean``, ``effect``, ``window`` and
+    ``effect_at``; the output effects it can hold.
 
 Indexing: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the output of block
 ``l - 1``; injecting at layer ``l`` perturbs ``h_l`` and every later block sees it.
@@ -50,14 +53,20 @@ __all__ = [
     "injection_sweep",
     "SweepResult",
     "EFFECT_KINDS",
-    "InjectionSweep",
     "stack_injection_sweep",
-    "InjectionTrack",
     "track_injection",
 ]
 
-#: Output effects an :class:`InjectionSweep` can report (see :meth:`InjectionSweep.effect`).
-EFFECT_KINDS = ("output_change", "output_projection", "kl")
+#: Output effects a :class:`SweepResult` can hold (see :meth:`SweepResult.effect`).
+#: Per token: ``output_change`` :math:`\|y_{inj} - y_{base}\| / \|y_{base}\|` of a stack's final
+#: output ``y`` (after the final norm, if any); ``output_projection``
+#: :math:`(y_{inj} - y_{base})\cdot\hat v / \|y_{base}\|`; ``kl``
+#: :math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of a language model's next-token distributions
+#: (:func:`companion.perturbation.next_token_kl`, nats).  Per sequence (real models): ``kl_last``,
+#: the KL at the last token of a causal LM; ``embedding_change``, ``1 - cos`` of an encoder's
+#: mean-pooled final state (:func:`companion.perturbation.embedding_change`).
+EFFECT_KINDS = ("output_change", "output_projection", "kl", "kl_last", "embedding_change")
+_PER_SEQUENCE = ("kl_last", "embedding_change")
 
 
 def adapt(model, inputs, max_length: int | None = None):
@@ -117,36 +126,265 @@ def _finite64(x, name: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# the engine
+# the one result type
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepResult:
-    """What :func:`injection_sweep` returns: the streams, or what ``measure`` made of them.
+    """What every injection sweep returns: the streams, or the measurements you asked for.
+
+    :func:`injection_sweep` fills the streams (``injected``, or what its ``measure`` made of
+    them); :func:`stack_injection_sweep` and :func:`track_injection` fill ``metrics`` (the
+    vocabulary :data:`companion.perturbation.METRIC_NAMES`) and ``effects`` (the output
+    effects, :data:`EFFECT_KINDS`) and leave ``injected`` empty.  A field a sweep does not
+    produce is ``None``.  Runs are indexed ``[injection layer]`` for a scalar ``scales`` and
+    ``[injection layer, scale]`` for a sequence of scales; the accessors (:meth:`mean`, :meth:`effect`,
+    :meth:`window`, :meth:`effect_at`) average over prompts and positions.
 
     Attributes
     ----------
-    baseline : torch.Tensor, shape ``[L+1, batch, tokens, d]``
-        The run without injection (always the full stream).
-    injected : torch.Tensor
-        ``[n_layers, L+1, batch, tokens, d]`` for a scalar ``scale``, or
-        ``[n_layers, n_scales, L+1, batch, tokens, d]`` for a sequence of scales; with a
-        ``measure`` the trailing ``batch, tokens, d`` are replaced by what ``measure`` returns.
-        For layers below the injection layer the injected run equals the baseline.
-    layers : tuple of int
-    scales : float or tuple of float
-    attention_mask : torch.Tensor, shape ``[batch, tokens]``
-    injected_mask : torch.Tensor of bool, shape ``[batch, tokens]``
+    layers : numpy.ndarray of int, shape ``[n_inj]``
+        Injection layers (stream indices in ``[0, L]``).
+    scales : float or numpy.ndarray, shape ``[n_scales]``
+        The magnitude(s) as given to the sweep.
+    n_layers : int
+        Depth ``L`` of the model.
+    baseline : torch.Tensor or None, shape ``[L+1, batch, tokens, d]``
+        The run without injection (the full stream).
+    injected : torch.Tensor or None
+        :func:`injection_sweep`: ``[runs..., L+1, batch, tokens, d]`` streams, or with a
+        ``measure`` ``[runs..., L+1, ...]`` what it returned.  Below the injection layer the
+        injected run equals the baseline.
+    attention_mask : torch.Tensor or None, shape ``[batch, tokens]``
+    injected_mask : torch.Tensor or None, bool, shape ``[batch, tokens]``
         The positions that received the vector.
+    metrics : dict of str to numpy.ndarray, or None
+        :func:`companion.perturbation.perturbation_metrics` of each run against the baseline
+        at every layer: ``[runs..., L+1, batch, tokens]``, or, where ``groups`` is set,
+        ``[runs..., L+1, batch, len(groups)]`` averaged over each position group (NaN where
+        undefined, e.g. ``cos_delta_v`` before the injection layer).
+    groups : tuple of str or None
+        The position groups of the metrics' last axis (:data:`companion.directions.GROUPS`).
+    effects : dict of str to numpy.ndarray, or None
+        Output effect of each run, keyed by :data:`EFFECT_KINDS`: ``[runs..., batch, tokens]``
+        for the per-token kinds, ``[runs..., batch]`` for ``kl_last`` and
+        ``embedding_change``.
+    effect_name : str or None
+        The default kind of :meth:`effect`.
+    coefficient : numpy.ndarray or None, shape ``[runs...]``
+        The absolute length of the added vector of each run.
+    relative : bool or None
+        Whether ``scales`` were relative to the stream's size.
+    model : str or None
+        The model's name (real models).
+    typical_norm : numpy.ndarray or None, shape ``[L+1]``
+        Median baseline ``||h_l||`` at the injected positions (:func:`track_injection`).
+    base_norm : numpy.ndarray or None, shape ``[L+1, batch, tokens]``
+        ``||h_l||`` of the baseline at every layer and position (stacks).
+    base_sq_norm : numpy.ndarray or None, shape ``[L+1]``
+        :math:`\\mathbb E\\|h_l\\|^2` of the baseline over batch and tokens (stacks).
+    direction : numpy.ndarray or None, shape ``[d]``
+        The unit direction ``v`` (stacks).
+    placement : str or None
+        ``"pre"`` or ``"post"`` (stacks).
+    predicted_projection : numpy.ndarray or None, shape ``[runs, L+1, batch, tokens]``
+        Skip-path prediction of ``metrics["projection"]`` (stacks): Post-LN, the product of
+        the factors of :func:`companion.perturbation.postln_contraction_factors` (one per
+        sublayer norm); Pre-LN, :math:`\\lambda^{S(m-\\ell)} p_\\ell` (S sublayers per
+        block).  0 at positions that were not injected.
     """
 
-    baseline: torch.Tensor
-    injected: torch.Tensor
-    layers: tuple
-    scales: float | tuple
-    attention_mask: torch.Tensor
-    injected_mask: torch.Tensor
+    layers: np.ndarray
+    scales: float | np.ndarray
+    n_layers: int
+    baseline: torch.Tensor | None = None
+    injected: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    injected_mask: torch.Tensor | None = None
+    metrics: dict | None = None
+    groups: tuple | None = None
+    effects: dict | None = None
+    effect_name: str | None = None
+    coefficient: np.ndarray | None = None
+    relative: bool | None = None
+    model: str | None = None
+    typical_norm: np.ndarray | None = None
+    base_norm: np.ndarray | None = None
+    base_sq_norm: np.ndarray | None = None
+    direction: np.ndarray | None = None
+    placement: str | None = None
+    predicted_projection: np.ndarray | None = None
 
+    def mean(self, metric: str, where: str | None = None) -> np.ndarray:
+        """A metric averaged over prompts and positions, shape ``[runs..., L+1]``.
 
+        Parameters
+        ----------
+        metric : str
+            A key of :attr:`metrics`.
+        where : str, optional
+            A position group of :attr:`groups` (default ``"last"``), or, for per-token
+            metrics, ``"all"`` (default), ``"injected"`` or ``"later"`` (:meth:`position_mask`).
+            NaN values are left out of the average.
+
+        Raises
+        ------
+        ValueError
+            If the sweep has no metrics, or for an unknown metric, group or position set.
+        """
+        if not self.metrics or metric not in self.metrics:
+            raise ValueError(f"unknown metric {metric!r}; choose from {sorted(self.metrics or ())}")
+        if self.groups is not None:
+            where = "last" if where is None else where
+            if where not in self.groups:
+                raise ValueError(f"unknown group {where!r}; choose from {self.groups}")
+            a = self.metrics[metric][..., self.groups.index(where)]
+        else:
+            a = self.metrics[metric][..., self.position_mask(where or "all")]
+            a = a.reshape(*a.shape[:-2], -1)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(a)
+            n = ok.sum(-1)
+            s = np.where(ok, a, 0.0).sum(-1)
+            return np.where(n > 0, s / np.maximum(n, 1), np.nan)
+
+    def effect(self, kind: str | None = None, positions: str = "all") -> np.ndarray:
+        """Output effect of each run, averaged over prompts (and the chosen tokens).
+
+        Parameters
+        ----------
+        kind : str, optional
+            One of :data:`EFFECT_KINDS` present in :attr:`effects` (default
+            :attr:`effect_name`).  ``"output_projection"`` returns the absolute value of the
+            mean (the part of the injected direction readable at the output).
+        positions : {"all", "injected", "later"}
+            For per-token kinds: average over every token, the injected tokens, or the tokens
+            after the last injected one (the protocol of Hahami et al., who read the last
+            token).  Ignored by ``kl_last`` and ``embedding_change``.
+
+        Returns
+        -------
+        numpy.ndarray, shape ``[runs...]``
+
+        Raises
+        ------
+        ValueError
+            If ``kind`` or ``positions`` is unknown, the sweep did not measure ``kind``
+            (``"kl"`` needs a language model), or no token lies after the last injected one.
+        """
+        kind = self.effect_name if kind is None else kind
+        if kind not in EFFECT_KINDS:
+            raise ValueError(f"kind must be one of {EFFECT_KINDS}, got {kind!r}")
+        if not self.effects or kind not in self.effects:
+            hint = "; kind='kl' needs a language model (TinyLM)" if kind == "kl" else ""
+            raise ValueError(f"this sweep did not measure {kind!r} (it has {sorted(self.effects or ())}){hint}")
+        values = self.effects[kind]
+        if kind in _PER_SEQUENCE:
+            return values.mean(-1)
+        mean = values[..., self.position_mask(positions)].mean(axis=(-2, -1))
+        return np.abs(mean) if kind == "output_projection" else mean
+
+    def position_mask(self, positions: str = "all") -> np.ndarray:
+        """Boolean mask over tokens ``[tokens]``: ``"all"``, ``"injected"`` or ``"later"``.
+
+        Raises
+        ------
+        ValueError
+            For another name, a sweep without ``injected_mask`` or whose sequences were
+            injected at different positions, or ``"later"`` with no token after the last
+            injected one.
+        """
+        if positions not in ("all", "injected", "later"):
+            raise ValueError(f"positions must be 'all', 'injected' or 'later', got {positions!r}")
+        sel = None if self.injected_mask is None else np.asarray(self.injected_mask)
+        if sel is None or sel.ndim != 2 or not (sel == sel[:1]).all():
+            raise ValueError("position sets need the same injected positions in every sequence")
+        sel = sel[0]
+        if positions == "all":
+            return np.ones_like(sel)
+        if positions == "injected":
+            return sel.copy()
+        mask = np.zeros_like(sel)
+        mask[int(np.flatnonzero(sel)[-1]) + 1 :] = True
+        if not mask.any():
+            raise ValueError("no token lies after the last injected position")
+        return mask
+
+    def window(self, threshold: float = 0.5, kind: str | None = None, positions: str = "all",
+               relative: bool = True, contiguous: bool = True, scale_index: int = 0) -> pt.Window:
+        """:func:`companion.perturbation.injection_window` of :meth:`effect`.
+
+        Parameters
+        ----------
+        threshold, relative, contiguous
+            As in :func:`companion.perturbation.injection_window`.
+        kind, positions
+            As in :meth:`effect`.
+        scale_index : int, default 0
+            Which magnitude, when the sweep ran several (``scales`` an array).
+
+        Raises
+        ------
+        ValueError
+            If ``scale_index`` is out of range (and as :meth:`effect` and
+            ``injection_window`` raise).
+        """
+        e = self.effect(kind, positions)
+        s = check_int(scale_index, "scale_index", 0)
+        if s >= (e.shape[1] if e.ndim == 2 else 1):
+            raise ValueError(f"scale_index must be < {e.shape[1] if e.ndim == 2 else 1}, got {s}")
+        return pt.injection_window(
+            e[:, s] if e.ndim == 2 else e, layers=self.layers.astype(int), n_layers=self.n_layers,
+            threshold=threshold, relative=relative, contiguous=contiguous,
+        )
+
+    def effect_at(
+        self, layer: int, kind: str = "relative_projection", positions: str = "all"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Effect read at stream index ``layer`` of the injections made before it (stacks).
+
+        Because block ``l`` of a stack depends only on ``(seed, l)``, the first ``m`` blocks
+        of a deep stack *are* the stack of depth ``m``: reading the stream at index ``m``
+        gives the output of the depth-``m`` stack, so one sweep serves every depth.
+
+        Parameters
+        ----------
+        layer : int
+            Stream index ``m`` (``1 <= m <= L``) at which to read.
+        kind : {"relative_projection", "relative_size"}
+            ``"relative_projection"``: :math:`|\\operatorname{mean}(p_m/\\|h_m\\|)|`, the
+            part of the injected direction still readable, relative to the stream's size;
+            ``"relative_size"``: :math:`\\operatorname{mean}(\\|\\delta_m\\|/\\|h_m\\|)`.
+        positions : {"all", "injected", "later"}
+            Tokens to average over (see :meth:`effect`).
+
+        Returns
+        -------
+        (numpy.ndarray of int, numpy.ndarray)
+            The injection layers ``l < m`` of this sweep and the effect of each.
+
+        Raises
+        ------
+        TypeError
+            If ``layer`` is not an integer.
+        ValueError
+            If ``layer`` is out of range, no injection layer lies below it, or ``kind`` or
+            ``positions`` is unknown.
+        """
+        m = check_int(layer, "layer", 1)
+        if m > self.n_layers:
+            raise ValueError(f"layer must be in [1, {self.n_layers}], got {m}")
+        lay = self.layers
+        keep = lay < m
+        if not keep.any():
+            raise ValueError(f"no injection layer of this sweep lies below layer {m}")
+        pos = self.position_mask(positions)
+        if kind == "relative_projection":
+            vals = self.metrics["projection"][keep, m] / self.base_norm[m]
+            return lay[keep], np.abs(vals[:, :, pos].mean(axis=(1, 2)))
+        if kind == "relative_size":
+            vals = self.metrics["relative_size"][keep, m]
+            return lay[keep], vals[:, :, pos].mean(axis=(1, 2))
+        raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
 def injection_sweep(
     model,
     inputs,
@@ -197,6 +435,7 @@ def injection_sweep(
     Returns
     -------
     SweepResult
+        With ``baseline``, ``injected``, ``attention_mask`` and ``injected_mask``.
 
     Raises
     ------
@@ -309,11 +548,8 @@ def injection_sweep(
     shape = (len(layers),) if scalar else (len(layers), len(scales))
     injected = out.reshape(*shape, *out.shape[1:])
     return SweepResult(
-        baseline=torch.stack(base),
-        injected=injected,
-        layers=layers,
-        scales=scales[0] if scalar else scales,
-        attention_mask=ad.attention_mask,
+        layers=np.asarray(layers), scales=scales[0] if scalar else np.asarray(scales), n_layers=L,
+        baseline=torch.stack(base), injected=injected, attention_mask=ad.attention_mask,
         injected_mask=sel,
     )
 
@@ -321,167 +557,6 @@ def injection_sweep(
 # --------------------------------------------------------------------------------------------
 # stacks: every metric per layer and position
 # --------------------------------------------------------------------------------------------
-@dataclass
-class InjectionSweep:
-    """Result of :func:`stack_injection_sweep` (all arrays numpy float64 on the CPU).
-
-    Attributes
-    ----------
-    layers : numpy.ndarray of int, shape ``[K]``
-        Injection layers (stream indices).
-    n_layers : int
-        Depth ``L`` of the stack.
-    placement : str
-        ``"pre"`` or ``"post"``.
-    direction : numpy.ndarray, shape ``[d]``
-        The unit direction ``v``.
-    amplitude : numpy.ndarray, shape ``[K]``
-        :math:`\\|\\delta_\\ell\\|` added at each injected position.
-    injected : numpy.ndarray of bool, shape ``[T]``
-        Which token positions received the vector.
-    metrics : dict of str to numpy.ndarray, each ``[K, L+1, B, T]``
-        :func:`companion.perturbation.perturbation_metrics` of the injected run against the baseline, for each
-        injection layer.
-    predicted_projection : numpy.ndarray, shape ``[K, L+1, B, T]``
-        Skip-path prediction of ``metrics["projection"]``: Post-LN, the product of the
-        factors of :func:`companion.perturbation.postln_contraction_factors` (one per sublayer norm); Pre-LN,
-        :math:`\\lambda^{S(m-\\ell)} p_\\ell` (S sublayers per block).  0 at positions that
-        were not injected.
-    output_change : numpy.ndarray, shape ``[K, B, T]``
-        :math:`\\|y_{inj} - y_{base}\\| / \\|y_{base}\\|` for the stack's final output ``y``
-        (after the final norm, if any).
-    output_projection : numpy.ndarray, shape ``[K, B, T]``
-        :math:`(y_{inj} - y_{base})\\cdot\\hat v / \\|y_{base}\\|`: how much of the injected
-        direction can still be read at the output, relative to the output's size.
-    kl : numpy.ndarray or None, shape ``[K, B, T]``
-        For a language model, :math:`\\mathrm{KL}(p_{base}\\,\\|\\,p_{inj})` of the
-        next-token distributions (nats); ``None`` for a bare stack.
-    base_sq_norm : numpy.ndarray, shape ``[L+1]``
-        :math:`\\mathbb E\\|h_l\\|^2` of the baseline over batch and tokens.
-    base_norm : numpy.ndarray, shape ``[L+1, B, T]``
-        :math:`\\|h_l\\|` of the baseline at every layer and position.
-    """
-
-    layers: np.ndarray
-    n_layers: int
-    placement: str
-    direction: np.ndarray
-    amplitude: np.ndarray
-    injected: np.ndarray
-    metrics: dict
-    predicted_projection: np.ndarray
-    output_change: np.ndarray
-    output_projection: np.ndarray
-    kl: np.ndarray | None
-    base_sq_norm: np.ndarray
-    base_norm: np.ndarray
-
-    def effect(self, kind: str = "output_change", positions: str = "all") -> np.ndarray:
-        """Output effect per injection layer, averaged over batch and the chosen tokens.
-
-        Parameters
-        ----------
-        kind : {"output_change", "output_projection", "kl"}
-            ``"output_change"``: mean of :attr:`output_change`; ``"output_projection"``:
-            absolute value of the mean of :attr:`output_projection` (the part of the injected
-            direction readable at the output); ``"kl"``: mean of :attr:`kl`.
-        positions : {"all", "injected", "later"}
-            Average over every token, over the injected tokens, or over the tokens after the
-            last injected one (the protocol of Hahami et al., who read the last token).
-
-        Returns
-        -------
-        numpy.ndarray, shape ``[K]``
-
-        Raises
-        ------
-        ValueError
-            If ``kind`` or ``positions`` is unknown, ``kind="kl"`` for a bare stack, or no
-            token lies after the last injected one.
-        """
-        if kind not in EFFECT_KINDS:
-            raise ValueError(f"kind must be one of {EFFECT_KINDS}, got {kind!r}")
-        values = {"output_change": self.output_change, "output_projection": self.output_projection,
-                  "kl": self.kl}[kind]
-        if values is None:
-            raise ValueError("kind='kl' needs a language model (TinyLM); this sweep ran a bare stack")
-        mean = values[:, :, self.position_mask(positions)].mean(axis=(1, 2))
-        return np.abs(mean) if kind == "output_projection" else mean
-
-    def effect_at(
-        self, layer: int, kind: str = "relative_projection", positions: str = "all"
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Effect read at stream index ``layer`` of the injections made before it.
-
-        Because block ``l`` of a stack depends only on ``(seed, l)``, the first ``m`` blocks
-        of a deep stack *are* the stack of depth ``m``: reading the stream at index ``m``
-        gives the output of the depth-``m`` stack, so one sweep serves every depth.
-
-        Parameters
-        ----------
-        layer : int
-            Stream index ``m`` (``1 <= m <= L``) at which to read.
-        kind : {"relative_projection", "relative_size"}
-            ``"relative_projection"``: :math:`|\\operatorname{mean}(p_m/\\|h_m\\|)|`, the
-            part of the injected direction still readable, relative to the stream's size;
-            ``"relative_size"``: :math:`\\operatorname{mean}(\\|\\delta_m\\|/\\|h_m\\|)`.
-        positions : {"all", "injected", "later"}
-            Tokens to average over (see :meth:`effect`).
-
-        Returns
-        -------
-        (numpy.ndarray of int, numpy.ndarray)
-            The injection layers ``l < m`` of this sweep and the effect of each.
-
-        Raises
-        ------
-        TypeError
-            If ``layer`` is not an integer.
-        ValueError
-            If ``layer`` is out of range, no injection layer lies below it, or ``kind`` or
-            ``positions`` is unknown.
-        """
-        m = check_int(layer, "layer", 1)
-        if m > self.n_layers:
-            raise ValueError(f"layer must be in [1, {self.n_layers}], got {m}")
-        keep = self.layers < m
-        if not keep.any():
-            raise ValueError(f"no injection layer of this sweep lies below layer {m}")
-        pos = self.position_mask(positions)
-        if kind == "relative_projection":
-            vals = self.metrics["projection"][keep, m] / self.base_norm[m]
-            return self.layers[keep], np.abs(vals[:, :, pos].mean(axis=(1, 2)))
-        if kind == "relative_size":
-            vals = self.metrics["relative_size"][keep, m]
-            return self.layers[keep], vals[:, :, pos].mean(axis=(1, 2))
-        raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
-
-    def position_mask(self, positions: str = "all") -> np.ndarray:
-        """Boolean mask over tokens: ``"all"``, ``"injected"`` or ``"later"`` (see :meth:`effect`)."""
-        if positions == "all":
-            return np.ones_like(self.injected)
-        if positions == "injected":
-            return self.injected.copy()
-        if positions == "later":
-            mask = np.zeros_like(self.injected)
-            last = int(np.flatnonzero(self.injected)[-1])
-            mask[last + 1 :] = True
-            if not mask.any():
-                raise ValueError("no token lies after the last injected position")
-            return mask
-        raise ValueError(f"positions must be 'all', 'injected' or 'later', got {positions!r}")
-
-    def window(
-        self, threshold: float = 0.5, kind: str = "output_change", positions: str = "all",
-        relative: bool = True, contiguous: bool = True,
-    ) -> pt.Window:
-        """:func:`companion.perturbation.injection_window` of :meth:`effect` (same parameters)."""
-        return pt.injection_window(
-            self.effect(kind, positions), layers=self.layers, n_layers=self.n_layers,
-            threshold=threshold, relative=relative, contiguous=contiguous,
-        )
-
-
 def stack_injection_sweep(
     model,
     inputs,
@@ -491,7 +566,7 @@ def stack_injection_sweep(
     direction=None,
     positions=None,
     seed: int = 0,
-) -> InjectionSweep:
+) -> SweepResult:
     r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
 
     Parameters
@@ -521,7 +596,11 @@ def stack_injection_sweep(
 
     Returns
     -------
-    InjectionSweep
+    SweepResult
+        ``scales`` = ``scale``; ``coefficient`` ``[K]`` the injected norms :math:`a_\ell`;
+        ``metrics`` ``[K, L+1, B, T]``; ``effects`` ``output_change``, ``output_projection``
+        and, for a ``TinyLM``, ``kl``, each ``[K, B, T]``; ``predicted_projection``,
+        ``base_norm``, ``base_sq_norm``, ``direction``, ``placement``.
 
     Raises
     ------
@@ -643,108 +722,21 @@ def stack_injection_sweep(
     metrics = {name: np.ascontiguousarray(got[:, :, i]) for i, name in enumerate(pt.METRIC_NAMES)}
     predicted = np.stack([pt.predicted_projection(factors, ell, amps[k] * mask_np[None, :])
                           for k, ell in enumerate(lay.tolist())])
-    return InjectionSweep(
-        layers=lay.astype(int), n_layers=n_layers, placement=cfg.placement, direction=v,
-        amplitude=np.asarray(amps, dtype=np.float64), injected=mask_np, metrics=metrics,
-        predicted_projection=predicted, output_change=output_change,
-        output_projection=output_projection, kl=kl, base_sq_norm=sq, base_norm=base_norm,
+    effects = {"output_change": output_change, "output_projection": output_projection}
+    if is_lm:
+        effects["kl"] = kl
+    return SweepResult(
+        layers=lay.astype(int), scales=scale, n_layers=n_layers, baseline=sw.baseline,
+        attention_mask=sw.attention_mask, injected_mask=sw.injected_mask, metrics=metrics,
+        effects=effects, effect_name="output_change",
+        coefficient=np.asarray(amps, dtype=np.float64), relative=relative, base_norm=base_norm,
+        base_sq_norm=sq, direction=v, placement=cfg.placement, predicted_projection=predicted,
     )
 
 
 # --------------------------------------------------------------------------------------------
 # real models: metrics per position group, output effects
 # --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class InjectionTrack:
-    """Per-layer metrics and output effects of injections at many layers and magnitudes.
-
-    Attributes
-    ----------
-    model : str
-    n_layers : int
-        Depth ``L``.
-    layers : numpy.ndarray of int, shape ``[n_inj]``
-        Injection layers (stream indices).
-    scales : numpy.ndarray, shape ``[n_scales]``
-        The magnitudes as given: relative ``alpha`` (``relative=True``) or absolute ``c``.
-    relative : bool
-    coefficient : numpy.ndarray, shape ``[n_inj, n_scales]``
-        The absolute length ``c`` of the added vector ``c * v_hat``.
-    typical_norm : numpy.ndarray, shape ``[L+1]``
-        Median baseline ``||h_l||`` at the injected positions.
-    metrics : dict of str to numpy.ndarray, each ``[n_inj, n_scales, L+1, batch, 3]``
-        :func:`companion.perturbation.perturbation_metrics`, averaged over the positions of each
-        group of :data:`GROUPS` in each prompt (NaN where undefined, e.g. ``cos_delta_v``
-        before the injection layer).
-    output_effect : numpy.ndarray, shape ``[n_inj, n_scales, batch]``
-        KL divergence at the last token (causal LM) or ``1 - cos`` of the sentence embedding
-        (encoder) between the injected and the baseline run.
-    effect_name : str
-        ``"kl_last"`` or ``"embedding_change"``.
-    """
-
-    model: str
-    n_layers: int
-    layers: np.ndarray
-    scales: np.ndarray
-    relative: bool
-    coefficient: np.ndarray
-    typical_norm: np.ndarray
-    metrics: dict
-    output_effect: np.ndarray
-    effect_name: str
-
-    def mean(self, metric: str, group: str = "last") -> np.ndarray:
-        """Prompt-averaged metric, shape ``[n_inj, n_scales, L+1]``.
-
-        Raises
-        ------
-        ValueError
-            For an unknown metric or group name.
-        """
-        if metric not in self.metrics:
-            raise ValueError(f"unknown metric {metric!r}; choose from {sorted(self.metrics)}")
-        if group not in GROUPS:
-            raise ValueError(f"unknown group {group!r}; choose from {GROUPS}")
-        a = self.metrics[metric][..., GROUPS.index(group)]
-        with np.errstate(invalid="ignore"):
-            ok = np.isfinite(a)
-            n = ok.sum(-1)
-            s = np.where(ok, a, 0.0).sum(-1)
-            return np.where(n > 0, s / np.maximum(n, 1), np.nan)
-
-    def effect(self) -> np.ndarray:
-        """Prompt-averaged output effect, shape ``[n_inj, n_scales]``."""
-        return self.output_effect.mean(-1)
-
-    def window(self, scale_index: int = 0, threshold: float = 0.5, relative: bool = True,
-               contiguous: bool = True):
-        """:func:`companion.pt.injection_window` of the prompt-averaged output effect.
-
-        Parameters
-        ----------
-        scale_index : int
-            Which magnitude (index into ``scales``).
-        threshold, relative, contiguous
-            As in :func:`companion.pt.injection_window`.
-
-        Returns
-        -------
-        companion.perturbation.Window
-
-        Raises
-        ------
-        ValueError
-            If ``scale_index`` is out of range (and as ``injection_window`` raises).
-        """
-        s = check_int(scale_index, "scale_index", 0)
-        if s >= len(self.scales):
-            raise ValueError(f"scale_index must be < {len(self.scales)}, got {s}")
-        return pt.injection_window(self.effect()[:, s], layers=self.layers.astype(int),
-                                          n_layers=self.n_layers, threshold=threshold, relative=relative,
-                                          contiguous=contiguous)
-
-
 def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
     ok = groups[None] & np.isfinite(values)[:, None]  # [K, G, B, T]
@@ -773,7 +765,7 @@ def _check_scales(scales) -> np.ndarray:
 
 
 def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, relative: bool = True,
-                    norms=None, max_batch_tokens: int = 16384) -> InjectionTrack:
+                    norms=None, max_batch_tokens: int = 16384) -> SweepResult:
     r"""Inject ``c * v_hat`` at each layer and magnitude; measure every layer and the output.
 
     Parameters
@@ -798,7 +790,13 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
 
     Returns
     -------
-    InjectionTrack
+    SweepResult
+        ``scales`` an array; ``coefficient`` ``[n_inj, n_scales]`` the absolute length ``c``
+        of each added vector; ``typical_norm``; ``metrics``
+        ``[n_inj, n_scales, L+1, batch, 3]`` averaged over the positions of each group of
+        :data:`~companion.directions.GROUPS` in each prompt; ``effects`` ``{effect_name:
+        [n_inj, n_scales, batch]}`` with ``effect_name`` ``"kl_last"`` (causal LM) or
+        ``"embedding_change"`` (encoder).
 
     Raises
     ------
@@ -905,6 +903,9 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     else:
         effect = pt.embedding_change(base_row.expand_as(rows), rows)
         name = "embedding_change"
-    return InjectionTrack(model=m.name, n_layers=L, layers=np.asarray(lay), scales=sc, relative=relative,
-                          coefficient=coefficient, typical_norm=norms, metrics=metrics,
-                          output_effect=effect, effect_name=name)
+    return SweepResult(
+        layers=np.asarray(lay), scales=sc, n_layers=L, baseline=sw.baseline,
+        attention_mask=sw.attention_mask, injected_mask=sw.injected_mask, metrics=metrics,
+        groups=GROUPS, effects={name: effect}, effect_name=name, coefficient=coefficient,
+        relative=relative, model=m.name, typical_norm=norms,
+    )

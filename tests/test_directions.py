@@ -75,16 +75,17 @@ def test_group_means_nan_aware():
 
 
 def _toy_track(effect):
-    """An InjectionTrack with hand-set arrays (no model)."""
+    """A track_injection SweepResult with hand-set arrays (no model)."""
     effect = np.asarray(effect, dtype=float)  # [n_inj, n_scales, B]
     n_inj, n_sc, B = effect.shape
     L = 4
     met = {k: np.zeros((n_inj, n_sc, L + 1, B, 3)) for k in pt.METRIC_NAMES}
     met["cos_delta_v"][:] = np.nan
     met["cos_delta_v"][0, 0, 2, :, 0] = [0.5, 0.7, np.nan][:B]
-    return engine.InjectionTrack(model="toy", n_layers=L, layers=np.arange(n_inj), scales=np.ones(n_sc),
-                              relative=True, coefficient=np.ones((n_inj, n_sc)), typical_norm=np.ones(L + 1),
-                              metrics=met, output_effect=effect, effect_name="kl_last")
+    return engine.SweepResult(layers=np.arange(n_inj), scales=np.ones(n_sc), n_layers=L, metrics=met,
+                              groups=dr.GROUPS, effects={"kl_last": effect}, effect_name="kl_last",
+                              coefficient=np.ones((n_inj, n_sc)), relative=True, model="toy",
+                              typical_norm=np.ones(L + 1))
 
 
 def test_injection_track_summaries():
@@ -315,13 +316,13 @@ def test_track_injection_matches_hand_written_hooks(which, request):
                 eb = (base_out * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
                 ei = (out * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
                 ref_effect = 1 - torch.nn.functional.cosine_similarity(eb, ei, dim=-1).numpy()
-            np.testing.assert_allclose(tr.output_effect[j, s], ref_effect, rtol=0.02, atol=1e-4)
+            np.testing.assert_allclose(tr.effects["kl_last" if m.kind == "causal-lm" else "embedding_change"][j, s], ref_effect, rtol=0.02, atol=1e-4)
     # before the injection layer nothing changes; at a causal model's last layer the last token
     # cannot see an injection at earlier positions (no attention is left)
     assert np.all(tr.metrics["delta_norm"][1, :, :2] == 0)
     if m.kind == "causal-lm":
         tr_end = engine.track_injection(m, p, [m.n_layers], dirs[0], [1.0], norms=norms)
-        assert np.all(tr_end.output_effect == 0)
+        assert np.all(tr_end.effects[tr_end.effect_name] == 0)
         assert np.all(tr_end.metrics["delta_norm"][0, 0, -1, :, 1:] == 0)
     # argument errors
     with pytest.raises(TypeError, match="make_prompts"):
@@ -460,7 +461,7 @@ def test_experiment_run_store_and_read_back(tmp_path):
     rv = dr.random_unit_vectors(m.d_model, 1, np.random.default_rng(0))[0]
     tr = engine.track_injection(m, p, [0, 3, 6], rv, [0.25, 1.0])
     got = ei.tracks(res)[("random0", "rel")]
-    np.testing.assert_allclose(got.output_effect, tr.output_effect, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got.effects[got.effect_name], tr.effects[tr.effect_name], rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(got.mean("relative_size", "later"), tr.mean("relative_size", "later"), rtol=1e-5)
     # windows: one row per direction, fractions of depth consistent with the layers
     rows = ei.window_summary(res, scale=1.0)

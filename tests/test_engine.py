@@ -85,28 +85,39 @@ def test_sweep_matches_direct_forward_passes():
         # h_inj - h_base moves by up to 5.4e-7 between CPU kernel sets (measured under `default`)
         np.testing.assert_allclose(sw.metrics[k][1], ref[k], rtol=1e-5, atol=2e-6, equal_nan=True)
     dy = (inj.final - base.final).double()
-    np.testing.assert_allclose(sw.output_change[1], (dy.norm(dim=-1) / base.final.double().norm(dim=-1)).numpy(),
+    np.testing.assert_allclose(sw.effects["output_change"][1], (dy.norm(dim=-1) / base.final.double().norm(dim=-1)).numpy(),
                                rtol=1e-5)
-    assert sw.amplitude[1] == pytest.approx(0.2 * float(rms3), rel=1e-6)
-    assert sw.injected.tolist() == [False, False, True, False, True]
+    assert sw.coefficient[1] == pytest.approx(0.2 * float(rms3), rel=1e-6)
+    assert sw.injected is None and sw.position_mask("injected").tolist() == [False, False, True, False, True]
     # Pre-LN skip-path prediction: the injected amplitude at injected positions, from layer 3 on
     assert np.all(sw.predicted_projection[1, :3] == 0)
-    np.testing.assert_allclose(sw.predicted_projection[1, 3:, :, 2], sw.amplitude[1])
+    np.testing.assert_allclose(sw.predicted_projection[1, 3:, :, 2], sw.coefficient[1])
     assert np.all(sw.predicted_projection[1, 3:, :, 0] == 0)
-    assert sw.kl is None and sw.base_norm.shape == (5, 2, 5)
+    assert "kl" not in sw.effects and sw.base_norm.shape == (5, 2, 5)
+    assert sw.layers.tolist() == [1, 3] and sw.scales == 0.2 and sw.placement == "pre"
 
 
 def test_sweep_absolute_scale_and_effects():
     stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2))
     sw = engine.stack_injection_sweep(stack, _x((2, 6, 16)), scale=0.5, relative=False, positions=[1, 2])
-    np.testing.assert_allclose(sw.amplitude, 0.5)
+    np.testing.assert_allclose(sw.coefficient, 0.5)
     np.testing.assert_allclose(sw.metrics["delta_norm"][np.arange(3), np.arange(3)][:, :, 1], 0.5, rtol=1e-5)
     later = sw.effect("output_change", "later")
-    np.testing.assert_allclose(later, sw.output_change[:, :, 3:].mean(axis=(1, 2)))
+    np.testing.assert_allclose(later, sw.effects["output_change"][:, :, 3:].mean(axis=(1, 2)))
+    np.testing.assert_array_equal(sw.effect(), sw.effect("output_change"))
     np.testing.assert_allclose(sw.effect("output_projection", "injected"),
-                               np.abs(sw.output_projection[:, :, 1:3].mean(axis=(1, 2))))
+                               np.abs(sw.effects["output_projection"][:, :, 1:3].mean(axis=(1, 2))))
     w = sw.window(kind="output_change")
     assert isinstance(w, pt.Window) and w.n_layers == 3
+    # per-token metrics averaged over the chosen tokens, NaN left out (cos_delta_v before injection)
+    np.testing.assert_allclose(sw.mean("delta_norm", "injected"),
+                               sw.metrics["delta_norm"][..., 1:3].mean(axis=(-2, -1)))
+    cos = sw.mean("cos_delta_v")
+    assert np.isnan(cos[2, 0]) and np.isfinite(cos[0, 0])
+    with pytest.raises(ValueError, match="unknown metric"):
+        sw.mean("size")
+    with pytest.raises(ValueError, match="scale_index"):
+        sw.window(scale_index=1)
 
 
 def test_postln_sweep_prediction_is_first_order_accurate():
@@ -140,8 +151,9 @@ def test_sweep_on_tiny_lm_gives_kl():
     lm = TinyLM(StackConfig(d_model=16, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
     sw = engine.stack_injection_sweep(lm, ids, scale=0.5, positions=[3, 4])
-    assert sw.kl.shape == (2, 2, 10) and np.all(sw.kl >= -1e-12)
-    np.testing.assert_allclose(sw.kl[:, :, :3], 0, atol=1e-12)     # causal: earlier tokens unchanged
+    kl = sw.effects["kl"]
+    assert kl.shape == (2, 2, 10) and np.all(kl >= -1e-12)
+    np.testing.assert_allclose(kl[:, :, :3], 0, atol=1e-12)     # causal: earlier tokens unchanged
     assert np.all(sw.effect("kl", "injected") > 0)
     tiny = engine.stack_injection_sweep(lm, ids, scale=1e-4, positions=[3, 4])
     assert np.all(tiny.effect("kl", "injected") < 1e-3 * sw.effect("kl", "injected"))

@@ -161,7 +161,7 @@ def test_injection_sweep_equals_individual_injections_minilm(minilm):
     sw = engine.injection_sweep(m, enc, "all", v, scale=scales, max_batch_tokens=3 * enc["input_ids"].numel())
     L = m.n_layers
     assert sw.injected.shape == (L + 1, 2, L + 1, *enc["input_ids"].shape, m.d_model)
-    assert sw.layers == tuple(range(L + 1)) and sw.scales == (0.5, 4.0)
+    assert sw.layers.tolist() == list(range(L + 1)) and sw.scales.tolist() == [0.5, 4.0]
     torch.testing.assert_close(sw.baseline, probes.residual_stream(m, enc), rtol=0, atol=0)
     real = enc["attention_mask"].bool()
     for j, layer in enumerate(sw.layers):

@@ -48,7 +48,7 @@ __all__ = [
 #: stacks (W_Q = 0: uniform over the causal prefix), and attention whose logits spread by
 #: ``sharp_logit_std`` (:func:`companion.stacks.sharpen_attention`): the chaotic case.
 BLOCK_TYPES = ("mlp", "attention", "sharp_attention")
-#: Output effects of the random-stack windows (see :meth:`companion.engine.InjectionSweep.effect_at`).
+#: Output effects of the random-stack windows (see :meth:`companion.engine.SweepResult.effect_at`).
 WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
 
 
@@ -217,7 +217,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
 
     Notes
     -----
-    The readable projection is :meth:`companion.engine.InjectionSweep.effect_at` with
+    The readable projection is :meth:`companion.engine.SweepResult.effect_at` with
     ``"relative_projection"``; the predicted windows are
     :func:`companion.perturbation.predicted_window` of ``growth_c`` and ``postln_factor``.
 

@@ -212,7 +212,7 @@ class InjectionWindowExperiment:
                                  norms=norms, max_batch_tokens=self.max_batch_tokens)
             stacked = np.stack([tr.metrics[k] for k in METRIC_NAMES], -1)
             out[f"{dname}_{mode}_metrics"] = stacked.astype(np.float32)
-            out[f"{dname}_{mode}_effect"] = tr.output_effect
+            out[f"{dname}_{mode}_effect"] = tr.effects[tr.effect_name]
             out[f"{dname}_{mode}_coefficient"] = tr.coefficient
             effect_name = tr.effect_name
         out.update(
@@ -273,7 +273,7 @@ def _check_result(result) -> None:
 
 
 def tracks(result) -> dict:
-    """The :class:`~companion.engine.InjectionTrack` s stored in a Result.
+    """The :func:`~companion.engine.track_injection` results stored in a Result.
 
     Parameters
     ----------
@@ -282,7 +282,7 @@ def tracks(result) -> dict:
 
     Returns
     -------
-    dict of (str, str) to InjectionTrack
+    dict of (str, str) to companion.engine.SweepResult
         Keyed by ``(direction, mode)``, e.g. ``("sea", "rel")`` or ``("random0", "abs")``.
 
     Raises
@@ -297,7 +297,8 @@ def tracks(result) -> dict:
     >>> tr = tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")]   # doctest: +SKIP
     >>> tr.window(scale_index=1).best_fraction                             # doctest: +SKIP
     """
-    from companion.engine import InjectionTrack
+    from companion.directions import GROUPS
+    from companion.engine import SweepResult
     from companion.perturbation import METRIC_NAMES
 
     _check_result(result)
@@ -314,12 +315,12 @@ def tracks(result) -> dict:
                 coef = a[f"{key}_coefficient"]
             except KeyError as exc:
                 raise ValueError(f"the Result lacks the array {exc.args[0]!r}; it is not a complete injection_window Result") from None
-            out[(dname, mode)] = InjectionTrack(
-                model=sc["model_name"], n_layers=int(sc["n_layers"]), layers=np.asarray(a["layers"]),
-                scales=scales[mode], relative=mode == "rel", coefficient=coef,
-                typical_norm=np.asarray(a["typical_norm"]),
-                metrics={k: met[..., i] for i, k in enumerate(METRIC_NAMES)},
-                output_effect=effect, effect_name=sc["effect_name"])
+            out[(dname, mode)] = SweepResult(
+                layers=np.asarray(a["layers"]), scales=scales[mode],
+                n_layers=int(sc["n_layers"]), metrics={k: met[..., i] for i, k in enumerate(METRIC_NAMES)},
+                groups=GROUPS, effects={sc["effect_name"]: effect}, effect_name=sc["effect_name"],
+                coefficient=coef, relative=mode == "rel", model=sc["model_name"],
+                typical_norm=np.asarray(a["typical_norm"]))
     return out
 
 
