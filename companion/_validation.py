@@ -76,6 +76,54 @@ def as_float64(x, name: str) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
+def check_finite(arr, name: str) -> None:
+    """ValueError if the array ``arr`` holds a NaN or an infinity (says how many)."""
+    ok = np.isfinite(arr)
+    if not np.all(ok):
+        bad = int(np.size(arr) - np.count_nonzero(ok))
+        raise ValueError(
+            f"{name} contains {bad} NaN or infinite value(s) out of {np.size(arr)}; remove them, "
+            "or check the run that produced them (an overflow in a deep stack or a model?)"
+        )
+
+
+def real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
+    """``value`` (number, nested sequence, numpy array or torch tensor) as a finite float64 array
+    of at least ``min_ndim`` dimensions; TypeError for strings, bools and non-real dtypes,
+    ValueError for ragged input, too few dimensions or NaN/inf entries."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a number or an array of numbers, got a string")
+    if hasattr(value, "detach"):  # torch tensor (converted by as_float64, bfloat16 included)
+        if str(value.dtype) == "torch.bool":
+            raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
+        arr = as_float64(value, name)
+    else:
+        try:
+            raw = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} could not be read as a rectangular array ({exc})") from None
+        if raw.dtype == bool:
+            raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
+        arr = as_float64(raw, name)
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
+    check_finite(arr, name)
+    return arr
+
+
+def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:
+    """A residual-stream index in ``[0, n_layers]`` (``h_0`` = embeddings, ``h_l`` = output of
+    block ``l - 1``) as an ``int``; TypeError unless an integer, ValueError outside the range."""
+    if not is_int(layer):
+        raise TypeError(f"{name} must be an integer in [0, {n_layers}], got {type(layer).__name__}")
+    if not 0 <= int(layer) <= n_layers:
+        raise ValueError(
+            f"{name} must be in [0, {n_layers}] for {model} (h_0 = embeddings, h_l = output of "
+            f"block l-1), got {layer}"
+        )
+    return int(layer)
+
+
 def freeze(dist, name: str = "dist"):
     """``dist`` frozen: an unfrozen scipy.stats distribution that needs no shape parameter
     (``scipy.stats.norm``, ``scipy.stats.expon``, ``scipy.stats.rv_discrete(values=...)``) becomes

@@ -22,7 +22,7 @@ from numbers import Integral
 
 import numpy as np
 
-from companion._validation import as_float64, as_generator, check_bool, check_int
+from companion._validation import as_generator, check_bool, check_int, real_array
 
 __all__ = [
     "QueryKeyCapture",
@@ -38,30 +38,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # argument checking (thin wrappers around companion._validation)
 # --------------------------------------------------------------------------------------------
-def _real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
-    """``value`` as a finite float64 array of at least ``min_ndim`` dimensions (no bools)."""
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be a number or an array of numbers, got a string")
-    if hasattr(value, "detach"):  # torch tensor
-        value = value.detach().cpu().numpy()
-    try:
-        raw = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} could not be read as a rectangular array ({exc})") from None
-    if raw.dtype == bool:
-        raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
-    arr = as_float64(raw, name)
-    if arr.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        raise ValueError(
-            f"{name} contains {int(bad.sum())} NaN or infinite value(s) out of {arr.size}; "
-            "remove them (a model that produced them has overflowed)"
-        )
-    return arr
-
-
 def _generator(rng) -> np.random.Generator:
     """``rng`` as a Generator; None means the fixed seed 0 (reproducible subsets)."""
     return as_generator(0 if rng is None else rng)
@@ -379,7 +355,7 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     >>> [float(v) for v in dot_product_moments(np.zeros(64), np.ones(64), np.zeros(64), np.ones(64))]
     [0.0, 64.0]
     """
-    arrs = [_real_array(n, v, min_ndim=1) for n, v in
+    arrs = [real_array(n, v, min_ndim=1) for n, v in
             (("mu_q", mu_q), ("var_q", var_q), ("mu_k", mu_k), ("var_k", var_k))]
     shape = arrs[0].shape
     if any(a.shape != shape for a in arrs):
@@ -446,8 +422,8 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     >>> [round(float(v) / s) for v, s in zip(out["var"], out["sizes"])]
     [1, 1]
     """
-    qa = _real_array("q", q)
-    ka = _real_array("k", k)
+    qa = real_array("q", q)
+    ka = real_array("k", k)
     if qa.ndim != 2 or qa.shape != ka.shape or qa.shape[0] < 2:
         raise ValueError(f"q and k must be matching [P, d_k] arrays with P >= 2, got {qa.shape} and {ka.shape}")
     P, d = qa.shape

@@ -36,7 +36,7 @@ import numpy as np
 from scipy import special, stats
 
 from companion import extremes
-from companion._validation import as_float64, check_int, check_real
+from companion._validation import check_int, check_real, real_array
 
 __all__ = [
     "REGIMES",
@@ -60,32 +60,8 @@ REGIMES = ("centred", "intermediate", "mean-dominated")
 # --------------------------------------------------------------------------------------------
 # argument checking (thin wrappers around companion._validation)
 # --------------------------------------------------------------------------------------------
-def _real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
-    """``value`` as a finite float64 array of at least ``min_ndim`` dimensions (no bools)."""
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be a number or an array of numbers, got a string")
-    if hasattr(value, "detach"):  # torch tensor
-        value = value.detach().cpu().numpy()
-    try:
-        raw = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} could not be read as a rectangular array ({exc})") from None
-    if raw.dtype == bool:
-        raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
-    arr = as_float64(raw, name)
-    if arr.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        raise ValueError(
-            f"{name} contains {int(bad.sum())} NaN or infinite value(s) out of {arr.size}; "
-            "remove them (a model that produced them has overflowed)"
-        )
-    return arr
-
-
 def _thresholds(thresholds) -> np.ndarray:
-    t = _real_array("thresholds", thresholds)
+    t = real_array("thresholds", thresholds)
     if t.ndim == 0:
         t = t.reshape(1)
     if t.ndim != 1 or t.size == 0:
@@ -96,8 +72,8 @@ def _thresholds(thresholds) -> np.ndarray:
 
 
 def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    m = _real_array("mu", mu, min_ndim=1)
-    s = _real_array("sigma", sigma, min_ndim=1)
+    m = real_array("mu", mu, min_ndim=1)
+    s = real_array("sigma", sigma, min_ndim=1)
     if m.shape != s.shape:
         raise ValueError(f"mu and sigma must have the same shape [..., d], got {m.shape} and {s.shape}")
     if positive and (s <= 0).any():
@@ -436,7 +412,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
 # tails
 # --------------------------------------------------------------------------------------------
 def _sample_matrix(x) -> np.ndarray:
-    a = _real_array("x", x, min_ndim=1)
+    a = real_array("x", x, min_ndim=1)
     if a.ndim == 1:
         a = a[:, None]
     if a.ndim != 2:
@@ -629,7 +605,7 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
         pos = np.geomspace(0.05, 8.0, 40)
         s = np.concatenate([-pos[::-1], pos])
     else:
-        s = _real_array("s_grid", s_grid)
+        s = real_array("s_grid", s_grid)
         if s.ndim != 1 or s.size == 0:
             raise ValueError(f"s_grid must be a non-empty 1-D array, got shape {s.shape}")
         if (s == 0).any():

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from companion import perturbation as pt
-from companion._validation import as_float64, check_int, check_real
+from companion._validation import as_float64, check_int, check_layer, check_real, real_array
 from companion.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
 from companion.models import LoadedModel, check_model, logits_from_residual
 from companion.probes import ModelAdapter, residual_stream
@@ -95,18 +95,6 @@ def adapt(model, inputs, max_length: int | None = None):
     return StackAdapter(model, inputs)
 
 
-def _check_layer(ad, layer) -> int:
-    L = ad.n_layers
-    if isinstance(layer, bool) or not isinstance(layer, Integral):
-        raise TypeError(f"every layer must be an integer in [0, {L}], got {type(layer).__name__}")
-    if not 0 <= int(layer) <= L:
-        raise ValueError(
-            f"every layer must be in [0, {L}] for {ad.name} (h_0 = embeddings, h_l = output of "
-            f"block l-1), got {layer}"
-        )
-    return int(layer)
-
-
 def _arity(fn) -> int:
     """Number of positional parameters ``fn`` accepts (a large number for ``*args``)."""
     try:
@@ -116,13 +104,6 @@ def _arity(fn) -> int:
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 99
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-
-
-def _finite64(x, name: str) -> np.ndarray:
-    arr = as_float64(x, name)
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or infinite values; check the run that produced it")
-    return arr
 
 
 # --------------------------------------------------------------------------------------------
@@ -476,7 +457,7 @@ def injection_sweep(
         layers = [layers]
     if not isinstance(layers, (Sequence, np.ndarray, range)) or len(layers) == 0:
         raise ValueError("layers must be a non-empty list of integers in [0, L] or 'all'")
-    layers = tuple(_check_layer(ad, l) for l in layers)
+    layers = tuple(check_layer(l, L, ad.name, "every layer") for l in layers)
     if len(set(layers)) != len(layers):
         raise ValueError(f"layers contains repeats: {layers}")
     scalar = not isinstance(scale, (Sequence, np.ndarray, torch.Tensor))
@@ -843,7 +824,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         raise ValueError("layers is empty; pass at least one injection layer")
     if any(x < 0 or x > L for x in lay) or any(b <= a for a, b in zip(lay, lay[1:])):
         raise ValueError(f"layers must be strictly increasing integers in [0, {L}], got {lay}")
-    dirs = _finite64(directions, "directions")
+    dirs = real_array("directions", directions)
     if dirs.shape == (d,):
         dirs = np.broadcast_to(dirs, (len(lay), d))
     elif dirs.shape != (len(lay), d):
@@ -856,7 +837,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         base = residual_stream(m, prompts.encoding)
         norms = typical_norms(base, prompts.injected)
         del base
-    norms = _finite64(norms, "norms")
+    norms = real_array("norms", norms)
     if norms.shape != (L + 1,) or np.any(norms <= 0):
         raise ValueError(f"norms must be {L + 1} positive numbers (one per layer), got shape {norms.shape}")
     factor = norms[lay] if relative else np.ones(len(lay))

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from companion._validation import as_float64, check_int, check_real
+from companion._validation import as_float64, check_finite, check_int, check_real, real_array
 
 __all__ = [
     "METRIC_NAMES",
@@ -77,15 +77,6 @@ METRIC_NAMES = (
 # --------------------------------------------------------------------------------------------
 # argument handling
 # --------------------------------------------------------------------------------------------
-
-def _check_finite(arr: np.ndarray, name: str) -> None:
-    if not np.all(np.isfinite(arr)):
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        raise ValueError(
-            f"{name} contains {bad} NaN or infinite value(s); check the forward pass that "
-            "produced it (overflow in a deep stack?) or remove those entries"
-        )
-
 
 def unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(v / ||v||, ||v|| == 0)`` along the last axis, whatever the magnitude of ``v``.
@@ -211,7 +202,7 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
             f"v of shape {vv.shape} does not broadcast to one layer of the stream, "
             f"shape {shape[1:]}; pass shape [d] or a per-position shape ending in d"
         ) from None
-    _check_finite(vv, "v")
+    check_finite(vv, "v")
     v_hat, zero = unit_vectors(vv)
     if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
@@ -221,8 +212,8 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
         for layer in range(shape[0]):  # one layer at a time: bounded float64 temporaries
             hb = as_float64(base[layer], "base")
             hi = as_float64(inj[layer], "inj")
-            _check_finite(hb, f"base[{layer}]")
-            _check_finite(hi, f"inj[{layer}]")
+            check_finite(hb, f"base[{layer}]")
+            check_finite(hi, f"inj[{layer}]")
             delta = hi - hb
             proj = np.sum(delta * v_hat, axis=-1)
             dn = np.linalg.norm(delta, axis=-1)
@@ -300,7 +291,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
         raise ValueError(
             f"x must have a last axis of length d >= 2 (the features), got shape {arr.shape}"
         )
-    _check_finite(arr, "x")
+    check_finite(arr, "x")
     with np.errstate(over="ignore", under="ignore"):
         if norm == "rmsnorm":
             s = np.sqrt(np.mean(arr**2, axis=-1) + eps)
@@ -400,8 +391,8 @@ def postln_contraction_factors(
     d = u.shape[-1]
     if vv.shape != (d,):
         raise ValueError(f"v must have shape ({d},), got {vv.shape}")
-    _check_finite(vv, "v")
-    _check_finite(g, "ln_weight")
+    check_finite(vv, "v")
+    check_finite(g, "ln_weight")
     if g.ndim == 0 or g.shape[-1] != d or g.ndim not in (1, u.ndim):
         raise ValueError(
             f"ln_weight must have shape [d] or as many axes as ln_inputs ({u.ndim}), ending "
@@ -462,13 +453,13 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     f = as_float64(factors, "factors")
     if f.ndim == 0 or f.shape[0] == 0:
         raise ValueError(f"factors must have shape [L, ...] with L >= 1, got {f.shape}")
-    _check_finite(f, "factors")
+    check_finite(f, "factors")
     n_layers = f.shape[0]
     ell = check_int(inject_layer, "inject_layer", 0)
     if ell > n_layers:
         raise ValueError(f"inject_layer must be in [0, {n_layers}] (L = {n_layers}), got {ell}")
     p0 = as_float64(initial, "initial")
-    _check_finite(p0, "initial")
+    check_finite(p0, "initial")
     try:
         p0 = np.broadcast_to(p0, f.shape[1:])
     except ValueError:
@@ -524,7 +515,7 @@ def fit_norm_growth(sq_norms) -> float:
     r = as_float64(sq_norms, "sq_norms")
     if r.ndim != 1 or r.size < 2:
         raise ValueError(f"sq_norms must be 1-D with at least 2 entries, got shape {r.shape}")
-    _check_finite(r, "sq_norms")
+    check_finite(r, "sq_norms")
     if np.any(r < 0):
         raise ValueError("sq_norms must be non-negative (they are squared norms)")
     if r[0] == 0:
@@ -718,7 +709,7 @@ def injection_window(
     e = as_float64(effect, "effect")
     if e.ndim != 1 or e.size == 0:
         raise ValueError(f"effect must be a non-empty 1-D array, got shape {e.shape}")
-    _check_finite(e, "effect")
+    check_finite(e, "effect")
     if np.any(e < 0):
         raise ValueError("effect must be non-negative (it measures a size of change)")
     if not isinstance(relative, bool):
@@ -853,13 +844,6 @@ def predicted_window(
 # --------------------------------------------------------------------------------------------
 # output effects
 # --------------------------------------------------------------------------------------------
-def _finite64(x, name: str) -> np.ndarray:
-    arr = as_float64(x, name)
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or infinite values; check the run that produced it")
-    return arr
-
-
 def next_token_kl(logits_base, logits_inj) -> np.ndarray:
     r"""KL divergence :math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of next-token distributions.
 
@@ -895,8 +879,8 @@ def next_token_kl(logits_base, logits_inj) -> np.ndarray:
     """
     import torch
 
-    a = torch.as_tensor(_finite64(logits_base, "logits_base"))
-    b = torch.as_tensor(_finite64(logits_inj, "logits_inj"))
+    a = torch.as_tensor(real_array("logits_base", logits_base))
+    b = torch.as_tensor(real_array("logits_inj", logits_inj))
     if a.shape != b.shape:
         raise ValueError(f"logits_base has shape {tuple(a.shape)} but logits_inj has {tuple(b.shape)}")
     if a.ndim == 0 or a.shape[-1] == 0:
@@ -942,8 +926,8 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
     >>> embedding_change([[1.0, 0.0]], [[0.0, 2.0]]).tolist()
     [1.0]
     """
-    a = _finite64(e_base, "e_base")
-    b = _finite64(e_inj, "e_inj")
+    a = real_array("e_base", e_base)
+    b = real_array("e_inj", e_inj)
     if a.shape != b.shape:
         raise ValueError(f"e_base has shape {a.shape} but e_inj has {b.shape}")
     if a.ndim == 0 or a.shape[-1] == 0:

@@ -46,7 +46,7 @@ from numbers import Integral
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_real
+from companion._validation import check_int, check_layer, check_real
 from companion.hooks import hooks
 from companion.models import LoadedModel, check_model, encode, logits_from_residual
 
@@ -80,17 +80,6 @@ def _forward_parameters(cls) -> frozenset:
     if cls not in _PARAMS_CACHE:
         _PARAMS_CACHE[cls] = frozenset(inspect.signature(cls.forward).parameters)
     return _PARAMS_CACHE[cls]
-
-
-def _check_layer(m: LoadedModel, layer, name: str = "layer") -> int:
-    if isinstance(layer, bool) or not isinstance(layer, Integral):
-        raise TypeError(f"{name} must be an integer in [0, {m.n_layers}], got {type(layer).__name__}")
-    if not 0 <= int(layer) <= m.n_layers:
-        raise ValueError(
-            f"{name} must be in [0, {m.n_layers}] for {m.name} (h_0 = embeddings, h_l = output of "
-            f"block l-1), got {layer}"
-        )
-    return int(layer)
 
 
 def _check_vector(m: LoadedModel, vector, rows: int | None = None) -> torch.Tensor:
@@ -346,7 +335,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     >>> h = inject(m, ["The cat sat."], layer=3, vector=v, scale=8.0)  # doctest: +SKIP
     """
     check_model(m)
-    layer = _check_layer(m, layer)
+    layer = check_layer(layer, m.n_layers, m.name)
     vec = _check_vector(m, vector)
     scale = check_real(scale, "scale")
     _check_injected(vec, (scale,))

@@ -13,7 +13,8 @@ from scipy import stats
 
 from companion import concentration as conc
 from companion import tails
-from companion._validation import check_dist, check_int, check_real, freeze, is_int, is_real
+from companion._validation import (check_dist, check_finite, check_int, check_layer, check_real, freeze, is_int,
+                                  is_real, real_array)
 
 RV_SAMPLE = stats.rv_discrete(values=([-1, 0, 2], [0.25, 0.5, 0.25]))
 
@@ -84,3 +85,27 @@ def test_scalar_checks():
         check_real(0, "x", lo=0, lo_open=True)
     with pytest.raises(ValueError, match="x must be <= 1, got 2.0"):
         check_real(2, "x", hi=1)
+
+
+def test_array_checks():
+    import torch
+
+    np.testing.assert_array_equal(real_array("x", [[1, 2], [3, 4]]), [[1.0, 2.0], [3.0, 4.0]])
+    t = torch.tensor([0.1, 0.2], dtype=torch.bfloat16)
+    assert real_array("x", t).dtype == np.float64 and real_array("x", t).tolist() == t.double().tolist()
+    assert real_array("x", 3).shape == ()
+    for bad, err, match in [("ab", TypeError, "string"), ([True], TypeError, "bool"),
+                            (torch.tensor([True]), TypeError, "bool"), ([[1], [2, 3]], ValueError, "rectangular"),
+                            ([1.0, np.nan, np.inf], ValueError, "2 NaN or infinite value")]:
+        with pytest.raises(err, match=match):
+            real_array("x", bad)
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        real_array("x", 2.0, min_ndim=1)
+    check_finite(np.ones(3), "x")
+    with pytest.raises(ValueError, match="x contains 1 NaN"):
+        check_finite(np.array([1.0, np.nan]), "x")
+    assert check_layer(np.int64(3), 4) == 3
+    with pytest.raises(ValueError, match=r"\[0, 4\] for m"):
+        check_layer(5, 4, "m")
+    with pytest.raises(TypeError, match="every layer must be an integer"):
+        check_layer(True, 4, name="every layer")
