@@ -33,16 +33,14 @@ Indexing: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the output 
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 import torch
 
 from companion import perturbation as pt
-from companion._validation import as_float64, check_int, check_layer, check_real, real_array
+from companion._validation import as_float64, check_int, check_layer, check_real, is_int, is_real, real_array
 from companion.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
 from companion.models import LoadedModel, check_model, logits_from_residual
 from companion.probes import ModelAdapter, residual_stream
@@ -93,6 +91,28 @@ def adapt(model, inputs, max_length: int | None = None):
     if isinstance(model, LoadedModel):
         return ModelAdapter(model, inputs, max_length)
     return StackAdapter(model, inputs)
+
+
+def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> tuple:
+    """``layers`` (``"all"``, an integer or a sequence of integers in ``[0, L]``) as a tuple of
+    int: TypeError for a wrong type, ValueError if empty, out of range, repeated or (with
+    ``increasing``) not strictly increasing."""
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
+        return tuple(range(L + 1))
+    if is_int(layers):
+        layers = [layers]
+    if isinstance(layers, bytes) or not isinstance(layers, (Sequence, np.ndarray, range)):
+        raise TypeError(f"layers must be 'all', an integer or a sequence of integers, got {layers!r}")
+    if len(layers) == 0:
+        raise ValueError(f"layers is empty; pass a non-empty list of injection layers in [0, {L}] or 'all'")
+    out = tuple(check_layer(x, L, model, "every layer") for x in layers)
+    if increasing and any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"layers must be strictly increasing, got {list(out)}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"layers contains repeats: {out}")
+    return out
 
 
 def _arity(fn) -> int:
@@ -449,17 +469,7 @@ def injection_sweep(
     """
     ad = model if isinstance(model, (ModelAdapter, StackAdapter)) else adapt(model, inputs, max_length)
     L = ad.n_layers
-    if isinstance(layers, str):
-        if layers != "all":
-            raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
-        layers = list(range(L + 1))
-    if isinstance(layers, Integral) and not isinstance(layers, bool):
-        layers = [layers]
-    if not isinstance(layers, (Sequence, np.ndarray, range)) or len(layers) == 0:
-        raise ValueError("layers must be a non-empty list of integers in [0, L] or 'all'")
-    layers = tuple(check_layer(l, L, ad.name, "every layer") for l in layers)
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"layers contains repeats: {layers}")
+    layers = _injection_layers(layers, L, ad.name)
     scalar = not isinstance(scale, (Sequence, np.ndarray, torch.Tensor))
     scales = (check_real(scale, "scale"),) if scalar else tuple(check_real(s, "every scale") for s in list(scale))
     if len(scales) == 0:
@@ -467,8 +477,7 @@ def injection_sweep(
     vec = ad.check_vector(vector, len(layers), scales)
     if vec.ndim == 1:
         vec = vec.expand(len(layers), -1)
-    if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, Integral) or max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
+    check_int(max_batch_tokens, "max_batch_tokens", 1)
     if measure is not None and not callable(measure):
         raise TypeError("measure must be a callable measure(h_injected, h_base) or None")
 
@@ -625,15 +634,8 @@ def stack_injection_sweep(
     if not isinstance(relative, bool):
         raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
     seed = check_int(seed, "seed", 0)
-    lay = np.arange(n_layers) if layers is None else np.asarray(layers)
-    if lay.ndim != 1 or lay.size == 0:
-        raise ValueError(f"layers must be a non-empty 1-D sequence of integers, got {layers!r}")
-    if not np.issubdtype(lay.dtype, np.integer):
-        raise TypeError(f"layers must be integers, got dtype {lay.dtype}")
-    if lay[0] < 0 or lay[-1] > n_layers or np.any(np.diff(lay) <= 0):
-        raise ValueError(
-            f"layers must be strictly increasing stream indices in [0, {n_layers}], got {lay.tolist()}"
-        )
+    lay = np.asarray(_injection_layers(range(n_layers) if layers is None else layers, n_layers,
+                                       ad.name, increasing=True))
     v = random_direction(d, seed) if direction is None else as_float64(direction, "direction")
     if v.shape != (d,):
         raise ValueError(f"direction must have shape ({d},), got {v.shape}")
@@ -729,17 +731,11 @@ def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 
 def _check_scales(scales) -> np.ndarray:
-    if isinstance(scales, Real) and not isinstance(scales, bool):
+    if is_real(scales):
         scales = [scales]
     if isinstance(scales, (str, bytes)) or not isinstance(scales, (Sequence, np.ndarray)):
         raise TypeError("scales must be a number or a sequence of numbers")
-    out = []
-    for s in scales:
-        if isinstance(s, bool) or not isinstance(s, Real):
-            raise TypeError(f"every scale must be a real number, got {s!r}")
-        if not math.isfinite(float(s)) or float(s) <= 0:
-            raise ValueError(f"every scale must be finite and > 0, got {s}")
-        out.append(float(s))
+    out = [check_real(s, "every scale", lo=0.0, lo_open=True) for s in scales]
     if not out:
         raise ValueError("scales is empty; pass at least one magnitude")
     return np.asarray(out)
@@ -813,17 +809,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     if not isinstance(relative, bool):
         raise TypeError(f"relative must be True or False, got {relative!r}")
     L, d = m.n_layers, m.d_model
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, (Sequence, np.ndarray, range)):
-        raise TypeError("layers must be a sequence of integers")
-    lay = []
-    for x in layers:
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Integral, np.integer)):
-            raise TypeError(f"every layer must be an integer, got {x!r}")
-        lay.append(int(x))
-    if not lay:
-        raise ValueError("layers is empty; pass at least one injection layer")
-    if any(x < 0 or x > L for x in lay) or any(b <= a for a, b in zip(lay, lay[1:])):
-        raise ValueError(f"layers must be strictly increasing integers in [0, {L}], got {lay}")
+    lay = list(_injection_layers(layers, L, m.name, increasing=True))
     dirs = real_array("directions", directions)
     if dirs.shape == (d,):
         dirs = np.broadcast_to(dirs, (len(lay), d))

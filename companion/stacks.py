@@ -386,6 +386,26 @@ class StackOutput:
     sublayer_branch: torch.Tensor
 
 
+def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
+    """``[T]`` bool mask of the token ``positions`` (``None`` = every token, an integer, or a
+    non-empty 1-D list/tensor of integers in ``[0, T)``); ValueError otherwise."""
+    if positions is None:
+        return torch.ones(T, dtype=torch.bool, device=device)
+    if is_int(positions):
+        positions = [int(positions)]
+    pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(np.asarray(positions))
+    if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
+        raise ValueError(
+            f"{name} must be None or a non-empty 1-D list/tensor of integer token positions, "
+            f"got {positions!r}"
+        )
+    if int(pos.min()) < 0 or int(pos.max()) >= T:
+        raise ValueError(f"{name} must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
+    mask = torch.zeros(T, dtype=torch.bool, device=device)
+    mask[pos.to(device)] = True
+    return mask
+
+
 class ResidualStack(nn.Module):
     """``L`` residual blocks with Pre-LN or Post-LN placement and scaled residuals.
 
@@ -473,20 +493,7 @@ class ResidualStack(nn.Module):
                 f"they become inf there"
             )
         vector = cast.expand(B, d)
-        mask = torch.ones(T, dtype=x.dtype, device=x.device)
-        if positions is not None:
-            if is_int(positions):
-                positions = [int(positions)]
-            pos = torch.as_tensor(positions)
-            if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
-                raise ValueError(
-                    f"inject_positions must be None or a non-empty 1-D list/tensor of integer "
-                    f"token positions, got {positions!r}"
-                )
-            if int(pos.min()) < 0 or int(pos.max()) >= T:
-                raise ValueError(f"inject_positions must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
-            mask = torch.zeros(T, dtype=x.dtype, device=x.device)
-            mask[pos.to(x.device)] = 1.0
+        mask = _token_mask(positions, T, "inject_positions", x.device).to(x.dtype)
         return layer, mask[None, :, None] * vector[:, None, :]
 
     # ------------------------------------------------------------------ forward
@@ -760,21 +767,7 @@ class StackAdapter:
     def position_mask(self, positions) -> torch.Tensor:
         """``[B, T]`` bool: ``None`` = every token; integers = these tokens of every sequence."""
         B, T = self.record.stream.shape[1:3]
-        if positions is None:
-            return torch.ones(B, T, dtype=torch.bool, device=self.device)
-        if is_int(positions):
-            positions = [int(positions)]
-        pos = torch.as_tensor(np.asarray(positions))
-        if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
-            raise ValueError(
-                f"positions must be None or a non-empty 1-D list of integer token positions, "
-                f"got {positions!r}"
-            )
-        if int(pos.min()) < 0 or int(pos.max()) >= T:
-            raise ValueError(f"positions must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
-        mask = torch.zeros(T, dtype=torch.bool, device=self.device)
-        mask[pos.to(self.device)] = True
-        return mask.expand(B, T)
+        return _token_mask(positions, T, "positions", self.device).expand(B, T)
 
     def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
         """``vector`` (``[d]`` or ``[rows, d]``) as a tensor of the stack's dtype; ValueError if

@@ -329,7 +329,7 @@ def test_track_injection_matches_hand_written_hooks(which, request):
         engine.track_injection(m, p.encoding, layers, dirs, scales)
     with pytest.raises(ValueError, match="strictly increasing"):
         engine.track_injection(m, p, [2, 1], dirs[0], [1.0], norms=norms)
-    with pytest.raises(ValueError, match="strictly increasing"):
+    with pytest.raises(ValueError, match=rf"in \[0, {m.n_layers}\]"):
         engine.track_injection(m, p, [m.n_layers + 1], dirs[0], [1.0], norms=norms)
     with pytest.raises(TypeError, match="integer"):
         engine.track_injection(m, p, [1.5], dirs[0], [1.0], norms=norms)
@@ -349,8 +349,10 @@ def test_track_injection_matches_hand_written_hooks(which, request):
         engine.track_injection(m, p, [1], dirs[0], [1.0], norms=np.zeros(m.n_layers + 1))
     with pytest.raises(TypeError, match="relative"):
         engine.track_injection(m, p, [1], dirs[0], [1.0], relative="yes", norms=norms)
+    with pytest.raises(ValueError, match="'all'"):
+        engine.track_injection(m, p, "every", dirs[0], [1.0], norms=norms)
     with pytest.raises(TypeError, match="sequence"):
-        engine.track_injection(m, p, "all", dirs[0], [1.0], norms=norms)
+        engine.track_injection(m, p, {1, 2}, dirs[0], [1.0], norms=norms)
     # absolute magnitudes: the coefficient is the scale itself
     tr_abs = engine.track_injection(m, p, [1], dirs[0], [3.0], relative=False, norms=norms)
     assert tr_abs.coefficient.tolist() == [[3.0]]
