@@ -124,6 +124,44 @@ def check_layer(layer, n_layers: int, model: str = "the model", name: str = "lay
     return int(layer)
 
 
+def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None, scales=(),
+                 name: str = "vector", where: str = "the model"):
+    """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a torch tensor of ``dtype`` on ``device``.
+
+    TypeError unless a tensor, array or sequence of real numbers; ValueError for another shape,
+    NaN or infinite entries, or entries that ``dtype`` cannot hold, alone or times one of
+    ``scales`` (they would become inf in the model).  torch is imported here, not by the module.
+    """
+    import torch
+
+    if not isinstance(vector, torch.Tensor):
+        if isinstance(vector, (str, bytes)):
+            raise TypeError(f"{name} must be a tensor or array of {d} real numbers, got a string")
+        try:
+            vector = torch.as_tensor(np.asarray(vector))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"{name} must be a tensor or array of {d} real numbers ({exc})") from None
+    if vector.dtype == torch.bool or vector.is_complex() or not (
+        vector.is_floating_point() or vector.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    ):
+        raise TypeError(f"{name} must hold real numbers (floating point or integer), got dtype {vector.dtype}")
+    shapes = [(d,)] if rows is None else [(d,), (rows, d)]
+    if tuple(vector.shape) not in shapes:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"{name} must have shape {want} for {where}, got {tuple(vector.shape)}")
+    if not bool(torch.isfinite(vector).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    out = vector.to(device=device, dtype=dtype)
+    for s in (1.0, *scales):
+        if not bool(torch.isfinite(s * out).all()):
+            raise ValueError(
+                f"{'scale * ' if s != 1.0 else ''}{name} reaches {float(vector.abs().max()) * abs(s):.4g}, "
+                f"beyond the range of the dtype {dtype} of {where} (max {torch.finfo(dtype).max:.4g}); "
+                "use a smaller scale or vector"
+            )
+    return out
+
+
 def freeze(dist, name: str = "dist"):
     """``dist`` frozen: an unfrozen scipy.stats distribution that needs no shape parameter
     (``scipy.stats.norm``, ``scipy.stats.expon``, ``scipy.stats.rv_discrete(values=...)``) becomes

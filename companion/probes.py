@@ -46,7 +46,7 @@ from numbers import Integral
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_layer, check_real
+from companion._validation import check_int, check_layer, check_real, check_vector
 from companion.hooks import hooks
 from companion.models import LoadedModel, check_model, encode, logits_from_residual
 
@@ -80,40 +80,6 @@ def _forward_parameters(cls) -> frozenset:
     if cls not in _PARAMS_CACHE:
         _PARAMS_CACHE[cls] = frozenset(inspect.signature(cls.forward).parameters)
     return _PARAMS_CACHE[cls]
-
-
-def _check_vector(m: LoadedModel, vector, rows: int | None = None) -> torch.Tensor:
-    if isinstance(vector, np.ndarray):
-        vector = torch.from_numpy(np.ascontiguousarray(vector))
-    if not isinstance(vector, torch.Tensor):
-        raise TypeError(f"vector must be a torch.Tensor or numpy array of length {m.d_model}, got {type(vector).__name__}")
-    if not (vector.is_floating_point() or vector.dtype in (torch.int32, torch.int64)):
-        raise TypeError(f"vector must hold real numbers, got dtype {vector.dtype}")
-    want = (m.d_model,) if rows is None else (rows, m.d_model)
-    ok = tuple(vector.shape) == want or (rows is not None and tuple(vector.shape) == (m.d_model,))
-    if not ok:
-        shapes = f"({m.d_model},)" + ("" if rows is None else f" or ({rows}, {m.d_model})")
-        raise ValueError(f"vector must have shape {shapes} for {m.name}, got {tuple(vector.shape)}")
-    if not torch.isfinite(vector).all():
-        raise ValueError("vector contains NaN or infinite values")
-    out = vector.to(device=m.device, dtype=m.dtype)
-    if not torch.isfinite(out).all():
-        raise ValueError(
-            f"vector has entries up to {float(vector.abs().max()):.4g}, beyond the range of the "
-            f"model's dtype {m.dtype} (max {torch.finfo(m.dtype).max:.4g}); they become inf there"
-        )
-    return out
-
-
-def _check_injected(vec: torch.Tensor, scales) -> None:
-    """ValueError if some ``scale · vector`` overflows the model's dtype (finite factors)."""
-    for s in scales:
-        if not torch.isfinite(s * vec).all():
-            raise ValueError(
-                f"scale * vector overflows {vec.dtype} (max {torch.finfo(vec.dtype).max:.4g}) for "
-                f"scale = {s:.4g} and |vector| up to {float(vec.abs().max()):.4g}; use a smaller "
-                f"scale or vector"
-            )
 
 
 def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
@@ -336,9 +302,8 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     """
     check_model(m)
     layer = check_layer(layer, m.n_layers, m.name)
-    vec = _check_vector(m, vector)
     scale = check_real(scale, "scale")
-    _check_injected(vec, (scale,))
+    vec = check_vector(vector, m.d_model, dtype=m.dtype, device=m.device, scales=(scale,), where=m.name)
     enc = encode(m, texts, max_length)
     sel = position_mask(enc["attention_mask"], positions)
     delta = (scale * vec) * sel.unsqueeze(-1).to(vec.dtype)
@@ -421,9 +386,9 @@ class ModelAdapter:
         return position_mask(self.attention_mask, positions)
 
     def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
-        vec = _check_vector(self.model, vector, rows)
-        _check_injected(vec, scales)
-        return vec
+        m = self.model
+        return check_vector(vector, m.d_model, rows, dtype=m.dtype, device=m.device, scales=scales,
+                            where=m.name)
 
     def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
         self.baseline  # noqa: B018 - records the block calls

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion._validation import check_int, check_real, is_int
+from companion._validation import check_int, check_real, check_vector, is_int
 
 __all__ = [
     "StackConfig",
@@ -472,27 +472,8 @@ class ResidualStack(nn.Module):
             raise ValueError(f"inject_layer must be an integer in [0, {L}] (n_layers), got {layer!r}")
         if vector is None:
             raise ValueError("inject_layer was given without inject_vector")
-        if not isinstance(vector, torch.Tensor):
-            try:
-                vector = torch.as_tensor(np.asarray(vector))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"inject_vector must be a tensor of shape [{d}] or [{B}, {d}]") from exc
-        if not vector.is_floating_point():
-            raise ValueError(f"inject_vector must be a floating-point tensor, got dtype {vector.dtype}")
-        if tuple(vector.shape) not in ((d,), (B, d)):
-            raise ValueError(
-                f"inject_vector must have shape [{d}] or [batch={B}, {d}], got {tuple(vector.shape)}"
-            )
-        if not torch.isfinite(vector).all():
-            raise ValueError("inject_vector contains NaN or infinite values")
-        cast = vector.to(dtype=x.dtype, device=x.device)
-        if not torch.isfinite(cast).all():
-            raise ValueError(
-                f"inject_vector has entries up to {float(vector.abs().max()):.4g}, beyond the "
-                f"range of the stack's dtype {x.dtype} (max {torch.finfo(x.dtype).max:.4g}); "
-                f"they become inf there"
-            )
-        vector = cast.expand(B, d)
+        vector = check_vector(vector, d, B, dtype=x.dtype, device=x.device, name="inject_vector",
+                              where="the stack").expand(B, d)
         mask = _token_mask(positions, T, "inject_positions", x.device).to(x.dtype)
         return layer, mask[None, :, None] * vector[:, None, :]
 
@@ -772,21 +753,8 @@ class StackAdapter:
     def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
         """``vector`` (``[d]`` or ``[rows, d]``) as a tensor of the stack's dtype; ValueError if
         it is not finite there, or some ``scale * vector`` overflows."""
-        d = self.d_model
-        v = torch.as_tensor(np.asarray(vector)) if not isinstance(vector, torch.Tensor) else vector
-        if not v.is_floating_point():
-            raise ValueError(f"vector must be a floating-point tensor, got dtype {v.dtype}")
-        if tuple(v.shape) != (d,) and (rows is None or tuple(v.shape) != (rows, d)):
-            raise ValueError(f"vector must have shape ({d},) or ({rows}, {d}), got {tuple(v.shape)}")
-        cast = v.to(dtype=self.dtype, device=self.device)
-        for s in (1.0, *scales):
-            if not torch.isfinite(s * cast).all():
-                raise ValueError(
-                    f"scale * vector reaches {float(v.abs().max()) * abs(s):.4g}, beyond the range of "
-                    f"the stack's dtype {self.dtype} (max {torch.finfo(self.dtype).max:.4g}); "
-                    "use a smaller scale"
-                )
-        return cast
+        return check_vector(vector, self.d_model, rows, dtype=self.dtype, device=self.device,
+                            scales=scales, where="the stack")
 
     def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
         return self.stack.apply_block(i, h)

@@ -284,7 +284,11 @@ def test_bad_inputs_raise(minilm):
     with pytest.raises(ValueError, match="NaN"):
         probes.inject(m, TEXTS, 1, torch.full((m.d_model,), float("nan")))
     with pytest.raises(TypeError, match="vector"):
-        probes.inject(m, TEXTS, 1, [1.0] * m.d_model)
+        probes.inject(m, TEXTS, 1, "v")
+    with pytest.raises(TypeError, match="vector"):
+        probes.inject(m, TEXTS, 1, torch.ones(m.d_model, dtype=torch.bool))
+    # a list of numbers is a vector like any other (as for the stacks)
+    torch.testing.assert_close(probes.inject(m, TEXTS[:1], 1, v.tolist()), probes.inject(m, TEXTS[:1], 1, v))
     with pytest.raises(ValueError, match="finite"):
         probes.inject(m, TEXTS, 1, v, scale=float("inf"))
     with pytest.raises(TypeError, match="scale"):

@@ -13,8 +13,8 @@ from scipy import stats
 
 from companion import concentration as conc
 from companion import tails
-from companion._validation import (check_dist, check_finite, check_int, check_layer, check_real, freeze, is_int,
-                                  is_real, real_array)
+from companion._validation import (check_dist, check_finite, check_int, check_layer, check_real, check_vector,
+                                  freeze, is_int, is_real, real_array)
 
 RV_SAMPLE = stats.rv_discrete(values=([-1, 0, 2], [0.25, 0.5, 0.25]))
 
@@ -109,3 +109,21 @@ def test_array_checks():
         check_layer(5, 4, "m")
     with pytest.raises(TypeError, match="every layer must be an integer"):
         check_layer(True, 4, name="every layer")
+
+
+def test_check_vector():
+    import torch
+
+    out = check_vector(np.arange(3), 3, dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.tolist() == [0.0, 1.0, 2.0]
+    assert check_vector(torch.ones(2, 3), 3, 2, dtype=torch.float64).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"shape \(3,\) for m, got \(2, 3\)"):
+        check_vector(torch.ones(2, 3), 3, dtype=torch.float32, where="m")
+    with pytest.raises(TypeError, match="real numbers"):
+        check_vector(torch.ones(3, dtype=torch.bool), 3, dtype=torch.float32)
+    with pytest.raises(ValueError, match="NaN"):
+        check_vector([1.0, np.nan, 0.0], 3, dtype=torch.float32)
+    with pytest.raises(ValueError, match="torch.float16"):
+        check_vector([1e5, 0.0, 0.0], 3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="scale \\* v reaches"):
+        check_vector([1.0, 0.0, 0.0], 3, dtype=torch.float32, scales=(2.0, 1e39), name="v")
