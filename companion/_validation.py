@@ -111,6 +111,19 @@ def real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
     return arr
 
 
+def check_thresholds(thresholds, name: str = "thresholds") -> np.ndarray:
+    """A number or sequence of thresholds on ``|x|`` as a non-empty 1-D float64 array of finite
+    numbers ``>= 0``; TypeError/ValueError as :func:`real_array`, ValueError if empty or < 0."""
+    t = real_array(name, thresholds)
+    if t.ndim == 0:
+        t = t.reshape(1)
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {t.shape}")
+    if (t < 0).any():
+        raise ValueError(f"{name} must be >= 0 (they bound |x|), got min {t.min():.4g}")
+    return t
+
+
 def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:
     """A residual-stream index in ``[0, n_layers]`` (``h_0`` = embeddings, ``h_l`` = output of
     block ``l - 1``) as an ``int``; TypeError unless an integer, ValueError outside the range."""

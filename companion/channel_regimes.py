@@ -36,7 +36,7 @@ import numpy as np
 from scipy import special, stats
 
 from companion import extremes
-from companion._validation import check_int, check_real, real_array
+from companion._validation import check_int, check_real, check_thresholds, real_array
 
 __all__ = [
     "REGIMES",
@@ -60,17 +60,6 @@ REGIMES = ("centred", "intermediate", "mean-dominated")
 # --------------------------------------------------------------------------------------------
 # argument checking (thin wrappers around companion._validation)
 # --------------------------------------------------------------------------------------------
-def _thresholds(thresholds) -> np.ndarray:
-    t = real_array("thresholds", thresholds)
-    if t.ndim == 0:
-        t = t.reshape(1)
-    if t.ndim != 1 or t.size == 0:
-        raise ValueError(f"thresholds must be a non-empty 1-D sequence, got shape {t.shape}")
-    if (t < 0).any():
-        raise ValueError(f"thresholds must be >= 0 (they bound |x|), got min {t.min():.4g}")
-    return t
-
-
 def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]:
     m = real_array("mu", mu, min_ndim=1)
     s = real_array("sigma", sigma, min_ndim=1)
@@ -129,7 +118,7 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     [[0, 1, 2]]
     """
     m, s = _mu_sigma(mu, sigma, positive=False)
-    t = _thresholds(thresholds)
+    t = check_thresholds(thresholds)
     tol = check_real(centred_tol, "centred_tol", lo=0.0)
     a = np.abs(m)[..., None, :]
     tt = t[:, None]
@@ -183,7 +172,7 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     [31.73, 97.73]
     """
     m, s = _mu_sigma(mu, sigma)
-    t = _thresholds(thresholds)
+    t = check_thresholds(thresholds)
     n = check_int(n_tokens, "n_tokens", 1)
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
@@ -315,7 +304,7 @@ def compare_counts(
     if c.dtype == bool or not (np.issubdtype(c.dtype, np.integer) or np.issubdtype(c.dtype, np.floating)):
         raise TypeError(f"counts must be an integer array, got dtype {c.dtype}")
     m, s = _mu_sigma(mu, sigma)
-    t = _thresholds(thresholds)
+    t = check_thresholds(thresholds)
     n = check_int(n_tokens, "n_tokens", 1)
     expected = m.shape[:-1] + (t.size, m.shape[-1])
     if c.shape != expected:

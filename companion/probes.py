@@ -46,7 +46,7 @@ from numbers import Integral
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_layer, check_real, check_vector
+from companion._validation import check_int, check_layer, check_real, check_thresholds, check_vector
 from companion.hooks import hooks
 from companion.models import LoadedModel, check_model, encode, logits_from_residual
 
@@ -442,20 +442,6 @@ class ChannelStatistics:
         return {k: getattr(self, k) for k in ("mean", "var", "min", "max", "max_abs", "counts", "thresholds")}
 
 
-def _check_thresholds(thresholds) -> np.ndarray:
-    try:
-        t = np.asarray(thresholds, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"thresholds must be a sequence of real numbers, got {thresholds!r}") from exc
-    if t.ndim == 0:
-        t = t.reshape(1)
-    if t.ndim != 1 or t.size == 0:
-        raise ValueError(f"thresholds must be a non-empty 1-D sequence, got shape {t.shape}")
-    if not np.isfinite(t).all() or (t < 0).any():
-        raise ValueError(f"thresholds must be finite and >= 0 (they bound |x|), got {t.tolist()}")
-    return t
-
-
 def channel_statistics(
     m: LoadedModel,
     texts,
@@ -516,7 +502,7 @@ def channel_statistics(
     (31, 3, 576)
     """
     check_model(m)
-    t = _check_thresholds(thresholds)
+    t = check_thresholds(thresholds)
     batch_size = check_int(batch_size, "batch_size", 1)
     if not isinstance(skip_first, bool):
         raise TypeError(f"skip_first must be True or False, got {skip_first!r}")
