@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from companion import perturbation as pt
-from companion._validation import as_float64, check_int, check_layer, check_real, is_int, is_real, real_array
+from companion._validation import check_bool, check_int, check_layer, check_real, is_int, is_real, real_array
 from companion.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
 from companion.models import LoadedModel, check_model, logits_from_residual
 from companion.probes import ModelAdapter, residual_stream
@@ -113,6 +113,22 @@ def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> t
     if len(set(out)) != len(out):
         raise ValueError(f"layers contains repeats: {out}")
     return out
+
+
+def _unit_directions(directions, d: int, n: int | None = None) -> np.ndarray:
+    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all when ``n`` is given) divided by
+    their norms; ValueError for another shape, NaN/inf entries or a zero vector."""
+    name = "direction" if n is None else "directions"
+    dirs = real_array(name, directions)
+    if n is not None and dirs.shape == (d,):
+        dirs = np.broadcast_to(dirs, (n, d))
+    if dirs.shape != ((d,) if n is None else (n, d)):
+        shapes = f"({d},)" + ("" if n is None else f" or ({n}, {d})")
+        raise ValueError(f"{name} must have shape {shapes}, got {dirs.shape}")
+    unit, zero = pt.unit_vectors(dirs, flat=n is None)
+    if np.any(zero):
+        raise ValueError(f"{name} must be non-zero: a zero vector has no direction")
+    return unit
 
 
 def _arity(fn) -> int:
@@ -628,22 +644,12 @@ def stack_injection_sweep(
     stack, is_lm = ad.stack, ad.lm is not None
     cfg = stack.config
     n_layers, d = cfg.n_layers, cfg.d_model
-    scale = check_real(scale, "scale")
-    if scale <= 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
+    scale = check_real(scale, "scale", lo=0.0, lo_open=True)
+    relative = check_bool(relative, "relative")
     seed = check_int(seed, "seed", 0)
     lay = np.asarray(_injection_layers(range(n_layers) if layers is None else layers, n_layers,
                                        ad.name, increasing=True))
-    v = random_direction(d, seed) if direction is None else as_float64(direction, "direction")
-    if v.shape != (d,):
-        raise ValueError(f"direction must have shape ({d},), got {v.shape}")
-    if not np.all(np.isfinite(v)):
-        raise ValueError("direction contains NaN or infinite values")
-    v, zero = pt.unit_vectors(v, flat=True)
-    if zero:
-        raise ValueError("direction must be a non-zero vector")
+    v = _unit_directions(random_direction(d, seed) if direction is None else direction, d)
     v_t = torch.as_tensor(v, dtype=ad.dtype, device=ad.device)
 
     base = ad.record                                     # the baseline StackOutput
@@ -806,18 +812,10 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     check_model(m)
     if not isinstance(prompts, InjectionPrompts):
         raise TypeError(f"prompts must come from companion.directions.make_prompts, got {type(prompts).__name__}")
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be True or False, got {relative!r}")
+    relative = check_bool(relative, "relative")
     L, d = m.n_layers, m.d_model
     lay = list(_injection_layers(layers, L, m.name, increasing=True))
-    dirs = real_array("directions", directions)
-    if dirs.shape == (d,):
-        dirs = np.broadcast_to(dirs, (len(lay), d))
-    elif dirs.shape != (len(lay), d):
-        raise ValueError(f"directions must have shape ({d},) or ({len(lay)}, {d}), got {dirs.shape}")
-    unit, zero = pt.unit_vectors(dirs)
-    if np.any(zero):
-        raise ValueError("a direction is the zero vector; pass non-zero directions")
+    unit = _unit_directions(directions, d, len(lay))
     sc = _check_scales(scales)
     if norms is None:
         base = residual_stream(m, prompts.encoding)

@@ -166,7 +166,7 @@ def test_sweep_errors():
         (dict(model="stack"), TypeError, "ResidualStack or TinyLM"),
         (dict(scale=0.0), ValueError, "scale must be > 0"),
         (dict(scale="a"), TypeError, "real number"),
-        (dict(relative=1), TypeError, "bool"),
+        (dict(relative=1), TypeError, "True or False"),
         (dict(layers=[]), ValueError, "non-empty"),
         (dict(layers=[1, 0]), ValueError, "strictly increasing"),
         (dict(layers=[0, 3]), ValueError, r"\[0, 2\]"),
