@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
@@ -122,6 +123,25 @@ def check_thresholds(thresholds, name: str = "thresholds") -> np.ndarray:
     if (t < 0).any():
         raise ValueError(f"{name} must be >= 0 (they bound |x|), got min {t.min():.4g}")
     return t
+
+
+def check_texts(texts, name: str = "texts", single: bool = False) -> list[str]:
+    """A non-empty list of strings with visible characters (with ``single``, one string becomes
+    a list of one); TypeError for another type, ValueError if empty or a text is blank."""
+    if single and isinstance(texts, str):
+        texts = [texts]
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise TypeError(f"{name} must be a list of strings{' or a string' if single else ''}, "
+                        f"got {type(texts).__name__}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError(f"{name} is empty; pass at least one non-empty string")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}] must be a string, got {type(t).__name__}")
+        if not t.strip():
+            raise ValueError(f"{name}[{i}] is empty; every text must contain visible characters")
+    return texts
 
 
 def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:

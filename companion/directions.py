@@ -40,14 +40,13 @@ typical_norms
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from companion import models, probes
-from companion._validation import check_int
+from companion._validation import check_int, check_texts
 
 __all__ = [
     "GROUPS",
@@ -144,20 +143,6 @@ CONCEPTS: dict[str, ConceptSet] = {
 # --------------------------------------------------------------------------------------------
 # argument checks
 # --------------------------------------------------------------------------------------------
-
-
-def _check_texts(texts, name: str) -> list[str]:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
-    texts = list(texts)
-    if not texts:
-        raise ValueError(f"{name} is empty; pass at least one non-empty string")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}] must be a string, got {type(t).__name__}")
-        if not t.strip():
-            raise ValueError(f"{name}[{i}] is empty; every text must contain visible characters")
-    return texts
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -285,8 +270,8 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     (4, 4)
     """
     models.check_model(m)
-    first = _check_texts(first, "first")
-    second = _check_texts(second, "second")
+    first = check_texts(first, "first")
+    second = check_texts(second, "second")
     if len(first) != len(second):
         raise ValueError(f"first and second must have the same length, got {len(first)} and {len(second)}")
     if skip_first is None:
@@ -394,8 +379,8 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
         skip_first = _default_skip_first(m)
     if not isinstance(skip_first, bool):
         raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
-    pos = _check_texts(positive, "positive")
-    neg = _check_texts(negative, "negative")
+    pos = check_texts(positive, "positive")
+    neg = check_texts(negative, "negative")
     means = []
     for texts in (pos, neg):
         enc, _, real, special = _encode_with_offsets(m, texts, max_length)

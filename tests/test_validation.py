@@ -13,8 +13,8 @@ from scipy import stats
 
 from companion import concentration as conc
 from companion import tails
-from companion._validation import (check_dist, check_finite, check_int, check_layer, check_real, check_vector,
-                                  freeze, is_int, is_real, real_array)
+from companion._validation import (check_dist, check_finite, check_int, check_layer, check_real, check_texts,
+                                  check_thresholds, check_vector, freeze, is_int, is_real, real_array)
 
 RV_SAMPLE = stats.rv_discrete(values=([-1, 0, 2], [0.25, 0.5, 0.25]))
 
@@ -127,3 +127,19 @@ def test_check_vector():
         check_vector([1e5, 0.0, 0.0], 3, dtype=torch.float16)
     with pytest.raises(ValueError, match="scale \\* v reaches"):
         check_vector([1.0, 0.0, 0.0], 3, dtype=torch.float32, scales=(2.0, 1e39), name="v")
+
+
+def test_check_texts_and_thresholds():
+    assert check_texts(("a", "b c")) == ["a", "b c"] and check_texts("a", single=True) == ["a"]
+    for bad, err, match in [("a", TypeError, "list of strings, got str"), ([], ValueError, "empty"),
+                            (["a", 3], TypeError, r"texts\[1\] must be a string"),
+                            (["a", " "], ValueError, r"texts\[1\] is empty"), (b"ab", TypeError, "list")]:
+        with pytest.raises(err, match=match):
+            check_texts(bad)
+    np.testing.assert_array_equal(check_thresholds(2), [2.0])
+    np.testing.assert_array_equal(check_thresholds([0, 1.5]), [0.0, 1.5])
+    for bad, err, match in [([-1.0], ValueError, ">= 0"), ([], ValueError, "non-empty"),
+                            ([[1.0]], ValueError, "1-D"), (["a"], TypeError, "thresholds"),
+                            ([np.inf], ValueError, "infinite")]:
+        with pytest.raises(err, match=match):
+            check_thresholds(bad)
