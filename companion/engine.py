@@ -289,6 +289,9 @@ class SweepResult:
             (``"kl"`` needs a language model), or no token lies after the last injected one.
         """
         kind = self.effect_name if kind is None else kind
+        if kind is None:
+            raise ValueError("this sweep measured no output effect (injection_sweep keeps the streams); "
+                             "use stack_injection_sweep or track_injection")
         if kind not in EFFECT_KINDS:
             raise ValueError(f"kind must be one of {EFFECT_KINDS}, got {kind!r}")
         if not self.effects or kind not in self.effects:

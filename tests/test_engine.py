@@ -213,6 +213,10 @@ def test_injection_sweep_on_a_stack_is_forward_bit_for_bit():
         for s, c in enumerate((0.5, 2.0)):
             _, out = lm(ids, inject_layer=layer, inject_vector=c * v, inject_positions=[1, 4])
             assert torch.equal(sw.injected[layer, s], out.stream)
+    with pytest.raises(ValueError, match="no output effect"):
+        sw.effect()
+    with pytest.raises(ValueError, match="unknown metric"):
+        sw.mean("projection")
     ad = engine.adapt(lm, ids)
     assert isinstance(ad, StackAdapter) and torch.equal(torch.stack(ad.baseline), sw.baseline)
     with pytest.raises(ValueError, match="positions must lie"):
