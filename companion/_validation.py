@@ -171,7 +171,7 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
         if isinstance(vector, (str, bytes)):
             raise TypeError(f"{name} must be a tensor or array of {d} real numbers, got a string")
         try:
-            vector = torch.as_tensor(np.asarray(vector))
+            vector = torch.as_tensor(np.ascontiguousarray(vector))
         except (TypeError, ValueError, RuntimeError) as exc:
             raise TypeError(f"{name} must be a tensor or array of {d} real numbers ({exc})") from None
     if vector.dtype == torch.bool or vector.is_complex() or not (

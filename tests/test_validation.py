@@ -117,6 +117,7 @@ def test_check_vector():
     out = check_vector(np.arange(3), 3, dtype=torch.float32)
     assert out.dtype == torch.float32 and out.tolist() == [0.0, 1.0, 2.0]
     assert check_vector(torch.ones(2, 3), 3, 2, dtype=torch.float64).shape == (2, 3)
+    assert check_vector(np.arange(3.0)[::-1], 3, dtype=torch.float64).tolist() == [2.0, 1.0, 0.0]
     with pytest.raises(ValueError, match=r"shape \(3,\) for m, got \(2, 3\)"):
         check_vector(torch.ones(2, 3), 3, dtype=torch.float32, where="m")
     with pytest.raises(TypeError, match="real numbers"):
