@@ -5,7 +5,8 @@ The split follows scipy: a public function checks its arguments with the functio
 computes.  Nothing here computes a result of the book; everything raises ``TypeError`` for a
 wrong kind of argument and ``ValueError`` for a right kind with a wrong value.
 
-The module depends on numpy and scipy only, so every layer of the package may use it.  Its
+The module depends on numpy and scipy only, so every layer of the package may use it
+(:func:`check_vector`, for the torch layers, imports torch inside the function).  Its
 names carry no underscore because other companion modules import them; the module itself is
 private (``companion._validation``), not part of the reader-facing API.
 """
