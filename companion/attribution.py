@@ -1,0 +1,512 @@
+r"""Where an injected direction goes: its projection split over the sublayers of every block.
+
+An injection adds :math:`c\hat v` to :math:`h_\ell` at the injected tokens
+(:mod:`companion.directions`); :func:`attribute_injection` runs the baseline and the injected
+model together (one batch, the blocks before :math:`\ell` never recomputed:
+:class:`companion.probes.ModelAdapter`) with hooks (:func:`companion.hooks.hooks`) on the
+sublayers of every block :math:`m\ge\ell`, and records, per position group
+(:data:`companion.directions.GROUPS`), the projection on :math:`\hat v` of the change
+:math:`\delta` after every *stage* of the block.
+
+Pre-norm (Llama, GPT-2, ...)
+    :math:`h_{m+1} = h_m + a_m + f_m` with :math:`a_m` the attention output and :math:`f_m`
+    the MLP output, so :math:`p_{m+1} - p_m = \hat v\cdot\Delta a_m + \hat v\cdot\Delta f_m`
+    exactly; stages ``("attn", "mlp")``.
+Post-norm (BERT, MiniLM)
+    :math:`u_1 = h_m + a_m`, :math:`x_1 = \mathrm{LN}_1(u_1)`, :math:`u_2 = x_1 + f_m`,
+    :math:`h_{m+1} = \mathrm{LN}_2(u_2)`; stages ``("attn", "ln1", "mlp", "ln2")``: attention
+    write, LN1 rescale, MLP write, LN2 rescale.  For each LayerNorm stage the result also holds
+    two predictions of its output projection from its input (:func:`layernorm_response`): the
+    *product rule* (the leading factor :math:`\hat v^\top\operatorname{diag}(\gamma)P\hat v/
+    \sigma` times the input projection, token by token) and the *first-order* response
+    :math:`\hat v^\top J\delta` to the whole measured input change.
+
+The identity :math:`p_{m+1} - p_m = \sum_{\text{stages}} w_{m,s}` is checked on every run
+(:attr:`Attribution.identity_error`).  :func:`bootstrap_ratio` gives intervals over directions
+and prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from companion._validation import check_int, check_layer, check_real, real_array
+from companion.directions import GROUPS, InjectionPrompts, typical_norms
+from companion.hooks import hooks
+from companion.models import check_model
+from companion.probes import ModelAdapter
+
+__all__ = [
+    "STAGES",
+    "Attribution",
+    "attribute_injection",
+    "layernorm_response",
+    "bootstrap_ratio",
+]
+
+#: Stage names per placement, in the order they act inside a block.
+STAGES = {"pre": ("attn", "mlp"), "post": ("attn", "ln1", "mlp", "ln2")}
+
+
+# --------------------------------------------------------------------------------------------
+# LayerNorm's first-order response along a direction
+# --------------------------------------------------------------------------------------------
+def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    r"""First-order response of a LayerNorm, read along :math:`\hat v`.
+
+    Parameters
+    ----------
+    x : array_like or torch.Tensor, shape ``[..., d]``
+        LayerNorm inputs of the baseline run (``d >= 2``).
+    delta : array_like or torch.Tensor, shape ``[..., d]`` (broadcast with ``x``)
+        Changes of the inputs.
+    v : array_like, shape ``[d]``
+        The direction (normalised here).
+    weight : array_like, shape ``[d]``, optional
+        The gain :math:`\gamma` (default all ones).
+    eps : float, default 0.0
+
+    Returns
+    -------
+    factor : numpy.ndarray, shape ``x.shape[:-1]``
+        The product-rule factor :math:`f = \hat v^\top\operatorname{diag}(\gamma)P\hat v/\sigma`.
+    response : numpy.ndarray, shape ``broadcast(x, delta).shape[:-1]``
+        :math:`\hat v^\top J\delta`, the first-order change of the output along :math:`\hat v`.
+
+    Raises
+    ------
+    TypeError
+        Non-real inputs.
+    ValueError
+        Shapes that do not match, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
+
+    Notes
+    -----
+    With :math:`\mu = \mathbf 1^\top x/d`, :math:`\sigma = \sqrt{\operatorname{Var}(x)+\varepsilon}`,
+    :math:`P = I - \mathbf 1\mathbf 1^\top/d` and :math:`z = Px/\sigma`, LayerNorm
+    :math:`y = \gamma\odot z + \beta` has, since :math:`\partial\sigma/\partial x = Px/(d\sigma)`,
+
+    .. math:: J\delta = \frac{\gamma}{\sigma}\odot\Bigl(P\delta - \frac{z\,(z^\top\delta)}{d}\Bigr),
+
+    so :math:`\hat v^\top J\delta = \sigma^{-1}\bigl[(\gamma\odot\hat v)^\top P\delta -
+    (\gamma\odot\hat v)^\top z\;z^\top\delta/d\bigr]`.  For :math:`\delta = p\hat v` the first
+    term is :math:`p\,\hat v^\top\operatorname{diag}(\gamma)P\hat v/\sigma = p f`; the second is
+    of relative size :math:`|\hat v^\top z|^2/d` when :math:`\gamma` is constant (about
+    :math:`1/d` for a direction unrelated to the token).  The part of :math:`\delta` orthogonal
+    to :math:`\hat v` enters through :math:`\gamma\odot\hat v`: it vanishes for a constant
+    :math:`\gamma` (then :math:`\hat v^\top P\delta_\perp = -\bar\delta_\perp\,\mathbf
+    1^\top\hat v`, small) and is what breaks the product rule when :math:`\gamma` is uneven.
+
+    Examples
+    --------
+    >>> f, r = layernorm_response([1.0, -1.0, 1.0, -1.0], [0.1, -0.1, -0.1, 0.1],
+    ...                           [1.0, -1.0, -1.0, 1.0])
+    >>> round(float(f), 6), round(float(r), 6)
+    (1.0, 0.2)
+    """
+    x = real_array("x", x, 1)
+    dl = real_array("delta", delta, 1)
+    vv = real_array("v", v, 1)
+    eps = check_real(eps, "eps")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    d = x.shape[-1]
+    if d < 2:
+        raise ValueError(f"x must have a last axis of length d >= 2, got shape {x.shape}")
+    if dl.shape[-1] != d or vv.shape != (d,):
+        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); got {dl.shape}, {vv.shape}")
+    try:
+        np.broadcast_shapes(x.shape, dl.shape)
+    except ValueError:
+        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape {x.shape}") from None
+    nv = np.linalg.norm(vv)
+    if nv == 0:
+        raise ValueError("v must be a non-zero vector")
+    vv = vv / nv
+    g = np.ones(d) if weight is None else real_array("weight", weight, 1)
+    if g.shape != (d,):
+        raise ValueError(f"weight must have shape ({d},), got {g.shape}")
+    sigma = np.sqrt(np.var(x, axis=-1) + eps)
+    if np.any(sigma == 0):
+        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable there")
+    z = (x - x.mean(-1, keepdims=True)) / sigma[..., None]
+    gv = g * vv
+    factor = (gv @ vv - gv.sum() * vv.sum() / d) / sigma
+    p_delta = dl - dl.mean(-1, keepdims=True)
+    response = (p_delta @ gv - (z @ gv) * np.sum(z * dl, axis=-1) / d) / sigma
+    return factor, response
+
+
+# --------------------------------------------------------------------------------------------
+# the result
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Attribution:
+    r"""The projection of an injected direction, stage by stage, per direction, prompt and group.
+
+    Attributes
+    ----------
+    model : str
+    placement : {"pre", "post"}
+    layer : int
+        The injection layer :math:`\ell`; blocks :math:`m = \ell, \dots, L-1` are attributed.
+    n_layers : int
+    stages : tuple of str
+        :data:`STAGES` of the placement.
+    scale : float
+        :math:`c`, the size of the injected vector.
+    alpha : float or None
+        :math:`c / n_\ell` when the magnitude was given relative to the typical norm.
+    typical_norm : float
+        :math:`n_\ell` (median norm of :math:`h_\ell` at the injected tokens).
+    directions : numpy.ndarray, shape ``[n, d]``
+        The unit directions injected (row :math:`\ell` of per-layer directions).
+    stream : numpy.ndarray, shape ``[n, batch, 3, L - ell + 1]``
+        :math:`p_m`, the mean over a group's tokens of :math:`\hat v\cdot\delta_m`, for
+        :math:`m = \ell, \dots, L`.
+    writes : numpy.ndarray, shape ``[n, batch, 3, L - ell, n_stages]``
+        The change of the projection made by each stage of each block.
+    ln_input, ln_rule, ln_jacobian : numpy.ndarray or None, shape ``[n, batch, 3, L - ell, 2]``
+        Post-norm only: per LayerNorm (LN1, LN2) the mean input projection, the product-rule
+        prediction of the output projection (mean over tokens of :math:`f_t p_t`) and the
+        first-order prediction (mean of :math:`\hat v^\top J\delta_t`).
+    identity_error : float
+        :math:`\max|p_{m+1} - p_m - \sum_s w_{m,s}|/c`; rounding only.
+    """
+
+    model: str
+    placement: str
+    layer: int
+    n_layers: int
+    stages: tuple
+    scale: float
+    alpha: float | None
+    typical_norm: float
+    directions: np.ndarray
+    stream: np.ndarray
+    writes: np.ndarray
+    ln_input: np.ndarray | None
+    ln_rule: np.ndarray | None
+    ln_jacobian: np.ndarray | None
+    identity_error: float
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """The attributed blocks :math:`m = \\ell, \\dots, L-1`."""
+        return np.arange(self.layer, self.n_layers)
+
+    def _g(self, group) -> int:
+        if group not in GROUPS:
+            raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+        return GROUPS.index(group)
+
+    def _dirs(self, directions) -> np.ndarray:
+        n = self.directions.shape[0]
+        if directions is None:
+            return np.arange(n)
+        idx = np.atleast_1d(np.asarray(directions))
+        if idx.dtype.kind not in "iu" or idx.size == 0 or idx.min() < -n or idx.max() >= n:
+            raise ValueError(f"directions must be indices in [0, {n}), got {directions!r}")
+        return idx
+
+    def totals(self, group: str = "injected") -> dict:
+        """Sum over blocks of each stage's write, divided by :math:`c`: ``stage -> [n, batch]``.
+
+        Together with the start they telescope: ``stream[..., -1]/c = stream[..., 0]/c +
+        sum(totals)``.  Negative values erase the direction.
+        """
+        g = self._g(group)
+        w = self.writes[:, :, g].sum(axis=2) / self.scale
+        return {s: w[..., k] for k, s in enumerate(self.stages)}
+
+    def block_ratios(self, group: str = "injected", directions=None) -> np.ndarray:
+        """Measured :math:`p_{m+1}/p_m` per block, ratio of means over directions and prompts."""
+        g, idx = self._g(group), self._dirs(directions)
+        p = self.stream[idx, :, g].sum(axis=(0, 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return p[1:] / p[:-1]
+
+    def ln_ratios(self, group: str = "injected", directions=None) -> dict:
+        """Post-norm: per LayerNorm, ``"measured"``, ``"rule"`` and ``"jacobian"`` ratios.
+
+        Each is ``[L - ell, 2]`` (blocks x LN1/LN2): output projection over input projection,
+        ratio of means over the chosen directions and all prompts (NaN/inf where the input
+        projection is 0, e.g. at later tokens before attention has reached them).
+
+        Raises
+        ------
+        ValueError
+            For a pre-norm result (its residual stream is never normalised).
+        """
+        if self.placement != "post":
+            raise ValueError("ln_ratios exist for post-norm models only")
+        g, idx = self._g(group), self._dirs(directions)
+        k1, k2 = self.stages.index("ln1"), self.stages.index("ln2")
+        den = self.ln_input[idx, :, g].sum(axis=(0, 1))
+        out = den + self.writes[idx, :, g][..., [k1, k2]].sum(axis=(0, 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return {"measured": out / den,
+                    "rule": self.ln_rule[idx, :, g].sum(axis=(0, 1)) / den,
+                    "jacobian": self.ln_jacobian[idx, :, g].sum(axis=(0, 1)) / den}
+
+
+# --------------------------------------------------------------------------------------------
+# the computation
+# --------------------------------------------------------------------------------------------
+def _sublayers(m):
+    """Per block, the modules to hook: pre -> (attn, mlp); post -> (LN1, LN2)."""
+    out = []
+    for i, b in enumerate(m.blocks):
+        if m.placement == "pre":
+            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention") if hasattr(b, n)), None)
+            mlp = getattr(b, "mlp", None)
+        else:
+            attn = getattr(getattr(getattr(b, "attention", None), "output", None), "LayerNorm", None)
+            mlp = getattr(getattr(b, "output", None), "LayerNorm", None)
+        if not isinstance(attn, torch.nn.Module) or not isinstance(mlp, torch.nn.Module):
+            kind = "self_attn/attn and mlp" if m.placement == "pre" else \
+                "attention.output.LayerNorm and output.LayerNorm"
+            raise ValueError(f"{m.name}: block {i} ({type(b).__name__}) has no {kind}; "
+                             "attribute_injection supports Llama/GPT-2-like and BERT-like blocks")
+        out.append((attn, mlp))
+    return out
+
+
+def _check_directions(directions, d: int, n_layers: int, layer: int) -> np.ndarray:
+    arr = real_array("directions", directions, 1)
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.ndim == 3:
+        if arr.shape[1] != n_layers + 1:
+            raise ValueError(f"per-layer directions must have shape [n, {n_layers + 1}, {d}], "
+                             f"got {arr.shape}")
+        arr = arr[:, layer]
+    if arr.ndim != 2 or arr.shape[1] != d or arr.shape[0] == 0:
+        raise ValueError(f"directions must have shape [n, {d}] or [n, {n_layers + 1}, {d}], "
+                         f"got {np.shape(directions)}")
+    norms = np.linalg.norm(arr, axis=1)
+    if np.any(norms == 0):
+        raise ValueError(f"directions {np.nonzero(norms == 0)[0].tolist()} are zero vectors")
+    return arr / norms[:, None]
+
+
+def _group_mean(x: torch.Tensor, G: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``x`` [k, B, T] -> [k, B, 3] means over each group's tokens."""
+    return torch.einsum("kbt,gbt->kbg", x, G) / counts
+
+
+def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, scale=None,
+                        alpha=None, batch_rows: int = 256) -> Attribution:
+    r"""Inject each direction at layer :math:`\ell` and split its projection over the sublayers.
+
+    Parameters
+    ----------
+    m : LoadedModel
+        A pre-norm model with ``self_attn``/``attn``/``attention`` and ``mlp`` sublayers, or a
+        BERT-like post-norm model (``attention.output.LayerNorm``, ``output.LayerNorm``).
+    prompts : InjectionPrompts
+        From :func:`companion.directions.make_prompts` for ``m``.
+    layer : int in ``[0, L - 1]``
+        :math:`\ell`: :math:`c\hat v` is added to :math:`h_\ell` at ``prompts.injected``.
+    directions : array_like, shape ``[n, d]`` or ``[n, L+1, d]``
+        Directions (normalised here); per-layer ones contribute row :math:`\ell`.
+    scale, alpha : float
+        Exactly one: the absolute size :math:`c`, or :math:`\alpha` with :math:`c = \alpha
+        n_\ell` (:func:`companion.directions.typical_norms` at the injected tokens).
+    batch_rows : int, default 256
+        At most this many sequences per forward: the baseline and
+        ``batch_rows // batch - 1`` directions run together.
+
+    Returns
+    -------
+    Attribution
+
+    Raises
+    ------
+    TypeError
+        For arguments of the wrong type.
+    ValueError
+        For a layer outside ``[0, L - 1]``, directions of the wrong shape or zero, both or
+        neither of ``scale`` and ``alpha``, a zero or non-finite magnitude, prompts of another
+        model, ``batch_rows < 2 * batch``, or an unsupported block.
+
+    Notes
+    -----
+    Baseline and injected runs share each forward (stacked along the batch axis), so every
+    difference is taken between two rows of the same computation.  Projections are formed in
+    float64 from the float32 activations.
+
+    Examples
+    --------
+    >>> p = make_prompts(m, first, second)                                   # doctest: +SKIP
+    >>> a = attribute_injection(m, p, 3, random_unit_vectors(m.d_model, 4), alpha=0.1)  # doctest: +SKIP
+    >>> a.totals("injected")["mlp"].mean()                                   # doctest: +SKIP
+    """
+    check_model(m)
+    if not isinstance(prompts, InjectionPrompts):
+        raise TypeError(f"prompts must be InjectionPrompts from directions.make_prompts, got "
+                        f"{type(prompts).__name__}")
+    L = m.n_layers
+    layer = check_layer(layer, L, m.name)
+    if layer == L:
+        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes no block")
+    V = _check_directions(directions, m.d_model, L, layer)
+    if (scale is None) == (alpha is None):
+        raise ValueError("give exactly one of scale (absolute c) and alpha (c = alpha * n_l)")
+    batch_rows = check_int(batch_rows, "batch_rows", 1)
+    B = prompts.batch
+    if batch_rows < 2 * B:
+        raise ValueError(f"batch_rows must be >= 2 * batch = {2 * B} (baseline + one direction)")
+    ad = ModelAdapter(m, prompts.encoding)
+    if tuple(ad.attention_mask.shape) != tuple(prompts.injected.shape):
+        raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
+    base = ad.baseline
+    n_ell = float(typical_norms(torch.stack(base).to("cpu", torch.float64), prompts.injected.cpu())[layer])
+    if alpha is not None:
+        alpha = check_real(alpha, "alpha")
+        c = alpha * n_ell
+    else:
+        c = check_real(scale, "scale")
+    if c == 0 or not np.isfinite(c):
+        raise ValueError(f"the injected size c must be finite and non-zero, got {c}")
+    subs = _sublayers(m)
+    stages = STAGES[m.placement]
+    n, nb, ns = V.shape[0], L - layer, len(stages)
+    dev = m.device
+    G = prompts.groups.to(dev, torch.float64)  # [3, B, T]
+    counts = G.sum(-1).T[None]  # [1, B, 3]
+    inj = prompts.injected.to(dev, m.dtype)[..., None]  # [B, T, 1]
+    stream = np.zeros((n, B, 3, nb + 1))
+    writes = np.zeros((n, B, 3, nb, ns))
+    post = m.placement == "post"
+    ln_in, ln_rule, ln_jac = (np.zeros((n, B, 3, nb, 2)) for _ in range(3)) if post else (None,) * 3
+    per = max(1, batch_rows // B - 1)
+    for start in range(0, n, per):
+        j = slice(start, min(n, start + per))
+        Vc = torch.as_tensor(V[j], device=dev, dtype=torch.float64)  # [k, d]
+        k = Vc.shape[0]
+
+        def proj(x, Vc=Vc, k=k):
+            """[(k+1)B, T, d] -> (projection of the change, change, baseline)."""
+            x = x.to(torch.float64).reshape(k + 1, B, *x.shape[1:])
+            dx = x[1:] - x[0]
+            return torch.einsum("kbtd,kd->kbt", dx, Vc), dx, x[0]
+
+        captured: dict = {}
+
+        def out_hook(i, s):
+            def hook(module, args, output):
+                y = output[0] if isinstance(output, tuple) else output
+                captured[(i, s)] = _group_mean(proj(y)[0], G, counts)
+            return hook
+
+        def ln_pre(i, s):
+            def hook(module, args):
+                pr, dx, x0 = proj(args[0])
+                captured[(i, s, "in")] = _group_mean(pr, G, counts)
+                gamma = module.weight.detach().to(torch.float64) if module.weight is not None \
+                    else torch.ones(m.d_model, dtype=torch.float64, device=dev)
+                sigma = torch.sqrt(x0.var(-1, unbiased=False) + module.eps)  # [B, T]
+                z = (x0 - x0.mean(-1, keepdim=True)) / sigma[..., None]
+                gv = gamma * Vc  # [k, d]
+                f = (torch.einsum("kd,kd->k", gv, Vc)
+                     - gv.sum(-1) * Vc.sum(-1) / m.d_model)[:, None, None] / sigma  # [k, B, T]
+                jac = (torch.einsum("kbtd,kd->kbt", dx - dx.mean(-1, keepdim=True), gv)
+                       - torch.einsum("btd,kd->kbt", z, gv) * torch.einsum("btd,kbtd->kbt", z, dx)
+                       / m.d_model) / sigma
+                captured[(i, s, "rule")] = _group_mean(f * pr, G, counts)
+                captured[(i, s, "jac")] = _group_mean(jac, G, counts)
+            return hook
+
+        fwd, pre = {}, {}
+        for i in range(layer, L):
+            a, b = subs[i]
+            fwd[a], fwd[b] = out_hook(i, "a"), out_hook(i, "b")
+            if post:
+                pre[a], pre[b] = ln_pre(i, "a"), ln_pre(i, "b")
+        h = base[layer].repeat(k + 1, 1, 1)
+        delta = (c * Vc.to(m.dtype))[:, None, None, :] * inj[None]  # [k, B, T, d]
+        h = h + torch.cat([torch.zeros_like(delta[:1]), delta]).reshape(h.shape)
+        ps = [_group_mean(proj(h)[0], G, counts)]
+        with hooks(forward=fwd, pre=pre), torch.no_grad():
+            for i in range(layer, L):
+                h = ad.block(i, h, k + 1)
+                ps.append(_group_mean(proj(h)[0], G, counts))
+        stream[j] = torch.stack(ps, -1).cpu().numpy()
+        for bi, i in enumerate(range(layer, L)):
+            if post:
+                # points: p_m, u1 (LN1 in), x1 (LN1 out), u2 (LN2 in), h_{m+1} (LN2 out)
+                pts = [ps[bi], captured[(i, "a", "in")], captured[(i, "a")],
+                       captured[(i, "b", "in")], captured[(i, "b")]]
+                w = torch.stack([pts[s + 1] - pts[s] for s in range(4)], -1)
+                for q, s in enumerate(("a", "b")):
+                    ln_in[j, :, :, bi, q] = captured[(i, s, "in")].cpu().numpy()
+                    ln_rule[j, :, :, bi, q] = captured[(i, s, "rule")].cpu().numpy()
+                    ln_jac[j, :, :, bi, q] = captured[(i, s, "jac")].cpu().numpy()
+            else:
+                w = torch.stack([captured[(i, "a")], captured[(i, "b")]], -1)
+            writes[j, :, :, bi] = w.cpu().numpy()
+    err = np.abs(np.diff(stream, axis=-1) - writes.sum(-1)).max() / abs(c)
+    return Attribution(model=m.name, placement=m.placement, layer=layer, n_layers=L,
+                       stages=stages, scale=float(c), alpha=None if alpha is None else float(alpha),
+                       typical_norm=n_ell, directions=V, stream=stream, writes=writes,
+                       ln_input=ln_in, ln_rule=ln_rule, ln_jacobian=ln_jac,
+                       identity_error=float(err))
+
+
+# --------------------------------------------------------------------------------------------
+# intervals
+# --------------------------------------------------------------------------------------------
+def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float, float]:
+    r"""Ratio of sums with a two-way bootstrap interval over directions and prompts.
+
+    Parameters
+    ----------
+    num : array_like, shape ``[n_directions, n_prompts]``
+    den : array_like of the same shape, optional
+        Default all ones (then the statistic is the mean of ``num``).
+    n_boot : int, default 2000
+    seed : int, default 0
+    level : float in (0, 1), default 0.95
+
+    Returns
+    -------
+    (estimate, low, high) : tuple of float
+        :math:`\sum num/\sum den` and the percentile interval when directions and prompts are
+        resampled independently (each with replacement).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For non-real or non-finite arrays, shapes that differ or are not 2-D, ``n_boot < 1``,
+        ``level`` outside (0, 1).
+
+    Examples
+    --------
+    >>> est, lo, hi = bootstrap_ratio(np.ones((3, 4)))
+    >>> est, lo, hi
+    (1.0, 1.0, 1.0)
+    """
+    a = real_array("num", num, 2)
+    b = np.ones_like(a) if den is None else real_array("den", den, 2)
+    if a.ndim != 2 or a.shape != b.shape:
+        raise ValueError(f"num and den must be [n_directions, n_prompts] of one shape, got "
+                         f"{a.shape} and {b.shape}")
+    n_boot = check_int(n_boot, "n_boot", 1)
+    seed = check_int(seed, "seed", 0)
+    level = check_real(level, "level")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    nd, npr = a.shape
+    cd = rng.multinomial(nd, np.full(nd, 1 / nd), size=n_boot).astype(float)
+    cp = rng.multinomial(npr, np.full(npr, 1 / npr), size=n_boot).astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = np.einsum("ki,ib,kb->k", cd, a, cp) / np.einsum("ki,ib,kb->k", cd, b, cp)
+    q = (1 - level) / 2
+    lo, hi = np.nanquantile(stats, [q, 1 - q])
+    return float(a.sum() / b.sum()), float(lo), float(hi)

@@ -1,0 +1,172 @@
+"""The ``injection_attribution`` experiment: an injected direction's projection, sublayer by sublayer.
+
+For corpus prompts (:func:`companion.directions.make_prompts`, first sentence injected), concept
+directions (:data:`companion.directions.CONCEPTS`, read at the injection layer) and seeded
+random directions, runs :func:`companion.attribution.attribute_injection` at every layer of
+``layers`` at a relative size ``alpha`` -- and, with ``half_check``, again at ``alpha / 2`` to
+show that the response is linear -- and stores the per-stage projections::
+
+    python -m companion run injection_attribution --set model=smollm2-135m --set layers=3,15 \\
+        --device cpu --out companion/data/results
+
+:data:`CONFIGS` holds the two configurations the chapter *Injection in real Transformers*
+reads; :func:`attributions_of` turns a Result back into :class:`~companion.attribution.Attribution`
+objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from companion._validation import check_int, check_real
+from companion.experiments import register
+
+__all__ = ["InjectionAttributionExperiment", "CONFIGS", "attributions_of"]
+
+_KEYS = ("stream", "writes", "ln_input", "ln_rule", "ln_jacobian")
+
+
+@register("injection_attribution", schema=1)
+@dataclass(frozen=True)
+class InjectionAttributionExperiment:
+    """Per-stage projections of injected concept and random directions.
+
+    Attributes
+    ----------
+    model : str
+    layers : tuple of int
+        Injection layers (each in ``[0, L - 1]``); empty = every one.
+    concepts : tuple of str
+        Keys of :data:`companion.directions.CONCEPTS`.
+    n_random : int
+        Random directions (seeded with ``seed``), after the concepts.
+    n_prompts, min_words, max_words, max_length : int
+        Corpus prompts as in ``injection_window``.
+    alpha : float
+        Relative size :math:`c = \\alpha n_\\ell`.
+    half_check : bool
+        Also run at ``alpha / 2`` (arrays ``half_*``).
+    seed : int
+    batch_rows : int
+    dtype : str
+
+    Notes
+    -----
+    Result arrays, per injection layer ``l``: ``l{l}_stream``, ``l{l}_writes`` (and for a
+    post-norm model ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``), with
+    ``half_`` in front for the run at ``alpha / 2``; ``scale`` and ``typical_norm``
+    ``[n_layers_run]``; ``directions`` ``[n_layers_run, n, d]``.  Scalars: ``direction_names``,
+    ``identity_error`` (largest over runs) and the model's description.
+    """
+
+    model: str = "minilm-l6"
+    layers: tuple[int, ...] = ()
+    concepts: tuple[str, ...] = ("sea", "joy")
+    n_random: int = 16
+    n_prompts: int = 32
+    min_words: int = 6
+    max_words: int = 11
+    max_length: int = 64
+    alpha: float = 0.05
+    half_check: bool = True
+    seed: int = 0
+    batch_rows: int = 320
+    dtype: str = "float32"
+
+    def compute(self, device, progress):
+        from companion import attribution as at
+        from companion import directions as dr
+        from companion import models
+        from companion.corpus import corpus_sentences
+
+        n_prompts = check_int(self.n_prompts, "n_prompts", 1)
+        n_random = check_int(self.n_random, "n_random", 0)
+        alpha = check_real(self.alpha, "alpha")
+        unknown = [c for c in self.concepts if c not in dr.CONCEPTS]
+        if unknown:
+            raise ValueError(f"unknown concepts {unknown}; choose from {sorted(dr.CONCEPTS)}")
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        L = m.n_layers
+        layers = list(self.layers) if self.layers else list(range(L))
+        sentences = corpus_sentences(2 * n_prompts, self.min_words, self.max_words)
+        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
+        units = []
+        for name in self.concepts:
+            c = dr.CONCEPTS[name]
+            units.append(dr.concept_vectors(m, *c.texts(), pool=c.pool, name=name,
+                                            max_length=self.max_length).unit)
+        rand = dr.random_unit_vectors(m.d_model, max(n_random, 1), np.random.default_rng(self.seed))
+        rand = np.repeat(rand[:n_random, None], L + 1, axis=1)
+        dirs = np.concatenate([np.stack(units), rand]) if units else rand
+        names = list(self.concepts) + [f"random{k}" for k in range(n_random)]
+        out: dict = {}
+        scales, norms, used, err = [], [], [], 0.0
+        for ell in layers:
+            runs = {"": alpha, "half_": alpha / 2} if self.half_check else {"": alpha}
+            for prefix, a in runs.items():
+                r = at.attribute_injection(m, prompts, ell, dirs, alpha=a,
+                                           batch_rows=self.batch_rows)
+                err = max(err, r.identity_error)
+                for key in _KEYS:
+                    val = getattr(r, key)
+                    if val is not None:
+                        out[f"{prefix}l{ell}_{key}"] = val.astype(np.float32)
+                if prefix == "":
+                    scales.append(r.scale)
+                    norms.append(r.typical_norm)
+                    used.append(r.directions)
+        out.update(scale=np.array(scales), typical_norm=np.array(norms),
+                   directions=np.stack(used).astype(np.float32), layers=np.array(layers))
+        return {**out, "direction_names": names, "identity_error": err,
+                "n_prompts_used": prompts.batch, **m.facts()}
+
+
+#: The chapter's two configurations (CPU, stored under ``companion/data/results``).
+CONFIGS = {
+    "minilm-l6": InjectionAttributionExperiment(),
+    "smollm2-135m": InjectionAttributionExperiment(
+        model="smollm2-135m", layers=(3, 15), concepts=("sea",)),
+}
+
+
+def attributions_of(result, half: bool = False) -> dict:
+    """``{layer: Attribution}`` rebuilt from a Result of ``injection_attribution``.
+
+    Parameters
+    ----------
+    result : Result
+    half : bool
+        The run at ``alpha / 2`` (needs ``half_check``).
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result of ``injection_attribution``.
+    ValueError
+        If the requested arrays are missing.
+    """
+    from companion.attribution import STAGES, Attribution
+    from companion.experiments import Result
+
+    if not isinstance(result, Result) or result.name != "injection_attribution":
+        raise TypeError(f"result must be a Result of injection_attribution, got "
+                        f"{getattr(result, 'name', type(result).__name__)!r}")
+    a, s = result.arrays, result.scalars
+    prefix = "half_" if half else ""
+    cfg_alpha = float(result.config["alpha"]) / (2 if half else 1)
+    out = {}
+    for i, ell in enumerate(a["layers"].tolist()):
+        key = f"{prefix}l{ell}_"
+        if key + "stream" not in a:
+            raise ValueError(f"the Result has no {key}stream; recompute it with half_check=True")
+        get = lambda k: a[key + k].astype(np.float64) if key + k in a else None  # noqa: E731
+        out[ell] = Attribution(
+            model=s["model_name"], placement=s["placement"], layer=ell, n_layers=s["n_layers"],
+            stages=STAGES[s["placement"]], scale=float(a["scale"][i]) / (2 if half else 1),
+            alpha=cfg_alpha, typical_norm=float(a["typical_norm"][i]),
+            directions=a["directions"][i].astype(np.float64), stream=get("stream"),
+            writes=get("writes"), ln_input=get("ln_input"), ln_rule=get("ln_rule"),
+            ln_jacobian=get("ln_jacobian"), identity_error=float(s["identity_error"]))
+    return out
