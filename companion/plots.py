@@ -29,7 +29,9 @@ from companion._validation import as_float64, check_bool, check_int, check_real
 __all__ = ["band", "channel_points", "count_comparison", "counts", "depth_axis", "depth_colours",
            "effect_profiles", "finish", "grouped_bars", "interval_errorbars", "layer_profiles",
            "partial_dot_curves", "quantization_error_scatter", "scheme_bars", "seed_bands",
-           "seed_points", "table", "tail_curves", "window_edges"]
+           "seed_points", "table", "tail_curves", "window_edges",
+           "ln_rule_scatter",
+           "sublayer_cumulative"]
 
 
 def _check_axes(ax):
@@ -646,3 +648,112 @@ def seed_bands(ax, x, values, labels, *, level: float = 0.95, colors=None):
         ax.fill_between(xs, lo[k], hi[k], color=colors[k], alpha=0.2, lw=0)
         lines.append(line)
     return lines
+
+
+# --- injmech ---
+def _attribution(a, name: str = "attribution"):
+    from companion.attribution import Attribution
+
+    if not isinstance(a, Attribution):
+        raise TypeError(f"{name} must be a companion.attribution.Attribution, got {type(a).__name__}")
+    return a
+
+
+def _direction_sets(sets, n: int) -> dict:
+    if not isinstance(sets, dict) or not sets:
+        raise TypeError("directions must be a non-empty dict label -> list of direction indices")
+    out = {}
+    for label, idx in sets.items():
+        arr = np.atleast_1d(np.asarray(idx))
+        if not isinstance(label, str) or arr.dtype.kind not in "iu" or arr.size == 0 \
+                or arr.min() < 0 or arr.max() >= n:
+            raise ValueError(f"directions[{label!r}] must be indices in [0, {n}), got {idx!r}")
+        out[label] = arr
+    return out
+
+
+def ln_rule_scatter(ax, attributions, directions: dict, group: str = "injected", colors=None):
+    """Measured LayerNorm ratio against the product-rule factor, one point per LN and block.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    attributions : sequence of companion.attribution.Attribution
+        Post-norm results (e.g. one per injection layer).
+    directions : dict of str to list of int
+        Direction sets to pool (e.g. ``{"concepts": [0, 1], "random": [2, ..., 17]}``).
+    group : str, default "injected"
+    colors : sequence of colours, optional
+
+    Returns
+    -------
+    list of matplotlib.collections.PathCollection
+        One per direction set; LN1 as circles, LN2 as triangles, the diagonal dotted.
+    """
+    _check_axes(ax)
+    atts = [_attribution(a, "attributions[i]") for a in attributions]
+    if not atts:
+        raise ValueError("attributions is empty")
+    sets = _direction_sets(directions, atts[0].directions.shape[0])
+    colors = [f"C{k}" for k in range(len(sets))] if colors is None else list(colors)
+    out, lo, hi = [], np.inf, -np.inf
+    for k, (label, idx) in enumerate(sets.items()):
+        for q, marker in ((0, "o"), (1, "^")):
+            x = np.concatenate([a.ln_ratios(group, idx)["rule"][:, q] for a in atts])
+            y = np.concatenate([a.ln_ratios(group, idx)["measured"][:, q] for a in atts])
+            ok = np.isfinite(x) & np.isfinite(y)
+            out.append(ax.scatter(x[ok], y[ok], s=14, marker=marker, color=colors[k], alpha=0.8,
+                                  label=f"{label}, LN{q + 1}"))
+            if ok.any():
+                lo, hi = min(lo, x[ok].min(), y[ok].min()), max(hi, x[ok].max(), y[ok].max())
+    if np.isfinite(lo):
+        ax.plot([lo, hi], [lo, hi], ":", color="k", lw=1)
+    ax.set_xlabel("product rule  $\\hat v^\\top\\mathrm{diag}(\\gamma)P\\hat v/\\sigma$")
+    ax.set_ylabel("measured  $p_{out}/p_{in}$")
+    return out
+
+
+def sublayer_cumulative(ax, attribution, directions: dict, group: str = "injected", colors=None):
+    """Projection :math:`p_m/c` and the running sums of the attention and MLP writes.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    attribution : companion.attribution.Attribution
+        A pre-norm result.
+    directions : dict of str to list of int
+    group : str, default "injected"
+    colors : sequence of colours, optional
+
+    Returns
+    -------
+    list of matplotlib.lines.Line2D
+        Per direction set: :math:`p_m/c` (solid), :math:`p_\\ell/c` + running attention sum
+        (dashed) and the running MLP sum (dotted), means over the set and the prompts.
+    """
+    _check_axes(ax)
+    a = _attribution(attribution)
+    if a.placement != "pre":
+        raise ValueError("sublayer_cumulative draws a pre-norm result (stages attn, mlp)")
+    sets = _direction_sets(directions, a.directions.shape[0])
+    colors = [f"C{k}" for k in range(len(sets))] if colors is None else list(colors)
+    from companion.directions import GROUPS
+
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    g = GROUPS.index(group)
+    m = np.arange(a.layer, a.n_layers + 1)
+    lines = []
+    for k, (label, idx) in enumerate(sets.items()):
+        p = a.stream[idx, :, g].mean(axis=(0, 1)) / a.scale
+        w = a.writes[idx, :, g].mean(axis=(0, 1)) / a.scale  # [blocks, 2]
+        cum = np.vstack([np.zeros((1, 2)), np.cumsum(w, axis=0)])
+        lines += ax.plot(m, p, "-", color=colors[k], lw=1.8, label=f"{label}: $p_m/c$")
+        lines += ax.plot(m, p[0] + cum[:, 0], "--", color=colors[k], lw=1,
+                         label=f"{label}: $p_\\ell/c$ + attention writes")
+        lines += ax.plot(m, cum[:, 1], ":", color=colors[k], lw=1.4,
+                         label=f"{label}: MLP writes")
+    ax.axhline(0, color="0.6", lw=0.6)
+    ax.set_xlabel(f"layer m ({a.model}, injected at l = {a.layer})")
+    return lines
+
