@@ -3,6 +3,7 @@ against autograd, agreement with a direct injection, batching, intervals and bad
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -203,8 +204,6 @@ def test_bad_inputs(llama, bert):
         at.attribute_injection(llama, p, 0, np.full((1, llama.d_model), np.nan), scale=1.0)
     with pytest.raises(ValueError, match="batch_rows"):
         at.attribute_injection(llama, p, 0, V, scale=1.0, batch_rows=3)
-    import dataclasses
-
     cut = dataclasses.replace(p, injected=p.injected[:, :-1])
     with pytest.raises(ValueError, match="make_prompts"):
         at.attribute_injection(bert, cut, 0, V, scale=1.0)  # prompts of another tokenisation
@@ -242,12 +241,17 @@ def test_experiment_round_trip(tmp_path):
     cfg = ia.InjectionAttributionExperiment(layers=(4,), concepts=("joy",), n_random=1,
                                             n_prompts=2)
     r = experiments.run(cfg, device="cpu")
-    full, half = ia.attributions_of(r)[4], ia.attributions_of(r, half=True)[4]
-    assert full.stream.shape == (2, 2, 3, 3) and np.isclose(half.scale, full.scale / 2)
+    full = ia.attributions_of(r)[4]
+    c_half, half = ia.half_streams_of(r)[4]
+    assert full.stream.shape == half.shape == (2, 2, 3, 3) and np.isclose(c_half, full.scale / 2)
+    assert full.ln_rule.shape == (2, 2, 3, 2, 2)
     assert r.scalars["direction_names"] == ["joy", "random0"]
     assert r.scalars["identity_error"] < 1e-5
     # linear regime: halving c halves the projections (to a few per cent)
-    np.testing.assert_allclose(half.stream[:, :, 0] / half.scale,
-                               full.stream[:, :, 0] / full.scale, atol=0.05)
+    np.testing.assert_allclose(half[:, :, 0] / c_half, full.stream[:, :, 0] / full.scale,
+                               atol=0.05)
     with pytest.raises(TypeError, match="injection_attribution"):
         ia.attributions_of("result")
+    no_half = experiments.run(dataclasses.replace(cfg, half_check=False), device="cpu")
+    with pytest.raises(ValueError, match="half_check"):
+        ia.half_streams_of(no_half)

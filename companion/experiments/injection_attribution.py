@@ -11,7 +11,7 @@ show that the response is linear -- and stores the per-stage projections::
 
 :data:`CONFIGS` holds the two configurations the chapter *Injection in real Transformers*
 reads; :func:`attributions_of` turns a Result back into :class:`~companion.attribution.Attribution`
-objects.
+objects, :func:`half_streams_of` the projections of the run at ``alpha / 2``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from companion._validation import check_int, check_real
 from companion.experiments import register
 
-__all__ = ["InjectionAttributionExperiment", "CONFIGS", "attributions_of"]
+__all__ = ["InjectionAttributionExperiment", "CONFIGS", "attributions_of", "half_streams_of"]
 
 _KEYS = ("stream", "writes", "ln_input", "ln_rule", "ln_jacobian")
 
@@ -47,7 +47,7 @@ class InjectionAttributionExperiment:
     alpha : float
         Relative size :math:`c = \\alpha n_\\ell`.
     half_check : bool
-        Also run at ``alpha / 2`` (arrays ``half_*``).
+        Also run at ``alpha / 2`` (arrays ``half_l{l}_stream``, the projections only).
     seed : int
     batch_rows : int
     dtype : str
@@ -55,8 +55,8 @@ class InjectionAttributionExperiment:
     Notes
     -----
     Result arrays, per injection layer ``l``: ``l{l}_stream``, ``l{l}_writes`` (and for a
-    post-norm model ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``), with
-    ``half_`` in front for the run at ``alpha / 2``; ``scale`` and ``typical_norm``
+    post-norm model ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``), and
+    ``half_l{l}_stream`` for the run at ``alpha / 2``; ``scale`` and ``typical_norm``
     ``[n_layers_run]``; ``directions`` ``[n_layers_run, n, d]``.  Scalars: ``direction_names``,
     ``identity_error`` (largest over runs) and the model's description.
     """
@@ -109,7 +109,7 @@ class InjectionAttributionExperiment:
                 r = at.attribute_injection(m, prompts, ell, dirs, alpha=a,
                                            batch_rows=self.batch_rows)
                 err = max(err, r.identity_error)
-                for key in _KEYS:
+                for key in _KEYS if prefix == "" else ("stream",):
                     val = getattr(r, key)
                     if val is not None:
                         out[f"{prefix}l{ell}_{key}"] = val.astype(np.float32)
@@ -131,42 +131,61 @@ CONFIGS = {
 }
 
 
-def attributions_of(result, half: bool = False) -> dict:
-    """``{layer: Attribution}`` rebuilt from a Result of ``injection_attribution``.
+def _check_result(result):
+    from companion.experiments import Result
 
-    Parameters
-    ----------
-    result : Result
-    half : bool
-        The run at ``alpha / 2`` (needs ``half_check``).
+    if not isinstance(result, Result) or result.name != "injection_attribution":
+        raise TypeError(f"result must be a Result of injection_attribution, got "
+                        f"{getattr(result, 'name', type(result).__name__)!r}")
+    return result
+
+
+def attributions_of(result) -> dict:
+    """``{layer: Attribution}`` rebuilt from a Result of ``injection_attribution``.
 
     Raises
     ------
     TypeError
         If ``result`` is not a Result of ``injection_attribution``.
     ValueError
-        If the requested arrays are missing.
+        If an array is missing.
     """
     from companion.attribution import STAGES, Attribution
-    from companion.experiments import Result
 
-    if not isinstance(result, Result) or result.name != "injection_attribution":
-        raise TypeError(f"result must be a Result of injection_attribution, got "
-                        f"{getattr(result, 'name', type(result).__name__)!r}")
-    a, s = result.arrays, result.scalars
-    prefix = "half_" if half else ""
-    cfg_alpha = float(result.config["alpha"]) / (2 if half else 1)
+    a, s = _check_result(result).arrays, result.scalars
     out = {}
     for i, ell in enumerate(a["layers"].tolist()):
-        key = f"{prefix}l{ell}_"
+        key = f"l{ell}_"
         if key + "stream" not in a:
-            raise ValueError(f"the Result has no {key}stream; recompute it with half_check=True")
+            raise ValueError(f"the Result has no {key}stream; recompute it with the current code")
         get = lambda k: a[key + k].astype(np.float64) if key + k in a else None  # noqa: E731
         out[ell] = Attribution(
             model=s["model_name"], placement=s["placement"], layer=ell, n_layers=s["n_layers"],
-            stages=STAGES[s["placement"]], scale=float(a["scale"][i]) / (2 if half else 1),
-            alpha=cfg_alpha, typical_norm=float(a["typical_norm"][i]),
+            stages=STAGES[s["placement"]], scale=float(a["scale"][i]),
+            alpha=float(result.config["alpha"]), typical_norm=float(a["typical_norm"][i]),
             directions=a["directions"][i].astype(np.float64), stream=get("stream"),
             writes=get("writes"), ln_input=get("ln_input"), ln_rule=get("ln_rule"),
             ln_jacobian=get("ln_jacobian"), identity_error=float(s["identity_error"]))
+    return out
+
+
+def half_streams_of(result) -> dict:
+    """``{layer: (c / 2, stream)}`` of the run at ``alpha / 2`` (the linearity check).
+
+    ``stream`` is ``[n, batch, 3, L - l + 1]`` as :attr:`Attribution.stream`.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result of ``injection_attribution``.
+    ValueError
+        If the Result was computed without ``half_check``.
+    """
+    a = _check_result(result).arrays
+    out = {}
+    for i, ell in enumerate(a["layers"].tolist()):
+        key = f"half_l{ell}_stream"
+        if key not in a:
+            raise ValueError("the Result has no half_* arrays; it was run with half_check=False")
+        out[ell] = (float(a["scale"][i]) / 2, a[key].astype(np.float64))
     return out
