@@ -85,7 +85,8 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
 
     Notes
     -----
-    With :math:`\mu = \mathbf 1^\top x/d`, :math:`\sigma = \sqrt{\operatorname{Var}(x)+\varepsilon}`,
+    With :math:`\mu = \mathbf 1^\top x/d`,
+    :math:`\sigma = \sqrt{\operatorname{Var}(x)+\varepsilon}`,
     :math:`P = I - \mathbf 1\mathbf 1^\top/d` and :math:`z = Px/\sigma`, LayerNorm
     :math:`y = \gamma\odot z + \beta` has, since :math:`\partial\sigma/\partial x = Px/(d\sigma)`,
 
@@ -117,11 +118,13 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     if d < 2:
         raise ValueError(f"x must have a last axis of length d >= 2, got shape {x.shape}")
     if dl.shape[-1] != d or vv.shape != (d,):
-        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); got {dl.shape}, {vv.shape}")
+        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); "
+                         f"got {dl.shape}, {vv.shape}")
     try:
         np.broadcast_shapes(x.shape, dl.shape)
     except ValueError:
-        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape {x.shape}") from None
+        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape "
+                         f"{x.shape}") from None
     nv = np.linalg.norm(vv)
     if nv == 0:
         raise ValueError("v must be a non-zero vector")
@@ -131,7 +134,8 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
         raise ValueError(f"weight must have shape ({d},), got {g.shape}")
     sigma = np.sqrt(np.var(x, axis=-1) + eps)
     if np.any(sigma == 0):
-        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable there")
+        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable "
+                         "there")
     z = (x - x.mean(-1, keepdims=True)) / sigma[..., None]
     gv = g * vv
     factor = (gv @ vv - gv.sum() * vv.sum() / d) / sigma
@@ -261,10 +265,12 @@ def _sublayers(m):
     out = []
     for i, b in enumerate(m.blocks):
         if m.placement == "pre":
-            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention") if hasattr(b, n)), None)
+            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention")
+                         if hasattr(b, n)), None)
             mlp = getattr(b, "mlp", None)
         else:
-            attn = getattr(getattr(getattr(b, "attention", None), "output", None), "LayerNorm", None)
+            self_out = getattr(getattr(b, "attention", None), "output", None)
+            attn = getattr(self_out, "LayerNorm", None)
             mlp = getattr(getattr(b, "output", None), "LayerNorm", None)
         if not isinstance(attn, torch.nn.Module) or not isinstance(mlp, torch.nn.Module):
             kind = "self_attn/attn and mlp" if m.placement == "pre" else \
@@ -342,7 +348,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     Examples
     --------
     >>> p = make_prompts(m, first, second)                                   # doctest: +SKIP
-    >>> a = attribute_injection(m, p, 3, random_unit_vectors(m.d_model, 4), alpha=0.1)  # doctest: +SKIP
+    >>> V = random_unit_vectors(m.d_model, 4)                                # doctest: +SKIP
+    >>> a = attribute_injection(m, p, 3, V, alpha=0.1)                       # doctest: +SKIP
     >>> a.totals("injected")["mlp"].mean()                                   # doctest: +SKIP
     """
     check_model(m)
@@ -352,7 +359,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     L = m.n_layers
     layer = check_layer(layer, L, m.name)
     if layer == L:
-        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes no block")
+        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes "
+                         "no block")
     V = _check_directions(directions, m.d_model, L, layer)
     if (scale is None) == (alpha is None):
         raise ValueError("give exactly one of scale (absolute c) and alpha (c = alpha * n_l)")
@@ -362,9 +370,12 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         raise ValueError(f"batch_rows must be >= 2 * batch = {2 * B} (baseline + one direction)")
     ad = ModelAdapter(m, prompts.encoding)
     if tuple(ad.attention_mask.shape) != tuple(prompts.injected.shape):
-        raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
+        raise ValueError("prompts do not match the model's encoding; build them with "
+                         "make_prompts(m, ...)")
     base = ad.baseline
-    n_ell = float(typical_norms(torch.stack(base).to("cpu", torch.float64), prompts.injected.cpu())[layer])
+    stack = torch.stack(base).to("cpu", torch.float64)
+    n_ell = float(typical_norms(stack, prompts.injected.cpu())[layer])
+    del stack
     if alpha is not None:
         alpha = check_real(alpha, "alpha")
         c = alpha * n_ell

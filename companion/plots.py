@@ -655,7 +655,8 @@ def _attribution(a, name: str = "attribution"):
     from companion.attribution import Attribution
 
     if not isinstance(a, Attribution):
-        raise TypeError(f"{name} must be a companion.attribution.Attribution, got {type(a).__name__}")
+        raise TypeError(f"{name} must be a companion.attribution.Attribution, got "
+                        f"{type(a).__name__}")
     return a
 
 

@@ -1,4 +1,4 @@
-"""The ``injection_attribution`` experiment: an injected direction's projection, sublayer by sublayer.
+"""The ``injection_attribution`` experiment: an injected projection, sublayer by sublayer.
 
 For corpus prompts (:func:`companion.directions.make_prompts`, first sentence injected), concept
 directions (:data:`companion.directions.CONCEPTS`, read at the injection layer) and seeded
