@@ -6,7 +6,8 @@ computes.  Nothing here computes a result of the book; everything raises ``TypeE
 wrong kind of argument and ``ValueError`` for a right kind with a wrong value.
 
 The module depends on numpy and scipy only, so every layer of the package may use it
-(:func:`check_vector`, for the torch layers, imports torch inside the function).  Its
+(:func:`check_vector` and :func:`float_tensor`, for the torch layers, import torch inside
+the function).  Its
 names carry no underscore because other companion modules import them; the module itself is
 private (``companion._validation``), not part of the reader-facing API.
 """
@@ -79,38 +80,79 @@ def as_float64(x, name: str) -> np.ndarray:
 
 
 def check_finite(arr, name: str) -> None:
-    """ValueError if the array ``arr`` holds a NaN or an infinity (says how many)."""
-    ok = np.isfinite(arr)
-    if not np.all(ok):
-        bad = int(np.size(arr) - np.count_nonzero(ok))
+    """ValueError if the array or torch tensor ``arr`` holds a NaN or an infinity (says how many)."""
+    ok = arr.isfinite() if hasattr(arr, "isfinite") else np.isfinite(arr)  # tensor: any dtype/device
+    if not bool(ok.all()):
+        size = int(np.prod(ok.shape))
         raise ValueError(
-            f"{name} contains {bad} NaN or infinite value(s) out of {np.size(arr)}; remove them, "
-            "or check the run that produced them (an overflow in a deep stack or a model?)"
+            f"{name} contains {size - int(ok.sum())} NaN or infinite value(s) out of {size}; remove "
+            "them, or check the run that produced them (an overflow in a deep stack or a model?)"
         )
 
 
-def real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
+def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) -> np.ndarray:
     """``value`` (number, nested sequence, numpy array or torch tensor) as a finite float64 array
-    of at least ``min_ndim`` dimensions; TypeError for strings, bools and non-real dtypes,
-    ValueError for ragged input, too few dimensions or NaN/inf entries."""
+    of at least ``min_ndim`` dimensions (of ``shape`` when given; ``None`` entries match any
+    length); TypeError for strings, bools and non-real dtypes, ValueError for ragged input, another
+    shape or NaN/inf entries."""
+    what = f"{name} must be a real number or an array of real numbers"
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be a number or an array of numbers, got a string")
+        raise TypeError(f"{what}, got a string")
     if hasattr(value, "detach"):  # torch tensor (converted by as_float64, bfloat16 included)
         if str(value.dtype) == "torch.bool":
-            raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
+            raise TypeError(f"{what}, got dtype bool; pass a float array")
         arr = as_float64(value, name)
     else:
         try:
             raw = np.asarray(value)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name} could not be read as a rectangular array ({exc})") from None
-        if raw.dtype == bool:
-            raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
-        arr = as_float64(raw, name)
+            raise ValueError(f"{name} could not be read as an array ({exc}); pass a number or a "
+                             "rectangular array of numbers") from None
+        if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer)
+                                     or np.issubdtype(raw.dtype, np.floating)):
+            raise TypeError(f"{what}, got {type(value).__name__} (dtype {raw.dtype})")
+        arr = raw.astype(np.float64, copy=False)
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
+    if shape is not None and (arr.ndim != len(shape) or any(
+            s is not None and s != n for s, n in zip(shape, arr.shape))):
+        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
     check_finite(arr, name)
     return arr
+
+
+def real_vector(name: str, value, size: int | None = None) -> np.ndarray:
+    """``value`` as a non-empty 1-D finite float64 array (of length ``size`` when given);
+    errors as :func:`real_array`."""
+    v = real_array(name, value, shape=(size,))
+    if v.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {v.shape}")
+    return v
+
+
+def float_tensor(x, name: str = "x"):
+    """``x`` (a floating numpy array or torch tensor, at least one axis, not empty, finite) as a
+    torch tensor, and whether it came in as a numpy array (to return one).  torch is imported here,
+    not by the module."""
+    import torch
+
+    if isinstance(x, np.ndarray):
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+        t, was_numpy = torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
+    elif isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+        t, was_numpy = x, False
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if t.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty; pass a tensor with at least one element")
+    check_finite(t, name)
+    return t, was_numpy
 
 
 def check_thresholds(thresholds, name: str = "thresholds") -> np.ndarray:

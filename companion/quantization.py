@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import as_float64, check_real
+from companion._validation import check_real, float_tensor, real_array
 from companion.hooks import hooks
 
 __all__ = [
@@ -76,34 +76,10 @@ def _check_granularity(granularity) -> str:
     return granularity
 
 
-def _as_tensor(x, name: str = "x") -> tuple[torch.Tensor, bool]:
-    """Return ``x`` as a floating torch tensor and whether it came in as a NumPy array."""
-    if isinstance(x, np.ndarray):
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        return torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
-    if isinstance(x, torch.Tensor):
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        return x, False
-    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
-
-
-def _check_finite(x: torch.Tensor, name: str = "x") -> None:
-    if x.ndim == 0:
-        raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
-    if x.numel() == 0:
-        raise ValueError(f"{name} is empty; pass a tensor with at least one element")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or infinite values; remove or replace them before quantising")
-
-
 def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
-    t, _ = _as_tensor(v, name)
+    t, _ = float_tensor(v, name)
     if t.shape != (d,):
         raise ValueError(f"{name} must have shape ({d},) (one value per channel), got {tuple(t.shape)}")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
     out = t.to(device=like.device, dtype=like.dtype)
     _check_cast(out, t, name)
     return out
@@ -280,8 +256,7 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
     >>> (quantization_scale(x, 8, "channel") * 127).round(6).tolist()
     [1.0, 4.0]
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     q = qmax(bits)
     _check_granularity(granularity)
     mask = _keep_mask(keep_channels, t.shape[-1], t.device)
@@ -347,8 +322,7 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     >>> fake_quantize(x, 2, "tensor", keep_channels=[0]).tolist()
     [[0.0, 1.0, -1.0], [2.54, 0.0, 0.0]]
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     q = qmax(bits)
     _check_granularity(granularity)
     d = t.shape[-1]
@@ -388,8 +362,7 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     >>> bool((np.abs(fake_quantize(x, 4) - x) <= max_rounding_error(x, 4)).all())
     True
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     _check_granularity(granularity)
     d = t.shape[-1]
     c = None if center is None else _channel_vector(center, d, t, "center")
@@ -431,12 +404,10 @@ def channel_mse(x, x_hat):
     >>> channel_mse(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[1.0, 2.5], [2.0, 4.5]])).tolist()
     [0.5, 0.25]
     """
-    a, was_numpy = _as_tensor(x, "x")
-    b, _ = _as_tensor(x_hat, "x_hat")
+    a, was_numpy = float_tensor(x, "x")
+    b, _ = float_tensor(x_hat, "x_hat")
     if a.shape != b.shape:
         raise ValueError(f"x and x_hat must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
-    _check_finite(a, "x")
-    _check_finite(b, "x_hat")
     diff = (a.double() - b.to(a.device).double()).reshape(-1, a.shape[-1])
     mse = diff.pow(2).mean(dim=0)
     out = mse.to(a.dtype)
@@ -590,8 +561,7 @@ def quantize_linear_inputs(
         c, k = prepared_c.get(name), prepared_k.get(name)
 
         def hook(_module, args):
-            x, _ = _as_tensor(args[0], f"the input of {name!r}")
-            _check_finite(x, f"the input of {name!r}")
+            x, _ = float_tensor(args[0], f"the input of {name!r}")
             cx = None
             if c is not None:
                 cx = c.to(x.dtype)
@@ -658,8 +628,7 @@ def dynamic_range(x, granularity: str = "tensor"):
     >>> lo.ravel().tolist(), hi.ravel().tolist()
     ([-4.0, 0.5], [1.0, 2.0])
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     _check_granularity(granularity)
     if granularity == "tensor":
         lo, hi = t.amin(), t.amax()
@@ -716,8 +685,7 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
     >>> quantize_with_range(x, 2, -1.0, 1.0).tolist()   # static range: 3.0 is clipped to 1.0
     [[0.0, 1.0, 1.0]]
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     b = _check_bits(bits)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False, got {type(symmetric).__name__}")
@@ -766,12 +734,11 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     >>> quantize_weight(np.array([[1.0, -0.5], [0.2, 0.1]]), 2).tolist()
     [[1.0, -0.0], [0.2, 0.0]]
     """
-    t, was_numpy = _as_tensor(weight, "weight")
+    t, was_numpy = float_tensor(weight, "weight")
     if t.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(t.shape)}")
     if granularity not in ("channel", "tensor"):
         raise ValueError(f"weight granularity must be 'channel' (per output row) or 'tensor', got {granularity!r}")
-    _check_finite(t, "weight")
     if granularity == "channel":
         lo, hi = t.amin(dim=1, keepdim=True), t.amax(dim=1, keepdim=True)
     else:
@@ -816,13 +783,12 @@ def smoothquant_scales(act_max, weight, alpha: float):
     >>> smoothquant_scales([16.0, 1.0], np.array([[1.0, 1.0], [-0.25, 0.5]]), 0.5).tolist()
     [4.0, 1.0]
     """
-    a = as_float64(act_max, "act_max")
-    t, _ = _as_tensor(weight, "weight")
-    w = t.detach().double().cpu().numpy()
-    if w.ndim != 2 or a.ndim != 1 or a.size != w.shape[1]:
-        raise ValueError(f"need act_max of shape (in,) and weight (out, in); got {a.shape} and {w.shape}")
-    if not (np.isfinite(a).all() and np.isfinite(w).all()) or (a < 0).any():
-        raise ValueError("act_max must be finite and >= 0, and weight finite")
+    w = float_tensor(weight, "weight")[0].detach().double().cpu().numpy()
+    if w.ndim != 2:
+        raise ValueError(f"weight must have shape (out, in), got {w.shape}")
+    a = real_array("act_max", act_max, shape=(w.shape[1],))
+    if (a < 0).any():
+        raise ValueError(f"act_max must be >= 0 (a maximum of |x|), got min {a.min():.4g}")
     al = check_real(alpha, "alpha", lo=0.0, hi=1.0)
     wmax = np.abs(w).max(axis=0)
     ok = (a > 0) & (wmax > 0)
@@ -1063,15 +1029,9 @@ def weight_bias_correction(weight, weight_q, input_mean):
     >>> weight_bias_correction(np.eye(2), np.array([[1.0, 0.1], [0.0, 1.0]]), [0.0, 10.0]).tolist()
     [1.0, 0.0]
     """
-    w = as_float64(weight, "weight")
-    wq = as_float64(weight_q, "weight_q")
-    m = as_float64(input_mean, "input_mean")
-    if w.ndim != 2 or w.shape != wq.shape or m.shape != (w.shape[1],):
-        raise ValueError(f"need weight and weight_q of one shape (out, in) and input_mean (in,); "
-                         f"got {w.shape}, {wq.shape}, {m.shape}")
-    if not (np.isfinite(w).all() and np.isfinite(wq).all() and np.isfinite(m).all()):
-        raise ValueError("weight, weight_q and input_mean must be finite")
-    return (wq - w) @ m
+    w = real_array("weight", weight, shape=(None, None))
+    wq = real_array("weight_q", weight_q, shape=w.shape)
+    return (wq - w) @ real_array("input_mean", input_mean, shape=(w.shape[1],))
 
 
 def activation_bias_correction(weight, mean_error):
@@ -1099,13 +1059,8 @@ def activation_bias_correction(weight, mean_error):
     >>> activation_bias_correction(np.array([[1.0, 2.0]]), [0.5, -0.25]).tolist()
     [0.0]
     """
-    w = as_float64(weight, "weight")
-    e = as_float64(mean_error, "mean_error")
-    if w.ndim != 2 or e.shape != (w.shape[1],):
-        raise ValueError(f"need weight (out, in) and mean_error (in,); got {w.shape} and {e.shape}")
-    if not (np.isfinite(w).all() and np.isfinite(e).all()):
-        raise ValueError("weight and mean_error must be finite")
-    return w @ e
+    w = real_array("weight", weight, shape=(None, None))
+    return w @ real_array("mean_error", mean_error, shape=(w.shape[1],))
 
 
 def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[str, torch.nn.Linear],
