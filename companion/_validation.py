@@ -187,6 +187,16 @@ def check_texts(texts, name: str = "texts", single: bool = False) -> list[str]:
     return texts
 
 
+def check_choice(value, name: str, choices) -> str:
+    """``value`` if it is one of the strings ``choices``; TypeError unless a string, ValueError
+    for another string."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, one of {tuple(choices)}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
 def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:
     """A residual-stream index in ``[0, n_layers]`` (``h_0`` = embeddings, ``h_l`` = output of
     block ``l - 1``) as an ``int``; TypeError unless an integer, ValueError outside the range."""

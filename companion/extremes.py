@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import special
 
-from companion._validation import as_generator, checkpoints, integer_counts, real_array
+from companion._validation import as_generator, check_choice, checkpoints, integer_counts, real_array
 
 __all__ = [
     "NOISE_LAWS",
@@ -134,12 +134,7 @@ def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def _noise_name(noise) -> str:
-    if not isinstance(noise, str):
-        raise TypeError(f"noise must be a string, one of {NOISE_LAWS}, got {type(noise).__name__}")
-    key = noise.lower()
-    if key not in NOISE_LAWS:
-        raise ValueError(f"unknown noise law {noise!r}; choose one of {NOISE_LAWS}")
-    return key
+    return check_choice(noise.lower() if isinstance(noise, str) else noise, "noise", NOISE_LAWS)
 
 
 def _scalar_or_array(x: np.ndarray):
@@ -556,10 +551,7 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     >>> half_exceedance_margin(0.5, 1.0)          # 2 Phi(-0.5) > 1/2: mu = 0 already exceeds 1/2
     -0.5
     """
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be a string, one of {_MARGIN_KINDS}, got {type(kind).__name__}")
-    if kind not in _MARGIN_KINDS:
-        raise ValueError(f"unknown kind {kind!r}; choose one of {_MARGIN_KINDS}")
+    check_choice(kind, "kind", _MARGIN_KINDS)
     tt, s = _broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     if kind in ("two-sided", "one-sided"):
         factor = math.sqrt(2.0 * math.log(4.0 if kind == "two-sided" else 2.0))
@@ -667,10 +659,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     >>> count_interval(10**6, 1e-3, delta=0.01, method="exact")
     (920.0, 1082.0)
     """
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string, one of {_INTERVAL_METHODS}, got {type(method).__name__}")
-    if method not in _INTERVAL_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {_INTERVAL_METHODS}")
+    check_choice(method, "method", _INTERVAL_METHODS)
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_real, real_vector
+from companion._validation import check_choice, check_int, check_real, real_vector
 from companion.hooks import hooks
 
 __all__ = [
@@ -429,10 +429,7 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     >>> neuron_scores("activation", st).tolist(), neuron_scores("contribution", st, W).tolist()
     ([1.0, 1.0], [5.0, 1.0])
     """
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string, one of {PRUNING_SCORES}")
-    if method not in PRUNING_SCORES:
-        raise ValueError(f"unknown pruning score {method!r}; use one of {PRUNING_SCORES}")
+    check_choice(method, "method", PRUNING_SCORES)
     if stats is not None and not isinstance(stats, LinearInputStatistics):
         raise TypeError(f"stats must be a LinearInputStatistics, got {type(stats).__name__}")
     w = None

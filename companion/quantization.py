@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_real, float_tensor, real_array
+from companion._validation import check_choice, check_real, float_tensor, real_array
 from companion.hooks import hooks
 
 __all__ = [
@@ -66,14 +66,6 @@ def _check_bits(bits) -> int:
     if not 2 <= int(bits) <= 16:
         raise ValueError(f"bits must be between 2 and 16, got {bits}; use 8 for int8, 4 for int4")
     return int(bits)
-
-
-def _check_granularity(granularity) -> str:
-    if not isinstance(granularity, str):
-        raise TypeError(f"granularity must be a string, one of {GRANULARITIES}, got {type(granularity).__name__}")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}")
-    return granularity
 
 
 def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
@@ -258,7 +250,7 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
     """
     t, was_numpy = float_tensor(x)
     q = qmax(bits)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     mask = _keep_mask(keep_channels, t.shape[-1], t.device)
     y, _, _ = _centred(t, None)
     scale = _scale_of(y, q, granularity, mask).to(t.dtype)  # float32 for half inputs, rounded
@@ -324,7 +316,7 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     """
     t, was_numpy = float_tensor(x)
     q = qmax(bits)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     d = t.shape[-1]
     c = None if center is None else _channel_vector(center, d, t, "center")
     mask = _keep_mask(keep_channels, d, t.device)
@@ -363,7 +355,7 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     True
     """
     t, was_numpy = float_tensor(x)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     d = t.shape[-1]
     c = None if center is None else _channel_vector(center, d, t, "center")
     mask = _keep_mask(keep_channels, d, t.device)
@@ -532,7 +524,7 @@ def quantize_linear_inputs(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_bits(bits)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     if modules is None:
         modules = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
     if not modules:
@@ -629,7 +621,7 @@ def dynamic_range(x, granularity: str = "tensor"):
     ([-4.0, 0.5], [1.0, 2.0])
     """
     t, was_numpy = float_tensor(x)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     if granularity == "tensor":
         lo, hi = t.amin(), t.amax()
     elif granularity == "channel":
@@ -840,7 +832,7 @@ class LinearQuantization:
             _check_bits(self.act_bits)
         if self.weight_bits is not None:
             _check_bits(self.weight_bits)
-        _check_granularity(self.act_granularity)
+        check_choice(self.act_granularity, "granularity", GRANULARITIES)
         for f in ("act_symmetric", "static", "weight_symmetric"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"{f} must be True or False")

@@ -221,7 +221,7 @@ def test_bad_top_channels(values, k, exc):
 
 def test_bad_neuron_scores():
     s = LinearInputStatistics(np.zeros(3), np.ones(3), np.ones(3), 5)
-    with pytest.raises(ValueError, match="unknown pruning score"):
+    with pytest.raises(ValueError, match="method must be one of"):
         neuron_scores("magnitude", s)
     with pytest.raises(TypeError, match="method"):
         neuron_scores(3, s)
