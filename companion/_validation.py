@@ -6,8 +6,8 @@ computes.  Nothing here computes a result of the book; everything raises ``TypeE
 wrong kind of argument and ``ValueError`` for a right kind with a wrong value.
 
 The module depends on numpy and scipy only, so every layer of the package may use it
-(:func:`check_vector` and :func:`float_tensor`, for the torch layers, import torch inside
-the function).  Its
+(:func:`check_vector`, :func:`float_tensor` and :func:`check_linears`, for the torch layers,
+import torch inside the function).  Its
 names carry no underscore because other companion modules import them; the module itself is
 private (``companion._validation``), not part of the reader-facing API.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -195,6 +195,41 @@ def check_choice(value, name: str, choices) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_indices(indices, n: int, name: str = "channels") -> np.ndarray:
+    """Distinct integer indices in ``[0, n)`` (a sequence, numpy array or torch tensor) as a 1-D
+    int64 array; ValueError for another shape, an index out of range or repeated, TypeError for
+    non-integers."""
+    a = np.asarray(indices.detach().cpu() if hasattr(indices, "detach") else indices)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D list of indices, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers (indices), got dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+        raise ValueError(f"{name} must be distinct indices that lie in [0, {n - 1}], got values in "
+                         f"[{a.min()}, {a.max()}]")
+    if len(np.unique(a)) != a.size:
+        raise ValueError(f"{name} must be distinct indices; it contains repeated indices")
+    return a.astype(np.int64)
+
+
+def check_linears(modules, model=...) -> dict:
+    """``modules``, a non-empty mapping name -> ``torch.nn.Linear``, as a dict (and ``model``, unless
+    omitted, a ``torch.nn.Module``); TypeError for another type, ValueError if empty.  torch is
+    imported here, not by the module."""
+    import torch
+
+    if model is not ... and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(modules, Mapping):
+        raise TypeError(f"modules must be a mapping name -> torch.nn.Linear, got {type(modules).__name__}")
+    if not modules:
+        raise ValueError("modules is empty; pass at least one {name: nn.Linear}")
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    return dict(modules)
 
 
 def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:

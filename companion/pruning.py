@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_choice, check_int, check_real, real_vector
+from companion._validation import (
+    check_choice, check_indices, check_int, check_linears, check_real, real_vector,
+)
 from companion.hooks import hooks
 
 __all__ = [
@@ -39,19 +41,6 @@ __all__ = [
     "compensated_bias",
     "removal_error",
 ]
-
-
-# =========================================================================== argument checks
-
-def _check_modules(modules) -> dict[str, torch.nn.Linear]:
-    if not isinstance(modules, Mapping):
-        raise TypeError(f"modules must be a mapping name -> torch.nn.Linear, got {type(modules).__name__}")
-    if not modules:
-        raise ValueError("modules is empty; pass at least one {name: nn.Linear}")
-    for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
-    return dict(modules)
 
 
 def _split_inputs(inputs):
@@ -148,9 +137,7 @@ def linear_input_statistics(
     >>> st["lin"].mean.tolist(), st["lin"].var.tolist(), st["lin"].max_abs.tolist()
     ([2.0, -1.0], [1.0, 1.0], [3.0, 2.0])
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    modules = _check_modules(modules)
+    modules = check_linears(modules, model)
     acc = {name: {"n": 0, "mean": None, "m2": None, "max": None, "lo": None, "hi": None}
            for name in modules}
     current_mask: list = [None]
@@ -274,9 +261,7 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
     >>> torch.equal(capture_linear_inputs(lin, x, {"lin": lin})["lin"], x)
     True
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    modules = _check_modules(modules)
+    modules = check_linears(modules, model)
     return _map_inputs_once(model, inputs, modules, lambda name, x: x.clone())
 
 
@@ -322,9 +307,7 @@ def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, t
     >>> linear_input_medians(lin, x, {"lin": lin})["lin"].tolist()
     [2.5, 0.5]
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    modules = _check_modules(modules)
+    modules = check_linears(modules, model)
 
     def median(name, x):
         if x.shape[0] == 0:
@@ -541,7 +524,7 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     >>> y.item()
     2.0
     """
-    modules = _check_modules(modules)
+    modules = check_linears(modules)
     if not isinstance(channels, Mapping):
         raise TypeError(f"channels must be a mapping name -> channel indices, got {type(channels).__name__}")
     unknown = sorted(set(channels) - set(modules))
@@ -550,17 +533,9 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     masks = {}
     for name, idx in channels.items():
         mod = modules[name]
-        a = np.asarray(idx.detach().cpu() if isinstance(idx, torch.Tensor) else idx)
-        if a.ndim != 1:
-            raise ValueError(f"channels[{name!r}] must be a 1-D list of indices, got shape {a.shape}")
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise TypeError(f"channels[{name!r}] must hold integers, got dtype {a.dtype}")
-        if a.size and (a.min() < 0 or a.max() >= mod.in_features):
-            raise ValueError(f"channels[{name!r}] must lie in [0, {mod.in_features - 1}]")
-        if len(np.unique(a)) != a.size:
-            raise ValueError(f"channels[{name!r}] contains repeated indices")
+        a = check_indices(idx, mod.in_features, f"channels[{name!r}]")
         m = torch.ones(mod.in_features, dtype=mod.weight.dtype, device=mod.weight.device)
-        m[torch.as_tensor(a.astype(np.int64), device=m.device)] = 0.0
+        m[torch.as_tensor(a, device=m.device)] = 0.0
         masks[name] = m
 
     fills = {}
@@ -629,7 +604,7 @@ def compensated_bias(weight, bias, channels, mean):
     if W.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {W.shape}")
     mu = real_vector("mean", mean, size=W.shape[1])
-    s = _check_channel_set(channels, W.shape[1])
+    s = check_indices(channels, W.shape[1])
     b = np.zeros(W.shape[0]) if bias is None else real_vector("bias", bias, size=W.shape[0])
     return b + W[:, s] @ mu[s]
 
@@ -644,15 +619,6 @@ def _to_float64(a, name):
     if not np.isfinite(out).all():
         raise ValueError(f"{name} must be finite")
     return out
-
-
-def _check_channel_set(channels, n):
-    s = np.asarray(channels.detach().cpu() if isinstance(channels, torch.Tensor) else channels)
-    if s.ndim != 1 or (s.size and not np.issubdtype(s.dtype, np.integer)):
-        raise TypeError("channels must be a 1-D sequence of integer indices")
-    if s.size and (s.min() < 0 or s.max() >= n or len(np.unique(s)) != s.size):
-        raise ValueError(f"channels must be distinct indices in [0, {n - 1}]")
-    return s.astype(np.int64)
 
 
 def removal_error(x, weight, channels, center=None) -> dict[str, float]:
@@ -703,7 +669,7 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
         X = X - real_vector("center", center, size=X.shape[1])
     if X.ndim != 2 or W.ndim != 2 or X.shape[1] != W.shape[1] or X.shape[0] == 0:
         raise ValueError(f"need x of shape (n_tokens, in) and weight of shape (out, in); got {X.shape} and {W.shape}")
-    s = _check_channel_set(channels, W.shape[1])
+    s = check_indices(channels, W.shape[1])
     Xs, Ws = X[:, s], W[:, s]
     e = Xs @ Ws.T
     ea2 = (Xs**2).mean(axis=0)

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_choice, check_real, float_tensor, real_array
+from companion._validation import (
+    check_choice, check_indices, check_linears, check_real, float_tensor, real_array,
+)
 from companion.hooks import hooks
 
 __all__ = [
@@ -95,21 +97,8 @@ _WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.flo
 def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
     if keep_channels is None:
         return None
-    if isinstance(keep_channels, torch.Tensor):
-        idx = keep_channels.detach().cpu().numpy()
-    else:
-        idx = np.asarray(keep_channels)
-    if idx.ndim != 1:
-        raise ValueError(f"keep_channels must be a 1-D list of channel indices, got shape {idx.shape}")
-    if idx.size and not np.issubdtype(idx.dtype, np.integer):
-        raise TypeError(f"keep_channels must hold integer channel indices, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64)
-    if idx.size and (idx.min() < 0 or idx.max() >= d):
-        raise ValueError(f"keep_channels must lie in [0, {d - 1}], got values in [{idx.min()}, {idx.max()}]")
-    if len(np.unique(idx)) != idx.size:
-        raise ValueError("keep_channels contains repeated indices; pass each channel once")
     mask = torch.zeros(d, dtype=torch.bool, device=device)
-    mask[torch.as_tensor(idx, device=device)] = True
+    mask[torch.as_tensor(check_indices(keep_channels, d, "keep_channels"), device=device)] = True
     return mask
 
 
@@ -924,11 +913,7 @@ def quantized_linears(
     >>> y.item(), lin.weight[0, 1].item()   # 0.25 is rounded to 0 inside the block, restored after
     (1.0, 0.25)
     """
-    if not isinstance(modules, Mapping) or not modules:
-        raise TypeError("modules must be a non-empty mapping name -> torch.nn.Linear")
-    for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    modules = check_linears(modules)
     if not isinstance(spec, LinearQuantization):
         raise TypeError(f"spec must be a LinearQuantization, got {type(spec).__name__}")
     ranges, smooth, output_shift = dict(ranges or {}), dict(smooth or {}), dict(output_shift or {})
@@ -1095,18 +1080,13 @@ def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[st
     >>> np.round(err["l"], 6).tolist()
     [0.0, -0.3]
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = check_linears(modules, model)
     if not isinstance(spec, LinearQuantization) or spec.act_bits is None:
         raise ValueError("spec must be a LinearQuantization with act_bits set")
-    if not isinstance(modules, Mapping) or not modules:
-        raise TypeError("modules must be a non-empty mapping name -> torch.nn.Linear")
     ranges, smooth = dict(ranges or {}), dict(smooth or {})
     acc = {name: [0, None] for name in modules}
     quants, scales = {}, {}
     for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
         rng = None
         if spec.static:
             if name not in ranges:
