@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from companion._validation import check_real
+from companion._validation import check_real, real_array
 
 __all__ = [
     "layernorm",
@@ -53,12 +53,7 @@ def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
 
 
 def _check_affine(param, d: int, name: str) -> np.ndarray | None:
-    if param is None:
-        return None
-    arr = _as_float_array(param, name)
-    if arr.shape != (d,):
-        raise ValueError(f"{name} must have shape ({d},) to match the feature axis, got {arr.shape}")
-    return arr
+    return None if param is None else real_array(name, param, shape=(d,))
 
 
 def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray]:
