@@ -32,12 +32,15 @@ def is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def check_int(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as an ``int``; TypeError unless an integer, ValueError if below ``minimum``."""
+def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int``; TypeError unless an integer, ValueError if below ``minimum`` or
+    above ``maximum``."""
     if not is_int(value):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
 
 

@@ -25,7 +25,6 @@ linear layer ``y = W x + b`` the added ``μ`` folds exactly into the bias, ``b' 
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ import numpy as np
 import torch
 
 from companion._validation import (
-    check_choice, check_indices, check_linears, check_real, float_tensor, real_array,
+    check_choice, check_indices, check_int, check_linears, check_real, float_tensor, real_array,
 )
 from companion.hooks import hooks
 
@@ -62,14 +61,6 @@ GRANULARITIES = ("tensor", "channel", "token")
 
 
 # --------------------------------------------------------------------------- argument checks
-def _check_bits(bits) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral):
-        raise TypeError(f"bits must be an integer (e.g. 8 or 4), got {type(bits).__name__}")
-    if not 2 <= int(bits) <= 16:
-        raise ValueError(f"bits must be between 2 and 16, got {bits}; use 8 for int8, 4 for int4")
-    return int(bits)
-
-
 def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
     t, _ = float_tensor(v, name)
     if t.shape != (d,):
@@ -188,7 +179,7 @@ def qmax(bits: int) -> int:
     >>> qmax(8), qmax(4)
     (127, 7)
     """
-    return 2 ** (_check_bits(bits) - 1) - 1
+    return 2 ** (check_int(bits, "bits", 2, 16) - 1) - 1
 
 
 def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channels=None):
@@ -512,7 +503,7 @@ def quantize_linear_inputs(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    _check_bits(bits)
+    check_int(bits, "bits", 2, 16)
     check_choice(granularity, "granularity", GRANULARITIES)
     if modules is None:
         modules = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
@@ -667,7 +658,7 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
     [[0.0, 1.0, 1.0]]
     """
     t, was_numpy = float_tensor(x)
-    b = _check_bits(bits)
+    b = check_int(bits, "bits", 2, 16)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False, got {type(symmetric).__name__}")
     work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
@@ -818,9 +809,9 @@ class LinearQuantization:
 
     def __post_init__(self):
         if self.act_bits is not None:
-            _check_bits(self.act_bits)
+            check_int(self.act_bits, "act_bits", 2, 16)
         if self.weight_bits is not None:
-            _check_bits(self.weight_bits)
+            check_int(self.weight_bits, "weight_bits", 2, 16)
         check_choice(self.act_granularity, "granularity", GRANULARITIES)
         for f in ("act_symmetric", "static", "weight_symmetric"):
             if not isinstance(getattr(self, f), bool):
