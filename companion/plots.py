@@ -750,14 +750,7 @@ def depth_outlier_statistics(result):
     layers and at the last layer, the most mean-dominated channels of a layer, and the
     observed / Gaussian-expected count ``C(4 rms)`` summed over layers.
 
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of three Axes)
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`companion.experiments.check_result`.
+    Returns the figure and its three Axes; raises as :func:`depth_stream_growth`.
     """
     import matplotlib.pyplot as plt
 
