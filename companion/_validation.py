@@ -6,7 +6,8 @@ computes.  Nothing here computes a result of the book; everything raises ``TypeE
 wrong kind of argument and ``ValueError`` for a right kind with a wrong value.
 
 The module depends on numpy and scipy only, so every layer of the package may use it
-(:func:`check_vector`, for the torch layers, imports torch inside the function).  Its
+(:func:`check_vector`, :func:`float_tensor` and :func:`check_linears`, for the torch layers,
+import torch inside the function).  Its
 names carry no underscore because other companion modules import them; the module itself is
 private (``companion._validation``), not part of the reader-facing API.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -31,12 +32,15 @@ def is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def check_int(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as an ``int``; TypeError unless an integer, ValueError if below ``minimum``."""
+def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int``; TypeError unless an integer, ValueError if below ``minimum`` or
+    above ``maximum``."""
     if not is_int(value):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
 
 
@@ -79,38 +83,79 @@ def as_float64(x, name: str) -> np.ndarray:
 
 
 def check_finite(arr, name: str) -> None:
-    """ValueError if the array ``arr`` holds a NaN or an infinity (says how many)."""
-    ok = np.isfinite(arr)
-    if not np.all(ok):
-        bad = int(np.size(arr) - np.count_nonzero(ok))
+    """ValueError if the array or torch tensor ``arr`` holds a NaN or an infinity (says how many)."""
+    ok = arr.isfinite() if hasattr(arr, "isfinite") else np.isfinite(arr)  # tensor: any dtype/device
+    if not bool(ok.all()):
+        size = int(np.prod(ok.shape))
         raise ValueError(
-            f"{name} contains {bad} NaN or infinite value(s) out of {np.size(arr)}; remove them, "
-            "or check the run that produced them (an overflow in a deep stack or a model?)"
+            f"{name} contains {size - int(ok.sum())} NaN or infinite value(s) out of {size}; remove "
+            "them, or check the run that produced them (an overflow in a deep stack or a model?)"
         )
 
 
-def real_array(name: str, value, min_ndim: int = 0) -> np.ndarray:
+def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) -> np.ndarray:
     """``value`` (number, nested sequence, numpy array or torch tensor) as a finite float64 array
-    of at least ``min_ndim`` dimensions; TypeError for strings, bools and non-real dtypes,
-    ValueError for ragged input, too few dimensions or NaN/inf entries."""
+    of at least ``min_ndim`` dimensions (of ``shape`` when given; ``None`` entries match any
+    length); TypeError for strings, bools and non-real dtypes, ValueError for ragged input, another
+    shape or NaN/inf entries."""
+    what = f"{name} must be a real number or an array of real numbers"
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be a number or an array of numbers, got a string")
+        raise TypeError(f"{what}, got a string")
     if hasattr(value, "detach"):  # torch tensor (converted by as_float64, bfloat16 included)
         if str(value.dtype) == "torch.bool":
-            raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
+            raise TypeError(f"{what}, got dtype bool; pass a float array")
         arr = as_float64(value, name)
     else:
         try:
             raw = np.asarray(value)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name} could not be read as a rectangular array ({exc})") from None
-        if raw.dtype == bool:
-            raise TypeError(f"{name} must hold real numbers, got dtype bool; pass a float array")
-        arr = as_float64(raw, name)
+            raise ValueError(f"{name} could not be read as an array ({exc}); pass a number or a "
+                             "rectangular array of numbers") from None
+        if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer)
+                                     or np.issubdtype(raw.dtype, np.floating)):
+            raise TypeError(f"{what}, got {type(value).__name__} (dtype {raw.dtype})")
+        arr = raw.astype(np.float64, copy=False)
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
+    if shape is not None and (arr.ndim != len(shape) or any(
+            s is not None and s != n for s, n in zip(shape, arr.shape))):
+        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
     check_finite(arr, name)
     return arr
+
+
+def real_vector(name: str, value, size: int | None = None) -> np.ndarray:
+    """``value`` as a non-empty 1-D finite float64 array (of length ``size`` when given);
+    errors as :func:`real_array`."""
+    v = real_array(name, value, shape=(size,))
+    if v.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {v.shape}")
+    return v
+
+
+def float_tensor(x, name: str = "x"):
+    """``x`` (a floating numpy array or torch tensor, at least one axis, not empty, finite) as a
+    torch tensor, and whether it came in as a numpy array (to return one).  torch is imported here,
+    not by the module."""
+    import torch
+
+    if isinstance(x, np.ndarray):
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+        t, was_numpy = torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
+    elif isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+        t, was_numpy = x, False
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if t.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty; pass a tensor with at least one element")
+    check_finite(t, name)
+    return t, was_numpy
 
 
 def check_thresholds(thresholds, name: str = "thresholds") -> np.ndarray:
@@ -143,6 +188,51 @@ def check_texts(texts, name: str = "texts", single: bool = False) -> list[str]:
         if not t.strip():
             raise ValueError(f"{name}[{i}] is empty; every text must contain visible characters")
     return texts
+
+
+def check_choice(value, name: str, choices) -> str:
+    """``value`` if it is one of the strings ``choices``; TypeError unless a string, ValueError
+    for another string."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, one of {tuple(choices)}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_indices(indices, n: int, name: str = "channels") -> np.ndarray:
+    """Distinct integer indices in ``[0, n)`` (a sequence, numpy array or torch tensor) as a 1-D
+    int64 array; ValueError for another shape, an index out of range or repeated, TypeError for
+    non-integers."""
+    a = np.asarray(indices.detach().cpu() if hasattr(indices, "detach") else indices)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D list of indices, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers (indices), got dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+        raise ValueError(f"{name} must be distinct indices that lie in [0, {n - 1}], got values in "
+                         f"[{a.min()}, {a.max()}]")
+    if len(np.unique(a)) != a.size:
+        raise ValueError(f"{name} must be distinct indices; it contains repeated indices")
+    return a.astype(np.int64)
+
+
+def check_linears(modules, model=...) -> dict:
+    """``modules``, a non-empty mapping name -> ``torch.nn.Linear``, as a dict (and ``model``, unless
+    omitted, a ``torch.nn.Module``); TypeError for another type, ValueError if empty.  torch is
+    imported here, not by the module."""
+    import torch
+
+    if model is not ... and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(modules, Mapping):
+        raise TypeError(f"modules must be a mapping name -> torch.nn.Linear, got {type(modules).__name__}")
+    if not modules:
+        raise ValueError("modules is empty; pass at least one {name: nn.Linear}")
+    for name, mod in modules.items():
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    return dict(modules)
 
 
 def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:

@@ -22,7 +22,7 @@ from numbers import Integral
 
 import numpy as np
 
-from companion._validation import as_generator, check_bool, check_int, real_array
+from companion._validation import as_generator, check_bool, check_int, check_texts, real_array
 
 __all__ = [
     "QueryKeyCapture",
@@ -180,10 +180,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
             raise ValueError(f"layer {l} is outside [0, {L - 1}] (block indices of {m.name})")
     if len(set(layers)) != len(layers):
         raise ValueError(f"layers contains repeats: {layers}")
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, Sequence) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
+    texts = check_texts(texts, single=True)
 
     cfg = m.model.config
     n_heads = int(cfg.num_attention_heads)

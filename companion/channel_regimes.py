@@ -28,7 +28,6 @@ Tails
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 
@@ -36,7 +35,7 @@ import numpy as np
 from scipy import special, stats
 
 from companion import extremes
-from companion._validation import check_int, check_real, check_thresholds, real_array
+from companion._validation import check_int, check_real, check_texts, check_thresholds, real_array
 
 __all__ = [
     "REGIMES",
@@ -378,13 +377,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     >>> sub = corpus_subset(load("minilm-l6"), load_corpus(), 2000)   # doctest: +SKIP
     """
     budget = check_int(max_tokens, "max_tokens", 1)
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
-    if len(texts) == 0:
-        raise ValueError("texts is empty; pass at least one string")
-    for i, s in enumerate(texts):
-        if not isinstance(s, str):
-            raise TypeError(f"texts[{i}] must be a string, got {type(s).__name__}")
+    texts = check_texts(texts)
     limit = m.max_length if max_length is None else check_int(max_length, "max_length", 2)
     out: list[str] = []
     total = 0

@@ -38,7 +38,6 @@ Gaussians has :math:`f(x)\sim-\log|x|/\pi`) is integrated to full accuracy.
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import numpy as np
@@ -46,8 +45,8 @@ from scipy import integrate, optimize, special, stats
 
 from companion import _cgf, tails
 from companion._validation import (
-    as_generator, as_real_array, check_bool, check_dist, check_sigma2, check_t, checkpoints,
-    freeze, is_discrete, row_counts,
+    as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
+    check_sigma2, check_t, checkpoints, freeze, is_discrete, row_counts,
 )
 
 __all__ = [
@@ -77,30 +76,6 @@ _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 # ----------------------------------------------------------------------------------------------
 # argument checking
 # ----------------------------------------------------------------------------------------------
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise TypeError(
-            f"{name} must be an integer >= {minimum}, got {type(value).__name__}; "
-            "write e.g. 10**6 rather than 1e6"
-        )
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _real_scalar(name: str, value, *, positive: bool = False, nonnegative: bool = False) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if positive and v <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    if nonnegative and v < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return v
-
-
 def _broadcast(**arrays):
     try:
         return np.broadcast_arrays(*arrays.values())
@@ -222,7 +197,7 @@ def dot_product_law(d_k, scaled: bool = False):
     >>> round(float(dot_product_law(64, scaled=True).sf(2.0)), 4)
     0.0232
     """
-    d = _positive_int("d_k", d_k)
+    d = check_int(d_k, "d_k", 1)
     sc = check_bool(scaled, "scaled")
     return _gaussian_dot(d, scale=1.0 / math.sqrt(d) if sc else 1.0)
 
@@ -427,7 +402,7 @@ def subexponential_nu2(dist, b) -> float:
     4.0
     """
     dist = check_dist(dist)
-    bb = _real_scalar("b", b, positive=True)
+    bb = check_real(b, "b", lo=0.0, lo_open=True)
     mean, var = _cgf.moments(dist)
     if not np.isfinite(mean):
         raise ValueError("dist has no finite mean, so its centred CGF is undefined")
@@ -520,7 +495,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     b_arr = as_real_array(b, "b")
     if np.isnan(b_arr).any() or (b_arr < 0).any() or not np.isfinite(b_arr).all():
         raise ValueError("b must be finite and >= 0 (b = 0 is the sub-Gaussian case)")
-    nn = _positive_int("n", n)
+    nn = check_int(n, "n", 1)
     two = check_bool(two_sided, "two_sided")
     t_b, s_b, b_b = _broadcast(t=t_arr, nu2=s2, b=b_arr)
     with np.errstate(divide="ignore"):
@@ -578,7 +553,7 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
             f"lower and upper must be scalars or 1-D arrays of the same length (one range per "
             f"summand); got shapes {lo.shape} and {hi.shape}"
         )
-    nn = _positive_int("n", n)
+    nn = check_int(n, "n", 1)
     if lo.ndim == 1 and lo.size > 1 and nn != 1:
         raise ValueError("pass either one range per summand (and n = 1) or scalar ranges and n")
     proxies = np.atleast_1d(tails.hoeffding_proxy(lo, hi))
@@ -638,12 +613,12 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     7.618
     """
     arr = row_counts("N", N).astype(np.float64)
-    s2 = _real_scalar("sigma2", sigma2, positive=True)
-    bb = _real_scalar("b", b, nonnegative=True)
+    s2 = check_real(sigma2, "sigma2", lo=0.0, lo_open=True)
+    bb = check_real(b, "b", lo=0.0)
     two = check_bool(two_sided, "two_sided")
     big_l = np.log((2.0 if two else 1.0) * arr)
     if delta is not None:
-        dd = _real_scalar("delta", delta)
+        dd = check_real(delta, "delta")
         if not 0.0 < dd < 1.0:
             raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
         big_l = big_l - math.log(dd)
@@ -761,7 +736,7 @@ def gaussian_max_lower_bound(N, a=0.0):
     0.0
     """
     arr = row_counts("N", N).astype(np.float64)
-    aa = _real_scalar("a", a, nonnegative=True)
+    aa = check_real(a, "a", lo=0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_n = np.log(arr)
         t2 = np.where(arr > 1, 2.0 * log_n - np.log(4.0 * math.pi * np.where(arr > 1, log_n, 1.0))
@@ -825,20 +800,20 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     (2, 3)
     """
     sizes, scalar_n = checkpoints(N)
-    trials = _positive_int("n_trials", n_trials)
+    trials = check_int(n_trials, "n_trials", 1)
     if rng is None:
         raise TypeError("rng must be a numpy.random.Generator or a non-negative integer seed, "
                         "not None: the simulation must be reproducible")
     gen = as_generator(rng)
-    mu = _real_scalar("loc", loc)
-    s = _real_scalar("scale", scale, positive=True)
+    mu = check_real(loc, "loc")
+    s = check_real(scale, "scale", lo=0.0, lo_open=True)
     ab = check_bool(absolute, "absolute")
     if sampler is not None and not callable(sampler):
         raise TypeError(
             "sampler must be None or a callable (rng, shape) -> array, got "
             f"{type(sampler).__name__}"
         )
-    chunk = _positive_int("chunk_size", chunk_size)
+    chunk = check_int(chunk_size, "chunk_size", 1)
     if chunk < trials:
         raise ValueError(f"chunk_size ({chunk}) must be >= n_trials ({trials})")
 
@@ -922,11 +897,8 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
     1.2131
     """
     t_arr = check_t(t)
-    s2 = _real_scalar("sigma2", sigma2, positive=True)
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string, one of {_NORM_METHODS}; got {method!r}")
-    if method not in _NORM_METHODS:
-        raise ValueError(f"method must be one of {_NORM_METHODS}; got {method!r}")
+    s2 = check_real(sigma2, "sigma2", lo=0.0, lo_open=True)
+    check_choice(method, "method", _NORM_METHODS)
     two = check_bool(two_sided, "two_sided")
     denom = {"bernstein": 8.0 * s2, "interpolation": math.pi**2 * s2 / 2.0,
              "lipschitz": 2.0 * s2}[method]

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import special
 
-from companion._validation import as_generator, checkpoints, integer_counts
+from companion._validation import as_generator, check_choice, checkpoints, integer_counts, real_array
 
 __all__ = [
     "NOISE_LAWS",
@@ -79,34 +79,8 @@ _F64_MAX = float(np.finfo(np.float64).max)
 # --------------------------------------------------------------------------------------------
 # argument checking
 # --------------------------------------------------------------------------------------------
-def _real_array(name: str, value) -> np.ndarray:
-    """``value`` as a finite float64 array, or a TypeError/ValueError that says what to pass."""
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError) as exc:  # ragged nested lists
-        raise ValueError(
-            f"{name} could not be read as an array ({exc}); pass a number or a rectangular "
-            "array of numbers"
-        ) from None
-    if arr.dtype == bool or not (
-        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
-    ):
-        raise TypeError(
-            f"{name} must be a real number or an array of real numbers, got "
-            f"{type(value).__name__} (dtype {arr.dtype})"
-        )
-    arr = arr.astype(np.float64, copy=False)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        raise ValueError(
-            f"{name} must be finite, but {int(bad.sum())} of its {arr.size} value(s) are NaN or "
-            "infinite; remove or replace them"
-        )
-    return arr
-
-
 def _positive_sigma(sigma) -> np.ndarray:
-    s = _real_array("sigma", sigma)
+    s = real_array("sigma", sigma)
     if (s <= 0).any():
         raise ValueError(
             f"sigma must be > 0 (it is the sub-Gaussian scale of the noise), got min(sigma) = "
@@ -116,7 +90,7 @@ def _positive_sigma(sigma) -> np.ndarray:
 
 
 def _nonnegative_t(t) -> np.ndarray:
-    tt = _real_array("t", t)
+    tt = real_array("t", t)
     if (tt < 0).any():
         raise ValueError(
             f"t must be >= 0 (it is a threshold on |X|), got min(t) = {tt.min():.4g}; "
@@ -160,12 +134,7 @@ def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def _noise_name(noise) -> str:
-    if not isinstance(noise, str):
-        raise TypeError(f"noise must be a string, one of {NOISE_LAWS}, got {type(noise).__name__}")
-    key = noise.lower()
-    if key not in NOISE_LAWS:
-        raise ValueError(f"unknown noise law {noise!r}; choose one of {NOISE_LAWS}")
-    return key
+    return check_choice(noise.lower() if isinstance(noise, str) else noise, "noise", NOISE_LAWS)
 
 
 def _scalar_or_array(x: np.ndarray):
@@ -226,7 +195,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     """
     if not isinstance(sharp, (bool, np.bool_)):
         raise TypeError(f"sharp must be True or False, got {type(sharp).__name__}")
-    m, tt, s = _broadcast(mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     u = np.abs(m) - tt
     if (u <= 0).any():
         k = int((u <= 0).sum())
@@ -303,7 +272,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     0.5
     """
     law = _noise_name(noise)
-    m, tt, s = _broadcast(mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     with np.errstate(over="ignore", invalid="ignore"):
         below, above = tt - m, tt + m
         p = _survival(below, s, law) + _survival(above, s, law)
@@ -361,7 +330,7 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     """
     if not isinstance(complement, (bool, np.bool_)):
         raise TypeError(f"complement must be True or False, got {type(complement).__name__}")
-    m, tt, s = _broadcast(mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     with np.errstate(over="ignore", invalid="ignore"):
         if complement:
             a = np.abs(m)
@@ -504,7 +473,7 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     """
     n = _row_counts_real("N", N)
     n, m, tt, s = _broadcast(
-        N=n, mu=_real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma)
+        N=n, mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma)
     )
     a = np.abs(m)
     with np.errstate(over="ignore"):  # a + t beyond 1.8e308: its tail term is exp(-inf) = 0
@@ -582,10 +551,7 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     >>> half_exceedance_margin(0.5, 1.0)          # 2 Phi(-0.5) > 1/2: mu = 0 already exceeds 1/2
     -0.5
     """
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be a string, one of {_MARGIN_KINDS}, got {type(kind).__name__}")
-    if kind not in _MARGIN_KINDS:
-        raise ValueError(f"unknown kind {kind!r}; choose one of {_MARGIN_KINDS}")
+    check_choice(kind, "kind", _MARGIN_KINDS)
     tt, s = _broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     if kind in ("two-sided", "one-sided"):
         factor = math.sqrt(2.0 * math.log(4.0 if kind == "two-sided" else 2.0))
@@ -693,16 +659,13 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     >>> count_interval(10**6, 1e-3, delta=0.01, method="exact")
     (920.0, 1082.0)
     """
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string, one of {_INTERVAL_METHODS}, got {type(method).__name__}")
-    if method not in _INTERVAL_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {_INTERVAL_METHODS}")
+    check_choice(method, "method", _INTERVAL_METHODS)
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
     n = _row_counts_real("N", N)
-    pp = _real_array("p", p)
+    pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
     n, pp = _broadcast(N=n, p=pp)
@@ -898,7 +861,7 @@ def simulate_counts(
     """
     law = _noise_name(noise)
     sizes, scalar_n = checkpoints(N)
-    m_arr, s_arr = _broadcast(mu=_real_array("mu", mu), sigma=_positive_sigma(sigma))
+    m_arr, s_arr = _broadcast(mu=real_array("mu", mu), sigma=_positive_sigma(sigma))
     t_arr = _nonnegative_t(t)
     if isinstance(rho, bool) or not isinstance(rho, numbers.Real):
         raise TypeError(f"rho must be a real number in [0, 1), got {type(rho).__name__}")

@@ -18,26 +18,14 @@ causal model:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from companion._validation import as_float64, as_generator, check_int, check_real
+from companion._validation import as_float64, as_generator, check_int, check_real, check_texts
 
 __all__ = ["FirstTokenProfile", "first_token_profile", "AblationRun", "ablate_activation",
            "bootstrap_interval"]
-
-
-def _texts(texts) -> list[str]:
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, Sequence) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
-    for i, s in enumerate(texts):
-        if not isinstance(s, str) or not s.strip():
-            raise TypeError(f"texts[{i}] must be a non-empty string, got {s!r}")
-    return list(texts)
 
 
 def _causal_model(m):
@@ -137,7 +125,7 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     from companion.models import check_model, tokenize
 
     check_model(m)
-    texts = _texts(texts)
+    texts = check_texts(texts, single=True)
     channel = check_int(channel, "channel", 0)
     if channel >= m.d_model:
         raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")
@@ -233,7 +221,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     from companion.models import tokenize
 
     _causal_model(m)
-    texts = _texts(texts)
+    texts = check_texts(texts, single=True)
     channel = check_int(channel, "channel", 0)
     if channel >= m.d_model:
         raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")

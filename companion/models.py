@@ -45,7 +45,7 @@ import socket
 import threading
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from companion._validation import check_int
+from companion._validation import check_int, check_texts
 
 __all__ = [
     "OFFLINE_MODELS",
@@ -945,18 +945,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     2
     """
     check_model(m)
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, Sequence) or isinstance(texts, bytes):
-        raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
-    texts = list(texts)
-    if len(texts) == 0:
-        raise ValueError("texts is empty; pass at least one non-empty string")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"texts[{i}] must be a string, got {type(t).__name__}")
-        if not t.strip():
-            raise ValueError(f"texts[{i}] is empty; every text must contain at least one token")
+    texts = check_texts(texts, single=True)
     if max_length is None:
         max_length = m.max_length
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 2:

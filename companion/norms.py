@@ -17,11 +17,10 @@ Conventions follow PyTorch: the variance is the population variance (divide by `
 
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 
-from companion._validation import check_real
+from companion._validation import check_real, real_array
 
 __all__ = [
     "layernorm",
@@ -34,15 +33,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- validation
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    eps = float(eps)
-    if not np.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
-    return eps
-
-
 def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
     try:
         arr = np.asarray(x, dtype=np.float64)
@@ -63,12 +53,7 @@ def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
 
 
 def _check_affine(param, d: int, name: str) -> np.ndarray | None:
-    if param is None:
-        return None
-    arr = _as_float_array(param, name)
-    if arr.shape != (d,):
-        raise ValueError(f"{name} must have shape ({d},) to match the feature axis, got {arr.shape}")
-    return arr
+    return None if param is None else real_array(name, param, shape=(d,))
 
 
 def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +112,7 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
     >>> round(float(np.linalg.norm(y) ** 2), 6)
     4.0
     """
-    eps = _check_eps(eps)
+    eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x)
     d = x.shape[-1]
     gamma = _check_affine(gamma, d, "gamma")
@@ -178,7 +163,7 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     >>> [round(float(v), 4) for v in y]
     [0.8485, 1.1314]
     """
-    eps = _check_eps(eps)
+    eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x)
     gamma = _check_affine(gamma, x.shape[-1], "gamma")
     _, s = _centred_scale(x, eps, centre=False)
@@ -233,7 +218,7 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     >>> round(float(np.linalg.norm(J, 2)), 4)   # 1 / std(x) = 1 / 1.8708
     0.5345
     """
-    eps = _check_eps(eps)
+    eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x, one_d=True)
     d = x.shape[0]
     gamma = _check_affine(gamma, d, "gamma")
@@ -285,7 +270,7 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     >>> np.allclose(J @ np.array([3.0, 4.0]), 0.0)
     True
     """
-    eps = _check_eps(eps)
+    eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x, one_d=True)
     d = x.shape[0]
     gamma = _check_affine(gamma, d, "gamma")
@@ -408,7 +393,7 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
 
     if kind not in ("layernorm", "rmsnorm"):
         raise ValueError(f"kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
-    eps = _check_eps(eps)
+    eps = check_real(eps, "eps", lo=0.0)
     arr = _as_float_array(x)
     if arr.ndim not in (1, 2):
         raise ValueError(f"x must be a 1-D vector or a 2-D batch of rows, got shape {arr.shape}")

@@ -15,12 +15,11 @@ criterion:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from companion._validation import check_bool, check_int, check_real
+from companion._validation import check_bool, check_int, check_real, check_texts
 
 __all__ = ["OutlierFeatureStatistics", "outlier_feature_statistics", "linear_input_sites"]
 
@@ -168,10 +167,7 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     from companion.models import tokenize
 
     sites = linear_input_sites(m)
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, Sequence) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
+    texts = check_texts(texts, single=True)
     t = check_real(threshold, "threshold", lo=0.0)
     bs = check_int(batch_size, "batch_size", 1)
     skip_first = check_bool(skip_first, "skip_first")

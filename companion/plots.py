@@ -758,3 +758,135 @@ def sublayer_cumulative(ax, attribution, directions: dict, group: str = "injecte
     ax.set_xlabel(f"layer m ({a.model}, injected at l = {a.layer})")
     return lines
 
+
+
+# --- cleanup ---
+# Figures of a stored depth_study Result (book/depth_study.ipynb): one panel per placement or
+# per statistic, the members coloured by depth.
+__all__ += ["depth_training_curves"]
+__all__ += ["depth_stream_growth"]
+__all__ += ["depth_outlier_statistics"]
+
+_PLACEMENT_NAMES = {"pre": "Pre-LN", "post": "Post-LN", "dslm": "DSLM Post-LN"}
+
+
+def _depth_result(result, arrays):
+    """The arrays, placements, depths and ``"device, torch version"`` of a depth_study Result."""
+    from companion.experiments import check_result
+
+    r = check_result(result, "depth_study", arrays, ("placements", "depths"))
+    hw = f"{r.device}, torch {r.versions.get('torch', '?')}"
+    return r.arrays, list(r.scalars["placements"]), np.array(r.scalars["depths"]), hw
+
+
+def depth_training_curves(result, unigram: float, *, window: int = 20):
+    """Training loss of every member of a depth_study Result, one panel per placement.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``depth_study`` experiment.
+    unigram : float
+        The unigram loss of the corpus (nats/byte), drawn as a dotted line.
+    window : int, default 20
+        The curves are running means over ``window`` steps.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`companion.experiments.check_result`; for a non-real ``unigram`` or a
+        ``window`` < 1.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(result, ("train_loss",))
+    unigram = check_real(unigram, "unigram")
+    window = check_int(window, "window", minimum=1)
+    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(PL)):
+        for d, (L, colour) in enumerate(zip(depths, depth_colours(len(depths)))):
+            curve = np.convolve(A["train_loss"][p, d], np.ones(window) / window, mode="valid")
+            ax.plot(np.arange(len(curve)) + window, curve, color=colour, label=f"L = {L}")
+        ax.axhline(unigram, color="k", ls=":", lw=0.8, label="unigram loss")
+        ax.set_title(_PLACEMENT_NAMES.get(placement, placement))
+        ax.set_xlabel("step")
+    axes[0, 0].set_ylabel("training loss (nats/byte)")
+    axes[0, 0].legend(fontsize=7)
+    finish(fig, f"Training curves ({hw})")
+    return fig, axes[0]
+
+
+def depth_stream_growth(result):
+    """Growth of the residual stream in a depth_study Result: ``E||h_l||^2 / d`` against
+    ``l / L`` for every member (left, darker = deeper) and at the last layer against depth
+    (right).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`companion.experiments.check_result`.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(result, ("sq_norm",))
+    d_model = int(result.config["d_model"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for p, placement in enumerate(PL):
+        name = _PLACEMENT_NAMES.get(placement, placement)
+        for d, L in enumerate(depths):
+            axes[0].plot(np.arange(L + 1) / L, A["sq_norm"][p, d, :L + 1] / d_model, color=f"C{p}",
+                         alpha=0.3 + 0.7 * d / max(len(depths) - 1, 1),
+                         label=name if d == len(depths) - 1 else None)
+        axes[1].plot(depths, A["sq_norm"][p, range(len(depths)), depths] / d_model, "o-",
+                     color=f"C{p}", label=name)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("layer / L (darker: deeper)")
+    axes[0].set_ylabel("E||h_l||^2 / d")
+    axes[1].set(yscale="log", ylabel="E||h_L||^2 / d at the last layer")
+    depth_axis(axes[1], depths)
+    axes[0].legend(fontsize=7)
+    finish(fig, f"Growth of the residual stream ({hw})")
+    return fig, axes
+
+
+def depth_outlier_statistics(result):
+    """Outlier statistics against depth in a depth_study Result: the peak ``max|x| / rms`` over
+    layers and at the last layer, the most mean-dominated channels of a layer, and the
+    observed / Gaussian-expected count ``C(4 rms)`` summed over layers.
+
+    Returns the figure and its three Axes; raises as :func:`depth_stream_growth`.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(
+        result, ("max_over_rms", "n_mean_dominated", "count_observed", "count_expected"))
+    d_model = int(result.config["d_model"])
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.3))
+    for p, placement in enumerate(PL):
+        name = _PLACEMENT_NAMES.get(placement, placement)
+        peak = np.nanmax(A["max_over_rms"][p, :, 1:], axis=1)
+        last = A["max_over_rms"][p, range(len(depths)), depths]
+        axes[0].plot(depths, peak, "o-", color=f"C{p}", label=f"{name}: max over layers")
+        axes[0].plot(depths, last, "s--", color=f"C{p}", ms=3, label="at the last layer")
+        axes[1].plot(depths, np.nanmax(A["n_mean_dominated"][p, :, 1:], axis=1), "o-", color=f"C{p}")
+        obs = np.nansum(A["count_observed"][p, :, 1:, 0], axis=1)
+        exp = np.nansum(A["count_expected"][p, :, 1:, 0], axis=1)
+        axes[2].plot(depths, obs / exp, "o-", color=f"C{p}", label=name)
+    axes[0].set_ylabel("max |x| / rms")
+    axes[1].set_ylabel(f"mean-dominated channels (of {d_model})")
+    axes[2].set_ylabel("C(4 rms): observed / Gaussian, all layers")
+    axes[2].axhline(1, color="k", ls=":", lw=0.8)
+    for ax in axes:
+        depth_axis(ax, depths)
+    axes[0].legend(fontsize=6)
+    axes[2].legend(fontsize=7)
+    finish(fig, f"Outlier statistics against depth at width {d_model} ({hw})")
+    return fig, axes

@@ -46,7 +46,9 @@ from numbers import Integral
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_layer, check_real, check_thresholds, check_vector
+from companion._validation import (
+    check_int, check_layer, check_real, check_texts, check_thresholds, check_vector,
+)
 from companion.hooks import hooks
 from companion.models import LoadedModel, check_model, encode, logits_from_residual
 
@@ -506,18 +508,7 @@ def channel_statistics(
     batch_size = check_int(batch_size, "batch_size", 1)
     if not isinstance(skip_first, bool):
         raise TypeError(f"skip_first must be True or False, got {skip_first!r}")
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, Sequence):
-        raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
-    texts = list(texts)
-    if not texts:
-        raise ValueError("texts is empty; pass at least one non-empty string")
-    for i, s in enumerate(texts):
-        if not isinstance(s, str):
-            raise TypeError(f"texts[{i}] must be a string, got {type(s).__name__}")
-        if not s.strip():
-            raise ValueError(f"texts[{i}] is empty; every text must contain at least one token")
+    texts = check_texts(texts, single=True)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     L1, d, nt = m.n_layers + 1, m.d_model, len(t)
     dev = m.device

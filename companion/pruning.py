@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_real
+from companion._validation import (
+    check_choice, check_indices, check_int, check_linears, check_real, real_vector,
+)
 from companion.hooks import hooks
 
 __all__ = [
@@ -39,33 +41,6 @@ __all__ = [
     "compensated_bias",
     "removal_error",
 ]
-
-
-# =========================================================================== argument checks
-
-def _check_modules(modules) -> dict[str, torch.nn.Linear]:
-    if not isinstance(modules, Mapping):
-        raise TypeError(f"modules must be a mapping name -> torch.nn.Linear, got {type(modules).__name__}")
-    if not modules:
-        raise ValueError("modules is empty; pass at least one {name: nn.Linear}")
-    for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
-    return dict(modules)
-
-
-def _as_1d_float(v, name: str) -> np.ndarray:
-    if isinstance(v, torch.Tensor):
-        v = v.detach().cpu().numpy()
-    try:
-        a = np.asarray(v, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D array of real numbers") from exc
-    if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {a.shape}")
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return a
 
 
 def _split_inputs(inputs):
@@ -162,9 +137,7 @@ def linear_input_statistics(
     >>> st["lin"].mean.tolist(), st["lin"].var.tolist(), st["lin"].max_abs.tolist()
     ([2.0, -1.0], [1.0, 1.0], [3.0, 2.0])
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    modules = _check_modules(modules)
+    modules = check_linears(modules, model)
     acc = {name: {"n": 0, "mean": None, "m2": None, "max": None, "lo": None, "hi": None}
            for name in modules}
     current_mask: list = [None]
@@ -288,9 +261,7 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
     >>> torch.equal(capture_linear_inputs(lin, x, {"lin": lin})["lin"], x)
     True
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    modules = _check_modules(modules)
+    modules = check_linears(modules, model)
     return _map_inputs_once(model, inputs, modules, lambda name, x: x.clone())
 
 
@@ -336,9 +307,7 @@ def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, t
     >>> linear_input_medians(lin, x, {"lin": lin})["lin"].tolist()
     [2.5, 0.5]
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    modules = _check_modules(modules)
+    modules = check_linears(modules, model)
 
     def median(name, x):
         if x.shape[0] == 0:
@@ -380,7 +349,7 @@ def top_channels(values, k: int) -> np.ndarray:
     >>> top_channels([0.5, 9.0, 3.0, 9.0], 2).tolist()
     [1, 3]
     """
-    v = _as_1d_float(values, "values")
+    v = real_vector("values", values)
     k = check_int(k, "k", 0)
     if k > v.size:
         raise ValueError(f"k = {k} exceeds the number of channels {v.size}")
@@ -443,10 +412,7 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     >>> neuron_scores("activation", st).tolist(), neuron_scores("contribution", st, W).tolist()
     ([1.0, 1.0], [5.0, 1.0])
     """
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string, one of {PRUNING_SCORES}")
-    if method not in PRUNING_SCORES:
-        raise ValueError(f"unknown pruning score {method!r}; use one of {PRUNING_SCORES}")
+    check_choice(method, "method", PRUNING_SCORES)
     if stats is not None and not isinstance(stats, LinearInputStatistics):
         raise TypeError(f"stats must be a LinearInputStatistics, got {type(stats).__name__}")
     w = None
@@ -510,7 +476,7 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
     >>> lowest_fraction([3.0, 1.0, 2.0, 0.5], 0.5).tolist()
     [1, 3]
     """
-    s = _as_1d_float(scores, "scores")
+    s = real_vector("scores", scores)
     f = check_real(fraction, "fraction", lo=0.0, hi=1.0)
     k = int(round(f * s.size))
     return np.sort(np.argsort(s, kind="stable")[:k]).astype(np.int64)
@@ -558,7 +524,7 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     >>> y.item()
     2.0
     """
-    modules = _check_modules(modules)
+    modules = check_linears(modules)
     if not isinstance(channels, Mapping):
         raise TypeError(f"channels must be a mapping name -> channel indices, got {type(channels).__name__}")
     unknown = sorted(set(channels) - set(modules))
@@ -567,17 +533,9 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     masks = {}
     for name, idx in channels.items():
         mod = modules[name]
-        a = np.asarray(idx.detach().cpu() if isinstance(idx, torch.Tensor) else idx)
-        if a.ndim != 1:
-            raise ValueError(f"channels[{name!r}] must be a 1-D list of indices, got shape {a.shape}")
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise TypeError(f"channels[{name!r}] must hold integers, got dtype {a.dtype}")
-        if a.size and (a.min() < 0 or a.max() >= mod.in_features):
-            raise ValueError(f"channels[{name!r}] must lie in [0, {mod.in_features - 1}]")
-        if len(np.unique(a)) != a.size:
-            raise ValueError(f"channels[{name!r}] contains repeated indices")
+        a = check_indices(idx, mod.in_features, f"channels[{name!r}]")
         m = torch.ones(mod.in_features, dtype=mod.weight.dtype, device=mod.weight.device)
-        m[torch.as_tensor(a.astype(np.int64), device=m.device)] = 0.0
+        m[torch.as_tensor(a, device=m.device)] = 0.0
         masks[name] = m
 
     fills = {}
@@ -589,9 +547,7 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
             raise ValueError(f"fill names layers without pruned channels: {extra[:3]}")
         for name, v in fill.items():
             mod = modules[name]
-            a = _as_1d_float(v, f"fill[{name!r}]")
-            if a.size != mod.in_features:
-                raise ValueError(f"fill[{name!r}] must have {mod.in_features} entries (one per input), got {a.size}")
+            a = real_vector(f"fill[{name!r}]", v, size=mod.in_features)
             keep = masks[name]
             fills[name] = (1.0 - keep) * torch.as_tensor(a, dtype=keep.dtype, device=keep.device)
 
@@ -647,13 +603,9 @@ def compensated_bias(weight, bias, channels, mean):
     W = _to_float64(weight, "weight")
     if W.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {W.shape}")
-    mu = _as_1d_float(mean, "mean")
-    if mu.size != W.shape[1]:
-        raise ValueError(f"mean must have {W.shape[1]} entries (one per input), got {mu.size}")
-    s = _check_channel_set(channels, W.shape[1])
-    b = np.zeros(W.shape[0]) if bias is None else _as_1d_float(bias, "bias")
-    if b.size != W.shape[0]:
-        raise ValueError(f"bias must have {W.shape[0]} entries (one per output), got {b.size}")
+    mu = real_vector("mean", mean, size=W.shape[1])
+    s = check_indices(channels, W.shape[1])
+    b = np.zeros(W.shape[0]) if bias is None else real_vector("bias", bias, size=W.shape[0])
     return b + W[:, s] @ mu[s]
 
 
@@ -667,15 +619,6 @@ def _to_float64(a, name):
     if not np.isfinite(out).all():
         raise ValueError(f"{name} must be finite")
     return out
-
-
-def _check_channel_set(channels, n):
-    s = np.asarray(channels.detach().cpu() if isinstance(channels, torch.Tensor) else channels)
-    if s.ndim != 1 or (s.size and not np.issubdtype(s.dtype, np.integer)):
-        raise TypeError("channels must be a 1-D sequence of integer indices")
-    if s.size and (s.min() < 0 or s.max() >= n or len(np.unique(s)) != s.size):
-        raise ValueError(f"channels must be distinct indices in [0, {n - 1}]")
-    return s.astype(np.int64)
 
 
 def removal_error(x, weight, channels, center=None) -> dict[str, float]:
@@ -721,28 +664,12 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
     >>> removal_error(x, W, [0, 1])
     {'exact': 2.0, 'diagonal': 2.0, 'minkowski': 4.0}
     """
-    def to_np(a, name):
-        if isinstance(a, torch.Tensor):
-            return a.detach().double().cpu().numpy()
-        if isinstance(a, np.ndarray):
-            return a.astype(np.float64)
-        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
-
-    X, W = to_np(x, "x"), to_np(weight, "weight")
+    X, W = _to_float64(x, "x"), _to_float64(weight, "weight")
     if center is not None and X.ndim == 2:
-        c = _as_1d_float(center, "center")
-        if c.size != X.shape[1]:
-            raise ValueError(f"center must have {X.shape[1]} entries (one per input), got {c.size}")
-        X = X - c
+        X = X - real_vector("center", center, size=X.shape[1])
     if X.ndim != 2 or W.ndim != 2 or X.shape[1] != W.shape[1] or X.shape[0] == 0:
         raise ValueError(f"need x of shape (n_tokens, in) and weight of shape (out, in); got {X.shape} and {W.shape}")
-    if not (np.isfinite(X).all() and np.isfinite(W).all()):
-        raise ValueError("x and weight must be finite")
-    s = np.asarray(channels)
-    if s.ndim != 1 or (s.size and not np.issubdtype(s.dtype, np.integer)):
-        raise TypeError("channels must be a 1-D sequence of integer indices")
-    if s.size and (s.min() < 0 or s.max() >= W.shape[1] or len(np.unique(s)) != s.size):
-        raise ValueError(f"channels must be distinct indices in [0, {W.shape[1] - 1}]")
+    s = check_indices(channels, W.shape[1])
     Xs, Ws = X[:, s], W[:, s]
     e = Xs @ Ws.T
     ea2 = (Xs**2).mean(axis=0)

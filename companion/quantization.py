@@ -25,14 +25,15 @@ linear layer ``y = W x + b`` the added ``μ`` folds exactly into the bias, ``b' 
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from companion._validation import as_float64, check_real
+from companion._validation import (
+    check_choice, check_indices, check_int, check_linears, check_real, float_tensor, real_array,
+)
 from companion.hooks import hooks
 
 __all__ = [
@@ -60,50 +61,10 @@ GRANULARITIES = ("tensor", "channel", "token")
 
 
 # --------------------------------------------------------------------------- argument checks
-def _check_bits(bits) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral):
-        raise TypeError(f"bits must be an integer (e.g. 8 or 4), got {type(bits).__name__}")
-    if not 2 <= int(bits) <= 16:
-        raise ValueError(f"bits must be between 2 and 16, got {bits}; use 8 for int8, 4 for int4")
-    return int(bits)
-
-
-def _check_granularity(granularity) -> str:
-    if not isinstance(granularity, str):
-        raise TypeError(f"granularity must be a string, one of {GRANULARITIES}, got {type(granularity).__name__}")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}")
-    return granularity
-
-
-def _as_tensor(x, name: str = "x") -> tuple[torch.Tensor, bool]:
-    """Return ``x`` as a floating torch tensor and whether it came in as a NumPy array."""
-    if isinstance(x, np.ndarray):
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        return torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
-    if isinstance(x, torch.Tensor):
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        return x, False
-    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
-
-
-def _check_finite(x: torch.Tensor, name: str = "x") -> None:
-    if x.ndim == 0:
-        raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
-    if x.numel() == 0:
-        raise ValueError(f"{name} is empty; pass a tensor with at least one element")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or infinite values; remove or replace them before quantising")
-
-
 def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
-    t, _ = _as_tensor(v, name)
+    t, _ = float_tensor(v, name)
     if t.shape != (d,):
         raise ValueError(f"{name} must have shape ({d},) (one value per channel), got {tuple(t.shape)}")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
     out = t.to(device=like.device, dtype=like.dtype)
     _check_cast(out, t, name)
     return out
@@ -127,21 +88,8 @@ _WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.flo
 def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
     if keep_channels is None:
         return None
-    if isinstance(keep_channels, torch.Tensor):
-        idx = keep_channels.detach().cpu().numpy()
-    else:
-        idx = np.asarray(keep_channels)
-    if idx.ndim != 1:
-        raise ValueError(f"keep_channels must be a 1-D list of channel indices, got shape {idx.shape}")
-    if idx.size and not np.issubdtype(idx.dtype, np.integer):
-        raise TypeError(f"keep_channels must hold integer channel indices, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64)
-    if idx.size and (idx.min() < 0 or idx.max() >= d):
-        raise ValueError(f"keep_channels must lie in [0, {d - 1}], got values in [{idx.min()}, {idx.max()}]")
-    if len(np.unique(idx)) != idx.size:
-        raise ValueError("keep_channels contains repeated indices; pass each channel once")
     mask = torch.zeros(d, dtype=torch.bool, device=device)
-    mask[torch.as_tensor(idx, device=device)] = True
+    mask[torch.as_tensor(check_indices(keep_channels, d, "keep_channels"), device=device)] = True
     return mask
 
 
@@ -231,7 +179,7 @@ def qmax(bits: int) -> int:
     >>> qmax(8), qmax(4)
     (127, 7)
     """
-    return 2 ** (_check_bits(bits) - 1) - 1
+    return 2 ** (check_int(bits, "bits", 2, 16) - 1) - 1
 
 
 def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channels=None):
@@ -280,10 +228,9 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
     >>> (quantization_scale(x, 8, "channel") * 127).round(6).tolist()
     [1.0, 4.0]
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     q = qmax(bits)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     mask = _keep_mask(keep_channels, t.shape[-1], t.device)
     y, _, _ = _centred(t, None)
     scale = _scale_of(y, q, granularity, mask).to(t.dtype)  # float32 for half inputs, rounded
@@ -347,10 +294,9 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     >>> fake_quantize(x, 2, "tensor", keep_channels=[0]).tolist()
     [[0.0, 1.0, -1.0], [2.54, 0.0, 0.0]]
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
+    t, was_numpy = float_tensor(x)
     q = qmax(bits)
-    _check_granularity(granularity)
+    check_choice(granularity, "granularity", GRANULARITIES)
     d = t.shape[-1]
     c = None if center is None else _channel_vector(center, d, t, "center")
     mask = _keep_mask(keep_channels, d, t.device)
@@ -388,9 +334,8 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     >>> bool((np.abs(fake_quantize(x, 4) - x) <= max_rounding_error(x, 4)).all())
     True
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
-    _check_granularity(granularity)
+    t, was_numpy = float_tensor(x)
+    check_choice(granularity, "granularity", GRANULARITIES)
     d = t.shape[-1]
     c = None if center is None else _channel_vector(center, d, t, "center")
     mask = _keep_mask(keep_channels, d, t.device)
@@ -431,12 +376,10 @@ def channel_mse(x, x_hat):
     >>> channel_mse(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[1.0, 2.5], [2.0, 4.5]])).tolist()
     [0.5, 0.25]
     """
-    a, was_numpy = _as_tensor(x, "x")
-    b, _ = _as_tensor(x_hat, "x_hat")
+    a, was_numpy = float_tensor(x, "x")
+    b, _ = float_tensor(x_hat, "x_hat")
     if a.shape != b.shape:
         raise ValueError(f"x and x_hat must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
-    _check_finite(a, "x")
-    _check_finite(b, "x_hat")
     diff = (a.double() - b.to(a.device).double()).reshape(-1, a.shape[-1])
     mse = diff.pow(2).mean(dim=0)
     out = mse.to(a.dtype)
@@ -560,8 +503,8 @@ def quantize_linear_inputs(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    _check_bits(bits)
-    _check_granularity(granularity)
+    check_int(bits, "bits", 2, 16)
+    check_choice(granularity, "granularity", GRANULARITIES)
     if modules is None:
         modules = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
     if not modules:
@@ -590,8 +533,7 @@ def quantize_linear_inputs(
         c, k = prepared_c.get(name), prepared_k.get(name)
 
         def hook(_module, args):
-            x, _ = _as_tensor(args[0], f"the input of {name!r}")
-            _check_finite(x, f"the input of {name!r}")
+            x, _ = float_tensor(args[0], f"the input of {name!r}")
             cx = None
             if c is not None:
                 cx = c.to(x.dtype)
@@ -658,9 +600,8 @@ def dynamic_range(x, granularity: str = "tensor"):
     >>> lo.ravel().tolist(), hi.ravel().tolist()
     ([-4.0, 0.5], [1.0, 2.0])
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
-    _check_granularity(granularity)
+    t, was_numpy = float_tensor(x)
+    check_choice(granularity, "granularity", GRANULARITIES)
     if granularity == "tensor":
         lo, hi = t.amin(), t.amax()
     elif granularity == "channel":
@@ -716,9 +657,8 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
     >>> quantize_with_range(x, 2, -1.0, 1.0).tolist()   # static range: 3.0 is clipped to 1.0
     [[0.0, 1.0, 1.0]]
     """
-    t, was_numpy = _as_tensor(x)
-    _check_finite(t)
-    b = _check_bits(bits)
+    t, was_numpy = float_tensor(x)
+    b = check_int(bits, "bits", 2, 16)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False, got {type(symmetric).__name__}")
     work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
@@ -766,12 +706,11 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     >>> quantize_weight(np.array([[1.0, -0.5], [0.2, 0.1]]), 2).tolist()
     [[1.0, -0.0], [0.2, 0.0]]
     """
-    t, was_numpy = _as_tensor(weight, "weight")
+    t, was_numpy = float_tensor(weight, "weight")
     if t.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(t.shape)}")
     if granularity not in ("channel", "tensor"):
         raise ValueError(f"weight granularity must be 'channel' (per output row) or 'tensor', got {granularity!r}")
-    _check_finite(t, "weight")
     if granularity == "channel":
         lo, hi = t.amin(dim=1, keepdim=True), t.amax(dim=1, keepdim=True)
     else:
@@ -816,13 +755,12 @@ def smoothquant_scales(act_max, weight, alpha: float):
     >>> smoothquant_scales([16.0, 1.0], np.array([[1.0, 1.0], [-0.25, 0.5]]), 0.5).tolist()
     [4.0, 1.0]
     """
-    a = as_float64(act_max, "act_max")
-    t, _ = _as_tensor(weight, "weight")
-    w = t.detach().double().cpu().numpy()
-    if w.ndim != 2 or a.ndim != 1 or a.size != w.shape[1]:
-        raise ValueError(f"need act_max of shape (in,) and weight (out, in); got {a.shape} and {w.shape}")
-    if not (np.isfinite(a).all() and np.isfinite(w).all()) or (a < 0).any():
-        raise ValueError("act_max must be finite and >= 0, and weight finite")
+    w = float_tensor(weight, "weight")[0].detach().double().cpu().numpy()
+    if w.ndim != 2:
+        raise ValueError(f"weight must have shape (out, in), got {w.shape}")
+    a = real_array("act_max", act_max, shape=(w.shape[1],))
+    if (a < 0).any():
+        raise ValueError(f"act_max must be >= 0 (a maximum of |x|), got min {a.min():.4g}")
     al = check_real(alpha, "alpha", lo=0.0, hi=1.0)
     wmax = np.abs(w).max(axis=0)
     ok = (a > 0) & (wmax > 0)
@@ -871,10 +809,10 @@ class LinearQuantization:
 
     def __post_init__(self):
         if self.act_bits is not None:
-            _check_bits(self.act_bits)
+            check_int(self.act_bits, "act_bits", 2, 16)
         if self.weight_bits is not None:
-            _check_bits(self.weight_bits)
-        _check_granularity(self.act_granularity)
+            check_int(self.weight_bits, "weight_bits", 2, 16)
+        check_choice(self.act_granularity, "granularity", GRANULARITIES)
         for f in ("act_symmetric", "static", "weight_symmetric"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"{f} must be True or False")
@@ -966,11 +904,7 @@ def quantized_linears(
     >>> y.item(), lin.weight[0, 1].item()   # 0.25 is rounded to 0 inside the block, restored after
     (1.0, 0.25)
     """
-    if not isinstance(modules, Mapping) or not modules:
-        raise TypeError("modules must be a non-empty mapping name -> torch.nn.Linear")
-    for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
+    modules = check_linears(modules)
     if not isinstance(spec, LinearQuantization):
         raise TypeError(f"spec must be a LinearQuantization, got {type(spec).__name__}")
     ranges, smooth, output_shift = dict(ranges or {}), dict(smooth or {}), dict(output_shift or {})
@@ -1063,15 +997,9 @@ def weight_bias_correction(weight, weight_q, input_mean):
     >>> weight_bias_correction(np.eye(2), np.array([[1.0, 0.1], [0.0, 1.0]]), [0.0, 10.0]).tolist()
     [1.0, 0.0]
     """
-    w = as_float64(weight, "weight")
-    wq = as_float64(weight_q, "weight_q")
-    m = as_float64(input_mean, "input_mean")
-    if w.ndim != 2 or w.shape != wq.shape or m.shape != (w.shape[1],):
-        raise ValueError(f"need weight and weight_q of one shape (out, in) and input_mean (in,); "
-                         f"got {w.shape}, {wq.shape}, {m.shape}")
-    if not (np.isfinite(w).all() and np.isfinite(wq).all() and np.isfinite(m).all()):
-        raise ValueError("weight, weight_q and input_mean must be finite")
-    return (wq - w) @ m
+    w = real_array("weight", weight, shape=(None, None))
+    wq = real_array("weight_q", weight_q, shape=w.shape)
+    return (wq - w) @ real_array("input_mean", input_mean, shape=(w.shape[1],))
 
 
 def activation_bias_correction(weight, mean_error):
@@ -1099,13 +1027,8 @@ def activation_bias_correction(weight, mean_error):
     >>> activation_bias_correction(np.array([[1.0, 2.0]]), [0.5, -0.25]).tolist()
     [0.0]
     """
-    w = as_float64(weight, "weight")
-    e = as_float64(mean_error, "mean_error")
-    if w.ndim != 2 or e.shape != (w.shape[1],):
-        raise ValueError(f"need weight (out, in) and mean_error (in,); got {w.shape} and {e.shape}")
-    if not (np.isfinite(w).all() and np.isfinite(e).all()):
-        raise ValueError("weight and mean_error must be finite")
-    return w @ e
+    w = real_array("weight", weight, shape=(None, None))
+    return w @ real_array("mean_error", mean_error, shape=(w.shape[1],))
 
 
 def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[str, torch.nn.Linear],
@@ -1148,18 +1071,13 @@ def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[st
     >>> np.round(err["l"], 6).tolist()
     [0.0, -0.3]
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    modules = check_linears(modules, model)
     if not isinstance(spec, LinearQuantization) or spec.act_bits is None:
         raise ValueError("spec must be a LinearQuantization with act_bits set")
-    if not isinstance(modules, Mapping) or not modules:
-        raise TypeError("modules must be a non-empty mapping name -> torch.nn.Linear")
     ranges, smooth = dict(ranges or {}), dict(smooth or {})
     acc = {name: [0, None] for name in modules}
     quants, scales = {}, {}
     for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"modules[{name!r}] is a {type(mod).__name__}, not torch.nn.Linear")
         rng = None
         if spec.static:
             if name not in ranges:

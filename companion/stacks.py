@@ -1136,15 +1136,8 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     >>> last_layer_grad_norm(cfg, n_sequences=2, seq_len=4) > 0
     True
     """
-    if not isinstance(config, StackConfig):
-        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
-    _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
-    if n_classes < 2:
-        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
-    if "mlp" not in config.sublayers:
-        raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
+    x, readout, labels = _readout_problem(config, n_sequences, seq_len, n_classes, seed, device)
     stack = ResidualStack(config).to(device)
-    x, readout, labels = _readout_problem(config.d_model, n_sequences, seq_len, n_classes, seed, device)
     out = stack(x)
     loss = F.cross_entropy((out.final @ readout).reshape(-1, n_classes), labels)
     w = stack.blocks[-1].sublayers[-1].f.w_out.weight
@@ -1152,8 +1145,17 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     return float(grad.norm())
 
 
-def _readout_problem(d: int, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):
-    """Gaussian inputs, a Xavier readout and random labels, all drawn from one seeded generator."""
+def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):
+    """Gaussian inputs, a Xavier readout and random labels, all drawn from one seeded generator,
+    after the checks of the arguments that the two gradient measurements share."""
+    if not isinstance(config, StackConfig):
+        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+    _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+    if "mlp" not in config.sublayers:
+        raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
+    d = config.d_model
     g = torch.Generator().manual_seed(int(seed))
     x = torch.randn(n_sequences, seq_len, d, generator=g).to(device)
     readout = (torch.randn(d, n_classes, generator=g) * math.sqrt(2.0 / (d + n_classes))).to(device)
@@ -1208,17 +1210,10 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
     >>> last_layer_grad_norms(cfg, n_sequences=2, seq_len=4).shape
     (3,)
     """
-    if not isinstance(config, StackConfig):
-        raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
-    _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
-    if n_classes < 2:
-        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
-    if "mlp" not in config.sublayers:
-        raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
+    x, readout, labels = _readout_problem(config, n_sequences, seq_len, n_classes, seed, device)
     if not isinstance(per_token, bool):
         raise TypeError(f"per_token must be a bool, got {per_token!r}")
     stack = ResidualStack(config).to(device)
-    x, readout, labels = _readout_problem(config.d_model, n_sequences, seq_len, n_classes, seed, device)
     lam, beta = config.residual_scale, config.branch_scale
     with torch.no_grad():
         out = stack(x)

@@ -37,7 +37,7 @@ from scipy import optimize, special, stats
 
 from companion import _cgf
 from companion._validation import (
-    as_real_array, check_bool, check_dist, check_sigma2, check_t, freeze, is_discrete,
+    as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, freeze, is_discrete,
 )
 
 __all__ = [
@@ -96,14 +96,6 @@ class ProxyResult(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Argument checking
 # ----------------------------------------------------------------------------------------------
-
-
-def _check_method(method) -> str:
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string, one of {_METHODS}; got {type(method).__name__}")
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
-    return method
 
 
 def _check_no_overflow(out: np.ndarray, what: str) -> None:
@@ -374,7 +366,7 @@ def log_mgf(dist, lam, *, method: str = "auto"):
     array([0.2877,    inf])
     """
     dist = check_dist(dist)
-    method = _check_method(method)
+    method = check_choice(method, "method", _METHODS)
     lam_arr = as_real_array(lam, "lam")
     if np.isnan(lam_arr).any():
         raise ValueError("lam contains NaN; pass finite real values of lambda")
@@ -553,7 +545,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     inf
     """
     dist = check_dist(dist)
-    method = _check_method(method)
+    method = check_choice(method, "method", _METHODS)
     full_output = check_bool(full_output, "full_output")
     _check_representable(dist, *_cgf.moments(dist), centred_nodes=False)
     result = None

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from companion._validation import check_int, check_real
+from companion._validation import check_int, check_real, real_vector
 from companion.stacks import StackConfig, TinyLM
 
 __all__ = [
@@ -47,21 +47,6 @@ __all__ = [
     "stream_drift",
     "seed_interval",
 ]
-
-
-# =========================================================================== argument checks
-def _as_1d_float(v, name: str) -> np.ndarray:
-    if isinstance(v, torch.Tensor):
-        v = v.detach().cpu().numpy()
-    try:
-        a = np.asarray(v, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D array of real numbers") from exc
-    if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {a.shape}")
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return a
 
 
 # =========================================================================== clipping
@@ -715,7 +700,7 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
     seq_len = check_int(seq_len, "seq_len", 1)
     max_windows = check_int(max_windows, "max_windows", 1)
-    mult = _as_1d_float(multiples, "multiples")
+    mult = real_vector("multiples", multiples)
     if (mult <= 0).any():
         raise ValueError("multiples must be > 0")
     ids = _check_ids(ids, "ids", seq_len)

@@ -498,7 +498,7 @@ def test_attention_helpers_reject_bad_input(tokenizer):
         a.capture_queries_keys(m, TEXTS, layers=[0, 0])
     with pytest.raises(ValueError, match="non-empty"):
         a.capture_queries_keys(m, TEXTS, layers=[])
-    with pytest.raises(ValueError, match="non-empty list of strings"):
+    with pytest.raises(ValueError, match="texts is empty"):
         a.capture_queries_keys(m, [])
     with pytest.raises(TypeError, match="rotary"):
         a.capture_queries_keys(m, TEXTS, rotary="yes")

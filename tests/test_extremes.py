@@ -136,8 +136,8 @@ def test_theorem1_exponent_is_sharp_for_gaussian_noise():
         (dict(mu=3.0, t=1.0, sigma=0.0), "sigma must be > 0"),
         (dict(mu=3.0, t=1.0, sigma=-1.0), "sigma must be > 0"),
         (dict(mu=3.0, t=-1.0, sigma=1.0), "t must be >= 0"),
-        (dict(mu=float("nan"), t=1.0, sigma=1.0), "mu must be finite"),
-        (dict(mu=3.0, t=float("inf"), sigma=1.0), "t must be finite"),
+        (dict(mu=float("nan"), t=1.0, sigma=1.0), "mu contains 1 NaN or infinite"),
+        (dict(mu=3.0, t=float("inf"), sigma=1.0), "t contains 1 NaN or infinite"),
         (dict(mu=[3.0, 4.0], t=[1.0, 2.0, 0.5], sigma=1.0), "incompatible shapes"),
         (dict(mu=[[3.0, 4.0], [5.0]], t=1.0, sigma=1.0), "could not be read as an array"),
     ],
@@ -207,7 +207,7 @@ def test_expected_count_is_n_times_p_and_broadcasts_over_n():
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda: exceedance_probability(0.0, 1.0, 1.0, noise="cauchy"), ValueError, "unknown noise law"),
+        (lambda: exceedance_probability(0.0, 1.0, 1.0, noise="cauchy"), ValueError, "noise must be one of"),
         (lambda: exceedance_probability(0.0, 1.0, 1.0, noise=3), TypeError, "noise must be a string"),
         (lambda: exceedance_probability(0.0, -1.0, 1.0), ValueError, "t must be >= 0"),
         (lambda: exceedance_probability_gaussian(0.0, 1.0, -2.0), ValueError, "sigma must be > 0"),
@@ -308,7 +308,7 @@ def test_a_uniform_guarantee_needs_a_margin_of_at_least_sigma():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(t=1.0, sigma=1.0, kind="exact"), ValueError, "unknown kind"),
+        (dict(t=1.0, sigma=1.0, kind="exact"), ValueError, "kind must be one of"),
         (dict(t=1.0, sigma=1.0, kind=None), TypeError, "kind must be a string"),
         (dict(t=-1.0, sigma=1.0), ValueError, "t must be >= 0"),
         (dict(t=1.0, sigma=0.0), ValueError, "sigma must be > 0"),
@@ -361,7 +361,7 @@ def test_hoeffding_is_vacuous_for_rare_events_where_chernoff_is_not():
         (dict(N=10, p=0.5, delta=0.0), ValueError, "delta must lie strictly between 0 and 1"),
         (dict(N=10, p=0.5, delta=1.0), ValueError, "delta must lie strictly"),
         (dict(N=10, p=0.5, delta="0.1"), TypeError, "delta must be a real number"),
-        (dict(N=10, p=0.5, method="bernstein"), ValueError, "unknown method"),
+        (dict(N=10, p=0.5, method="bernstein"), ValueError, "method must be one of"),
         (dict(N=10, p=0.5, method=1), TypeError, "method must be a string"),
         (dict(N=10.0, p=0.5), TypeError, "N must be a positive integer"),
         (dict(N=[10, 20], p=[0.1, 0.2, 0.3]), ValueError, "incompatible shapes"),
@@ -467,7 +467,7 @@ def test_memory_stays_bounded_for_large_n():
         (dict(N=[10, 5]), ValueError, "strictly increasing"),
         (dict(N=[[10, 20]]), ValueError, "1-D increasing sequence"),
         (dict(N=np.array([], dtype=int)), ValueError, "empty sequence"),
-        (dict(noise="student"), ValueError, "unknown noise law"),
+        (dict(noise="student"), ValueError, "noise must be one of"),
         (dict(rng="seed"), TypeError, "rng must be None"),
         (dict(rng=np.random.RandomState(0)), TypeError, "legacy RandomState"),
         (dict(rng=-3), ValueError, "seed must be >= 0"),
@@ -479,7 +479,7 @@ def test_memory_stays_bounded_for_large_n():
         (dict(mu=[0.0, 1.0], sigma=[1.0, 1.0, 1.0]), ValueError, "incompatible shapes"),
         (dict(sigma=-1.0), ValueError, "sigma must be > 0"),
         (dict(t=-0.5), ValueError, "t must be >= 0"),
-        (dict(mu=float("nan")), ValueError, "mu must be finite"),
+        (dict(mu=float("nan")), ValueError, "mu contains 1 NaN or infinite"),
     ],
 )
 def test_simulate_counts_rejects_bad_inputs(kwargs, error, match):

@@ -221,7 +221,7 @@ def test_bad_top_channels(values, k, exc):
 
 def test_bad_neuron_scores():
     s = LinearInputStatistics(np.zeros(3), np.ones(3), np.ones(3), 5)
-    with pytest.raises(ValueError, match="unknown pruning score"):
+    with pytest.raises(ValueError, match="method must be one of"):
         neuron_scores("magnitude", s)
     with pytest.raises(TypeError, match="method"):
         neuron_scores(3, s)
@@ -344,7 +344,7 @@ def test_bad_mean_compensation(net):
     with pytest.raises(ValueError, match="without pruned channels"):
         with zero_linear_inputs({"0": net[0], "2": net[2]}, {"0": [1]}, fill={"2": np.zeros(6)}):
             pass
-    with pytest.raises(ValueError, match="6 entries"):
+    with pytest.raises(ValueError, match=r"shape \(6,\)"):
         with zero_linear_inputs({"2": net[2]}, {"2": [1]}, fill={"2": np.zeros(5)}):
             pass
     with pytest.raises(ValueError, match="NaN"):
@@ -353,7 +353,7 @@ def test_bad_mean_compensation(net):
     with pytest.raises(TypeError, match="fill must be a mapping"):
         with zero_linear_inputs({"2": net[2]}, {"2": [1]}, fill=[0.0]):
             pass
-    with pytest.raises(ValueError, match="entries"):
+    with pytest.raises(ValueError, match=r"mean must have shape \(3,\)"):
         compensated_bias(np.ones((2, 3)), None, [0], np.ones(2))
     with pytest.raises(ValueError, match="distinct"):
         compensated_bias(np.ones((2, 3)), None, [3], np.ones(3))

@@ -186,7 +186,7 @@ def test_hooks_equal_fake_quantize_exactly(granularity):
 def test_hook_rejects_non_finite_input():
     lin = torch.nn.Linear(2, 1)
     with quantize_linear_inputs(lin, 8, modules={"lin": lin}):
-        with pytest.raises(ValueError, match="the input of 'lin' contains NaN"):
+        with pytest.raises(ValueError, match="the input of 'lin' contains 1 NaN"):
             lin(torch.tensor([[1.0, float("nan")]]))
     assert not lin._forward_pre_hooks
 

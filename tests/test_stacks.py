@@ -471,7 +471,7 @@ def test_per_token_grad_norms_match_token_by_token_autograd(placement):
                       final_norm=(placement == "pre"))
     got = last_layer_grad_norms(cfg, n_sequences=2, seq_len=3, n_classes=5, seed=1, per_token=True)[-1]
     stack = ResidualStack(cfg)
-    x, readout, labels = _readout_problem(16, 2, 3, 5, 1, "cpu")
+    x, readout, labels = _readout_problem(cfg, 2, 3, 5, 1, "cpu")
     losses = torch.nn.functional.cross_entropy((stack(x).final @ readout).reshape(-1, 5), labels,
                                                reduction="none")
     w = stack.blocks[-1].sublayers[-1].f.w_out.weight

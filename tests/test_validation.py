@@ -144,3 +144,41 @@ def test_check_texts_and_thresholds():
                             ([np.inf], ValueError, "infinite")]:
         with pytest.raises(err, match=match):
             check_thresholds(bad)
+
+
+def test_shared_checks_of_the_torch_layers():
+    import torch
+
+    from companion._validation import (check_choice, check_indices, check_linears, float_tensor,
+                                       real_vector)
+
+    assert real_array("w", [[1, 2]], shape=(None, 2)).shape == (1, 2)
+    with pytest.raises(ValueError, match=r"w must have shape \(n, 3\), got \(1, 2\)"):
+        real_array("w", [[1, 2]], shape=(None, 3))
+    np.testing.assert_array_equal(real_vector("v", torch.tensor([1.0, 2.0]), size=2), [1.0, 2.0])
+    for bad, match in [([], "non-empty 1-D"), ([[1.0]], "shape"), ([1.0, np.nan], "1 NaN")]:
+        with pytest.raises(ValueError, match=match):
+            real_vector("v", bad)
+    t, was_numpy = float_tensor(np.ones((2, 3)))
+    assert isinstance(t, torch.Tensor) and was_numpy
+    for bad, err, match in [([1.0], TypeError, "torch.Tensor or numpy"), (np.ones(2, dtype=int), TypeError, "floating"),
+                            (np.array(1.0), ValueError, "at least one axis"), (np.ones((0, 2)), ValueError, "empty"),
+                            (torch.tensor([1.0, float("inf")], dtype=torch.bfloat16), ValueError, "1 NaN")]:
+        with pytest.raises(err, match=match):
+            float_tensor(bad)
+    assert check_choice("a", "kind", ("a", "b")) == "a"
+    with pytest.raises(ValueError, match=r"kind must be one of \('a', 'b'\), got 'c'"):
+        check_choice("c", "kind", ("a", "b"))
+    with pytest.raises(TypeError, match="kind must be a string"):
+        check_choice(1, "kind", ("a", "b"))
+    assert check_indices(torch.tensor([2, 0]), 3).tolist() == [2, 0]
+    for bad, err, match in [([3], ValueError, "lie in"), ([0, 0], ValueError, "repeated"),
+                            ([0.5], TypeError, "integers"), ([[0]], ValueError, "1-D")]:
+        with pytest.raises(err, match=match):
+            check_indices(bad, 3)
+    lin = torch.nn.Linear(2, 2)
+    assert check_linears({"l": lin}, lin) == {"l": lin}
+    for args, err, match in [(({"l": lin}, None), TypeError, "model must be"), (([lin],), TypeError, "mapping"),
+                             (({},), ValueError, "empty"), (({"r": torch.nn.ReLU()},), TypeError, "not torch.nn.Linear")]:
+        with pytest.raises(err, match=match):
+            check_linears(*args)

@@ -99,6 +99,7 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = [
     "FRAMEWORK_SCHEMA",
     "Result",
+    "check_result",
     "register",
     "experiment_names",
     "get_experiment",
@@ -459,6 +460,19 @@ class Result:
     def config_object(self):
         """The frozen config instance this Result was computed from."""
         return make_config(self.name, self.config)
+
+
+def check_result(result, experiment: str, arrays=(), scalars=()) -> Result:
+    """``result`` if it is a :class:`Result` of ``experiment`` that holds the named arrays and
+    scalars; TypeError for anything else, ValueError (saying what to do) if one is missing."""
+    if not isinstance(result, Result) or result.name != experiment:
+        raise TypeError(f"result must be a Result of the {experiment} experiment, got "
+                        f"{getattr(result, 'name', type(result).__name__)!r}")
+    missing = [k for k in arrays if k not in result.arrays]
+    missing += [k for k in scalars if k not in result.scalars]
+    if missing:
+        raise ValueError(f"the Result lacks {missing}; recompute it with the current code")
+    return result
 
 
 def _versions() -> dict:

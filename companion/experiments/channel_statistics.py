@@ -94,17 +94,12 @@ def statistics_of(result):
     --------
     >>> st = statistics_of(run_cached(make_config("channel_statistics", n_texts=8)))  # doctest: +SKIP
     """
-    from companion.experiments import Result
+    from companion.experiments import check_result
     from companion.probes import ChannelStatistics
 
-    if not isinstance(result, Result) or result.name != "channel_statistics":
-        raise TypeError(f"result must be a Result of the channel_statistics experiment, got "
-                        f"{getattr(result, 'name', type(result).__name__)!r}")
+    check_result(result, "channel_statistics", ("mean", "var", "min", "max", "max_abs", "counts",
+                                                "thresholds"), ("n_tokens", "n_texts"))
     a, s = result.arrays, result.scalars
-    missing = [k for k in ("mean", "var", "min", "max", "max_abs", "counts", "thresholds") if k not in a]
-    missing += [k for k in ("n_tokens", "n_texts") if k not in s]
-    if missing:
-        raise ValueError(f"the Result lacks {missing}; recompute it with the current code")
     return ChannelStatistics(mean=a["mean"], var=a["var"], min=a["min"], max=a["max"],
                              max_abs=a["max_abs"], counts=a["counts"], thresholds=a["thresholds"],
                              n_tokens=int(s["n_tokens"]), n_texts=int(s["n_texts"]),

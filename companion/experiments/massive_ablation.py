@@ -15,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from companion._validation import check_int
-from companion.experiments import register
+from companion.experiments import check_result, register
 
 __all__ = ["MassiveAblationExperiment", "profile_of", "runs_of"]
 
 ARMS = ("none", "zero", "mean")
+#: The arrays that the accessors read from a Result.
+_ARRAYS = ("first_values", "median_abs", *(f"{k}_{arm}" for arm in ARMS for k in ("loss", "sink")))
 
 
 @register("massive_ablation", schema=1)
@@ -86,19 +88,6 @@ class MassiveAblationExperiment:
                 "emergence_layer": -1 if emerged is None else emerged, **m.facts()}
 
 
-def _check_result(result):
-    from companion.experiments import Result
-
-    if not isinstance(result, Result) or result.name != "massive_ablation":
-        raise TypeError(f"result must be a Result of the massive_ablation experiment, got "
-                        f"{getattr(result, 'name', type(result).__name__)!r}")
-    need = ["first_values", "median_abs"] + [f"{k}_{arm}" for arm in ARMS for k in ("loss", "sink")]
-    missing = [k for k in need if k not in result.arrays]
-    if missing:
-        raise ValueError(f"the Result lacks {missing}; recompute it with the current code")
-    return result
-
-
 def profile_of(result):
     """The :class:`companion.massive_activations.FirstTokenProfile` stored in a Result.
 
@@ -111,7 +100,7 @@ def profile_of(result):
     """
     from companion.massive_activations import FirstTokenProfile
 
-    r = _check_result(result)
+    r = check_result(result, "massive_ablation", _ARRAYS)
     return FirstTokenProfile(values=r.arrays["first_values"], median_abs=r.arrays["median_abs"],
                              channel=int(r.config["channel"]))
 
@@ -121,14 +110,12 @@ def runs_of(result) -> dict:
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``massive_ablation``.
-    ValueError
-        If an array is missing.
+    TypeError, ValueError
+        As :func:`profile_of`.
     """
     from companion.massive_activations import AblationRun
 
-    r = _check_result(result)
+    r = check_result(result, "massive_ablation", _ARRAYS)
     layer, channel = int(r.config["layer"]), int(r.config["channel"])
     values = {"none": None, "zero": 0.0, "mean": float(r.scalars["mean_value"])}
     return {arm: AblationRun(loss=r.arrays[f"loss_{arm}"], sink=r.arrays[f"sink_{arm}"],
