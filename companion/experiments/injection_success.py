@@ -62,8 +62,10 @@ __all__ = [
     "CONFIGS",
     "GROUPS",
     "NULL_GROUPS",
+    "concept_targets",
     "readout_sweep",
     "success_test",
+    "SuccessWindow",
     "success_table",
     "success_window",
     "effect_curve",
@@ -468,3 +470,426 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
         "effect_name": "kl_last" if causal else "embedding_change",
         "readout_positions": ("last", "later") if causal else ("embedding",),
     }
+
+
+# ============================================================================================
+# reading Results
+# ============================================================================================
+def _check_result(result) -> None:
+    if not isinstance(result, Result):
+        raise TypeError(f"expected a Result, got {type(result).__name__}")
+    if result.name != InjectionSuccessExperiment.experiment_name:
+        raise ValueError(f"expected an injection_success Result, got one of {result.name!r}")
+
+
+def _group(result, group: str) -> None:
+    if group not in result.scalars["groups"]:
+        raise ValueError(f"unknown group {group!r}; this Result has {result.scalars['groups']}")
+
+
+def _scale_index(result, group: str, scale) -> int:
+    from companion._validation import check_real
+
+    scale = check_real(scale, "scale", lo=0.0, lo_open=True)
+    given = np.asarray(result.arrays[f"{group}_scales"], dtype=np.float64)
+    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
+    if hit.size == 0:
+        raise ValueError(f"scale {scale} was not run for the {group} group; its scales are "
+                         f"{given.tolist()}")
+    return int(hit[0])
+
+
+def _readout(result, group: str, concept: str, position: str, scale) -> np.ndarray:
+    """Readout of ``concept`` under every direction of ``group``: ``[n_dir, n_inj, B]``."""
+    _group(result, group)
+    sc = result.scalars
+    if concept not in sc["concepts"]:
+        raise ValueError(f"unknown concept {concept!r}; this Result has {sc['concepts']}")
+    positions = sc["readout_positions"]
+    if position is None:
+        position = positions[0]
+    if position not in positions:
+        raise ValueError(f"position must be one of {positions}, got {position!r}")
+    s = _scale_index(result, group, scale)
+    r = result.arrays[f"{group}_readout"]
+    return r[:, :, s, sc["concepts"].index(concept), positions.index(position)]
+
+
+def success_test(concept_values, null_values, level: float = 0.95, quantile: float = 0.95,
+                 n_boot: int = 1000, seed: int = 0) -> dict:
+    r"""Does a readout under the concept vector beat the same readout under null directions?
+
+    Parameters
+    ----------
+    concept_values : array_like, shape ``[B]``
+        The readout of the concept, per prompt, when its own concept vector is injected.
+    null_values : array_like, shape ``[n_null, B]``
+        The same readout, on the same prompts, under each of ``n_null >= 2`` null directions
+        injected with the same magnitude.
+    level : float, default 0.95
+        Level of the bootstrap interval.
+    quantile : float, default 0.95
+        The null's quantile the concept must exceed.
+    n_boot : int, default 1000
+    seed : int, default 0
+
+    Returns
+    -------
+    dict
+        ``concept_mean`` (prompt mean :math:`\bar x_c`), ``null_mean`` (mean of the null prompt
+        means :math:`\bar x_j`), ``null_q`` (their ``quantile``), ``diff`` (mean over prompts
+        of :math:`x_c[b] - \operatorname{mean}_j x_j[b]`), ``diff_lo``, ``diff_hi`` (its
+        percentile bootstrap interval over prompts) and ``success``.
+
+    Raises
+    ------
+    TypeError
+        Non-real inputs or wrong argument types.
+    ValueError
+        Shapes that do not match, fewer than 2 prompts or nulls, NaN/inf, ``level`` or
+        ``quantile`` outside (0, 1).
+
+    Notes
+    -----
+    The rule: **success** if and only if (i) :math:`\bar x_c` is above the ``quantile`` (95th
+    percentile, linear interpolation, ``numpy.quantile``) of the null prompt means
+    :math:`\{\bar x_j\}`, and (ii) the percentile bootstrap interval (``n_boot`` resamples of
+    the prompts, seed ``seed``, at ``level``) of the paired difference
+    :math:`x_c[b] - \operatorname{mean}_j x_j[b]` lies entirely above 0.  (i) says the concept
+    vector does better than almost every direction of the null; (ii) that the advantage over
+    the null's mean is not an accident of the prompts.  The test is one-sided: a concept whose
+    readout falls fails.
+
+    Examples
+    --------
+    >>> g = np.random.default_rng(0)
+    >>> nulls = g.normal(0, 1, (16, 32))
+    >>> success_test(nulls[0] + 2.0, nulls[1:])["success"]
+    True
+    >>> success_test(nulls[0], nulls[1:])["success"]
+    False
+    """
+    from companion._validation import as_float64, check_int, check_real
+    from companion.massive_activations import bootstrap_interval
+
+    x = as_float64(concept_values, "concept_values")
+    y = as_float64(null_values, "null_values")
+    if x.ndim != 1 or x.size < 2:
+        raise ValueError(f"concept_values must have shape [B] with B >= 2, got {x.shape}")
+    if y.ndim != 2 or y.shape[1] != x.size or y.shape[0] < 2:
+        raise ValueError(f"null_values must have shape [n_null >= 2, {x.size}], got {y.shape}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("the readouts contain NaN or infinite values")
+    check_real(quantile, "quantile", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    seed = check_int(seed, "seed", 0)
+    q = float(np.quantile(y.mean(1), quantile))
+    diff, lo, hi = bootstrap_interval(x - y.mean(0), level=level, n_boot=n_boot,
+                                      rng=np.random.default_rng(seed))
+    xc = float(x.mean())
+    return dict(concept_mean=xc, null_mean=float(y.mean()), null_q=q, diff=float(diff),
+                diff_lo=float(lo), diff_hi=float(hi), success=bool(xc > q and lo > 0))
+
+
+def success_table(result, null: str = "random", position: str | None = None,
+                  level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> list[dict]:
+    """The success test of every concept at every injection layer and magnitude of a null group.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    null : {"random", "split", "subspace"}, default "random"
+        The null group; the magnitudes tested are those it ran (all ``scales`` for
+        ``random``, ``null_scale`` for the others).
+    position : str, optional
+        A readout position of the Result (``"last"`` or ``"later"`` for a causal LM,
+        ``"embedding"`` for an encoder); default the first.
+    level, n_boot, seed
+        As in :func:`success_test`.
+
+    Returns
+    -------
+    list of dict
+        One row per (concept, layer, scale): ``concept``, ``layer``, ``fraction``
+        (layer / L), ``scale``, ``null``, ``position`` and the keys of :func:`success_test`.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result.
+    ValueError
+        Another experiment's Result, an unknown null group or position, a null group with
+        fewer than two directions.
+
+    Examples
+    --------
+    >>> rows = success_table(stored[0])                    # doctest: +SKIP
+    >>> sum(r["success"] for r in rows)                   # doctest: +SKIP
+    """
+    _check_result(result)
+    if null not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
+    _group(result, null)
+    sc, a = result.scalars, result.arrays
+    L = int(sc["n_layers"])
+    rows = []
+    for ci, concept in enumerate(sc["concepts"]):
+        for scale in np.asarray(a[f"{null}_scales"]).tolist():
+            own = _readout(result, "concept", concept, position, scale)[ci]   # [n_inj, B]
+            nul = _readout(result, null, concept, position, scale)           # [n, n_inj, B]
+            for j, layer in enumerate(np.asarray(a["layers"]).tolist()):
+                t = success_test(own[j], nul[:, j], level=level, n_boot=n_boot, seed=seed)
+                rows.append(dict(concept=concept, layer=int(layer), fraction=layer / L,
+                                 scale=float(scale), null=null,
+                                 position=position or sc["readout_positions"][0], **t))
+    return rows
+
+
+@dataclass(frozen=True)
+class SuccessWindow:
+    """The injection layers where a concept's readout succeeds, with bootstrap edges.
+
+    Attributes
+    ----------
+    concept, null, position : str
+    scale : float
+    n_layers : int
+    layers : numpy.ndarray of int
+        The injection layers where :func:`success_test` succeeds (possibly empty).
+    first, last : int or None
+        Their smallest and largest (``None`` if empty).
+    first_ci, last_ci : tuple of float
+        Percentile bootstrap intervals of the edges over prompt resamples (NaN if no
+        resample succeeds anywhere).
+    p_empty : float
+        Fraction of resamples in which no layer succeeds.
+    n_boot : int
+    """
+
+    concept: str
+    null: str
+    position: str
+    scale: float
+    n_layers: int
+    layers: np.ndarray
+    first: int | None
+    last: int | None
+    first_ci: tuple
+    last_ci: tuple
+    p_empty: float
+    n_boot: int
+
+
+def success_window(result, concept: str, scale: float = 0.5, null: str = "random",
+                   position: str | None = None, level: float = 0.95, n_boot: int = 1000,
+                   seed: int = 0) -> SuccessWindow:
+    """The success window of one concept: where its readout beats the null, with edge intervals.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    concept : str
+    scale : float, default 0.5
+        A magnitude run by both the concept and the ``null`` group.
+    null, position, level, n_boot, seed
+        As in :func:`success_table`.
+
+    Returns
+    -------
+    SuccessWindow
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`success_table`; an unknown concept or a scale not run.
+
+    Notes
+    -----
+    The window is the *set* of tested injection layers where :func:`success_test` succeeds
+    (not forced to be contiguous); ``first`` and ``last`` are its edges.  Their intervals:
+    ``n_boot`` resamples of the prompts (seed ``seed``; the same resample for the concept and
+    every null, so the comparison stays paired); in each resample a layer succeeds when the
+    concept's prompt mean exceeds the null's 95th percentile (criterion (i) of
+    :func:`success_test`; (ii), a bootstrap inside the bootstrap, is left out of the
+    resamples), and the edges of that resample's set are recorded; the interval is their
+    ``(1 - level)/2`` and ``(1 + level)/2`` percentiles over the resamples with a non-empty set.
+
+    Examples
+    --------
+    >>> w = success_window(stored[0], "sea")              # doctest: +SKIP
+    >>> w.first, w.last, w.last_ci                        # doctest: +SKIP
+    """
+    from companion._validation import check_int, check_real
+
+    _check_result(result)
+    if null not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    seed = check_int(seed, "seed", 0)
+    sc, a = result.scalars, result.arrays
+    ci = sc["concepts"].index(concept) if concept in sc["concepts"] else None
+    own = _readout(result, "concept", concept, position, scale)[ci]          # [n_inj, B]
+    nul = _readout(result, null, concept, position, scale)                  # [n, n_inj, B]
+    if nul.shape[0] < 2:
+        raise ValueError(f"the {null} group has {nul.shape[0]} direction(s); a null needs two")
+    lay = np.asarray(a["layers"]).astype(int)
+    ok = np.array([success_test(own[j], nul[:, j], level=level, n_boot=n_boot,
+                                seed=seed)["success"] for j in range(lay.size)])
+    gen = np.random.default_rng(seed)
+    B = own.shape[-1]
+    idx = gen.integers(0, B, size=(n_boot, B))
+    xc = own[:, idx].mean(-1)                                                # [n_inj, n_boot]
+    xn = nul[:, :, idx].mean(-1)                                             # [n, n_inj, n_boot]
+    succ = xc > np.quantile(xn, 0.95, axis=0)                                # [n_inj, n_boot]
+    any_ = succ.any(0)
+    qs = [(1 - level) / 2, (1 + level) / 2]
+    if any_.any():
+        firsts = lay[np.argmax(succ[:, any_], axis=0)]
+        lasts = lay[lay.size - 1 - np.argmax(succ[::-1, any_], axis=0)]
+        first_ci = tuple(float(x) for x in np.quantile(firsts, qs))
+        last_ci = tuple(float(x) for x in np.quantile(lasts, qs))
+    else:
+        first_ci = last_ci = (float("nan"), float("nan"))
+    win = lay[ok]
+    return SuccessWindow(
+        concept=concept, null=null, position=position or sc["readout_positions"][0],
+        scale=float(scale), n_layers=int(sc["n_layers"]), layers=win,
+        first=int(win[0]) if win.size else None, last=int(win[-1]) if win.size else None,
+        first_ci=first_ci, last_ci=last_ci, p_empty=float(1 - any_.mean()), n_boot=n_boot)
+
+
+def effect_curve(result, group: str = "random", scale: float = 0.5, direction: int | None = None,
+                 level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The output effect (disruption) per injection layer, with a bootstrap band.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    group : str, default "random"
+        A direction group of the Result.
+    scale : float, default 0.5
+        A magnitude the group ran.
+    direction : int or None
+        One direction of the group (a band over prompts), or ``None``: the mean over the
+        group's directions (a band over prompts *and* directions, resampled independently).
+    level, n_boot, seed
+        As in :func:`success_test`.
+
+    Returns
+    -------
+    dict
+        ``layers``, ``fraction`` (layer / L), ``mean``, ``lo``, ``hi`` (each ``[n_inj]``),
+        ``effect_name``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Wrong types, another experiment's Result, an unknown group, scale or direction.
+
+    Examples
+    --------
+    >>> c = effect_curve(stored[0], "random", 0.5)        # doctest: +SKIP
+    """
+    from companion._validation import check_int, check_real
+
+    _check_result(result)
+    _group(result, group)
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    seed = check_int(seed, "seed", 0)
+    s = _scale_index(result, group, scale)
+    e = result.arrays[f"{group}_effect"][:, :, s]                           # [n_dir, n_inj, B]
+    if direction is not None:
+        direction = check_int(direction, "direction", 0)
+        if direction >= e.shape[0]:
+            raise ValueError(f"direction must be < {e.shape[0]}, got {direction}")
+        e = e[direction:direction + 1]
+    gen = np.random.default_rng(seed)
+    n_dir, _, B = e.shape
+    pi = gen.integers(0, B, size=(n_boot, B))
+    di = gen.integers(0, n_dir, size=(n_boot, n_dir)) if n_dir > 1 else np.zeros((n_boot, 1), int)
+    per_dir = e[:, :, pi].mean(-1)                                          # [n_dir, n_inj, n_boot]
+    boots = np.take_along_axis(per_dir, di.T[:, None, :], axis=0).mean(0)   # [n_inj, n_boot]
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2], axis=1)
+    lay = np.asarray(result.arrays["layers"]).astype(int)
+    return dict(layers=lay, fraction=lay / int(result.scalars["n_layers"]), mean=e.mean(axis=(0, 2)),
+                lo=lo, hi=hi, effect_name=result.scalars["effect_name"])
+
+
+def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict:
+    r"""Linear or saturated: the quadratic law checked per injection layer and magnitude.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    group : str, default "random"
+        A group that ran several magnitudes (``concept`` or ``random``).
+    thresholds : (float, float), default :data:`REGIME_THRESHOLDS`
+        ``(low, high)`` on the ratio of consecutive effects, for a magnitude step ``k`` the
+        quadratic law predicts ``k**2``; the thresholds are stated for ``k = 4`` and scaled
+        as ``k**2 / 16`` for another step.
+
+    Returns
+    -------
+    dict
+        ``layers``, ``scales``, ``ratio`` ``[n_inj, S - 1]`` (mean effect at ``scales[i+1]``
+        over mean effect at ``scales[i]``, means over directions and prompts), ``expected``
+        ``[S - 1]`` (the quadratic law's ratio), ``regime`` ``[n_inj, S]`` of str: for
+        ``scales[i+1]``, ``"linear"`` if the ratio is at least ``high``, ``"saturated"``
+        below ``low``, ``"transition"`` in between; for ``scales[0]``, ``"linear"`` if the
+        first ratio is at least ``high`` and ``"undetermined"`` otherwise; ``"no effect"``
+        where the effect is 0 (an injection at the last layer of a causal model).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Another experiment's Result, an unknown group, a group with one magnitude,
+        thresholds that are not ``0 < low <= high``.
+
+    Notes
+    -----
+    For small perturbations the KL divergence and :math:`1 - \cos` are quadratic in the
+    injected size (the chapter's quadratic law), so multiplying :math:`\alpha` by 4 multiplies
+    the effect by 16.  A ratio of 10 means a local exponent :math:`\log_4 10 = 1.66`, a ratio
+    of 6 an exponent of 1.29: the effect grows clearly slower than quadratically.
+
+    Examples
+    --------
+    >>> regimes(stored[0])["regime"][3]                   # doctest: +SKIP
+    """
+    _check_result(result)
+    _group(result, group)
+    try:
+        low, high = (float(t) for t in thresholds)
+    except (TypeError, ValueError):
+        raise TypeError(f"thresholds must be two numbers, got {thresholds!r}") from None
+    if not 0 < low <= high:
+        raise ValueError(f"thresholds must satisfy 0 < low <= high, got {thresholds!r}")
+    scales = np.asarray(result.arrays[f"{group}_scales"], dtype=np.float64)
+    if scales.size < 2:
+        raise ValueError(f"the {group} group ran one magnitude; the regime needs two or more")
+    e = result.arrays[f"{group}_effect"].mean(axis=(0, 3))                  # [n_inj, S]
+    expected = (scales[1:] / scales[:-1]) ** 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = e[:, 1:] / e[:, :-1]
+    lo_t, hi_t = low * expected / 16, high * expected / 16
+    reg = np.empty(e.shape, dtype=object)
+    for j in range(e.shape[0]):
+        for i in range(scales.size):
+            if e[j, i] == 0:
+                reg[j, i] = "no effect"
+                continue
+            if i == 0:
+                r, h = ratio[j, 0], hi_t[0]
+                reg[j, i] = "linear" if r >= h else "undetermined"
+                continue
+            r = ratio[j, i - 1]
+            reg[j, i] = ("linear" if r >= hi_t[i - 1] else
+                         "saturated" if r < lo_t[i - 1] else "transition")
+    return dict(layers=np.asarray(result.arrays["layers"]).astype(int), scales=scales,
+                ratio=ratio, expected=expected, regime=reg.astype(str))
