@@ -36,6 +36,14 @@ random_unit_vectors, random_direction
     orthogonal to the all-ones vector (for the stacks' LayerNorm analysis).
 typical_norms
     Median residual norm per layer over chosen positions (to scale injections relatively).
+typical_spreads, stream_means
+    The centred spread sqrt(mean ||h_l - mu_l||^2) and the mean mu_l of the stream per layer
+    (a magnitude unit and a centre that the few mean-dominated channels do not dominate).
+concept_token_ids
+    The first token of each positive word of a word concept (its output readout).
+split_null_vectors, subspace_random_vectors
+    Null directions for concept vectors: differences of means between random halves of one
+    word pool; random directions inside the top principal subspace of the stream.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import numpy as np
 import torch
 
 from companion import models, probes
-from companion._validation import check_int, check_texts
+from companion._validation import as_generator, check_int, check_texts
 
 __all__ = [
     "GROUPS",
@@ -59,6 +67,11 @@ __all__ = [
     "random_unit_vectors",
     "random_direction",
     "typical_norms",
+    "typical_spreads",
+    "stream_means",
+    "concept_token_ids",
+    "split_null_vectors",
+    "subspace_random_vectors",
 ]
 
 #: Names of the position groups, in the order used along the ``group`` axis of every result.
@@ -98,17 +111,45 @@ class ConceptSet:
                 [self.template.format(w) for w in self.negative])
 
 
+#: The neutral baseline words of every word concept.
+_NEUTRAL_WORDS = ("table", "pencil", "idea", "window", "number", "carpet", "ladder", "button",
+                  "letter", "garden", "minute", "bottle")
+
 #: The concept sets used by the chapter.  ``"sea"`` follows the word protocol of
 #: :cite:t:`hahami2025disturbance` (a concept's words against neutral baseline words, read at
-#: the last token of a short request); ``"joy"`` the sentence protocol (mean over the tokens of
+#: the last token of a short request), and ``"fire"``, ``"music"`` and ``"food"`` follow it with
+#: the same template and neutral words; ``"joy"`` the sentence protocol (mean over the tokens of
 #: cheerful minus sorrowful sentences).  The texts were written for this book.
 CONCEPTS: dict[str, ConceptSet] = {
     "sea": ConceptSet(
         name="sea",
         positive=("ocean", "sea", "waves", "tide", "sailor", "harbour", "ship", "coral",
                   "whale", "beach", "anchor", "seagull"),
-        negative=("table", "pencil", "idea", "window", "number", "carpet", "ladder", "button",
-                  "letter", "garden", "minute", "bottle"),
+        negative=_NEUTRAL_WORDS,
+        template="Tell me about the {}",
+        pool="last",
+    ),
+    "fire": ConceptSet(
+        name="fire",
+        positive=("fire", "flame", "smoke", "ash", "candle", "spark", "blaze", "heat", "ember",
+                  "torch", "furnace", "fireplace"),
+        negative=_NEUTRAL_WORDS,
+        template="Tell me about the {}",
+        pool="last",
+    ),
+    "music": ConceptSet(
+        name="music",
+        positive=("music", "song", "piano", "guitar", "melody", "drum", "violin", "singer",
+                  "rhythm", "concert", "choir", "trumpet"),
+        negative=_NEUTRAL_WORDS,
+        template="Tell me about the {}",
+        pool="last",
+    ),
+    "food": ConceptSet(
+        name="food",
+        positive=("food", "bread", "cheese", "soup", "apple", "rice", "butter", "meat", "cake",
+                  "pasta", "salad", "sandwich"),
+        negative=_NEUTRAL_WORDS,
         template="Tell me about the {}",
         pool="last",
     ),
@@ -324,6 +365,22 @@ class ConceptVectors:
     pool: str
 
 
+def _pooled(m, texts, pool, skip_first, max_length) -> torch.Tensor:
+    """Per-text pooled residual stream ``[L+1, len(texts), d]`` (float64, CPU)."""
+    enc, _, real, special = _encode_with_offsets(m, texts, max_length)
+    content = _content_mask(m, real, special, skip_first)
+    if not content.any(dim=1).all():
+        row = int(torch.nonzero(~content.any(dim=1))[0, 0])
+        raise ValueError(f"text {texts[row]!r} has no content token; use longer texts")
+    h = probes.residual_stream(m, dict(enc)).to("cpu", torch.float64)  # [L+1, B, T, d]
+    if pool == "last":
+        idx = torch.arange(content.shape[1]).expand_as(content)
+        last = torch.where(content, idx, torch.full_like(idx, -1)).max(dim=1).values
+        return h[:, torch.arange(h.shape[1]), last]  # [L+1, B, d]
+    w = content.to(torch.float64)
+    return (h * w[None, :, :, None]).sum(2) / w.sum(1)[None, :, None]
+
+
 def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "concept",
                     skip_first: bool | None = None, max_length: int | None = None) -> ConceptVectors:
     r"""Difference of mean activations between two sets of texts, at every layer.
@@ -381,22 +438,7 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
         raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
     pos = check_texts(positive, "positive")
     neg = check_texts(negative, "negative")
-    means = []
-    for texts in (pos, neg):
-        enc, _, real, special = _encode_with_offsets(m, texts, max_length)
-        content = _content_mask(m, real, special, skip_first)
-        if not content.any(dim=1).all():
-            row = int(torch.nonzero(~content.any(dim=1))[0, 0])
-            raise ValueError(f"text {texts[row]!r} has no content token; use longer texts")
-        h = probes.residual_stream(m, dict(enc)).to("cpu", torch.float64)  # [L+1, B, T, d]
-        if pool == "last":
-            idx = torch.arange(content.shape[1]).expand_as(content)
-            last = torch.where(content, idx, torch.full_like(idx, -1)).max(dim=1).values
-            per_text = h[:, torch.arange(h.shape[1]), last]  # [L+1, B, d]
-        else:
-            w = content.to(torch.float64)
-            per_text = (h * w[None, :, :, None]).sum(2) / w.sum(1)[None, :, None]
-        means.append(per_text.mean(1))
+    means = [_pooled(m, texts, pool, skip_first, max_length).mean(1) for texts in (pos, neg)]
     diff = (means[0] - means[1]).numpy()
     norm = np.linalg.norm(diff, axis=-1)
     if np.any(norm == 0):
@@ -540,3 +582,285 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
     if mean_zero:
         v -= v.mean()
     return v / np.linalg.norm(v)
+
+
+# --------------------------------------------------------------------------------------------
+# centred magnitudes, output readouts and null directions (the injection_success experiment)
+# --------------------------------------------------------------------------------------------
+def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
+    h = _to_numpy(stream, "stream")
+    mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    if mk.dtype != np.bool_:
+        raise TypeError(f"mask must be boolean, got dtype {mk.dtype}")
+    if h.ndim != 4 or mk.shape != h.shape[1:3]:
+        raise ValueError("stream must be [L+1, batch, tokens, d] and mask [batch, tokens]; "
+                         f"got {h.shape} and {mk.shape}")
+    if not mk.any():
+        raise ValueError("mask selects no position")
+    return h[:, mk], mk  # [L+1, n_selected, d]
+
+
+def stream_means(stream, mask) -> np.ndarray:
+    r"""Mean residual state per layer over the selected positions, :math:`\mu_\ell`.
+
+    Parameters
+    ----------
+    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
+
+    Returns
+    -------
+    numpy.ndarray, shape ``[L+1, d]``
+        The centre of :func:`typical_spreads` and of the centred metrics of
+        :func:`companion.engine.track_injection` (``centre=``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`typical_norms`.
+
+    Examples
+    --------
+    >>> h = np.zeros((1, 1, 2, 2)); h[0, 0, :, 0] = [1.0, 3.0]
+    >>> stream_means(h, np.ones((1, 2), bool)).tolist()
+    [[2.0, 0.0]]
+    """
+    sel, _ = _stream_and_mask(stream, mask)
+    return sel.mean(axis=1)
+
+
+def typical_spreads(stream, mask) -> np.ndarray:
+    r"""Centred spread of the stream per layer: :math:`s_\ell = \sqrt{\operatorname{mean}_i
+    \|h_\ell[i] - \mu_\ell\|^2}` over the selected positions.
+
+    Parameters
+    ----------
+    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
+        Positions to include (e.g. ``InjectionPrompts.injected``); at least two.
+
+    Returns
+    -------
+    numpy.ndarray, shape ``[L+1]``
+        :math:`s_\ell`, with :math:`\mu_\ell` the mean over the same positions
+        (:func:`stream_means`).
+
+    Raises
+    ------
+    TypeError
+        If ``mask`` is not boolean or the stream is not real.
+    ValueError
+        If the shapes do not match, the mask selects fewer than two positions, the stream is
+        not finite, or a layer has zero spread (all selected states equal).
+
+    Notes
+    -----
+    In SmolLM2 the typical norm :math:`n_\ell` of :func:`typical_norms` is dominated by a few
+    channels whose value is nearly the same at every token (their mean is large, their spread
+    small), so :math:`\alpha n_\ell` says little about how far an injection moves a token
+    compared with how far tokens differ from one another.  :math:`s_\ell` removes the shared
+    mean: it is the root-mean-square distance of a token's state from the average state, the
+    unit in which ``c = alpha * s_l`` compares an injection with the natural variation of the
+    stream.
+
+    Examples
+    --------
+    >>> h = np.zeros((1, 1, 2, 2)); h[0, 0, :, 0] = [1.0, 3.0]; h[0, 0, :, 1] = 100.0
+    >>> typical_spreads(h, np.ones((1, 2), bool)).tolist()
+    [1.0]
+    """
+    sel, mk = _stream_and_mask(stream, mask)
+    if int(mk.sum()) < 2:
+        raise ValueError("mask must select at least two positions to measure a spread")
+    centred = sel - sel.mean(axis=1, keepdims=True)
+    out = np.sqrt(np.mean(np.sum(centred**2, axis=-1), axis=1))
+    if np.any(out == 0):
+        raise ValueError(f"the selected states are identical at layers {np.nonzero(out == 0)[0].tolist()}")
+    return out
+
+
+def _word_concept(concept) -> ConceptSet:
+    if isinstance(concept, str):
+        if concept not in CONCEPTS:
+            raise ValueError(f"unknown concept {concept!r}; choose from {sorted(CONCEPTS)}")
+        concept = CONCEPTS[concept]
+    if not isinstance(concept, ConceptSet):
+        raise TypeError(f"concept must be a name of CONCEPTS or a ConceptSet, got {type(concept).__name__}")
+    if concept.template is None:
+        raise ValueError(f"concept {concept.name!r} is a sentence concept; this needs a word concept "
+                         "(a template with words, e.g. 'sea')")
+    return concept
+
+
+def concept_token_ids(m, concept) -> np.ndarray:
+    """Token ids whose next-token probability reads a word concept at the output.
+
+    Parameters
+    ----------
+    m : LoadedModel
+        A causal language model.
+    concept : str or ConceptSet
+        A word concept (e.g. ``"sea"``).
+
+    Returns
+    -------
+    numpy.ndarray of int
+        The first token id of ``" " + word`` for each positive word, deduplicated, in the
+        order of the words.
+
+    Raises
+    ------
+    TypeError
+        If ``m`` is not a LoadedModel or ``concept`` not a name or ConceptSet.
+    ValueError
+        If ``m`` is an encoder without a next-token head, the concept is unknown or a
+        sentence concept.
+
+    Notes
+    -----
+    ``log P(concept) = logsumexp_w log p(w)`` over these ids is the readout of the
+    injection_success experiment.  A word split into several tokens contributes its first
+    token (e.g. a prefix shared with other words), which is the token whose probability the
+    model must raise to start the word.
+
+    Examples
+    --------
+    >>> ids = concept_token_ids(models.load("smollm2-135m"), "sea")   # doctest: +SKIP
+    """
+    models.check_model(m)
+    if m.kind != "causal-lm":
+        raise ValueError(f"{m.name} is an encoder without a next-token head: concept token ids are "
+                         "read at the output of a causal LM (use smollm2-135m)")
+    c = _word_concept(concept)
+    ids = []
+    for w in c.positive:
+        tok = m.tokenizer(" " + w, add_special_tokens=False)["input_ids"]
+        if tok and tok[0] not in ids:
+            ids.append(int(tok[0]))
+    return np.asarray(ids, dtype=np.int64)
+
+
+def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = None,
+                       max_length: int | None = None) -> np.ndarray:
+    r"""Null concept vectors: difference of means between two random halves of one word pool.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    concept : str or ConceptSet
+        A word concept; its pool is ``positive + negative`` (24 words for ``"sea"``).
+    n : int
+        Number of null vectors (>= 1).
+    rng : None, int or numpy.random.Generator
+        The random halves (default seed 0).
+    skip_first, max_length
+        As in :func:`concept_vectors`.
+
+    Returns
+    -------
+    numpy.ndarray, shape ``[L+1, n, d]``
+        Unit vectors: null ``j`` at layer ``l`` is
+        :math:`(ar h_\ell(A_j) - ar h_\ell(B_j))/\|\cdot\|` for a random split
+        :math:`A_j \cup B_j` of the pool into halves, read like :func:`concept_vectors`.
+
+    Raises
+    ------
+    TypeError
+        Wrong argument types.
+    ValueError
+        ``n < 1``, an unknown or sentence concept, or a split with equal means.
+
+    Notes
+    -----
+    A concept vector is a difference of two means of 12 words each; part of it is sampling
+    noise of that construction (which words were chosen), and part of it the direction along
+    which "a specific noun follows 'Tell me about the'" differs from average.  A split of the
+    same pool into random halves has the same construction and the same token statistics but
+    no concept: its readout is the level a concept vector must beat.
+
+    Examples
+    --------
+    >>> null = split_null_vectors(m, "sea", 8, np.random.default_rng(1))   # doctest: +SKIP
+    >>> null.shape                                                        # doctest: +SKIP
+    (31, 8, 576)
+    """
+    models.check_model(m)
+    c = _word_concept(concept)
+    n = check_int(n, "n", 1)
+    gen = as_generator(0 if rng is None else rng)
+    if skip_first is None:
+        skip_first = _default_skip_first(m)
+    if not isinstance(skip_first, bool):
+        raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
+    pos, neg = c.texts()
+    per_text = _pooled(m, pos + neg, c.pool, skip_first, max_length).numpy()  # [L+1, N, d]
+    N = per_text.shape[1]
+    out = np.empty((per_text.shape[0], n, per_text.shape[2]))
+    for j in range(n):
+        perm = gen.permutation(N)
+        a, b = perm[: N // 2], perm[N // 2 : 2 * (N // 2)]
+        diff = per_text[:, a].mean(1) - per_text[:, b].mean(1)
+        norm = np.linalg.norm(diff, axis=-1)
+        if np.any(norm == 0):
+            raise ValueError("a random split has identical means; use a larger pool")
+        out[:, j] = diff / norm[:, None]
+    return out
+
+
+def subspace_random_vectors(stream, mask, k: int, n: int, rng=None) -> np.ndarray:
+    r"""Random unit directions inside the top-``k`` principal subspace of the centred stream.
+
+    Parameters
+    ----------
+    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
+        The positions whose states define the subspace (e.g. the injected ones).
+    k : int
+        Dimension of the subspace, ``1 <= k <= min(d, number of selected positions - 1)``.
+    n : int
+        Number of vectors (>= 1).
+    rng : None, int or numpy.random.Generator
+        Default seed 0.
+
+    Returns
+    -------
+    numpy.ndarray, shape ``[L+1, n, d]``
+        At each layer, ``n`` unit vectors :math:`U_k g / \|g\|` with :math:`U_k` the top-``k``
+        right singular vectors of the centred states :math:`h_\ell[i] - \mu_\ell` and ``g``
+        standard Gaussian in :math:`\mathbb R^k` (uniform on the unit sphere of the subspace).
+
+    Raises
+    ------
+    TypeError
+        If ``mask`` is not boolean, ``k``/``n`` are not integers or ``rng`` is invalid.
+    ValueError
+        Shapes that do not match, ``k`` out of range, ``n < 1``, a stream that is not finite.
+
+    Notes
+    -----
+    A direction uniform on the sphere of :math:`\mathbb R^d` is almost orthogonal to the few
+    directions along which real states vary, so the model may simply ignore it; a concept
+    vector lies partly in that subspace.  Random directions inside the top principal subspace
+    are the null that shares this property without carrying a concept.
+
+    Examples
+    --------
+    >>> h = np.random.default_rng(0).standard_normal((2, 1, 20, 6))
+    >>> subspace_random_vectors(h, np.ones((1, 20), bool), k=2, n=3).shape
+    (2, 3, 6)
+    """
+    sel, mk = _stream_and_mask(stream, mask)
+    k = check_int(k, "k", 1)
+    n = check_int(n, "n", 1)
+    gen = as_generator(0 if rng is None else rng)
+    n_pos, d = sel.shape[1], sel.shape[2]
+    if k > min(d, n_pos - 1):
+        raise ValueError(f"k must be <= min(d, selected positions - 1) = {min(d, n_pos - 1)}, got {k}")
+    out = np.empty((sel.shape[0], n, d))
+    for layer in range(sel.shape[0]):
+        x = sel[layer] - sel[layer].mean(0)
+        _, _, vt = np.linalg.svd(x, full_matrices=False)
+        g = gen.standard_normal((n, k))
+        v = g @ vt[:k]
+        out[layer] = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out

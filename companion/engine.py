@@ -751,7 +751,7 @@ def _check_scales(scales) -> np.ndarray:
 
 
 def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, relative: bool = True,
-                    norms=None, max_batch_tokens: int = 16384) -> SweepResult:
+                    norms=None, max_batch_tokens: int = 16384, centre=None) -> SweepResult:
     r"""Inject ``c * v_hat`` at each layer and magnitude; measure every layer and the output.
 
     Parameters
@@ -770,9 +770,17 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         otherwise they are the absolute length :math:`c`.
     relative : bool, default True
     norms : array_like, shape ``[L+1]``, optional
-        Typical norms to use; computed from a baseline run of ``prompts`` when omitted.
+        The magnitude unit per layer (``c = alpha * norms[l]``): default the typical norms
+        :math:`n_\ell` of a baseline run of ``prompts``; pass
+        :func:`companion.directions.typical_spreads` to scale by the centred spread
+        :math:`s_\ell` instead.
     max_batch_tokens : int, default 16384
         Passed to :func:`injection_sweep` (memory bound per block call).
+    centre : array_like, shape ``[L+1, d]``, optional
+        A mean stream :math:`\mu_\ell` (:func:`companion.directions.stream_means`): the metrics
+        ``relative_size``, ``cos_inj_base`` and ``norm_ratio`` are then computed on
+        :math:`h - \mu_\ell` (:func:`companion.perturbation.perturbation_metrics`); the
+        projection and the distance do not change.  Default ``None``: uncentred.
 
     Returns
     -------
@@ -790,7 +798,8 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         Wrong argument types.
     ValueError
         Layers outside ``[0, L]``, not increasing; a direction of the wrong shape or zero;
-        non-positive scales; ``norms`` of the wrong shape or non-positive; injected vectors
+        non-positive scales; ``norms`` of the wrong shape or non-positive; ``centre`` of the
+        wrong shape or not finite; injected vectors
         beyond the range of the model's dtype.
 
     Notes
@@ -827,6 +836,10 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     norms = real_array("norms", norms)
     if norms.shape != (L + 1,) or np.any(norms <= 0):
         raise ValueError(f"norms must be {L + 1} positive numbers (one per layer), got shape {norms.shape}")
+    if centre is not None:
+        centre = real_array("centre", centre)
+        if centre.shape != (L + 1, d):
+            raise ValueError(f"centre must have shape [L+1, d] = {(L + 1, d)}, got {centre.shape}")
     factor = norms[lay] if relative else np.ones(len(lay))
     coefficient = factor[:, None] * sc[None, :]
 
@@ -847,7 +860,8 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]
         cond = conditions.cpu()
         v = unit[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
-        met = pt.perturbation_metrics(hb64, hi64, v)
+        met = pt.perturbation_metrics(hb64, hi64, v,
+                                      None if centre is None else centre[layer][None])
         if layer == L:
             row = hi[:, last] if causal else (hi * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
             rows[cond[:, 0], cond[:, 1]] = row  # [K, B, d]: last token (causal) or mean-pooled state

@@ -102,7 +102,7 @@ _SAFE_MIN, _SAFE_MAX = 1e-150, 1e150
 # --------------------------------------------------------------------------------------------
 # metrics over a stream pair
 # --------------------------------------------------------------------------------------------
-def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
+def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     r"""Per-layer metrics of the difference between an injected and a baseline run.
 
     Parameters
@@ -137,6 +137,14 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
             :math:`\|h_{inj}\|/\|h_{base}\|`; NaN where :math:`h_{base} = 0`.
 
         The keys are listed in :data:`METRIC_NAMES`.
+
+    centre : array_like, shape ``[L+1, d]``, optional
+        A centre :math:`\mu_\ell` per layer (e.g. :func:`companion.directions.stream_means`).
+        When given, ``relative_size``, ``cos_inj_base`` and ``norm_ratio`` are computed on the
+        centred states :math:`h - \mu_\ell` (:math:`\|\delta\|/\|h_{base} - \mu\|`,
+        :math:`\cos(h_{inj} - \mu, h_{base} - \mu)`, :math:`\|h_{inj} - \mu\|/\|h_{base} - \mu\|`);
+        ``projection``, ``cos_delta_v`` and ``delta_norm`` do not depend on a centre.  Default
+        ``None``: uncentred, as before.
 
     Raises
     ------
@@ -206,6 +214,12 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
     v_hat, zero = unit_vectors(vv)
     if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
+    mu = None
+    if centre is not None:
+        mu = as_float64(centre, "centre")
+        if mu.shape != (shape[0], shape[-1]):
+            raise ValueError(f"centre must have shape [L+1, d] = {(shape[0], shape[-1])}, got {mu.shape}")
+        check_finite(mu, "centre")
 
     out = {k: np.empty(shape[:-1], dtype=np.float64) for k in METRIC_NAMES}
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -215,6 +229,9 @@ def perturbation_metrics(base, inj, v) -> dict[str, np.ndarray]:
             check_finite(hb, f"base[{layer}]")
             check_finite(hi, f"inj[{layer}]")
             delta = hi - hb
+            if mu is not None:  # centred states for the size and angle to the baseline
+                hb = hb - mu[layer]
+                hi = hi - mu[layer]
             proj = np.sum(delta * v_hat, axis=-1)
             dn = np.linalg.norm(delta, axis=-1)
             bn = np.linalg.norm(hb, axis=-1)

@@ -27,11 +27,11 @@ import numpy as np
 from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["band", "channel_points", "count_comparison", "counts", "depth_axis", "depth_colours",
+           "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
            "effect_profiles", "finish", "grouped_bars", "interval_errorbars", "layer_profiles",
-           "partial_dot_curves", "quantization_error_scatter", "scheme_bars", "seed_bands",
-           "seed_points", "table", "tail_curves", "window_edges",
-           "ln_rule_scatter",
-           "sublayer_cumulative"]
+           "ln_rule_scatter", "partial_dot_curves", "quantization_error_scatter",
+           "readout_against_null", "scheme_bars", "seed_bands", "seed_points",
+           "sublayer_cumulative", "success_window_rows", "table", "tail_curves", "window_edges"]
 
 
 def _check_axes(ax):
@@ -650,7 +650,7 @@ def seed_bands(ax, x, values, labels, *, level: float = 0.95, colors=None):
     return lines
 
 
-# --- injmech ---
+# --- injection: sublayer attribution and the LayerNorm rule ---
 def _attribution(a, name: str = "attribution"):
     from companion.attribution import Attribution
 
@@ -760,12 +760,9 @@ def sublayer_cumulative(ax, attribution, directions: dict, group: str = "injecte
 
 
 
-# --- cleanup ---
+# --- depth study ---
 # Figures of a stored depth_study Result (book/depth_study.ipynb): one panel per placement or
 # per statistic, the members coloured by depth.
-__all__ += ["depth_training_curves"]
-__all__ += ["depth_stream_growth"]
-__all__ += ["depth_outlier_statistics"]
 
 _PLACEMENT_NAMES = {"pre": "Pre-LN", "post": "Post-LN", "dslm": "DSLM Post-LN"}
 
@@ -890,3 +887,105 @@ def depth_outlier_statistics(result):
     axes[2].legend(fontsize=7)
     finish(fig, f"Outlier statistics against depth at width {d_model} ({hw})")
     return fig, axes
+
+
+# --- injection: concept readouts against nulls ---
+def readout_against_null(ax, x, concept, null_mean, null_q, success=None, *, color=None,
+                         label=None):
+    """A concept's output readout per injection layer against its null level.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    x : array_like, shape (K,)
+        Injection layers (or layer / L).
+    concept : array_like, shape (K,)
+        The readout under the concept vector (prompt mean).
+    null_mean, null_q : array_like, shape (K,)
+        The mean and the 95th percentile of the same readout under the null directions;
+        drawn as a dashed line and a shaded band from the null's mean to its percentile.
+    success : array_like of bool, shape (K,), optional
+        Layers where the success test holds: drawn as filled markers, the others open.
+    color, label
+        Of the concept's curve.
+
+    Returns
+    -------
+    matplotlib.lines.Line2D
+        The concept's curve.
+
+    Raises
+    ------
+    TypeError
+        If ``ax`` is not an Axes.
+    ValueError
+        Arrays of different lengths.
+    """
+    _check_axes(ax)
+    xs = _vector(x, "x")
+    c, m, q = (_vector(v, n, xs.size) for v, n in ((concept, "concept"), (null_mean, "null_mean"),
+                                                   (null_q, "null_q")))
+    ok = np.ones(xs.size, bool) if success is None else np.asarray(success, dtype=bool)
+    if ok.shape != xs.shape:
+        raise ValueError(f"success must have {xs.size} entries, got shape {ok.shape}")
+    (line,) = ax.plot(xs, c, "-", color=color, label=label)
+    col = line.get_color()
+    ax.plot(xs[ok], c[ok], "o", color=col, ms=4)
+    ax.plot(xs[~ok], c[~ok], "o", mfc="none", color=col, ms=4)
+    ax.plot(xs, m, "--", color=col, lw=0.8)
+    ax.fill_between(xs, m, q, color=col, alpha=0.15, lw=0)
+    return line
+
+
+def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers):
+    """One row per case: the injection layers where success holds, and the edges' intervals.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    labels : sequence of str
+        One per row (e.g. ``"sea, random null"``).
+    layers : array_like of int
+        Every tested injection layer (drawn as small grey ticks).
+    windows : sequence of array_like of int
+        Per row, the layers where the test succeeds (drawn as filled dots).
+    first_ci, last_ci : array_like, shape (rows, 2)
+        Per row, the bootstrap interval of the first and the last edge (NaN: none).
+    n_layers : int
+        Depth ``L``; the abscissa is layer / L.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    TypeError
+        If ``ax`` is not an Axes or ``n_layers`` not an integer.
+    ValueError
+        Inputs of inconsistent lengths.
+    """
+    _check_axes(ax)
+    L = check_int(n_layers, "n_layers", 1)
+    if isinstance(labels, str) or not all(isinstance(s, str) for s in labels):
+        raise ValueError("labels must be a sequence of strings")
+    rows = len(labels)
+    if len(windows) != rows:
+        raise ValueError(f"windows must have {rows} entries, got {len(windows)}")
+    fci, lci = as_float64(first_ci, "first_ci"), as_float64(last_ci, "last_ci")
+    if fci.shape != (rows, 2) or lci.shape != (rows, 2):
+        raise ValueError(f"first_ci and last_ci must have shape ({rows}, 2)")
+    lay = _vector(layers, "layers") / L
+    for k in range(rows):
+        y = rows - 1 - k
+        ax.plot(lay, np.full(lay.size, y), "|", color="0.7", ms=6)
+        w = np.asarray(windows[k], dtype=float) / L
+        ax.plot(w, np.full(w.size, y), "o", color=f"C{k % 10}", ms=5)
+        for ci, yy in ((fci[k], y + 0.18), (lci[k], y - 0.18)):
+            if np.all(np.isfinite(ci)):
+                ax.plot(ci / L, [yy, yy], "-", color=f"C{k % 10}", lw=2.5, alpha=0.6,
+                        solid_capstyle="butt")
+    ax.set_yticks(np.arange(rows)[::-1], list(labels))
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_xlabel(r"injection layer $\ell / L$")
+    return ax

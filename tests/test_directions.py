@@ -536,3 +536,141 @@ def test_track_injection_scales_beyond_the_model_dtype(minilm):
     d = dr.random_unit_vectors(minilm.d_model, 1, np.random.default_rng(3))[0]
     with pytest.raises(ValueError, match="torch.float32"):
         engine.track_injection(minilm, p, [1], d, [1e39], relative=False)
+
+
+# ============================================================================================
+# centred spreads, readout tokens and null directions (issue 14)
+# ============================================================================================
+def test_typical_spreads_and_means_closed_form():
+    h = np.zeros((2, 1, 3, 2))
+    h[0, 0, :, 0] = [1.0, 2.0, 3.0]
+    h[0, 0, :, 1] = 50.0                     # a shared offset: no spread
+    h[1, 0, :, :] = [[1.0, 0.0], [-1.0, 0.0], [7.0, 7.0]]
+    mask = np.array([[True, True, False]])
+    np.testing.assert_allclose(dr.stream_means(h, mask), [[1.5, 50.0], [0.0, 0.0]])
+    np.testing.assert_allclose(dr.typical_spreads(h, mask), [0.5, 1.0])
+    np.testing.assert_allclose(dr.typical_spreads(torch.tensor(h), torch.tensor(mask)), [0.5, 1.0])
+    # a random stream: s^2 = mean squared norm - squared norm of the mean
+    g = np.random.default_rng(0).standard_normal((3, 2, 5, 4)) + 3.0
+    full = np.ones((2, 5), bool)
+    sel = g.reshape(3, 10, 4)
+    want = np.mean(np.sum(sel**2, -1), 1) - np.sum(sel.mean(1) ** 2, -1)
+    np.testing.assert_allclose(dr.typical_spreads(g, full) ** 2, want, rtol=1e-12)
+    assert np.all(dr.typical_spreads(g, full) < dr.typical_norms(g, full))
+
+
+def test_typical_spreads_errors():
+    h = np.ones((2, 1, 3, 4))
+    with pytest.raises(TypeError, match="boolean"):
+        dr.typical_spreads(h, np.ones((1, 3)))
+    with pytest.raises(ValueError, match="mask"):
+        dr.typical_spreads(h, np.ones((2, 3), bool))
+    with pytest.raises(ValueError, match="no position"):
+        dr.stream_means(h, np.zeros((1, 3), bool))
+    with pytest.raises(ValueError, match="two positions"):
+        dr.typical_spreads(h, np.array([[True, False, False]]))
+    with pytest.raises(ValueError, match="identical"):
+        dr.typical_spreads(h, np.ones((1, 3), bool))
+    with pytest.raises(ValueError, match="NaN"):
+        dr.stream_means(np.full((2, 1, 3, 4), np.nan), np.ones((1, 3), bool))
+
+
+def test_subspace_random_vectors_lie_in_the_principal_subspace():
+    g = np.random.default_rng(1)
+    # states = mean + 3 strong directions + weak noise
+    basis = np.linalg.qr(g.standard_normal((12, 3)))[0].T          # [3, 12]
+    coef = g.standard_normal((2, 1, 40, 3)) * [10.0, 8.0, 6.0]
+    h = coef @ basis + 0.01 * g.standard_normal((2, 1, 40, 12)) + 5.0
+    mask = np.ones((1, 40), bool)
+    v = dr.subspace_random_vectors(h, mask, k=3, n=50, rng=np.random.default_rng(2))
+    assert v.shape == (2, 50, 12)
+    np.testing.assert_allclose(np.linalg.norm(v, axis=-1), 1.0, rtol=1e-12)
+    outside = v - (v @ basis.T) @ basis                              # residual off the span
+    assert np.abs(outside).max() < 1e-2
+    np.testing.assert_array_equal(v, dr.subspace_random_vectors(h, mask, 3, 50, 2))
+    with pytest.raises(ValueError, match="k must be"):
+        dr.subspace_random_vectors(h, mask, k=40, n=1)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        dr.subspace_random_vectors(h, mask, k=2, n=0)
+    with pytest.raises(TypeError, match="integer"):
+        dr.subspace_random_vectors(h, mask, k=2.5, n=1)
+    with pytest.raises(TypeError, match="rng"):
+        dr.subspace_random_vectors(h, mask, k=2, n=1, rng="seed")
+
+
+def test_new_word_concepts_share_the_sea_protocol():
+    sea = dr.CONCEPTS["sea"]
+    for name in ("fire", "music", "food"):
+        c = dr.CONCEPTS[name]
+        assert c.template == sea.template and c.negative == sea.negative and c.pool == "last"
+        assert len(c.positive) == 12 and all(w.isalpha() for w in c.positive)
+
+
+@pytest.mark.slow
+def test_concept_token_ids(smol, minilm):
+    ids = dr.concept_token_ids(smol, "music")
+    assert len(ids) == len(set(ids.tolist())) <= 12
+    assert smol.tokenizer.decode([int(ids[0])]) == " music"
+    np.testing.assert_array_equal(ids, dr.concept_token_ids(smol, dr.CONCEPTS["music"]))
+    with pytest.raises(ValueError, match="encoder"):
+        dr.concept_token_ids(minilm, "sea")
+    with pytest.raises(ValueError, match="sentence concept"):
+        dr.concept_token_ids(smol, "joy")
+    with pytest.raises(ValueError, match="unknown concept"):
+        dr.concept_token_ids(smol, "sky")
+    with pytest.raises(TypeError, match="ConceptSet"):
+        dr.concept_token_ids(smol, 3)
+
+
+@pytest.mark.slow
+def test_split_null_vectors_are_differences_of_random_halves(minilm):
+    from companion import probes
+
+    null = dr.split_null_vectors(minilm, "sea", 3, np.random.default_rng(4))
+    L, d = minilm.n_layers, minilm.d_model
+    assert null.shape == (L + 1, 3, d)
+    np.testing.assert_allclose(np.linalg.norm(null, axis=-1), 1.0, rtol=1e-12)
+    # reference: the same permutations, the last content token of each text read directly
+    pos, neg = dr.CONCEPTS["sea"].texts()
+    texts = pos + neg
+    h = probes.residual_stream(minilm, texts).double().numpy()         # [L+1, 24, T, d]
+    from companion import models
+    mask = models.tokenize(minilm, texts)["attention_mask"].numpy()
+    last = mask.sum(1) - 2                                              # before [SEP]
+    per_text = h[:, np.arange(24), last]                                 # [L+1, 24, d]
+    g = np.random.default_rng(4)
+    for j in range(3):
+        perm = g.permutation(24)
+        diff = per_text[:, perm[:12]].mean(1) - per_text[:, perm[12:]].mean(1)
+        want = diff / np.linalg.norm(diff, axis=-1, keepdims=True)
+        np.testing.assert_allclose(null[:, j], want, atol=1e-5)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        dr.split_null_vectors(minilm, "sea", 0)
+    with pytest.raises(ValueError, match="sentence concept"):
+        dr.split_null_vectors(minilm, "joy", 2)
+    with pytest.raises(TypeError, match="skip_first"):
+        dr.split_null_vectors(minilm, "sea", 2, skip_first="no")
+
+
+@pytest.mark.slow
+def test_track_injection_centred_metrics(smol):
+    p = dr.make_prompts(smol, FIRST, SECOND, max_length=64)
+    from companion import probes
+
+    base = probes.residual_stream(smol, p.encoding)
+    mu = dr.stream_means(base, p.injected)
+    spreads = dr.typical_spreads(base, p.injected)
+    v = dr.random_unit_vectors(smol.d_model, 1, np.random.default_rng(0))[0]
+    raw = engine.track_injection(smol, p, [3], v, [0.5], norms=spreads)
+    cen = engine.track_injection(smol, p, [3], v, [0.5], norms=spreads, centre=mu)
+    assert raw.coefficient[0, 0] == pytest.approx(0.5 * spreads[3])
+    for name in ("projection", "delta_norm"):
+        np.testing.assert_array_equal(raw.metrics[name], cen.metrics[name])
+    # the centred relative size: ||delta|| / ||h - mu|| at the injected positions, injection layer
+    hb = base[3].double().numpy() - mu[3]
+    want = np.mean([(raw.coefficient[0, 0] / np.linalg.norm(hb[b][p.injected[b].numpy()],
+                                                            axis=-1)).mean() for b in range(2)])
+    assert cen.mean("relative_size", "injected")[0, 0, 3] == pytest.approx(want, rel=1e-4)
+    assert cen.mean("relative_size", "injected")[0, 0, 3] > raw.mean("relative_size", "injected")[0, 0, 3]
+    with pytest.raises(ValueError, match="centre must have shape"):
+        engine.track_injection(smol, p, [3], v, [0.5], centre=mu[0])

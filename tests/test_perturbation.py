@@ -440,3 +440,28 @@ def test_embedding_change_errors():
         fw.embedding_change([[np.inf, 1.0]], [[1.0, 1.0]])
     with pytest.raises(ValueError, match="last axis"):
         fw.embedding_change(np.float64(1.0), np.float64(1.0))
+
+
+def test_metrics_centred_against_a_reference():
+    g = np.random.default_rng(5)
+    base = g.standard_normal((3, 2, 4, 6)) + 10.0       # a large shared mean
+    inj = base + 0.3 * g.standard_normal(base.shape)
+    v = g.standard_normal(6)
+    mu = base.mean(axis=(1, 2))                          # [L+1, d]
+    raw = fw.perturbation_metrics(base, inj, v)
+    cen = fw.perturbation_metrics(base, inj, v, centre=mu)
+    for name in ("projection", "cos_delta_v", "delta_norm"):
+        np.testing.assert_array_equal(raw[name], cen[name])
+    hb, hi = base - mu[:, None, None], inj - mu[:, None, None]
+    dn = np.linalg.norm(inj - base, axis=-1)
+    np.testing.assert_allclose(cen["relative_size"], dn / np.linalg.norm(hb, axis=-1), rtol=1e-12)
+    cos = np.sum(hb * hi, -1) / np.linalg.norm(hb, axis=-1) / np.linalg.norm(hi, axis=-1)
+    np.testing.assert_allclose(cen["cos_inj_base"], cos, rtol=1e-12)
+    np.testing.assert_allclose(cen["norm_ratio"],
+                               np.linalg.norm(hi, axis=-1) / np.linalg.norm(hb, axis=-1))
+    # the shared mean hides the perturbation from the raw cosine, not from the centred one
+    assert raw["cos_inj_base"].min() > cen["cos_inj_base"].max()
+    with pytest.raises(ValueError, match="centre must have shape"):
+        fw.perturbation_metrics(base, inj, v, centre=mu[0])
+    with pytest.raises(ValueError, match="NaN|finite"):
+        fw.perturbation_metrics(base, inj, v, centre=np.full_like(mu, np.nan))

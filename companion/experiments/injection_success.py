@@ -1,0 +1,895 @@
+"""Experiment ``injection_success``: does an injected concept reach the output, above chance?
+
+One config -> one :class:`~companion.experiments.Result`.  The default config is SmolLM2-135M
+(32 two-sentence prompts, 14 injection layers, four word concepts, 16 random directions, 8
+split and 8 subspace nulls); :data:`CONFIGS` adds MiniLM-L6 (an encoder, every layer).
+
+What one run does
+-----------------
+1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
+   (:func:`companion.directions.make_prompts`); the first sentence is injected.
+2. Per layer, over the injected positions: the typical norm :math:`n_\\ell`
+   (:func:`~companion.directions.typical_norms`), the centred spread :math:`s_\\ell`
+   (:func:`~companion.directions.typical_spreads`) and the mean state :math:`\\mu_\\ell`.
+3. Directions, in four *groups*: ``concept`` (one concept vector per name in ``concepts``, read
+   at every layer), ``random`` (``n_random`` directions uniform on the sphere), ``split``
+   (``n_split`` differences of means between random halves of a concept's word pool,
+   :func:`~companion.directions.split_null_vectors`, the pools taken in turn) and ``subspace``
+   (``n_subspace`` random directions inside the top-``subspace_k`` principal subspace of the
+   centred stream, :func:`~companion.directions.subspace_random_vectors`).
+4. Every direction is injected at every layer of ``layers`` with the vector
+   :math:`\\alpha\\, s_\\ell\\, \\hat v_\\ell` -- magnitudes in units of the centred spread --
+   for every :math:`\\alpha` in ``scales`` (concept and random groups) or ``null_scale`` (split
+   and subspace groups), through one :func:`companion.engine.injection_sweep` per direction
+   whose ``measure`` works only at the last layer (:func:`readout_sweep`).
+5. Measured per run and prompt: the output *effect* (causal LM: next-token KL at the last
+   token; encoder: :math:`1-\\cos` of the mean-pooled sentence embedding) and, for each
+   concept ``k``, the *readout* of that concept at the output: causal LM, the change of
+   :math:`\\log P(\\text{concept } k) = \\operatorname{logsumexp}_{w} \\log p(w)` over
+   :func:`~companion.directions.concept_token_ids`, at the last token and averaged over the
+   later (never injected) positions; encoder, the change of
+   :math:`\\cos(e, \\bar e_k)` with :math:`\\bar e_k` the mean embedding of concept ``k``'s
+   positive texts.
+
+Result arrays (``G`` a group with ``n_dir`` directions, ``n_inj`` layers, ``S`` magnitudes,
+``C`` concepts, ``P`` readout positions, ``B`` prompts): ``<G>_effect`` ``[n_dir, n_inj, S, B]``,
+``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd`` ``[n_dir, L+1]`` (the spread
+:math:`\\sigma_\\ell(\\hat v)` of the token states along the direction), ``<G>_scales``;
+``layers``, ``typical_norm``, ``typical_spread``, ``stream_mean`` ``[L+1, d]``,
+``concept_norm`` ``[C, L+1]``, ``split_pool`` (the concept index of each split null).
+Scalars: ``groups``, ``concepts``, ``readout_positions`` (``["last", "later"]`` or
+``["embedding"]``), ``effect_name``, ``n_prompts`` and the model's description.
+
+Reading the Result
+------------------
+:func:`success_table` (the success test of :func:`success_test` per concept, layer and
+magnitude), :func:`success_window` (the layers where it succeeds, with bootstrap intervals on
+the edges), :func:`effect_curve` (the disruption curve with bootstrap bands) and
+:func:`regimes` (linear or saturated, from the quadratic law).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from companion.experiments import Result, register
+
+__all__ = [
+    "InjectionSuccessExperiment",
+    "CONFIGS",
+    "GROUPS",
+    "NULL_GROUPS",
+    "concept_targets",
+    "readout_sweep",
+    "success_test",
+    "SuccessWindow",
+    "success_table",
+    "success_window",
+    "effect_curve",
+    "regimes",
+    "REGIME_THRESHOLDS",
+]
+
+#: The direction groups of a Result, in order.
+GROUPS = ("concept", "random", "split", "subspace")
+#: The groups that serve as nulls for the concept vectors.
+NULL_GROUPS = ("random", "split", "subspace")
+#: Thresholds on :math:`r = E(\alpha_{i+1})/E(\alpha_i)` for a magnitude step of 4 (the
+#: quadratic law predicts 16): ``linear`` if ``r >= 10`` (local exponent >= 1.66),
+#: ``saturated`` if ``r < 6`` (exponent < 1.29), ``transition`` in between.
+REGIME_THRESHOLDS = (6.0, 10.0)
+
+
+@register("injection_success", schema=1)
+@dataclass(frozen=True)
+class InjectionSuccessExperiment:
+    """Concept, random and null directions injected per layer: output readout of each concept.
+
+    Attributes
+    ----------
+    model : str
+        A name for :func:`companion.models.load`.
+    n_prompts : int
+        Number of two-sentence prompts.
+    min_words, max_words, max_length : int
+        Corpus sentence lengths and token truncation.
+    layers : tuple of int
+        Injection layers (stream indices); empty = every layer ``0 .. L``.
+    concepts : tuple of str
+        Word concepts of :data:`companion.directions.CONCEPTS` (at least one).
+    scales : tuple of float
+        Magnitudes :math:`\\alpha` in units of the centred spread :math:`s_\\ell` (concept and
+        random groups), increasing.
+    null_scale : float
+        The magnitude of the split and subspace nulls; one of ``scales``.
+    n_random, n_split, n_subspace : int
+        Directions per group (``n_random >= 2``; the other two may be 0).
+    subspace_k : int
+        Dimension of the principal subspace of the subspace nulls.
+    seed : int
+        Seed of every random choice (directions, splits).
+    dtype : str
+    max_batch_tokens : int
+        Memory bound of :func:`companion.engine.injection_sweep`.
+    """
+
+    model: str = "smollm2-135m"
+    n_prompts: int = 32
+    min_words: int = 6
+    max_words: int = 11
+    max_length: int = 64
+    layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 11, 14, 17, 20, 23, 26, 29, 30)
+    concepts: tuple[str, ...] = ("sea", "fire", "music", "food")
+    scales: tuple[float, ...] = (0.125, 0.5, 2.0)
+    null_scale: float = 0.5
+    n_random: int = 16
+    n_split: int = 8
+    n_subspace: int = 8
+    subspace_k: int = 16
+    seed: int = 0
+    dtype: str = "float32"
+    max_batch_tokens: int = 16384
+
+    def validate(self) -> None:
+        """Check the fields that do not need the model.
+
+        Raises
+        ------
+        ValueError
+            Non-positive counts, fewer than 2 prompts or random directions, unknown or
+            sentence concepts, scales not positive and increasing, ``null_scale`` not among
+            them, repeated or decreasing layers.
+        """
+        from companion.directions import CONCEPTS
+
+        for key in ("min_words", "max_words", "max_length", "max_batch_tokens", "subspace_k"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("n_prompts", "n_random"):
+            if getattr(self, key) < 2:
+                raise ValueError(f"{key} must be >= 2 (a bootstrap and a null need two), "
+                                 f"got {getattr(self, key)}")
+        for key in ("n_split", "n_subspace"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.max_words < self.min_words:
+            raise ValueError(f"max_words ({self.max_words}) must be >= min_words ({self.min_words})")
+        if not self.concepts:
+            raise ValueError("concepts must name at least one word concept")
+        for c in self.concepts:
+            if c not in CONCEPTS or CONCEPTS[c].template is None:
+                words = sorted(k for k, v in CONCEPTS.items() if v.template is not None)
+                raise ValueError(f"concepts entries must be word concepts among {words}, got {c!r}")
+        if len(set(self.concepts)) != len(self.concepts):
+            raise ValueError(f"concepts must not repeat entries, got {self.concepts}")
+        if not self.scales or any(not (math.isfinite(s) and s > 0) for s in self.scales):
+            raise ValueError(f"scales must be finite and > 0 (at least one), got {self.scales}")
+        if list(self.scales) != sorted(set(self.scales)):
+            raise ValueError(f"scales must be strictly increasing, got {self.scales}")
+        if self.null_scale not in self.scales:
+            raise ValueError(f"null_scale must be one of scales {self.scales}, got {self.null_scale}")
+        if any(x < 0 for x in self.layers) or len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"layers must be distinct non-negative integers, got {self.layers}")
+        if list(self.layers) != sorted(self.layers):
+            raise ValueError(f"layers must be increasing, got {self.layers}")
+
+    def compute(self, device, progress):
+        """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
+        from companion import directions as dr
+        from companion import models, probes
+        from companion.corpus import corpus_sentences
+
+        self.validate()
+        m = models.load(self.model, device=device, dtype=self.dtype)
+        L, d = m.n_layers, m.d_model
+        layers = list(self.layers) if self.layers else list(range(L + 1))
+        if layers[-1] > L:
+            raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
+        sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
+        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
+        base = probes.residual_stream(m, prompts.encoding)
+        norms = dr.typical_norms(base, prompts.injected)
+        spreads = dr.typical_spreads(base, prompts.injected)
+        mu = dr.stream_means(base, prompts.injected)
+        sel = base.detach().to("cpu").double().numpy()[:, prompts.injected.numpy()]  # [L+1, N, d]
+        gen = np.random.default_rng(self.seed)
+
+        C = len(self.concepts)
+        concept_units, concept_norm = [], np.zeros((C, L + 1))
+        for i, name in enumerate(self.concepts):
+            c = dr.CONCEPTS[name]
+            pos, neg = c.texts()
+            cv = dr.concept_vectors(m, pos, neg, pool=c.pool, name=name,
+                                    max_length=self.max_length)
+            concept_units.append(cv.unit)
+            concept_norm[i] = cv.norm
+        units = {"concept": np.stack(concept_units)}  # [n_dir, L+1, d]
+        rand = dr.random_unit_vectors(d, self.n_random, gen)
+        units["random"] = np.broadcast_to(rand[:, None, :], (self.n_random, L + 1, d))
+        split_pool = np.arange(self.n_split) % C
+        if self.n_split:
+            nulls = np.empty((self.n_split, L + 1, d))
+            for i, name in enumerate(self.concepts):
+                js = np.nonzero(split_pool == i)[0]
+                if js.size:
+                    v = dr.split_null_vectors(m, name, int(js.size), gen,
+                                              max_length=self.max_length)
+                    nulls[js] = np.moveaxis(v, 1, 0)
+            units["split"] = nulls
+        if self.n_subspace:
+            v = dr.subspace_random_vectors(base, prompts.injected, self.subspace_k,
+                                           self.n_subspace, gen)
+            units["subspace"] = np.moveaxis(v, 1, 0)
+        del base
+
+        targets = concept_targets(m, self.concepts, self.max_length)
+        out: dict = {}
+        group_names = [g for g in GROUPS if g in units]
+        effect_name = readout_positions = None
+        items = [(g, j) for g in group_names for j in range(units[g].shape[0])]
+        if progress:
+            from tqdm.auto import tqdm
+
+            items = tqdm(items, desc=f"injection_success {m.name}", unit="direction")
+        effects = {g: [] for g in group_names}
+        readouts = {g: [] for g in group_names}
+        for g, j in items:
+            scales = list(self.scales) if g in ("concept", "random") else [self.null_scale]
+            res = readout_sweep(m, prompts, layers, units[g][j][layers], scales, spreads,
+                                targets, max_batch_tokens=self.max_batch_tokens)
+            effects[g].append(res["effect"])
+            readouts[g].append(res["readout"])
+            effect_name, readout_positions = res["effect_name"], res["readout_positions"]
+        for g in group_names:
+            out[f"{g}_effect"] = np.stack(effects[g])
+            out[f"{g}_readout"] = np.stack(readouts[g]).astype(np.float64)
+            proj = np.einsum("lnd,jld->jln", sel, units[g])  # token states along each direction
+            out[f"{g}_token_sd"] = proj.std(axis=-1)
+            out[f"{g}_scales"] = np.asarray(
+                self.scales if g in ("concept", "random") else [self.null_scale], dtype=np.float64)
+        out.update(
+            layers=np.asarray(layers), typical_norm=norms, typical_spread=spreads, stream_mean=mu,
+            concept_norm=concept_norm, split_pool=split_pool,
+            groups=group_names, concepts=list(self.concepts), effect_name=effect_name,
+            readout_positions=list(readout_positions), n_prompts=prompts.batch,
+            model_name=m.name, n_layers=L, d_model=d, placement=m.placement, norm=m.norm,
+            kind=m.kind, weights_dtype=str(m.dtype).replace("torch.", ""),
+        )
+        return out
+
+
+#: The runs: SmolLM2-135M (the default config) and MiniLM-L6 (every layer).
+CONFIGS: dict[str, InjectionSuccessExperiment] = {
+    "smollm2-135m": InjectionSuccessExperiment(),
+    "minilm-l6": InjectionSuccessExperiment(model="minilm-l6", layers=()),
+}
+
+
+# ============================================================================================
+# the measurement
+# ============================================================================================
+def concept_targets(m, concepts, max_length: int | None = None) -> dict:
+    """What the readout of each concept compares with at the output.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    concepts : sequence of str
+        Word concepts of :data:`companion.directions.CONCEPTS`.
+    max_length : int or None
+
+    Returns
+    -------
+    dict
+        Causal LM: ``{"kind": "tokens", "ids": [array of token ids per concept]}``
+        (:func:`companion.directions.concept_token_ids`).  Encoder: ``{"kind": "embedding",
+        "centres": [C, d] array}``, the mean over each concept's positive texts of the
+        mean-pooled final state (the sentence embedding up to normalisation).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`companion.directions.concept_token_ids` and
+        :func:`companion.probes.residual_stream`.
+    """
+    import torch
+
+    from companion import directions as dr
+    from companion import models, probes
+
+    models.check_model(m)
+    if isinstance(concepts, str) or not concepts:
+        raise TypeError(f"concepts must be a non-empty sequence of names, got {concepts!r}")
+    if m.kind == "causal-lm":
+        return {"kind": "tokens", "ids": [dr.concept_token_ids(m, c) for c in concepts]}
+    centres = []
+    for c in concepts:
+        if c not in dr.CONCEPTS:
+            raise ValueError(f"unknown concept {c!r}; choose from {sorted(dr.CONCEPTS)}")
+        texts = dr.CONCEPTS[c].texts()[0]
+        enc = models.tokenize(m, texts, max_length)
+        h = probes.residual_stream(m, enc)[-1].to("cpu", torch.float64)
+        w = enc["attention_mask"].to("cpu", torch.float64)
+        e = (h * w[..., None]).sum(1) / w.sum(1)[:, None]
+        centres.append(e.mean(0).numpy())
+    return {"kind": "embedding", "centres": np.stack(centres)}
+
+
+def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
+                  max_batch_tokens: int = 16384) -> dict:
+    r"""Inject :math:`\alpha\,u_\ell\,\hat v_\ell` at each layer and magnitude; read the output.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    prompts : companion.directions.InjectionPrompts
+    layers : sequence of int
+        Injection layers, strictly increasing.
+    directions : array_like, shape ``[n_inj, d]``
+        One direction per injection layer (normalised here).
+    scales : sequence of float
+        Magnitudes :math:`\alpha` (> 0).
+    unit : array_like, shape ``[L+1]``
+        The magnitude unit per layer (e.g. the centred spread :math:`s_\ell`).
+    targets : dict
+        From :func:`concept_targets` for the same model.
+    max_batch_tokens : int, default 16384
+
+    Returns
+    -------
+    dict
+        ``effect`` ``[n_inj, S, B]`` (next-token KL at the last token for a causal LM,
+        :math:`1 - \cos` of the mean-pooled embedding for an encoder), ``readout``
+        ``[n_inj, S, C, P, B]`` (per concept: the change of :math:`\log P(\text{concept})` at
+        the last token and averaged over the later positions, ``P = 2``; encoder: the change of
+        :math:`\cos(e, \bar e_k)`, ``P = 1``), ``effect_name``, ``readout_positions``.
+
+    Raises
+    ------
+    TypeError
+        Wrong argument types.
+    ValueError
+        Shapes that do not match the model, non-positive scales or units, or targets of the
+        other model kind.
+
+    Notes
+    -----
+    One :func:`companion.engine.injection_sweep` with a four-argument ``measure`` that returns
+    zeros below the last layer and computes the readouts only at :math:`h_L`, run by run (the
+    logits of every later position of one run at a time), so memory stays
+    O(later positions x vocabulary).
+
+    Examples
+    --------
+    >>> r = readout_sweep(m, p, [3], v[None], [0.5], spreads, concept_targets(m, ["sea"]))  # doctest: +SKIP
+    >>> r["readout"].shape                                                                # doctest: +SKIP
+    (1, 1, 1, 2, 4)
+    """
+    import torch
+
+    from companion import models
+    from companion._validation import real_array
+    from companion.directions import InjectionPrompts
+    from companion.engine import injection_sweep
+    from companion.perturbation import next_token_kl
+
+    models.check_model(m)
+    if not isinstance(prompts, InjectionPrompts):
+        raise TypeError(f"prompts must come from make_prompts, got {type(prompts).__name__}")
+    L, d = m.n_layers, m.d_model
+    lay = [int(x) for x in layers]
+    dirs = real_array("directions", directions)
+    if dirs.shape != (len(lay), d):
+        raise ValueError(f"directions must have shape {(len(lay), d)}, got {dirs.shape}")
+    norm = np.linalg.norm(dirs, axis=1, keepdims=True)
+    if np.any(norm == 0):
+        raise ValueError("directions must be non-zero")
+    dirs = dirs / norm
+    sc = real_array("scales", scales, min_ndim=1)
+    if sc.ndim != 1 or sc.size == 0 or np.any(sc <= 0):
+        raise ValueError(f"scales must be a non-empty list of positive numbers, got {scales!r}")
+    u = real_array("unit", unit)
+    if u.shape != (L + 1,) or np.any(u <= 0):
+        raise ValueError(f"unit must be {L + 1} positive numbers, got shape {u.shape}")
+    if not isinstance(targets, dict) or "kind" not in targets:
+        raise TypeError("targets must come from concept_targets")
+    causal = m.kind == "causal-lm"
+    if (targets["kind"] == "tokens") != causal:
+        raise ValueError(f"targets of kind {targets['kind']!r} do not fit {m.name} ({m.kind})")
+
+    B = prompts.batch
+    mask = prompts.encoding["attention_mask"].to("cpu", torch.float64)
+    if causal:
+        ids = [torch.as_tensor(np.asarray(t), dtype=torch.long) for t in targets["ids"]]
+        C, P = len(ids), 2
+        later = prompts.later
+        rows_b = torch.nonzero(later)[:, 0]                        # prompt of each later row
+        count = later.sum(1).to(torch.float64)
+        is_last = prompts.last[later]                              # [n_rows] bool
+
+        def logp(h_rows):                                          # [n, d] -> [n, V] float64
+            z = models.logits_from_residual(m, h_rows.to(torch.float32)).double()
+            return torch.log_softmax(z, -1)
+
+        def concept_lse(lp):                                       # [n, V] -> [n, C]
+            return torch.stack([torch.logsumexp(lp[:, i], -1) for i in ids], -1)
+    else:
+        centres = torch.as_tensor(np.asarray(targets["centres"]), dtype=torch.float64)
+        C, P = centres.shape[0], 1
+
+        def embed(h):                                              # [K, B, T, d] -> [K, B, d]
+            h = h.detach().to("cpu", torch.float64)
+            return (h * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
+
+        def cos_c(e):                                              # [..., d] -> [..., C]
+            return torch.nn.functional.cosine_similarity(e[..., None, :], centres, dim=-1)
+
+    width = 1 + C * P
+    state: dict = {}
+
+    def measure(h_inj, h_base, layer, conditions):
+        K = h_inj.shape[0]
+        if layer != L:
+            return torch.zeros(K, B, width, dtype=torch.float64)
+        if "base" not in state:                                    # the baseline, once
+            if causal:
+                lp = logp(h_base[later])
+                state["base"] = (lp[is_last], concept_lse(lp))
+            else:
+                e = embed(h_base[None])[0]
+                state["base"] = (e, cos_c(e))
+        res = torch.empty(K, B, width, dtype=torch.float64)
+        for k in range(K):
+            if causal:
+                lp = logp(h_inj[k][later])
+                lp_last_b, lse_b = state["base"]
+                res[k, :, 0] = torch.from_numpy(next_token_kl(lp_last_b, lp[is_last]))
+                delta = concept_lse(lp) - lse_b                     # [n_rows, C]
+                res[k, :, 1:1 + C] = delta[is_last]
+                mean_later = torch.zeros(B, C, dtype=torch.float64).index_add_(0, rows_b, delta)
+                res[k, :, 1 + C:] = mean_later / count[:, None]
+            else:
+                e = embed(h_inj[k:k + 1])[0]
+                e_b, cos_b = state["base"]
+                res[k, :, 0] = 1 - torch.nn.functional.cosine_similarity(e, e_b, dim=-1)
+                res[k, :, 1:] = cos_c(e) - cos_b
+        return res
+
+    vecs = torch.from_numpy(u[lay][:, None] * dirs)
+    sw = injection_sweep(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
+                         measure=measure, max_batch_tokens=max_batch_tokens)
+    got = sw.injected[:, :, L].to(torch.float64).numpy()         # [n_inj, S, B, width]
+    effect = got[..., 0]
+    readout = got[..., 1:].reshape(len(lay), sc.size, B, P, C)     # causal: [last C | later C]
+    readout = readout.transpose(0, 1, 4, 3, 2)                     # [n_inj, S, C, P, B]
+    return {
+        "effect": effect, "readout": readout,
+        "effect_name": "kl_last" if causal else "embedding_change",
+        "readout_positions": ("last", "later") if causal else ("embedding",),
+    }
+
+
+# ============================================================================================
+# reading Results
+# ============================================================================================
+def _check_result(result) -> None:
+    if not isinstance(result, Result):
+        raise TypeError(f"expected a Result, got {type(result).__name__}")
+    if result.name != InjectionSuccessExperiment.experiment_name:
+        raise ValueError(f"expected an injection_success Result, got one of {result.name!r}")
+
+
+def _group(result, group: str) -> None:
+    if group not in result.scalars["groups"]:
+        raise ValueError(f"unknown group {group!r}; this Result has {result.scalars['groups']}")
+
+
+def _scale_index(result, group: str, scale) -> int:
+    from companion._validation import check_real
+
+    scale = check_real(scale, "scale", lo=0.0, lo_open=True)
+    given = np.asarray(result.arrays[f"{group}_scales"], dtype=np.float64)
+    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
+    if hit.size == 0:
+        raise ValueError(f"scale {scale} was not run for the {group} group; its scales are "
+                         f"{given.tolist()}")
+    return int(hit[0])
+
+
+def _readout(result, group: str, concept: str, position: str, scale) -> np.ndarray:
+    """Readout of ``concept`` under every direction of ``group``: ``[n_dir, n_inj, B]``."""
+    _group(result, group)
+    sc = result.scalars
+    if concept not in sc["concepts"]:
+        raise ValueError(f"unknown concept {concept!r}; this Result has {sc['concepts']}")
+    positions = sc["readout_positions"]
+    if position is None:
+        position = positions[0]
+    if position not in positions:
+        raise ValueError(f"position must be one of {positions}, got {position!r}")
+    s = _scale_index(result, group, scale)
+    r = result.arrays[f"{group}_readout"]
+    return r[:, :, s, sc["concepts"].index(concept), positions.index(position)]
+
+
+def success_test(concept_values, null_values, level: float = 0.95, quantile: float = 0.95,
+                 n_boot: int = 1000, seed: int = 0) -> dict:
+    r"""Does a readout under the concept vector beat the same readout under null directions?
+
+    Parameters
+    ----------
+    concept_values : array_like, shape ``[B]``
+        The readout of the concept, per prompt, when its own concept vector is injected.
+    null_values : array_like, shape ``[n_null, B]``
+        The same readout, on the same prompts, under each of ``n_null >= 2`` null directions
+        injected with the same magnitude.
+    level : float, default 0.95
+        Level of the bootstrap interval.
+    quantile : float, default 0.95
+        The null's quantile the concept must exceed.
+    n_boot : int, default 1000
+    seed : int, default 0
+
+    Returns
+    -------
+    dict
+        ``concept_mean`` (prompt mean :math:`\bar x_c`), ``null_mean`` (mean of the null prompt
+        means :math:`\bar x_j`), ``null_q`` (their ``quantile``), ``diff`` (mean over prompts
+        of :math:`x_c[b] - \operatorname{mean}_j x_j[b]`), ``diff_lo``, ``diff_hi`` (its
+        percentile bootstrap interval over prompts) and ``success``.
+
+    Raises
+    ------
+    TypeError
+        Non-real inputs or wrong argument types.
+    ValueError
+        Shapes that do not match, fewer than 2 prompts or nulls, NaN/inf, ``level`` or
+        ``quantile`` outside (0, 1).
+
+    Notes
+    -----
+    The rule: **success** if and only if (i) :math:`\bar x_c` is above the ``quantile`` (95th
+    percentile, linear interpolation, ``numpy.quantile``) of the null prompt means
+    :math:`\{\bar x_j\}`, and (ii) the percentile bootstrap interval (``n_boot`` resamples of
+    the prompts, seed ``seed``, at ``level``) of the paired difference
+    :math:`x_c[b] - \operatorname{mean}_j x_j[b]` lies entirely above 0.  (i) says the concept
+    vector does better than almost every direction of the null; (ii) that the advantage over
+    the null's mean is not an accident of the prompts.  The test is one-sided: a concept whose
+    readout falls fails.
+
+    Examples
+    --------
+    >>> g = np.random.default_rng(0)
+    >>> nulls = g.normal(0, 1, (16, 32))
+    >>> success_test(nulls[0] + 2.0, nulls[1:])["success"]
+    True
+    >>> success_test(nulls[0], nulls[1:])["success"]
+    False
+    """
+    from companion._validation import as_float64, check_int, check_real
+    from companion.massive_activations import bootstrap_interval
+
+    x = as_float64(concept_values, "concept_values")
+    y = as_float64(null_values, "null_values")
+    if x.ndim != 1 or x.size < 2:
+        raise ValueError(f"concept_values must have shape [B] with B >= 2, got {x.shape}")
+    if y.ndim != 2 or y.shape[1] != x.size or y.shape[0] < 2:
+        raise ValueError(f"null_values must have shape [n_null >= 2, {x.size}], got {y.shape}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("the readouts contain NaN or infinite values")
+    check_real(quantile, "quantile", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    seed = check_int(seed, "seed", 0)
+    q = float(np.quantile(y.mean(1), quantile))
+    diff, lo, hi = bootstrap_interval(x - y.mean(0), level=level, n_boot=n_boot,
+                                      rng=np.random.default_rng(seed))
+    xc = float(x.mean())
+    return dict(concept_mean=xc, null_mean=float(y.mean()), null_q=q, diff=float(diff),
+                diff_lo=float(lo), diff_hi=float(hi), success=bool(xc > q and lo > 0))
+
+
+def success_table(result, null: str = "random", position: str | None = None,
+                  level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> list[dict]:
+    """The success test of every concept at every injection layer and magnitude of a null group.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    null : {"random", "split", "subspace"}, default "random"
+        The null group; the magnitudes tested are those it ran (all ``scales`` for
+        ``random``, ``null_scale`` for the others).
+    position : str, optional
+        A readout position of the Result (``"last"`` or ``"later"`` for a causal LM,
+        ``"embedding"`` for an encoder); default the first.
+    level, n_boot, seed
+        As in :func:`success_test`.
+
+    Returns
+    -------
+    list of dict
+        One row per (concept, layer, scale): ``concept``, ``layer``, ``fraction``
+        (layer / L), ``scale``, ``null``, ``position`` and the keys of :func:`success_test`.
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result.
+    ValueError
+        Another experiment's Result, an unknown null group or position, a null group with
+        fewer than two directions.
+
+    Examples
+    --------
+    >>> rows = success_table(stored[0])                    # doctest: +SKIP
+    >>> sum(r["success"] for r in rows)                   # doctest: +SKIP
+    """
+    _check_result(result)
+    if null not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
+    _group(result, null)
+    sc, a = result.scalars, result.arrays
+    L = int(sc["n_layers"])
+    rows = []
+    for ci, concept in enumerate(sc["concepts"]):
+        for scale in np.asarray(a[f"{null}_scales"]).tolist():
+            own = _readout(result, "concept", concept, position, scale)[ci]   # [n_inj, B]
+            nul = _readout(result, null, concept, position, scale)           # [n, n_inj, B]
+            for j, layer in enumerate(np.asarray(a["layers"]).tolist()):
+                t = success_test(own[j], nul[:, j], level=level, n_boot=n_boot, seed=seed)
+                rows.append(dict(concept=concept, layer=int(layer), fraction=layer / L,
+                                 scale=float(scale), null=null,
+                                 position=position or sc["readout_positions"][0], **t))
+    return rows
+
+
+@dataclass(frozen=True)
+class SuccessWindow:
+    """The injection layers where a concept's readout succeeds, with bootstrap edges.
+
+    Attributes
+    ----------
+    concept, null, position : str
+    scale : float
+    n_layers : int
+    layers : numpy.ndarray of int
+        The injection layers where :func:`success_test` succeeds (possibly empty).
+    first, last : int or None
+        Their smallest and largest (``None`` if empty).
+    first_ci, last_ci : tuple of float
+        Percentile bootstrap intervals of the edges over prompt resamples (NaN if no
+        resample succeeds anywhere).
+    p_empty : float
+        Fraction of resamples in which no layer succeeds.
+    n_boot : int
+    """
+
+    concept: str
+    null: str
+    position: str
+    scale: float
+    n_layers: int
+    layers: np.ndarray
+    first: int | None
+    last: int | None
+    first_ci: tuple
+    last_ci: tuple
+    p_empty: float
+    n_boot: int
+
+
+def success_window(result, concept: str, scale: float = 0.5, null: str = "random",
+                   position: str | None = None, level: float = 0.95, n_boot: int = 1000,
+                   seed: int = 0) -> SuccessWindow:
+    """The success window of one concept: where its readout beats the null, with edge intervals.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    concept : str
+    scale : float, default 0.5
+        A magnitude run by both the concept and the ``null`` group.
+    null, position, level, n_boot, seed
+        As in :func:`success_table`.
+
+    Returns
+    -------
+    SuccessWindow
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`success_table`; an unknown concept or a scale not run.
+
+    Notes
+    -----
+    The window is the *set* of tested injection layers where :func:`success_test` succeeds
+    (not forced to be contiguous); ``first`` and ``last`` are its edges.  Their intervals:
+    ``n_boot`` resamples of the prompts (seed ``seed``; the same resample for the concept and
+    every null, so the comparison stays paired); in each resample a layer succeeds when the
+    concept's prompt mean exceeds the null's 95th percentile (criterion (i) of
+    :func:`success_test`; (ii), a bootstrap inside the bootstrap, is left out of the
+    resamples), and the edges of that resample's set are recorded; the interval is their
+    ``(1 - level)/2`` and ``(1 + level)/2`` percentiles over the resamples with a non-empty set.
+
+    Examples
+    --------
+    >>> w = success_window(stored[0], "sea")              # doctest: +SKIP
+    >>> w.first, w.last, w.last_ci                        # doctest: +SKIP
+    """
+    from companion._validation import check_int, check_real
+
+    _check_result(result)
+    if null not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    seed = check_int(seed, "seed", 0)
+    sc, a = result.scalars, result.arrays
+    ci = sc["concepts"].index(concept) if concept in sc["concepts"] else None
+    own = _readout(result, "concept", concept, position, scale)[ci]          # [n_inj, B]
+    nul = _readout(result, null, concept, position, scale)                  # [n, n_inj, B]
+    if nul.shape[0] < 2:
+        raise ValueError(f"the {null} group has {nul.shape[0]} direction(s); a null needs two")
+    lay = np.asarray(a["layers"]).astype(int)
+    ok = np.array([success_test(own[j], nul[:, j], level=level, n_boot=n_boot,
+                                seed=seed)["success"] for j in range(lay.size)])
+    gen = np.random.default_rng(seed)
+    B = own.shape[-1]
+    idx = gen.integers(0, B, size=(n_boot, B))
+    xc = own[:, idx].mean(-1)                                                # [n_inj, n_boot]
+    xn = nul[:, :, idx].mean(-1)                                             # [n, n_inj, n_boot]
+    succ = xc > np.quantile(xn, 0.95, axis=0)                                # [n_inj, n_boot]
+    any_ = succ.any(0)
+    qs = [(1 - level) / 2, (1 + level) / 2]
+    if any_.any():
+        firsts = lay[np.argmax(succ[:, any_], axis=0)]
+        lasts = lay[lay.size - 1 - np.argmax(succ[::-1, any_], axis=0)]
+        first_ci = tuple(float(x) for x in np.quantile(firsts, qs))
+        last_ci = tuple(float(x) for x in np.quantile(lasts, qs))
+    else:
+        first_ci = last_ci = (float("nan"), float("nan"))
+    win = lay[ok]
+    return SuccessWindow(
+        concept=concept, null=null, position=position or sc["readout_positions"][0],
+        scale=float(scale), n_layers=int(sc["n_layers"]), layers=win,
+        first=int(win[0]) if win.size else None, last=int(win[-1]) if win.size else None,
+        first_ci=first_ci, last_ci=last_ci, p_empty=float(1 - any_.mean()), n_boot=n_boot)
+
+
+def effect_curve(result, group: str = "random", scale: float = 0.5, direction: int | None = None,
+                 level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The output effect (disruption) per injection layer, with a bootstrap band.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    group : str, default "random"
+        A direction group of the Result.
+    scale : float, default 0.5
+        A magnitude the group ran.
+    direction : int or None
+        One direction of the group (a band over prompts), or ``None``: the mean over the
+        group's directions (a band over prompts *and* directions, resampled independently).
+    level, n_boot, seed
+        As in :func:`success_test`.
+
+    Returns
+    -------
+    dict
+        ``layers``, ``fraction`` (layer / L), ``mean``, ``lo``, ``hi`` (each ``[n_inj]``),
+        ``effect_name``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Wrong types, another experiment's Result, an unknown group, scale or direction.
+
+    Examples
+    --------
+    >>> c = effect_curve(stored[0], "random", 0.5)        # doctest: +SKIP
+    """
+    from companion._validation import check_int, check_real
+
+    _check_result(result)
+    _group(result, group)
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n_boot = check_int(n_boot, "n_boot", 10)
+    seed = check_int(seed, "seed", 0)
+    s = _scale_index(result, group, scale)
+    e = result.arrays[f"{group}_effect"][:, :, s]                           # [n_dir, n_inj, B]
+    if direction is not None:
+        direction = check_int(direction, "direction", 0)
+        if direction >= e.shape[0]:
+            raise ValueError(f"direction must be < {e.shape[0]}, got {direction}")
+        e = e[direction:direction + 1]
+    gen = np.random.default_rng(seed)
+    n_dir, _, B = e.shape
+    pi = gen.integers(0, B, size=(n_boot, B))
+    di = gen.integers(0, n_dir, size=(n_boot, n_dir)) if n_dir > 1 else np.zeros((n_boot, 1), int)
+    per_dir = e[:, :, pi].mean(-1)                                          # [n_dir, n_inj, n_boot]
+    boots = np.take_along_axis(per_dir, di.T[:, None, :], axis=0).mean(0)   # [n_inj, n_boot]
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2], axis=1)
+    lay = np.asarray(result.arrays["layers"]).astype(int)
+    return dict(layers=lay, fraction=lay / int(result.scalars["n_layers"]), mean=e.mean(axis=(0, 2)),
+                lo=lo, hi=hi, effect_name=result.scalars["effect_name"])
+
+
+def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict:
+    r"""Linear or saturated: the quadratic law checked per injection layer and magnitude.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``injection_success`` experiment.
+    group : str, default "random"
+        A group that ran several magnitudes (``concept`` or ``random``).
+    thresholds : (float, float), default :data:`REGIME_THRESHOLDS`
+        ``(low, high)`` on the ratio of consecutive effects, for a magnitude step ``k`` the
+        quadratic law predicts ``k**2``; the thresholds are stated for ``k = 4`` and scaled
+        as ``k**2 / 16`` for another step.
+
+    Returns
+    -------
+    dict
+        ``layers``, ``scales``, ``ratio`` ``[n_inj, S - 1]`` (mean effect at ``scales[i+1]``
+        over mean effect at ``scales[i]``, means over directions and prompts), ``expected``
+        ``[S - 1]`` (the quadratic law's ratio), ``regime`` ``[n_inj, S]`` of str: for
+        ``scales[i+1]``, ``"linear"`` if the ratio is at least ``high``, ``"saturated"``
+        below ``low``, ``"transition"`` in between; for ``scales[0]``, ``"linear"`` if the
+        first ratio is at least ``high`` and ``"undetermined"`` otherwise; ``"no effect"``
+        where the effect is 0 (an injection at the last layer of a causal model).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Another experiment's Result, an unknown group, a group with one magnitude,
+        thresholds that are not ``0 < low <= high``.
+
+    Notes
+    -----
+    For small perturbations the KL divergence and :math:`1 - \cos` are quadratic in the
+    injected size (the chapter's quadratic law), so multiplying :math:`\alpha` by 4 multiplies
+    the effect by 16.  A ratio of 10 means a local exponent :math:`\log_4 10 = 1.66`, a ratio
+    of 6 an exponent of 1.29: the effect grows clearly slower than quadratically.
+
+    Examples
+    --------
+    >>> regimes(stored[0])["regime"][3]                   # doctest: +SKIP
+    """
+    _check_result(result)
+    _group(result, group)
+    try:
+        low, high = (float(t) for t in thresholds)
+    except (TypeError, ValueError):
+        raise TypeError(f"thresholds must be two numbers, got {thresholds!r}") from None
+    if not 0 < low <= high:
+        raise ValueError(f"thresholds must satisfy 0 < low <= high, got {thresholds!r}")
+    scales = np.asarray(result.arrays[f"{group}_scales"], dtype=np.float64)
+    if scales.size < 2:
+        raise ValueError(f"the {group} group ran one magnitude; the regime needs two or more")
+    e = result.arrays[f"{group}_effect"].mean(axis=(0, 3))                  # [n_inj, S]
+    expected = (scales[1:] / scales[:-1]) ** 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = e[:, 1:] / e[:, :-1]
+    lo_t, hi_t = low * expected / 16, high * expected / 16
+    reg = np.empty(e.shape, dtype=object)
+    for j in range(e.shape[0]):
+        for i in range(scales.size):
+            if e[j, i] == 0:
+                reg[j, i] = "no effect"
+                continue
+            if i == 0:
+                r, h = ratio[j, 0], hi_t[0]
+                reg[j, i] = "linear" if r >= h else "undetermined"
+                continue
+            r = ratio[j, i - 1]
+            reg[j, i] = ("linear" if r >= hi_t[i - 1] else
+                         "saturated" if r < lo_t[i - 1] else "transition")
+    return dict(layers=np.asarray(result.arrays["layers"]).astype(int), scales=scales,
+                ratio=ratio, expected=expected, regime=reg.astype(str))
