@@ -65,6 +65,7 @@ __all__ = [
     "gpu_results",
     "cli_command",
     "run_suite",
+    "HAHAMI_LAST_TOKEN",
 ]
 
 
@@ -225,6 +226,27 @@ class InjectionWindowExperiment:
             weights_dtype=str(m.dtype).replace("torch.", ""),
         )
         return out
+
+
+#: Hahami et al.'s released last-token measurement (Llama-3.1-8B-Instruct, 32 pre-norm blocks;
+#: concept "Dust" added with coefficient 6 to the output of decoder layer 2 over one sentence;
+#: 15 trials; ``exp4_residual_tracking.pt`` of github.com/elyhahami18/llama-introspection-new,
+#: read for the book's literature notes): ``layer`` is their decoder-layer index ``k`` (the
+#: output of block ``k``, stream ``k + 1`` here), ``fraction`` is ``(k + 1) / 32``; ``cos`` is
+#: cos(h~, h) at the last token (the value at layer 19 stands for "about 0.50 at layers 17-21");
+#: ``norm_ratio`` and ``projection`` are the ranges over layers (the projection in the units of
+#: the stream, for a coefficient 6).
+HAHAMI_LAST_TOKEN: dict = {
+    "model": "Llama-3.1-8B-Instruct",
+    "n_layers": 32,
+    "inject_layer": 2,
+    "coefficient": 6.0,
+    "layer": (0, 1, 2, 3, 19, 31),
+    "fraction": tuple((k + 1) / 32 for k in (0, 1, 2, 3, 19, 31)),
+    "cos": (1.0, 1.0, 1.0, 0.936, 0.50, 0.917),
+    "norm_ratio": (0.84, 1.02),
+    "projection": (-0.93, 0.60),
+}
 
 
 # ============================================================================================
