@@ -11,7 +11,7 @@ first; a module imports only from lower layers (CONTRIBUTING.md, enforced by
     analyses       perturbation, directions, engine,              (metrics, injection engine,
                    channel_regimes, attention_logits,              the chapters' analyses)
                    massive_activations, outlier_features,
-                   training_controls
+                   training_controls, attribution
     experiments    config -> run -> Result, cached by config hash
     reader-facing  notebook (setup_notebook), plots (figures), suites, python -m companion
 
