@@ -5,7 +5,8 @@ first; a module imports only from lower layers (CONTRIBUTING.md, enforced by
 ``tests/test_architecture.py``)::
 
     foundation     _paths, _validation, determinism, corpus       (argument checks, data, kernels)
-    mathematics    _cgf, tails, concentration, extremes, norms    (numpy/scipy)
+    mathematics    _cgf, tails, concentration, extremes, norms,   (numpy/scipy)
+                   resampling
     torch          hooks, stacks, quantization, models, probes,   (building blocks, real models)
                    pruning
     analyses       perturbation, directions, engine,              (metrics, injection engine,

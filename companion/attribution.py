@@ -22,8 +22,8 @@ Post-norm (BERT, MiniLM)
     :math:`\hat v^\top J\delta` to the whole measured input change.
 
 The identity :math:`p_{m+1} - p_m = \sum_{\text{stages}} w_{m,s}` is checked on every run
-(:attr:`Attribution.identity_error`).  :func:`bootstrap_ratio` gives intervals over directions
-and prompts.
+(:attr:`Attribution.identity_error`).  :func:`companion.resampling.bootstrap_ratio` gives intervals
+over directions and prompts.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ __all__ = [
     "Attribution",
     "attribute_injection",
     "layernorm_response",
-    "bootstrap_ratio",
 ]
 
 #: Stage names per placement, in the order they act inside a block.
@@ -466,58 +465,3 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
                        typical_norm=n_ell, directions=V, stream=stream, writes=writes,
                        ln_input=ln_in, ln_rule=ln_rule, ln_jacobian=ln_jac,
                        identity_error=float(err))
-
-
-# --------------------------------------------------------------------------------------------
-# intervals
-# --------------------------------------------------------------------------------------------
-def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
-                    level: float = 0.95) -> tuple[float, float, float]:
-    r"""Ratio of sums with a two-way bootstrap interval over directions and prompts.
-
-    Parameters
-    ----------
-    num : array_like, shape ``[n_directions, n_prompts]``
-    den : array_like of the same shape, optional
-        Default all ones (then the statistic is the mean of ``num``).
-    n_boot : int, default 2000
-    seed : int, default 0
-    level : float in (0, 1), default 0.95
-
-    Returns
-    -------
-    (estimate, low, high) : tuple of float
-        :math:`\sum num/\sum den` and the percentile interval when directions and prompts are
-        resampled independently (each with replacement).
-
-    Raises
-    ------
-    TypeError, ValueError
-        For non-real or non-finite arrays, shapes that differ or are not 2-D, ``n_boot < 1``,
-        ``level`` outside (0, 1).
-
-    Examples
-    --------
-    >>> est, lo, hi = bootstrap_ratio(np.ones((3, 4)))
-    >>> est, lo, hi
-    (1.0, 1.0, 1.0)
-    """
-    a = real_array("num", num, 2)
-    b = np.ones_like(a) if den is None else real_array("den", den, 2)
-    if a.ndim != 2 or a.shape != b.shape:
-        raise ValueError(f"num and den must be [n_directions, n_prompts] of one shape, got "
-                         f"{a.shape} and {b.shape}")
-    n_boot = check_int(n_boot, "n_boot", 1)
-    seed = check_int(seed, "seed", 0)
-    level = check_real(level, "level")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    rng = np.random.default_rng(seed)
-    nd, npr = a.shape
-    cd = rng.multinomial(nd, np.full(nd, 1 / nd), size=n_boot).astype(float)
-    cp = rng.multinomial(npr, np.full(npr, 1 / npr), size=n_boot).astype(float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stats = np.einsum("ki,ib,kb->k", cd, a, cp) / np.einsum("ki,ib,kb->k", cd, b, cp)
-    q = (1 - level) / 2
-    lo, hi = np.nanquantile(stats, [q, 1 - q])
-    return float(a.sum() / b.sum()), float(lo), float(hi)

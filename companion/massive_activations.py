@@ -12,8 +12,9 @@ causal model:
   the layer's median :math:`|h|` (:class:`FirstTokenProfile`, whose
   :meth:`~FirstTokenProfile.emergence_layer` applies Sun et al.'s size criterion);
 * :func:`ablate_activation` -- next-token loss and first-token attention weights per text with
-  the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`);
-* :func:`bootstrap_interval` -- percentile bootstrap intervals over prompts.
+  the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`).
+
+Intervals over prompts come from :func:`companion.resampling.bootstrap_interval`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from companion._validation import as_float64, as_generator, check_int, check_real, check_texts
+from companion._validation import check_int, check_real, check_texts
 
-__all__ = ["FirstTokenProfile", "first_token_profile", "AblationRun", "ablate_activation",
-           "bootstrap_interval"]
+__all__ = ["FirstTokenProfile", "first_token_profile", "AblationRun", "ablate_activation"]
 
 
 def _causal_model(m):
@@ -267,56 +267,3 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
         m.model.set_attn_implementation(previous)
     return AblationRun(loss=np.concatenate(losses), sink=np.concatenate(sinks), layer=layer,
                        channel=channel, position=position, value=value)
-
-
-def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
-    r"""Mean over axis 0 with a percentile bootstrap interval (resampling rows, e.g. prompts).
-
-    Parameters
-    ----------
-    x : array_like, shape ``[n]`` or ``[n, k]``
-        One row per prompt (at least 2); columns are summarised separately but resampled
-        together.
-    level : float, default 0.95
-    n_boot : int, default 2000
-    rng : None, int or numpy.random.Generator
-        Default: seed 0 (reproducible intervals).
-
-    Returns
-    -------
-    (mean, lo, hi) : tuple of float or numpy.ndarray (shape ``[k]``)
-
-    Raises
-    ------
-    TypeError
-        If ``x`` is not real-valued or an argument has the wrong type.
-    ValueError
-        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or ``level`` is
-        not in (0, 1).
-
-    Notes
-    -----
-    Paired comparisons (ablated minus baseline on the same prompts) should be passed as the
-    per-prompt differences, so that the interval is that of the difference.
-
-    Examples
-    --------
-    >>> m, lo, hi = bootstrap_interval(np.arange(10.0))
-    >>> float(m), bool(lo < 4.5 < hi)
-    (4.5, True)
-    """
-    a = as_float64(x, "x")
-    if a.ndim not in (1, 2) or a.shape[0] < 2:
-        raise ValueError(f"x must have shape [n] or [n, k] with n >= 2, got {a.shape}")
-    if not np.isfinite(a).all():
-        raise ValueError("x contains NaN or infinite values")
-    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    n_boot = check_int(n_boot, "n_boot", 10)
-    gen = as_generator(0 if rng is None else rng)
-    idx = gen.integers(0, a.shape[0], size=(n_boot, a.shape[0]))
-    boots = a[idx].mean(axis=1)
-    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2], axis=0)
-    mean = a.mean(axis=0)
-    if a.ndim == 1:
-        return float(mean), float(lo), float(hi)
-    return mean, lo, hi

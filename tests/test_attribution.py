@@ -214,22 +214,6 @@ def test_bad_inputs(llama, bert):
 
 
 # --------------------------------------------------------------------------- intervals
-def test_bootstrap_ratio():
-    est, lo, hi = at.bootstrap_ratio(np.ones((3, 4)))
-    assert (est, lo, hi) == (1.0, 1.0, 1.0)
-    g = np.random.default_rng(0)
-    num = g.normal(2.0, 1.0, size=(20, 30))
-    est, lo, hi = at.bootstrap_ratio(num, np.ones_like(num), n_boot=500, seed=3)
-    assert lo < est < hi and abs(est - num.mean()) < 1e-12
-    assert at.bootstrap_ratio(num, n_boot=500, seed=3) == (est, lo, hi)
-    with pytest.raises(ValueError, match="one shape"):
-        at.bootstrap_ratio(np.ones((2, 3)), np.ones((3, 2)))
-    with pytest.raises(ValueError, match="level"):
-        at.bootstrap_ratio(np.ones((2, 3)), level=1.0)
-    with pytest.raises(ValueError):
-        at.bootstrap_ratio(np.ones(3))
-    with pytest.raises(ValueError):
-        at.bootstrap_ratio(np.ones((2, 2)), n_boot=0)
 
 
 # --------------------------------------------------------------------------- the experiment

@@ -85,8 +85,8 @@ def test_success_test_rule_both_criteria():
     t0 = es.success_test(nulls[0], nulls[1:])
     assert t0["success"] is False
     assert t0["diff"] == pytest.approx(float(np.mean(nulls[0] - nulls[1:].mean(0))))
-    # the interval is the paired bootstrap of massive_activations.bootstrap_interval
-    from companion.massive_activations import bootstrap_interval
+    # the interval is the paired bootstrap of resampling.bootstrap_interval
+    from companion.resampling import bootstrap_interval
 
     x = shared + 0.3 + noise
     _, lo, hi = bootstrap_interval(x - nulls.mean(0), n_boot=1000, rng=np.random.default_rng(0))

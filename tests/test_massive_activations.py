@@ -115,27 +115,6 @@ def test_ablation_needs_a_causal_model_and_two_tokens(llama, bert):
         ma.first_token_profile(llama, [1, 2], 0)
 
 
-def test_bootstrap_interval():
-    x = np.random.default_rng(0).normal(3.0, 1.0, 400)
-    mean, lo, hi = ma.bootstrap_interval(x)
-    assert lo < mean < hi and mean == pytest.approx(x.mean())
-    assert hi - lo == pytest.approx(2 * 1.96 / 20, rel=0.15)     # about 2 x 1.96 sd / sqrt(n)
-    m2, lo2, hi2 = ma.bootstrap_interval(np.c_[x, 2 * x])
-    np.testing.assert_allclose(m2, [x.mean(), 2 * x.mean()])
-    assert ma.bootstrap_interval(x, rng=1) != ma.bootstrap_interval(x, rng=2)
-    assert ma.bootstrap_interval(x) == ma.bootstrap_interval(x)    # seed 0 by default
-    for bad, exc in (([1.0], ValueError), ([[[1.0]]], ValueError), ([1.0, np.nan], ValueError),
-                     (["a", "b"], TypeError)):
-        with pytest.raises(exc):
-            ma.bootstrap_interval(bad)
-    with pytest.raises(ValueError):
-        ma.bootstrap_interval(x, level=1.0)
-    with pytest.raises(ValueError):
-        ma.bootstrap_interval(x, n_boot=1)
-    with pytest.raises(TypeError):
-        ma.bootstrap_interval(x, rng="seed")
-
-
 # --------------------------------------------------------------------------- LLM.int8() features
 @pytest.mark.parametrize("kind", ["llama", "bert"])
 def test_outlier_feature_shares_match_a_direct_capture(kind, tokenizer):  # noqa: F811

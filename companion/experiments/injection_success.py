@@ -570,7 +570,7 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     False
     """
     from companion._validation import as_float64, check_int, check_real
-    from companion.massive_activations import bootstrap_interval
+    from companion.resampling import bootstrap_interval
 
     x = as_float64(concept_values, "concept_values")
     y = as_float64(null_values, "null_values")
