@@ -248,6 +248,16 @@ def check_layer(layer, n_layers: int, model: str = "the model", name: str = "lay
     return int(layer)
 
 
+def check_layer_list(layers, name: str = "layers") -> tuple[int, ...]:
+    """Distinct, non-negative, increasing integer layer indices (the model's depth is checked later)."""
+    out = tuple(layers)
+    if any(not is_int(x) or x < 0 for x in out) or len(set(out)) != len(out):
+        raise ValueError(f"{name} must be distinct non-negative integers, got {layers}")
+    if list(out) != sorted(out):
+        raise ValueError(f"{name} must be increasing, got {layers}")
+    return out
+
+
 def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None, scales=(),
                  name: str = "vector", where: str = "the model"):
     """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a torch tensor of ``dtype`` on ``device``.

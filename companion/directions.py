@@ -115,44 +115,26 @@ class ConceptSet:
 _NEUTRAL_WORDS = ("table", "pencil", "idea", "window", "number", "carpet", "ladder", "button",
                   "letter", "garden", "minute", "bottle")
 
+def _word_set(name: str, words: tuple[str, ...]) -> ConceptSet:
+    # a word concept: its words against the neutral words, read at the last token of one request
+    return ConceptSet(name=name, positive=words, negative=_NEUTRAL_WORDS,
+                      template="Tell me about the {}", pool="last")
+
+
 #: The concept sets used by the chapter.  ``"sea"`` follows the word protocol of
 #: :cite:t:`hahami2025disturbance` (a concept's words against neutral baseline words, read at
 #: the last token of a short request), and ``"fire"``, ``"music"`` and ``"food"`` follow it with
 #: the same template and neutral words; ``"joy"`` the sentence protocol (mean over the tokens of
 #: cheerful minus sorrowful sentences).  The texts were written for this book.
 CONCEPTS: dict[str, ConceptSet] = {
-    "sea": ConceptSet(
-        name="sea",
-        positive=("ocean", "sea", "waves", "tide", "sailor", "harbour", "ship", "coral",
-                  "whale", "beach", "anchor", "seagull"),
-        negative=_NEUTRAL_WORDS,
-        template="Tell me about the {}",
-        pool="last",
-    ),
-    "fire": ConceptSet(
-        name="fire",
-        positive=("fire", "flame", "smoke", "ash", "candle", "spark", "blaze", "heat", "ember",
-                  "torch", "furnace", "fireplace"),
-        negative=_NEUTRAL_WORDS,
-        template="Tell me about the {}",
-        pool="last",
-    ),
-    "music": ConceptSet(
-        name="music",
-        positive=("music", "song", "piano", "guitar", "melody", "drum", "violin", "singer",
-                  "rhythm", "concert", "choir", "trumpet"),
-        negative=_NEUTRAL_WORDS,
-        template="Tell me about the {}",
-        pool="last",
-    ),
-    "food": ConceptSet(
-        name="food",
-        positive=("food", "bread", "cheese", "soup", "apple", "rice", "butter", "meat", "cake",
-                  "pasta", "salad", "sandwich"),
-        negative=_NEUTRAL_WORDS,
-        template="Tell me about the {}",
-        pool="last",
-    ),
+    "sea": _word_set("sea", ("ocean", "sea", "waves", "tide", "sailor", "harbour", "ship",
+                             "coral", "whale", "beach", "anchor", "seagull")),
+    "fire": _word_set("fire", ("fire", "flame", "smoke", "ash", "candle", "spark", "blaze",
+                               "heat", "ember", "torch", "furnace", "fireplace")),
+    "music": _word_set("music", ("music", "song", "piano", "guitar", "melody", "drum", "violin",
+                                 "singer", "rhythm", "concert", "choir", "trumpet")),
+    "food": _word_set("food", ("food", "bread", "cheese", "soup", "apple", "rice", "butter",
+                               "meat", "cake", "pasta", "salad", "sandwich")),
     "joy": ConceptSet(
         name="joy",
         positive=(

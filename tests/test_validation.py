@@ -182,3 +182,15 @@ def test_shared_checks_of_the_torch_layers():
                              (({},), ValueError, "empty"), (({"r": torch.nn.ReLU()},), TypeError, "not torch.nn.Linear")]:
         with pytest.raises(err, match=match):
             check_linears(*args)
+
+
+def test_check_layer_list():
+    from companion._validation import check_layer_list
+
+    assert check_layer_list([0, 3, 5]) == (0, 3, 5)
+    assert check_layer_list(()) == ()
+    for bad in ([1, 1], [-1, 2], [0, 2.5]):
+        with pytest.raises(ValueError, match="distinct non-negative integers"):
+            check_layer_list(bad)
+    with pytest.raises(ValueError, match="increasing"):
+        check_layer_list([3, 1])

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from companion._validation import check_layer_list
 from companion.experiments import Result, register
 
 __all__ = [
@@ -171,10 +172,7 @@ class InjectionSuccessExperiment:
             raise ValueError(f"scales must be strictly increasing, got {self.scales}")
         if self.null_scale not in self.scales:
             raise ValueError(f"null_scale must be one of scales {self.scales}, got {self.null_scale}")
-        if any(x < 0 for x in self.layers) or len(set(self.layers)) != len(self.layers):
-            raise ValueError(f"layers must be distinct non-negative integers, got {self.layers}")
-        if list(self.layers) != sorted(self.layers):
-            raise ValueError(f"layers must be increasing, got {self.layers}")
+        check_layer_list(self.layers)
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""

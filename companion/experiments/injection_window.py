@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion import experiments as xp
+from companion._validation import check_layer_list
 from companion.experiments import (
     Result,
     config_hash,
@@ -157,10 +158,7 @@ class InjectionWindowExperiment:
         _check_names(self.concepts, "concepts")
         if not self.concepts and self.n_random == 0:
             raise ValueError("no direction to inject: give concepts or n_random >= 1")
-        if any(x < 0 for x in self.layers) or len(set(self.layers)) != len(self.layers):
-            raise ValueError(f"layers must be distinct non-negative integers, got {self.layers}")
-        if list(self.layers) != sorted(self.layers):
-            raise ValueError(f"layers must be increasing, got {self.layers}")
+        check_layer_list(self.layers)
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
