@@ -292,6 +292,20 @@ def _check_result(result) -> None:
         raise ValueError(f"expected an injection_window Result, got one of {result.name!r}")
 
 
+def _scale_index(result, mode: str, scale: float) -> int:
+    # the index of one magnitude of a Result's rel or abs sweep, with the checks both readers need
+    _check_result(result)
+    if mode not in ("rel", "abs"):
+        raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
+    if mode not in result.scalars["modes"]:
+        raise ValueError(f"this Result has no {mode!r} sweep (modes: {result.scalars['modes']})")
+    given = np.asarray(result.arrays[f"{mode}_scales"], dtype=np.float64)
+    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
+    if hit.size == 0:
+        raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
+    return int(hit[0])
+
+
 def tracks(result) -> dict:
     """The :func:`~companion.engine.track_injection` results stored in a Result.
 
@@ -383,28 +397,20 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     >>> rows = window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))   # doctest: +SKIP
     >>> rows[0]["best_fraction"]                                     # doctest: +SKIP
     """
-    _check_result(result)
-    if mode not in ("rel", "abs"):
-        raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
     if not isinstance(contiguous, bool):
         raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
-    if mode not in result.scalars["modes"]:
-        raise ValueError(f"this Result has no {mode!r} sweep (modes: {result.scalars['modes']})")
-    given = np.asarray(result.arrays["rel_scales" if mode == "rel" else "abs_scales"], dtype=np.float64)
-    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
-    if hit.size == 0:
-        raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
+    k = _scale_index(result, mode, scale)
     rows = []
     sc = result.scalars
     for (dname, m_), tr in tracks(result).items():
         if m_ != mode:
             continue
-        w = tr.window(scale_index=int(hit[0]), threshold=threshold, contiguous=contiguous)
+        w = tr.window(scale_index=k, threshold=threshold, contiguous=contiguous)
         rows.append(dict(
             model=sc["model_name"], placement=sc["placement"], norm=sc["norm"], n_layers=int(sc["n_layers"]),
             direction=dname, layers=w.layers.tolist(), best=w.best, first=w.first, last=w.last, best_fraction=w.best_fraction,
             first_fraction=w.first_fraction, last_fraction=w.last_fraction, size_fraction=w.size_fraction,
-            max_effect=float(tr.effect()[:, hit[0]].max()), effect_name=tr.effect_name,
+            max_effect=float(tr.effect()[:, k].max()), effect_name=tr.effect_name,
             device=result.device, versions=dict(result.versions),
         ))
     return rows
@@ -440,18 +446,10 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
     --------
     >>> mean_window(run_cached(CPU_CONFIGS["minilm-l6"])).best_fraction   # doctest: +SKIP
     """
-    _check_result(result)
-    if mode not in ("rel", "abs"):
-        raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
-    if mode not in result.scalars["modes"]:
-        raise ValueError(f"this Result has no {mode!r} sweep (modes: {result.scalars['modes']})")
-    given = np.asarray(result.arrays["rel_scales" if mode == "rel" else "abs_scales"], dtype=np.float64)
-    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
-    if hit.size == 0:
-        raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
+    k = _scale_index(result, mode, scale)
     from companion.perturbation import injection_window
 
-    effects = [tr.effect()[:, hit[0]] for (d, m_), tr in tracks(result).items() if m_ == mode]
+    effects = [tr.effect()[:, k] for (d, m_), tr in tracks(result).items() if m_ == mode]
     return injection_window(np.mean(effects, axis=0), layers=np.asarray(result.arrays["layers"]),
                             n_layers=int(result.scalars["n_layers"]), threshold=threshold)
 
