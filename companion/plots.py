@@ -26,12 +26,13 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["band", "channel_points", "count_comparison", "counts", "depth_axis", "depth_colours",
-           "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
-           "effect_profiles", "finish", "grouped_bars", "interval_errorbars", "layer_profiles",
-           "ln_rule_scatter", "partial_dot_curves", "quantization_error_scatter",
-           "readout_against_null", "scheme_bars", "seed_bands", "seed_points",
-           "sublayer_cumulative", "success_window_rows", "table", "tail_curves", "window_edges"]
+__all__ = ["TRACK_PANELS", "band", "channel_points", "count_comparison", "counts", "depth_axis",
+           "depth_colours", "depth_outlier_statistics", "depth_stream_growth",
+           "depth_training_curves", "effect_profiles", "finish", "grouped_bars",
+           "interval_errorbars", "layer_profiles", "ln_rule_scatter", "partial_dot_curves",
+           "perturbation_tracks", "quantization_error_scatter", "readout_against_null",
+           "relative_effects", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
+           "success_window_rows", "table", "tail_curves", "window_edges"]
 
 
 def _check_axes(ax):
@@ -311,6 +312,113 @@ def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
                 label=f"L={depth} {label}")
     return ax
 
+
+
+#: The four per-layer metrics of :func:`perturbation_tracks`: (metric of
+#: :data:`companion.perturbation.METRIC_NAMES`, panel title).
+TRACK_PANELS = (("projection", r"projection $p_m / c$"), ("cos_delta_v", r"$\cos(\delta_m, v)$"),
+                ("relative_size", r"relative size $\|\delta_m\| / \|h_m\|$"),
+                ("cos_inj_base", r"$\cos(\tilde h_m, h_m)$"))
+
+
+def perturbation_tracks(axes, tracks, layer: int, *, name: str = "", scale_index: int = 1,
+                        directions=("sea", "random0"), colours=("C0", "C3"), titles: bool = True):
+    """One injection layer of ``injection_window`` tracks, followed through the later layers.
+
+    One panel per metric of :data:`TRACK_PANELS` (the projection divided by the injected size
+    ``c``); per direction, the injected tokens (solid) and the last token (dashed); on the
+    relative-size panel, pure dilution ``c / n_m`` (dotted) for the first direction.
+
+    Parameters
+    ----------
+    axes : sequence of 4 matplotlib.axes.Axes
+    tracks : dict
+        :func:`companion.experiments.injection_window.tracks` of one Result (keys
+        ``(direction, "rel")``).
+    layer : int
+        The injection layer (one of the Result's layers).
+    name : str
+        The model's name, for the x-label.
+    scale_index : int, default 1
+        Which relative magnitude.
+    directions, colours : sequences of equal length
+    titles : bool
+        Panel titles (for the first row of a grid).
+
+    Returns
+    -------
+    list of matplotlib.axes.Axes
+    """
+    axes = [_check_axes(ax) for ax in axes]
+    if len(axes) != len(TRACK_PANELS):
+        raise ValueError(f"axes must hold {len(TRACK_PANELS)} Axes, got {len(axes)}")
+    if len(directions) != len(colours):
+        raise ValueError("directions and colours must have the same length")
+    for d, colour in zip(directions, colours):
+        if (d, "rel") not in tracks:
+            raise ValueError(f"no relative track for direction {d!r}; have {sorted(tracks)}")
+        tr = tracks[(d, "rel")]
+        lay = tr.layers.tolist()
+        if layer not in lay:
+            raise ValueError(f"layer {layer} was not an injection layer; the layers are {lay}")
+        j = lay.index(layer)
+        c = tr.coefficient[j, scale_index]
+        x = np.arange(layer, tr.n_layers + 1) / tr.n_layers
+        for k, (metric, title) in enumerate(TRACK_PANELS):
+            ax = axes[k]
+            for group, style in (("injected", "-"), ("last", "--")):
+                y = tr.mean(metric, group)[j, scale_index, layer:]
+                ax.plot(x, y / c if metric == "projection" else y, style, color=colour, lw=1.5,
+                        label=f"{d}, {group}" if k == 0 else None)
+            if metric == "relative_size" and d == directions[0]:
+                ax.plot(x, c / tr.typical_norm[layer:], ":", color="k",
+                        label="pure dilution $c/n_m$")
+            ax.set_title(title if titles else None, fontsize=9)
+            ax.set_xlabel(f"layer / L  ({name}, injected at l = {layer})", fontsize=8)
+    axes[0].set_ylabel(name)
+    return axes
+
+
+def relative_effects(ax, tracks, *, scale_indices=(0, 1), directions=("sea", "random0"),
+                     colours=("C0", "C3")):
+    """Output effect per injection layer, divided by its maximum, for relative and fixed sizes.
+
+    Per direction: the relative magnitudes ``scale_indices`` (dotted, solid) and the fixed
+    coefficient (dash-dot), against ``l / L``, with the threshold 1/2 of the window definition.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    tracks : dict
+        :func:`companion.experiments.injection_window.tracks` of one Result with both the
+        ``"rel"`` and the ``"abs"`` sweep.
+    scale_indices : pair of int
+    directions, colours : sequences of equal length
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
+    _check_axes(ax)
+    if len(directions) != len(colours):
+        raise ValueError("directions and colours must have the same length")
+    for d, colour in zip(directions, colours):
+        if (d, "rel") not in tracks or (d, "abs") not in tracks:
+            raise ValueError(f"direction {d!r} needs a 'rel' and an 'abs' track; "
+                             f"have {sorted(tracks)}")
+        rel, fixed = tracks[(d, "rel")], tracks[(d, "abs")]
+        x = rel.layers / rel.n_layers
+        for s, style in zip(scale_indices, (":", "-")):
+            e = rel.effect()[:, s]
+            ax.plot(x, e / e.max(), style, color=colour, marker="o", ms=3,
+                    label=fr"{d}, $\alpha$ = {rel.scales[s]:g}")
+        e = fixed.effect()[:, 0]
+        ax.plot(x, e / e.max(), "-.", color=colour, marker="s", ms=3, alpha=0.6,
+                label=f"{d}, fixed c = {fixed.scales[0]:.3g}")
+    ax.axhline(0.5, color="k", lw=0.6)
+    ax.set_xlabel(r"injection layer $\ell / L$")
+    ax.set_ylabel(f"{rel.effect_name} / its maximum over layers")
+    return ax
 
 # --- channel statistics, counts and attention logits ---
 def _curve_items(curves, name: str):

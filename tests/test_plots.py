@@ -186,3 +186,44 @@ def test_effect_profiles_normalise_each_depth(ax):
     assert ax.lines[1].get_label() == "L=4 x"
     with pytest.raises(ValueError, match="shape"):
         plots.effect_profiles(ax, eff, [2])
+
+
+def _fake_tracks(L=4, layers=(0, 2, 4)):
+    # the attributes of engine.SweepResult that the injection figures read
+    from types import SimpleNamespace
+
+    g = np.random.default_rng(0)
+    n_inj = len(layers)
+
+    def track(relative):
+        values = {k: g.random((n_inj, 2, L + 1)) for k, _ in plots.TRACK_PANELS}
+        eff = g.random((n_inj, 2)) + 0.1
+        return SimpleNamespace(
+            layers=np.asarray(layers), n_layers=L, scales=np.array([0.125, 0.5]),
+            coefficient=np.full((n_inj, 2), 2.0), typical_norm=np.linspace(1, 5, L + 1),
+            effect_name="kl_last", mean=lambda metric, group: values[metric],
+            effect=lambda: eff, relative=relative)
+
+    return {(d, m): track(m == "rel") for d in ("sea", "random0") for m in ("rel", "abs")}
+
+
+def test_perturbation_tracks_and_relative_effects():
+    import matplotlib.pyplot as plt
+
+    tracks = _fake_tracks()
+    fig, axes = plt.subplots(1, 4)
+    plots.perturbation_tracks(axes, tracks, 2, name="toy")
+    # 2 directions x 2 groups per panel, + the dilution line on the relative-size panel
+    assert [len(ax.lines) for ax in axes] == [4, 4, 5, 4]
+    np.testing.assert_allclose(axes[0].lines[0].get_xdata(), [0.5, 0.75, 1.0])
+    with pytest.raises(ValueError, match="not an injection layer"):
+        plots.perturbation_tracks(axes, tracks, 3)
+    with pytest.raises(ValueError, match="4 Axes"):
+        plots.perturbation_tracks(axes[:2], tracks, 2)
+    fig2, ax = plt.subplots()
+    plots.relative_effects(ax, tracks)
+    assert len(ax.lines) == 2 * 3 + 1                       # 3 curves per direction + threshold
+    assert max(max(line.get_ydata()) for line in ax.lines[:6]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="'abs' track"):
+        plots.relative_effects(ax, {k: v for k, v in tracks.items() if k[1] == "rel"})
+    plt.close("all")
