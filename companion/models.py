@@ -1092,11 +1092,7 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     if m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
     batch_size = check_int(batch_size, "batch_size", 1)
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
-    if not texts:
-        raise ValueError("texts is empty; pass at least one non-empty string")
+    texts = check_texts(texts, single=True)
     total, count, per = 0.0, 0, []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
@@ -1152,11 +1148,7 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: 
     """
     check_model(m)
     batch_size = check_int(batch_size, "batch_size", 1)
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
-    if not texts:
-        raise ValueError("texts is empty; pass at least one non-empty string")
+    texts = check_texts(texts, single=True)
     out = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
