@@ -28,14 +28,19 @@ from companion._validation import check_int, check_real, check_texts
 __all__ = ["FirstTokenProfile", "first_token_profile", "AblationRun", "ablate_activation"]
 
 
-def _causal_model(m):
+def _model_texts_channel(m, texts, channel, causal: bool) -> tuple[list[str], int]:
+    """Check the model (a causal LM when ``causal``), then the texts and the channel index."""
     from companion.models import check_model
 
     check_model(m)
-    if m.kind != "causal-lm":
+    if causal and m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder; the ablation measures next-token loss and needs a "
                          "causal language model such as smollm2-135m")
-    return m
+    texts = check_texts(texts, single=True)
+    channel = check_int(channel, "channel", 0)
+    if channel >= m.d_model:
+        raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")
+    return texts, channel
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,13 +127,9 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     12
     """
     from companion import probes
-    from companion.models import check_model, tokenize
+    from companion.models import tokenize
 
-    check_model(m)
-    texts = check_texts(texts, single=True)
-    channel = check_int(channel, "channel", 0)
-    if channel >= m.d_model:
-        raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")
+    texts, channel = _model_texts_channel(m, texts, channel, causal=False)
     n_med = check_int(median_texts, "median_texts", 1)
     first_len = 2 if m.kind == "causal-lm" else max_length
     values = []
@@ -220,11 +221,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     from companion.hooks import hooks
     from companion.models import tokenize
 
-    _causal_model(m)
-    texts = check_texts(texts, single=True)
-    channel = check_int(channel, "channel", 0)
-    if channel >= m.d_model:
-        raise ValueError(f"channel {channel} is outside [0, {m.d_model - 1}] (width of {m.name})")
+    texts, channel = _model_texts_channel(m, texts, channel, causal=True)
     position = check_int(position, "position", 0)
     bs = check_int(batch_size, "batch_size", 1)
     if (layer is None) != (value is None):
