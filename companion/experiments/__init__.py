@@ -106,6 +106,7 @@ __all__ = [
     "make_config",
     "config_hash",
     "run",
+    "progress_bar",
     "run_cached",
     "save_result",
     "load_result",
@@ -569,6 +570,16 @@ def run(config, device=None, progress: bool = False) -> Result:
         config_hash=config_hash(config),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+
+
+def progress_bar(total: int, progress: bool, desc: str):
+    """The tqdm bar of a ``compute`` (``total`` steps, label ``desc``), or ``None`` without
+    ``progress``; callers update it with ``bar.update()`` when there is one."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc)
 
 
 def results_root() -> Path:

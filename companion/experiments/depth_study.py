@@ -55,7 +55,7 @@ from companion import extremes
 from companion import perturbation as fw
 from companion._validation import check_int
 from companion.corpus import load_corpus
-from companion.experiments import register
+from companion.experiments import progress_bar, register
 from companion.stacks import StackConfig, TinyLM, byte_tokenize, dslm_scales, train_tiny_lm
 
 __all__ = [
@@ -490,10 +490,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
         "count_observed": np.full((P, D, M + 1, C), nan), "count_expected": np.full((P, D, M + 1, C), nan),
     }
     threshold = chance_threshold(K * config.n_prompts, config.n_random)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=P * D, desc="depth study")
+    bar = progress_bar(P * D, progress, "depth study")
     import time
     for pi, placement in enumerate(config.placements):
         for di, depth in enumerate(config.depths):

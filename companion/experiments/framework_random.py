@@ -30,7 +30,7 @@ import torch
 
 from companion._validation import check_positive, check_tuple
 from companion.engine import stack_injection_sweep
-from companion.experiments import register
+from companion.experiments import progress_bar, register
 from companion.perturbation import fit_norm_growth, injection_window, predicted_window
 from companion.stacks import ResidualStack, StackConfig, sharpen_attention
 
@@ -124,21 +124,14 @@ class RandomWindowsConfig:
 
     def compute(self, device, progress: bool = False) -> dict:
         """Entry point of the experiments framework: :func:`run_random_windows` plus axis labels."""
-        bar = _bar(len(self.placements) * len(self.blocks) * len(self.gains), progress, "random stacks")
+        n = len(self.placements) * len(self.blocks) * len(self.gains)
+        bar = progress_bar(n, progress, "random stacks")
         out = run_random_windows(self, device, progress=bar.update if bar else None)
         if bar:
             bar.close()
         out.update(placements=list(self.placements), blocks=list(self.blocks),
                    gains=list(self.gains), depths=list(self.depths))
         return out
-
-
-def _bar(total, progress, desc):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc)
 
 
 def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers: int,

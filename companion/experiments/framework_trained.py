@@ -45,7 +45,7 @@ import torch
 from companion._validation import check_positive, check_tuple
 from companion.corpus import load_corpus
 from companion.engine import stack_injection_sweep
-from companion.experiments import register, stored_root, stored_target
+from companion.experiments import progress_bar, register, stored_root, stored_target
 from companion.perturbation import injection_window
 from companion.stacks import StackConfig, TinyLM, byte_tokenize, train_tiny_lm
 
@@ -199,21 +199,13 @@ class TrainedWindowsConfig:
     def compute(self, device, progress: bool = False) -> dict:
         """Entry point of the experiments framework: :func:`run_trained_windows` plus axis labels."""
         n = len(self.placements) * len(self.widths) * len(self.depths)
-        bar = _bar(n, progress, "training")
+        bar = progress_bar(n, progress, "training")
         out = run_trained_windows(self, device, progress=bar.update if bar else None)
         if bar:
             bar.close()
         out.update(placements=list(self.placements), widths=list(self.widths),
                    depths=list(self.depths), training_hash=training_hash(self))
         return out
-
-
-def _bar(total, progress, desc):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc)
 
 
 def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, depth: int) -> StackConfig:

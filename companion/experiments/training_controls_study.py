@@ -39,7 +39,7 @@ import torch
 
 from companion._validation import check_int, check_real
 from companion.corpus import load_corpus
-from companion.experiments import register
+from companion.experiments import progress_bar, register
 from companion.stacks import StackConfig, TinyLM, byte_tokenize
 from companion.training_controls import (
     TrainingControls,
@@ -300,10 +300,7 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
         out["init_eval_loss"][si] = tiny_lm_loss(init, test_ids, config.seq_len)
         out["init_colmean_vo"][si] = _colmean_norm(init, ("w_v", "w_o"))
         out["init_colmean_mlp"][si] = _colmean_norm(init, ("w_out",))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=A * S, desc="training controls")
+    bar = progress_bar(A * S, progress, "training controls")
     for ai, arm in enumerate(config.arms):
         for si, seed in enumerate(config.seeds):
             trace = np.empty((K, L + 1))
