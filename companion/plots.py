@@ -28,10 +28,11 @@ from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["TRACK_PANELS", "band", "channel_points", "count_comparison", "counts", "depth_axis",
            "depth_colours", "depth_outlier_statistics", "depth_stream_growth",
-           "depth_training_curves", "effect_profiles", "finish", "grouped_bars",
-           "interval_errorbars", "layer_profiles", "ln_rule_scatter", "partial_dot_curves",
-           "perturbation_tracks", "quantization_error_scatter", "readout_against_null",
-           "relative_effects", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
+           "depth_training_curves", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
+           "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
+           "partial_dot_curves", "perturbation_tracks", "postln_projection", "preln_ratios",
+           "quantization_error_scatter", "readout_against_null", "relative_effects",
+           "scale_spread", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
            "success_window_rows", "table", "tail_curves", "window_edges"]
 
 
@@ -1097,3 +1098,255 @@ def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers
     ax.set_xlim(-0.03, 1.03)
     ax.set_xlabel(r"injection layer $\ell / L$")
     return ax
+
+
+# --- block figures ---
+# Figures of the concentration and three-effect chapters: the chapter computes every curve, these
+# functions only draw them.
+
+def _samples_dict(samples, name: str, rows: int) -> dict:
+    if not isinstance(samples, dict) or not samples:
+        raise TypeError(f"{name} must be a non-empty dict key -> array")
+    out = {k: as_float64(v, f"{name}[{k!r}]") for k, v in samples.items()}
+    for k, v in out.items():
+        if v.ndim != 2 or v.shape[0] != rows or v.shape[1] < 2:
+            raise ValueError(f"{name}[{k!r}] must have shape ({rows}, trials >= 2), got {v.shape}")
+    return out
+
+
+def gaussian_maxima(N, exact, upper, t_N, lower, simulated):
+    """Where the largest of ``N`` standard Gaussians lies (two panels).
+
+    Parameters
+    ----------
+    N : array_like, 1-D
+        Grid of ``N`` (integers >= 1).
+    exact, upper, t_N, lower : array_like, same length as ``N``
+        ``E max|G_i|``; the upper bound ``sqrt(2 ln 2N)``; ``t_N`` with ``E C(t_N) = 1``; the lower
+        bound (ii) (non-positive values are not drawn).
+    simulated : tuple ``(Ns, mean, se)``
+        Simulated means at ``Ns``, drawn with +- 2 standard errors.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+        Left: the curves against ``N``; right: their ratio to ``sqrt(2 ln N)`` for ``N > 1``.
+    """
+    import matplotlib.pyplot as plt
+
+    N = _vector(N, "N")
+    if N.size == 0 or np.any(N < 1):
+        raise ValueError("N must be a non-empty grid of integers >= 1")
+    exact, upper, t_N, lower = (_vector(v, n, N.size) for v, n in (
+        (exact, "exact"), (upper, "upper"), (t_N, "t_N"), (lower, "lower")))
+    if not isinstance(simulated, tuple) or len(simulated) != 3:
+        raise TypeError("simulated must be a tuple (Ns, mean, se)")
+    Ns = _vector(simulated[0], "simulated Ns")
+    mean, se = (_vector(v, n, Ns.size) for v, n in zip(simulated[1:], ("mean", "se")))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    ax.semilogx(N, exact, "k", label=r"exact $\mathbb{E}\max|G_i|$")
+    ax.errorbar(Ns, mean, yerr=2 * se, fmt="o", ms=3, color="C3", label="simulated (200 streams)")
+    ax.semilogx(N, upper, "C0--", label=r"upper $\sqrt{2\ln 2N}$")
+    ax.semilogx(N, t_N, "C2:", label=r"$t_N$: $\mathbb{E}C(t_N)=1$")
+    ax.semilogx(N, (1 - np.exp(-1)) * t_N, "C1-.", label=r"lower $(1-e^{-1})t_N$")
+    ax.set(xlabel="N", ylabel="largest of N", title="Where is the largest of N Gaussians?")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    big = N > 1
+    root = np.sqrt(2 * np.log(N[big]))
+    ax.semilogx(N[big], exact[big] / root, "k", label="exact")
+    ax.semilogx(N[big], upper[big] / root, "C0--", label="upper bound")
+    ax.semilogx(N[big], np.where(lower[big] > 0, lower[big], np.nan) / root, "C1-.",
+                label="lower bound (ii), a = 1")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set(xlabel="N", ylabel=r"ratio to $\sqrt{2\ln N}$", ylim=(0.4, 1.6),
+           title=r"Slow convergence to $\sqrt{2\ln N}$")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def largest_logits(n, samples, n_grid, gaussian):
+    """The largest of ``n`` attention logits against the context length ``n``.
+
+    Parameters
+    ----------
+    n : array_like, 1-D
+        Context lengths of the simulation.
+    samples : dict
+        ``d_k -> array [len(n), trials]``: simulated maxima, drawn as means +- 2 standard errors.
+    n_grid : array_like, 1-D
+        Grid for the reference curves.
+    gaussian : array_like, same length as ``n_grid``
+        The expected largest of ``n`` Gaussian logits (drawn dashed); ``ln n`` is drawn dotted.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, matplotlib.axes.Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    n = _vector(n, "n")
+    samples = _samples_dict(samples, "samples", n.size)
+    if len(samples) > 10:
+        raise ValueError("samples can hold at most 10 values of d_k")
+    n_grid = _vector(n_grid, "n_grid")
+    gaussian = _vector(gaussian, "gaussian", n_grid.size)
+    fig, ax = plt.subplots()
+    for k, (d_k, m) in enumerate(samples.items()):
+        ax.errorbar(n, m.mean(axis=1), yerr=2 * m.std(axis=1, ddof=1) / np.sqrt(m.shape[1]),
+                    fmt="o-", color=f"C{k}", ms=3, label=f"$d_k$ = {d_k} (simulated)")
+    ax.semilogx(n_grid, gaussian, "k--", lw=0.9,
+                label=r"Gaussian logits (exact); $\approx\sqrt{2\ln n}$")
+    ax.semilogx(n_grid, np.log(n_grid), "k:", lw=0.9, label=r"$\ln n$")
+    ax.set(xscale="log", xlabel="context length n", ylabel="largest logit",
+           title=r"Largest of n logits: $\ln n$ for $d_k=1$, $\sqrt{2\ln n}$ for $d_k=64$")
+    ax.legend(fontsize=8)
+    return fig, ax
+
+
+def scale_spread(spread):
+    """Relative spread of LayerNorm's scale per layer, across sequences and across positions.
+
+    Parameters
+    ----------
+    spread : dict
+        ``d -> (within, between)``: per layer, sd / mean of the scale across sequences and across
+        positions; ``1/sqrt(2d)`` (a Gaussian vector's value) is drawn dotted.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, matplotlib.axes.Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(spread, dict) or not spread or len(spread) > 10:
+        raise TypeError("spread must be a dict d -> (within, between) with 1 to 10 entries")
+    curves = {}
+    for d, pair in spread.items():
+        d = check_int(d, "every width d", 1)
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"spread[{d}] must be a pair (within, between)")
+        within = _vector(pair[0], f"spread[{d}] within")
+        curves[d] = (within, _vector(pair[1], f"spread[{d}] between", within.size))
+    fig, ax = plt.subplots()
+    for k, (d, (within, between)) in enumerate(curves.items()):
+        ax.plot(within, "o-", color=f"C{k}", label=f"across sequences, d = {d}")
+        ax.plot(between, "s--", color=f"C{k}", label=f"across positions, d = {d}")
+        ax.axhline(1 / np.sqrt(2 * d), color=f"C{k}", lw=0.8, ls=":")
+    ax.set(xlabel="layer", ylabel="relative spread of the scale", ylim=(0, 0.12),
+           title=r"LayerNorm's scale: $1/\sqrt{2d}$ across sequences (dotted)")
+    ax.legend(fontsize=8)
+    return fig, ax
+
+
+def _block_gain_grid(rows, name: str, colours) -> tuple[list, list]:
+    """The blocks and gains of a dict ``(block, gain) -> entries``, in insertion order."""
+    if not isinstance(rows, dict) or not rows or not all(
+            isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], str) for k in rows):
+        raise TypeError(f"{name} must be a non-empty dict (block, gain) -> arrays")
+    blocks = list(dict.fromkeys(k[0] for k in rows))
+    gains = list(dict.fromkeys(k[1] for k in rows))
+    if any((b, g) not in rows for b in blocks for g in gains):
+        raise ValueError(f"{name} must hold every (block, gain) pair")
+    if len(gains) > len(colours):
+        raise ValueError(f"{name}: at most {len(colours)} gains (one colour each)")
+    return blocks, gains
+
+
+def postln_projection(rows, ell: int, d: int, *, colours=("C0", "C1", "C3")):
+    """Post-LN stacks: the measured projection ``|p_m|`` against the product of ``1/s``, one panel
+    per block, one colour per gain, relative to ``p_ell``; dotted: the floor
+    ``||delta_m|| / sqrt(d)``.
+
+    Parameters
+    ----------
+    rows : dict
+        ``(block, gain) -> (p, q, dn, ...)``: measured projection, predicted projection and
+        ``||delta||``, arrays ``[L + 1, sequences, tokens]`` (extra entries are ignored).
+    ell : int
+        The injection layer.
+    d : int
+        The width.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    blocks, gains = _block_gain_grid(rows, "rows", colours)
+    ell, d = check_int(ell, "ell", 0), check_int(d, "d", 1)
+    arrays = {}
+    for key, entry in rows.items():
+        if not isinstance(entry, tuple) or len(entry) < 3:
+            raise TypeError(f"rows[{key}] must be a tuple (p, q, dn, ...)")
+        p, q, dn = (as_float64(v, f"rows[{key}]") for v in entry[:3])
+        if p.ndim != 3 or q.shape != p.shape or dn.shape != p.shape or p.shape[0] <= ell:
+            raise ValueError(f"rows[{key}]: p, q, dn must share a shape [L + 1 > ell, B, T]")
+        arrays[key] = p, q, dn
+    fig, axes = plt.subplots(1, len(blocks), figsize=(11, 3.6), sharey=True, squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        for gain, colour in zip(gains, colours):
+            p, q, dn = arrays[(block, gain)]
+            m = np.arange(ell, p.shape[0])
+            p0 = q[ell].mean()
+            ax.semilogy(m, np.abs(p[ell:].mean(axis=(1, 2))) / p0, "o", color=colour, ms=4,
+                        label=f"measured, g={gain}")
+            ax.semilogy(m, q[ell:].mean(axis=(1, 2)) / p0, "-", color=colour, lw=1.2,
+                        label=f"product of 1/s, g={gain}")
+            ax.semilogy(m, (dn[ell:] / np.sqrt(d)).mean(axis=(1, 2)) / p0, ":", color=colour, lw=1)
+        ax.set_title(f"Post-LN, {block}")
+        ax.set_xlabel("layer m")
+        ax.set_ylim(1e-4, 2)
+    axes[0, 0].set_ylabel(r"$|p_m| / p_\ell$  (dotted: floor $\|\delta_m\|/\sqrt{d}$)")
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"Random Post-LN stacks (d = {d}): projection measured vs the product of 1/s")
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def preln_ratios(rows, ell: int, *, colours=("C0", "C1", "C3")):
+    """Pre-LN stacks: the readable projection ``pi_m / pi_ell`` against the dilution law and the
+    relative size ``rho_m / rho_ell``, one panel per block, one colour per gain.
+
+    Parameters
+    ----------
+    rows : dict
+        ``(block, gain) -> (pi, law, rho, c)``: three curves over layers ``ell, ell + 1, ...``
+        (same length) and the growth slope ``c`` of the law.
+    ell : int
+        The injection layer (the first abscissa).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    blocks, gains = _block_gain_grid(rows, "rows", colours)
+    ell = check_int(ell, "ell", 0)
+    curves = {}
+    for key, entry in rows.items():
+        if not isinstance(entry, tuple) or len(entry) != 4:
+            raise TypeError(f"rows[{key}] must be a tuple (pi, law, rho, c)")
+        meas = _vector(entry[0], f"rows[{key}] pi")
+        law, rho = (_vector(v, f"rows[{key}]", meas.size) for v in entry[1:3])
+        curves[key] = meas, law, rho, check_real(entry[3], f"rows[{key}] c")
+    fig, axes = plt.subplots(1, len(blocks), figsize=(10, 3.6), sharey=True, squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        for gain, colour in zip(gains, colours):
+            meas, law, rho, c = curves[(block, gain)]
+            m = np.arange(ell, ell + meas.size)
+            ax.plot(m, meas, "o", ms=3, color=colour, label=fr"$\pi_m/\pi_\ell$, g={gain}")
+            ax.plot(m, law, "-", color=colour, lw=1.2,
+                    label=fr"$\sqrt{{(1+c\ell)/(1+cm)}}$, c={c:.2f}")
+            ax.plot(m, rho, "--", color=colour, lw=1, label=fr"$\rho_m/\rho_\ell$, g={gain}")
+        ax.set_title(f"Pre-LN, {block}")
+        ax.set_xlabel("layer m")
+        ax.set_ylim(0, 1.6)
+    axes[0, 0].set_ylabel("ratio to the injection layer")
+    axes[0, 0].legend(fontsize=7, ncol=1, loc="upper right")
+    fig.tight_layout()
+    return fig, axes[0]
