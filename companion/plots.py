@@ -1350,3 +1350,174 @@ def preln_ratios(rows, ell: int, *, colours=("C0", "C1", "C3")):
     axes[0, 0].legend(fontsize=7, ncol=1, loc="upper right")
     fig.tight_layout()
     return fig, axes[0]
+
+
+def subexponential_tails(t, exact, bounds, windows):
+    """Sub-exponential tails and their parameters (two panels).
+
+    Parameters
+    ----------
+    t : array_like, 1-D
+    exact, bounds : dict
+        Tails of the centred variables and their ``psi_1`` bounds, as in :func:`tail_curves`
+        (left panel).
+    windows : dict
+        ``label -> (inv_b, nu2, variance, colour)``: the smallest ``nu^2`` against the window
+        ``1/b`` (right panel; infinite values are not drawn), the variance drawn as a dotted line.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(windows, dict) or not windows:
+        raise TypeError("windows must be a non-empty dict label -> (inv_b, nu2, variance, colour)")
+    curves = {}
+    for label, entry in windows.items():
+        if not isinstance(entry, tuple) or len(entry) != 4 or not isinstance(entry[3], str):
+            raise TypeError(f"windows[{label!r}] must be a tuple (inv_b, nu2, variance, colour)")
+        x = _vector(entry[0], f"windows[{label!r}] inv_b")
+        curves[label] = (x, _vector(entry[1], f"windows[{label!r}] nu2", x.size),
+                         check_real(entry[2], f"windows[{label!r}] variance"), entry[3])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    tail_curves(ax, t, exact, bounds)
+    ax.set(xlabel="t", ylabel=r"$P(|X-\mathbb{E}X|\geq t)$", ylim=(1e-8, 1.5),
+           title="Exponential tails and the $\\psi_1$ bound")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for label, (x, nu2, _, colour) in curves.items():
+        ax.plot(x, nu2, colour, label=label)
+    for x, nu2, variance, colour in curves.values():
+        ax.axhline(variance, color=colour, ls=":", lw=0.8)
+    ax.set(xlabel="window $1/b$", ylabel=r"smallest $\nu^2$", ylim=(0, 12),
+           title=r"$\nu^2(b)$: from the variance (dotted) to $\infty$ at the tail rate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def norm_fluctuations(x, densities, gaussian, simulated, t, exact, bounds):
+    """The fluctuation ``||h|| - E||h||`` of a Gaussian vector's norm (two panels).
+
+    Parameters
+    ----------
+    x : array_like, 1-D
+        Abscissa of the densities.
+    densities : dict
+        ``d -> density of ||h|| - E||h||`` at ``x``.
+    gaussian : array_like
+        The ``N(0, 1/2)`` density at ``x`` (dashed).
+    simulated : tuple ``(d, samples)``
+        Simulated fluctuations at width ``d``, drawn as a histogram.
+    t, exact, bounds
+        The right panel's tails and dimension-free bounds, as in :func:`tail_curves`.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    x = _vector(x, "x")
+    if not isinstance(densities, dict) or not densities:
+        raise TypeError("densities must be a non-empty dict d -> values")
+    dens = {check_int(d, "every width d", 1): _vector(v, f"densities[{d}]", x.size)
+            for d, v in densities.items()}
+    gaussian = _vector(gaussian, "gaussian", x.size)
+    if not isinstance(simulated, tuple) or len(simulated) != 2:
+        raise TypeError("simulated must be a tuple (d, samples)")
+    d_sim, samples = check_int(simulated[0], "simulated d", 1), _vector(simulated[1], "samples")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    for d, y in dens.items():
+        ax.plot(x, y, label=f"d = {d}")
+    ax.plot(x, gaussian, "k--", lw=0.9, label="N(0, 1/2)")
+    ax.hist(samples, bins=60, density=True, color="C2", alpha=0.25, label=f"simulated, d = {d_sim}")
+    ax.set(xlabel=r"$\|h\|-\mathbb{E}\|h\|$", ylabel="density",
+           title=r"$\|h\|$ fluctuates by O(1) in every dimension")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    tail_curves(ax, t, exact, bounds)
+    ax.set(xlabel="t", ylabel=r"$P(|\,\|h\|-c\,|\geq t)$", ylim=(1e-14, 1.5),
+           title="Dimension-free bounds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def norm_and_logit_tails(r, norm_tails, t, logit_tails, gaussian):
+    """Tails of squared norms (left) and of scaled attention logits (right), on log axes.
+
+    Parameters
+    ----------
+    r : array_like, 1-D
+        Relative deviations of ``||h||^2 / d`` from 1.
+    norm_tails : dict
+        ``d -> (exact, bernstein)`` at ``r``; one colour per ``d`` (at most 10).
+    t : array_like, 1-D
+    logit_tails : dict
+        ``d_k -> exact tail of |q.k| / sqrt(d_k)`` at ``t``.
+    gaussian : array_like
+        The standard Gaussian's two-sided tail at ``t`` (dashed, black).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    for name, value in (("norm_tails", norm_tails), ("logit_tails", logit_tails)):
+        if not isinstance(value, dict) or not 0 < len(value) <= 10:
+            raise TypeError(f"{name} must be a dict with 1 to 10 entries")
+    if not all(isinstance(v, tuple) and len(v) == 2 for v in norm_tails.values()):
+        raise TypeError("norm_tails must map d -> (exact, bernstein)")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    for k, (d, (exact, bern)) in enumerate(norm_tails.items()):
+        tail_curves(ax, r, {f"exact, d = {d}": (exact, f"C{k}")},
+                    {f"Bernstein, d = {d}": (bern, f"C{k}--")})
+    ax.set(xlabel=r"$r$", ylabel=r"$P(|\,\|h\|^2/d-1\,|\geq r)$",
+           ylim=(1e-12, 1.5), title="Squared norms: exact and Bernstein")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    tail_curves(ax, t, {f"$d_k$ = {d_k}": (v, f"C{k}") for k, (d_k, v) in enumerate(
+        logit_tails.items())}, {"N(0, 1)": (gaussian, "k--")})
+    ax.set(xlabel="t", ylabel=r"$P(|q\cdot k|/\sqrt{d_k}\geq t)$", ylim=(1e-12, 1.5),
+           title="Scaled logits: heavier than Gaussian, less so as $d_k$ grows")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def bernoulli_sum_tails(t, panels, n: int):
+    """Tails of sums of ``n`` Bernoulli variables against their bounds, one panel per ``p``.
+
+    Parameters
+    ----------
+    t : array_like, 1-D
+    panels : dict
+        ``p -> (exact, bounds)``: the exact two-sided tail at ``t`` (black dots) and a dict of
+        bounds as in :func:`tail_curves` (drawn with width 1.5).
+    n : int
+        The number of summands (in the titles).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(panels, dict) or not panels or not all(
+            isinstance(v, tuple) and len(v) == 2 for v in panels.values()):
+        raise TypeError("panels must be a non-empty dict p -> (exact, bounds)")
+    n = check_int(n, "n", 1)
+    fig, axes = plt.subplots(1, len(panels), figsize=(10, 4), sharey=True, squeeze=False)
+    for ax, (p, (exact, bounds)) in zip(axes[0], panels.items()):
+        tail_curves(ax, t, {"exact": (exact, "ko")}, bounds, lw_bound=1.5)
+        ax.set(xlabel="t", title=f"sum of {n} Bernoulli({p})", ylim=(1e-30, 2))
+    axes[0, 0].set_ylabel(r"$P(|S-np|\geq t)$")
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes[0]

@@ -1,4 +1,4 @@
-"""The concentration and three-effect figures of companion.plots (block figures), on small arrays."""
+"""The concentration and three-effect figures of companion.plots (block figures)."""
 
 import matplotlib
 
@@ -106,3 +106,65 @@ def test_preln_ratios():
         plots.preln_ratios(rows, 3)
     with pytest.raises(ValueError, match="at most 2 gains"):
         plots.preln_ratios(_pre_rows(), 3, colours=("C0", "C1"))
+
+
+def test_subexponential_tails():
+    t = np.linspace(0, 5, 11)
+    windows = {"a": (np.linspace(0.1, 0.4, 4), [1.0, 2.0, 3.0, 9.0], 1.0, "C1"),
+               "b": (np.linspace(0.1, 0.9, 4), [1.0, 1.5, 2.0, 5.0], 0.5, "C0")}
+    fig, axes = plots.subexponential_tails(t, {"exact": np.exp(-t)}, {"bound": 2 * np.exp(-t)},
+                                           windows)
+    assert len(axes) == 2 and axes[1].get_xlabel() == "window $1/b$"
+    assert len(axes[0].lines) == 2 and len(axes[1].lines) == 4
+    plt.close(fig)
+    with pytest.raises(TypeError, match="colour"):
+        plots.subexponential_tails(t, {"e": np.exp(-t)}, None, {"a": windows["a"][:3]})
+    with pytest.raises(ValueError, match="nu2 must have 4"):
+        plots.subexponential_tails(t, {"e": np.exp(-t)}, None,
+                                   {"a": (np.ones(4), np.ones(3), 1.0, "C0")})
+    with pytest.raises(ValueError, match="at least one curve"):
+        plots.subexponential_tails(t, None, None, windows)
+
+
+def test_norm_fluctuations():
+    x, t = np.linspace(-3, 3, 31), np.linspace(0, 4, 9)
+    fig, axes = plots.norm_fluctuations(x, {4: np.exp(-x**2), 64: np.exp(-x**2)}, np.exp(-x**2),
+                                        (64, RNG.normal(size=200)), t, {"exact": np.exp(-t)},
+                                        {"bound": (2 * np.exp(-t), "k--")})
+    assert len(axes[0].lines) == 3 and len(axes[0].patches) == 60
+    assert axes[0].get_ylabel() == "density" and len(axes[1].lines) == 2
+    plt.close(fig)
+    with pytest.raises(TypeError, match="simulated"):
+        plots.norm_fluctuations(x, {4: x}, x, RNG.normal(size=20), t, {"e": t}, None)
+    with pytest.raises(ValueError, match=r"densities\[4\] must have 31"):
+        plots.norm_fluctuations(x, {4: x[:5]}, x, (4, x), t, {"e": t}, None)
+    with pytest.raises(TypeError, match="width d"):
+        plots.norm_fluctuations(x, {4.5: x}, x, (4, x), t, {"e": t}, None)
+
+
+def test_norm_and_logit_tails():
+    r, t = np.linspace(0.01, 1, 10), np.linspace(0, 6, 13)
+    fig, axes = plots.norm_and_logit_tails(r, {64: (np.exp(-r), 2 * np.exp(-r))}, t,
+                                           {1: np.exp(-t), 16: np.exp(-t**2)}, np.exp(-t**2 / 2))
+    assert len(axes[0].lines) == 2 and len(axes[1].lines) == 3
+    assert matplotlib.colors.same_color(axes[1].lines[1].get_color(), "C1")
+    assert axes[0].get_yscale() == "log"
+    plt.close(fig)
+    with pytest.raises(TypeError, match="exact, bernstein"):
+        plots.norm_and_logit_tails(r, {64: np.exp(-r)}, t, {1: t}, t)
+    with pytest.raises(TypeError, match="logit_tails"):
+        plots.norm_and_logit_tails(r, {64: (r, r)}, t, {}, t)
+
+
+def test_bernoulli_sum_tails():
+    t = np.arange(1.0, 11.0)
+    bounds = {"Hoeffding": (np.exp(-t / 5), "C0-")}
+    fig, axes = plots.bernoulli_sum_tails(t, {0.5: (np.exp(-t), bounds),
+                                              0.01: (np.exp(-2 * t), bounds)}, 100)
+    assert len(axes) == 2 and axes[1].get_title() == "sum of 100 Bernoulli(0.01)"
+    assert axes[0].get_ylabel() == r"$P(|S-np|\geq t)$" and axes[0].lines[1].get_linewidth() == 1.5
+    plt.close(fig)
+    with pytest.raises(TypeError, match="panels"):
+        plots.bernoulli_sum_tails(t, {0.5: np.exp(-t)}, 100)
+    with pytest.raises(ValueError, match="n must be"):
+        plots.bernoulli_sum_tails(t, {0.5: (np.exp(-t), bounds)}, 0)
