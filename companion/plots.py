@@ -26,14 +26,17 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["TRACK_PANELS", "band", "channel_points", "count_comparison", "counts", "depth_axis",
-           "depth_colours", "depth_outlier_statistics", "depth_stream_growth",
-           "depth_training_curves", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
-           "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
+__all__ = ["TRACK_PANELS", "band", "bernoulli_sum_tails", "channel_points", "count_comparison",
+           "count_comparison_panels", "counts", "depth_axis", "depth_colours",
+           "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
+           "effect_profiles", "finish", "gaussian_maxima", "grouped_bars", "interval_errorbars",
+           "largest_logits", "layer_profiles", "ln_rule_scatter", "massive_activation_sink",
+           "norm_and_logit_tails", "norm_fluctuations", "outlier_feature_shares",
            "partial_dot_curves", "perturbation_tracks", "postln_projection", "preln_ratios",
-           "quantization_error_scatter", "readout_against_null", "relative_effects",
-           "scale_spread", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
-           "success_window_rows", "table", "tail_curves", "window_edges"]
+           "quantization_error_scatter", "random_window_edges", "readout_against_null",
+           "relative_effects", "scale_spread", "scheme_bars", "seed_bands", "seed_points",
+           "subexponential_tails", "sublayer_cumulative", "success_window_rows", "table",
+           "tail_curves", "trained_kl_profiles", "window_edges"]
 
 
 def _check_axes(ax):
@@ -1521,3 +1524,224 @@ def bernoulli_sum_tails(t, panels, n: int):
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     return fig, axes[0]
+
+
+def _arrays_of(arrays, name: str, keys) -> dict:
+    if not isinstance(arrays, dict) or any(k not in arrays for k in keys):
+        raise TypeError(f"{name} must be a dict of arrays with {', '.join(keys)}")
+    return {k: as_float64(arrays[k], f"{name}[{k!r}]") for k in keys}
+
+
+def random_window_edges(arrays, predicted, config, block: str = "mlp"):
+    """Lower edge of the window of the readable projection in random stacks against depth, one
+    panel per placement (:func:`window_edges`, one colour per gain).
+
+    Parameters
+    ----------
+    arrays : dict
+        Of :func:`companion.experiments.framework_random.run_random_windows`.
+    predicted : array_like, ``[placement, block, gain, depth]``
+        :func:`companion.experiments.framework_random.predicted_first_fraction`.
+    config : companion.experiments.framework_random.RandomWindowsConfig
+    block : str, default "mlp"
+        One of ``config.blocks``.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.experiments.framework_random import RandomWindowsConfig
+
+    if not isinstance(config, RandomWindowsConfig):
+        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    if block not in config.blocks:
+        raise ValueError(f"block must be one of {config.blocks}, got {block!r}")
+    win = _arrays_of(arrays, "arrays", ("window_relative_projection",))
+    win = win["window_relative_projection"]
+    shape = (len(config.placements), len(config.blocks), len(config.gains), len(config.depths))
+    pred = as_float64(predicted, "predicted")
+    if win.shape[:4] != shape or pred.shape != shape:
+        raise ValueError(f"arrays and predicted must match the config's shape {shape}, got "
+                         f"{win.shape[:4]} and {pred.shape}")
+    name = {"mlp": "MLP"}.get(block, block)
+    fig, axes = plt.subplots(1, len(config.placements), figsize=(10, 3.6), sharey=True,
+                             squeeze=False)
+    k = config.blocks.index(block)
+    for ax, (p, placement) in zip(axes[0], enumerate(config.placements)):
+        window_edges(ax, config.depths, win[p, k, :, :, 1], pred[p, k],
+                     [f"{name} g={g}" for g in config.gains], [f"g={g}" for g in config.gains])
+        ax.set_title(f"{placement}-LN: window = [first, L-1]")
+    axes[0, 0].set_ylabel("lower edge of the window / L")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def trained_kl_profiles(trained, init, config):
+    """KL at later tokens against the injection layer in trained TinyLMs and at initialisation,
+    one panel per placement (:func:`effect_profiles`, each curve divided by its maximum).
+
+    Parameters
+    ----------
+    trained, init : dict
+        Of :func:`companion.experiments.framework_trained.sweep_trained` (the first width).
+    config : companion.experiments.framework_trained.TrainedWindowsConfig
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.experiments.framework_trained import TrainedWindowsConfig
+
+    if not isinstance(config, TrainedWindowsConfig):
+        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    kl = [_arrays_of(a, n, ("effect_kl_later",))["effect_kl_later"]
+          for a, n in ((trained, "trained"), (init, "init"))]
+    shape = (len(config.placements), len(config.widths), len(config.depths))
+    if any(a.shape[:3] != shape for a in kl):
+        raise ValueError(f"effect_kl_later must have the config's shape {shape} + (layer,)")
+    fig, axes = plt.subplots(1, len(config.placements), figsize=(10, 3.6), sharey=True,
+                             squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(config.placements)):
+        effect_profiles(ax, kl[0][p, 0], config.depths, label="trained")
+        effect_profiles(ax, kl[1][p, 0], config.depths, fmt="x:", label="at init")
+        ax.axhline(0.5, color="k", lw=0.8, ls="--")
+        ax.set_title(f"TinyLM, {placement}-LN: KL at later tokens")
+        ax.set_xlabel("injection layer (l + 1/2) / L")
+    axes[0, 0].set_ylabel("KL / max over layers")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+# Figures of the outliers chapter: the package's dataclasses of two real models.
+
+def _named(stats, layers, kind):
+    """``stats`` (name -> ``kind``) and ``layers`` (name -> layer(s)) checked for one figure."""
+    if not isinstance(layers, dict) or not layers or any(n not in stats for n in layers):
+        raise TypeError("layers must be a non-empty dict whose names are keys of stats")
+    for name in layers:
+        if not isinstance(stats[name], kind):
+            raise TypeError(f"stats[{name!r}] must be a {kind.__name__}, got "
+                            f"{type(stats[name]).__name__}")
+
+
+def count_comparison_panels(stats, layers):
+    """Observed counts against their Gaussian prediction (:func:`count_comparison`), one panel per
+    model at one layer; the regimes are those of
+    :func:`companion.channel_regimes.classify_regime`.
+
+    Parameters
+    ----------
+    stats : dict
+        ``name -> companion.probes.ChannelStatistics``.
+    layers : dict
+        ``name -> layer`` (one panel each, in this order).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion import channel_regimes as regimes
+    from companion.probes import ChannelStatistics
+
+    _named(stats, layers, ChannelStatistics)
+    fig, axes = plt.subplots(1, len(layers), figsize=(10, 4.2), squeeze=False)
+    for ax, (name, l) in zip(axes[0], layers.items()):
+        st = stats[name]
+        l = check_int(l, f"layers[{name!r}]", 0, st.mean.shape[0] - 1)
+        pred = regimes.predicted_counts(st.mean[l], st.std[l], st.thresholds, st.n_tokens)
+        reg = regimes.classify_regime(st.mean[l], st.std[l], st.thresholds)
+        count_comparison(ax, pred["gaussian"], st.counts[l], reg, st.n_tokens, regimes.REGIMES,
+                         title=f"{name}, layer {l}")
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def massive_activation_sink(profile, sink, layer: int):
+    """A massive activation and the first-token attention sink (two panels).
+
+    Parameters
+    ----------
+    profile : companion.massive_activations.FirstTokenProfile
+        Left: its ratio to the median ``|h|`` per layer (log scale; dashed: 1000).
+    sink : dict
+        ``arm -> (mean, lo, hi)``: attention weight on the first token per block with its
+        interval (e.g. a bootstrap over prompts); at most 3 arms, drawn black, red, blue.
+    layer : int
+        The ablated layer (dotted vertical line in both panels).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.massive_activations import FirstTokenProfile
+
+    if not isinstance(profile, FirstTokenProfile):
+        raise TypeError(f"profile must be a FirstTokenProfile, got {type(profile).__name__}")
+    n_blocks = profile.values.shape[0] - 1
+    layer = check_int(layer, "layer", 0, n_blocks)
+    colours = ("k", "C3", "C0")
+    if not isinstance(sink, dict) or not 0 < len(sink) <= len(colours) or not all(
+            isinstance(v, tuple) and len(v) == 3 for v in sink.values()):
+        raise TypeError("sink must be a dict arm -> (mean, lo, hi) with 1 to 3 arms")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    layer_profiles(axes[0], {f"|h[0, {profile.channel}]| / median |h|": profile.ratio},
+                   np.arange(n_blocks + 1), ylabel="ratio", logy=True)
+    axes[0].axhline(1000, color="k", ls="--", lw=0.8)
+    axes[0].axvline(layer, color="grey", ls=":", lw=0.8)
+    for (arm, (mean, lo, hi)), colour in zip(sink.items(), colours):
+        band(axes[1], np.arange(n_blocks), mean, lo, hi, color=colour, label=arm, ms=2)
+    axes[1].axvline(layer, color="grey", ls=":", lw=0.8)
+    axes[1].set(xlabel="block", ylabel="attention weight on the first token", ylim=(0, 1))
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"SmolLM2: the massive activation (left) and the first-token sink under the "
+                 f"ablation at h_{layer} (right; bands: 95% bootstrap over prompts)", fontsize=9)
+    fig.tight_layout()
+    return fig, axes
+
+
+def outlier_feature_shares(features, position_share: float = 0.06):
+    """Share of positions at the outlier threshold per block, one curve per systematic feature
+    (:meth:`companion.outlier_features.OutlierFeatureStatistics.systematic`) of each model,
+    against the relative depth; the larger of a block's two linear inputs.
+
+    Parameters
+    ----------
+    features : dict
+        ``name -> OutlierFeatureStatistics``.
+    position_share : float, default 0.06
+        The criterion's share (dashed line).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, matplotlib.axes.Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.outlier_features import OutlierFeatureStatistics
+
+    if not isinstance(features, dict) or not features or not all(
+            isinstance(v, OutlierFeatureStatistics) for v in features.values()):
+        raise TypeError("features must be a non-empty dict name -> OutlierFeatureStatistics")
+    position_share = check_real(position_share, "position_share", lo=0.0, hi=1.0)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, ofs in features.items():
+        for j in ofs.systematic(position_share=position_share):
+            share = np.maximum(ofs.share[0::2, j], ofs.share[1::2, j])
+            layer_profiles(ax, {f"{name}, feature {j}": share},
+                           (np.arange(ofs.n_layers) + 0.5) / ofs.n_layers, legend_fontsize=None,
+                           xlabel="relative depth (block + 1/2) / L",
+                           ylabel=f"share of positions with |x| >= {ofs.threshold:g}")
+    ax.axhline(position_share, color="k", ls="--", lw=0.8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, ax
