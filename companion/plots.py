@@ -1128,8 +1128,9 @@ def gaussian_maxima(N, exact, upper, t_N, lower, simulated):
     exact, upper, t_N, lower : array_like, same length as ``N``
         ``E max|G_i|``; the upper bound ``sqrt(2 ln 2N)``; ``t_N`` with ``E C(t_N) = 1``; the lower
         bound (ii) (non-positive values are not drawn).
-    simulated : tuple ``(Ns, mean, se)``
-        Simulated means at ``Ns``, drawn with +- 2 standard errors.
+    simulated : tuple ``(Ns, samples)``
+        Simulated maxima, ``samples[i]`` one per stream at ``Ns[i]``: their mean drawn with
+        +- 2 standard errors.
 
     Returns
     -------
@@ -1143,14 +1144,15 @@ def gaussian_maxima(N, exact, upper, t_N, lower, simulated):
         raise ValueError("N must be a non-empty grid of integers >= 1")
     exact, upper, t_N, lower = (_vector(v, n, N.size) for v, n in (
         (exact, "exact"), (upper, "upper"), (t_N, "t_N"), (lower, "lower")))
-    if not isinstance(simulated, tuple) or len(simulated) != 3:
-        raise TypeError("simulated must be a tuple (Ns, mean, se)")
+    if not isinstance(simulated, tuple) or len(simulated) != 2:
+        raise TypeError("simulated must be a tuple (Ns, samples)")
     Ns = _vector(simulated[0], "simulated Ns")
-    mean, se = (_vector(v, n, Ns.size) for v, n in zip(simulated[1:], ("mean", "se")))
+    sim = _samples_dict({"": simulated[1]}, "simulated samples", Ns.size)[""]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     ax = axes[0]
     ax.semilogx(N, exact, "k", label=r"exact $\mathbb{E}\max|G_i|$")
-    ax.errorbar(Ns, mean, yerr=2 * se, fmt="o", ms=3, color="C3", label="simulated (200 streams)")
+    ax.errorbar(Ns, sim.mean(axis=1), yerr=2 * sim.std(axis=1, ddof=1) / np.sqrt(sim.shape[1]),
+                fmt="o", ms=3, color="C3", label=f"simulated ({sim.shape[1]} streams)")
     ax.semilogx(N, upper, "C0--", label=r"upper $\sqrt{2\ln 2N}$")
     ax.semilogx(N, t_N, "C2:", label=r"$t_N$: $\mathbb{E}C(t_N)=1$")
     ax.semilogx(N, (1 - np.exp(-1)) * t_N, "C1-.", label=r"lower $(1-e^{-1})t_N$")
@@ -1393,7 +1395,7 @@ def subexponential_tails(t, exact, bounds, windows):
     ax = axes[1]
     for label, (x, nu2, _, colour) in curves.items():
         ax.plot(x, nu2, colour, label=label)
-    for x, nu2, variance, colour in curves.values():
+    for _, _, variance, colour in curves.values():
         ax.axhline(variance, color=colour, ls=":", lw=0.8)
     ax.set(xlabel="window $1/b$", ylabel=r"smallest $\nu^2$", ylim=(0, 12),
            title=r"$\nu^2(b)$: from the variance (dotted) to $\infty$ at the tail rate")

@@ -17,7 +17,7 @@ def _maxima_args():
     N = np.array([1, 2, 10, 100, 1000])
     exact = np.sqrt(2 * np.log(2 * N)) * 0.9
     return [N, exact, exact * 1.2, exact * 1.1, exact * 0.5,
-            (np.array([10, 100]), np.array([1.5, 2.3]), np.array([0.01, 0.02]))]
+            (np.array([10, 100]), RNG.normal(2.0, 0.1, (2, 50)))]
 
 
 def _post_rows(L=5):
@@ -35,6 +35,7 @@ def test_gaussian_maxima():
     assert isinstance(fig, plt.Figure) and len(axes) == 2
     assert axes[0].get_xlabel() == "N" and "ratio" in axes[1].get_ylabel()
     assert len(axes[1].lines) == 4 and axes[1].lines[0].get_xdata().size == 4  # N = 1 left out
+    assert "simulated (50 streams)" in [t.get_text() for t in axes[0].get_legend().get_texts()]
     plt.close(fig)
     args = _maxima_args()
     with pytest.raises(ValueError, match="upper must have 5"):
@@ -43,6 +44,8 @@ def test_gaussian_maxima():
         plots.gaussian_maxima(np.zeros(5), *args[1:])
     with pytest.raises(TypeError, match="simulated"):
         plots.gaussian_maxima(*args[:5], [1, 2, 3])
+    with pytest.raises(ValueError, match=r"shape \(2, trials"):
+        plots.gaussian_maxima(*args[:5], (np.array([10, 100]), np.ones((3, 50))))
     with pytest.raises(TypeError, match="real"):
         plots.gaussian_maxima(["a"] * 5, *args[1:])
 
