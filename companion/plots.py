@@ -26,13 +26,18 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["TRACK_PANELS", "band", "channel_points", "count_comparison", "counts", "depth_axis",
-           "depth_colours", "depth_outlier_statistics", "depth_stream_growth",
-           "depth_training_curves", "effect_profiles", "finish", "grouped_bars",
-           "interval_errorbars", "layer_profiles", "ln_rule_scatter", "partial_dot_curves",
-           "perturbation_tracks", "quantization_error_scatter", "readout_against_null",
-           "relative_effects", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
-           "success_window_rows", "table", "tail_curves", "window_edges"]
+__all__ = ["TRACK_PANELS", "activation_ratio_panels", "band", "bernoulli_sum_tails",
+           "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
+           "count_comparison_panels", "counts", "depth_axis", "depth_colours",
+           "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
+           "effect_profiles", "finish", "gaussian_maxima", "grouped_bars", "interval_errorbars",
+           "largest_logits", "layer_profiles", "ln_rule_scatter", "massive_activation_sink",
+           "norm_and_logit_tails", "norm_fluctuations", "outlier_feature_shares",
+           "partial_dot_curves", "perturbation_tracks", "postln_projection", "preln_ratios",
+           "quantization_error_scatter", "random_window_edges", "readout_against_null",
+           "relative_effects", "scale_spread", "scheme_bars", "seed_bands", "seed_points",
+           "subexponential_tails", "sublayer_cumulative", "success_window_rows", "table",
+           "tail_curves", "trained_kl_profiles", "window_edges"]
 
 
 def _check_axes(ax):
@@ -1097,3 +1102,750 @@ def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers
     ax.set_xlim(-0.03, 1.03)
     ax.set_xlabel(r"injection layer $\ell / L$")
     return ax
+
+
+# --- block figures ---
+# Figures of the concentration and three-effect chapters: the chapter computes every curve, these
+# functions only draw them.
+
+def _samples_dict(samples, name: str, rows: int) -> dict:
+    if not isinstance(samples, dict) or not samples:
+        raise TypeError(f"{name} must be a non-empty dict key -> array")
+    out = {k: as_float64(v, f"{name}[{k!r}]") for k, v in samples.items()}
+    for k, v in out.items():
+        if v.ndim != 2 or v.shape[0] != rows or v.shape[1] < 2:
+            raise ValueError(f"{name}[{k!r}] must have shape ({rows}, trials >= 2), got {v.shape}")
+    return out
+
+
+def gaussian_maxima(N, exact, upper, t_N, lower, simulated):
+    """Where the largest of ``N`` standard Gaussians lies (two panels).
+
+    Parameters
+    ----------
+    N : array_like, 1-D
+        Grid of ``N`` (integers >= 1).
+    exact, upper, t_N, lower : array_like, same length as ``N``
+        ``E max|G_i|``; the upper bound ``sqrt(2 ln 2N)``; ``t_N`` with ``E C(t_N) = 1``; the lower
+        bound (ii) (non-positive values are not drawn).
+    simulated : tuple ``(Ns, samples)``
+        Simulated maxima, ``samples[i]`` one per stream at ``Ns[i]``: their mean drawn with
+        +- 2 standard errors.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+        Left: the curves against ``N``; right: their ratio to ``sqrt(2 ln N)`` for ``N > 1``.
+    """
+    import matplotlib.pyplot as plt
+
+    N = _vector(N, "N")
+    if N.size == 0 or np.any(N < 1):
+        raise ValueError("N must be a non-empty grid of integers >= 1")
+    exact, upper, t_N, lower = (_vector(v, n, N.size) for v, n in (
+        (exact, "exact"), (upper, "upper"), (t_N, "t_N"), (lower, "lower")))
+    if not isinstance(simulated, tuple) or len(simulated) != 2:
+        raise TypeError("simulated must be a tuple (Ns, samples)")
+    Ns = _vector(simulated[0], "simulated Ns")
+    sim = _samples_dict({"": simulated[1]}, "simulated samples", Ns.size)[""]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    ax.semilogx(N, exact, "k", label=r"exact $\mathbb{E}\max|G_i|$")
+    ax.errorbar(Ns, sim.mean(axis=1), yerr=2 * sim.std(axis=1, ddof=1) / np.sqrt(sim.shape[1]),
+                fmt="o", ms=3, color="C3", label=f"simulated ({sim.shape[1]} streams)")
+    ax.semilogx(N, upper, "C0--", label=r"upper $\sqrt{2\ln 2N}$")
+    ax.semilogx(N, t_N, "C2:", label=r"$t_N$: $\mathbb{E}C(t_N)=1$")
+    ax.semilogx(N, (1 - np.exp(-1)) * t_N, "C1-.", label=r"lower $(1-e^{-1})t_N$")
+    ax.set(xlabel="N", ylabel="largest of N", title="Where is the largest of N Gaussians?")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    big = N > 1
+    root = np.sqrt(2 * np.log(N[big]))
+    ax.semilogx(N[big], exact[big] / root, "k", label="exact")
+    ax.semilogx(N[big], upper[big] / root, "C0--", label="upper bound")
+    ax.semilogx(N[big], np.where(lower[big] > 0, lower[big], np.nan) / root, "C1-.",
+                label="lower bound (ii), a = 1")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set(xlabel="N", ylabel=r"ratio to $\sqrt{2\ln N}$", ylim=(0.4, 1.6),
+           title=r"Slow convergence to $\sqrt{2\ln N}$")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def largest_logits(n, samples, n_grid, gaussian):
+    """The largest of ``n`` attention logits against the context length ``n``.
+
+    Parameters
+    ----------
+    n : array_like, 1-D
+        Context lengths of the simulation.
+    samples : dict
+        ``d_k -> array [len(n), trials]``: simulated maxima, drawn as means +- 2 standard errors.
+    n_grid : array_like, 1-D
+        Grid for the reference curves.
+    gaussian : array_like, same length as ``n_grid``
+        The expected largest of ``n`` Gaussian logits (drawn dashed); ``ln n`` is drawn dotted.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, matplotlib.axes.Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    n = _vector(n, "n")
+    samples = _samples_dict(samples, "samples", n.size)
+    if len(samples) > 10:
+        raise ValueError("samples can hold at most 10 values of d_k")
+    n_grid = _vector(n_grid, "n_grid")
+    gaussian = _vector(gaussian, "gaussian", n_grid.size)
+    fig, ax = plt.subplots()
+    for k, (d_k, m) in enumerate(samples.items()):
+        ax.errorbar(n, m.mean(axis=1), yerr=2 * m.std(axis=1, ddof=1) / np.sqrt(m.shape[1]),
+                    fmt="o-", color=f"C{k}", ms=3, label=f"$d_k$ = {d_k} (simulated)")
+    ax.semilogx(n_grid, gaussian, "k--", lw=0.9,
+                label=r"Gaussian logits (exact); $\approx\sqrt{2\ln n}$")
+    ax.semilogx(n_grid, np.log(n_grid), "k:", lw=0.9, label=r"$\ln n$")
+    ax.set(xscale="log", xlabel="context length n", ylabel="largest logit",
+           title=r"Largest of n logits: $\ln n$ for $d_k=1$, $\sqrt{2\ln n}$ for $d_k=64$")
+    ax.legend(fontsize=8)
+    return fig, ax
+
+
+def scale_spread(spread):
+    """Relative spread of LayerNorm's scale per layer, across sequences and across positions.
+
+    Parameters
+    ----------
+    spread : dict
+        ``d -> (within, between)``: per layer, sd / mean of the scale across sequences and across
+        positions; ``1/sqrt(2d)`` (a Gaussian vector's value) is drawn dotted.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, matplotlib.axes.Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(spread, dict) or not spread or len(spread) > 10:
+        raise TypeError("spread must be a dict d -> (within, between) with 1 to 10 entries")
+    curves = {}
+    for d, pair in spread.items():
+        d = check_int(d, "every width d", 1)
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"spread[{d}] must be a pair (within, between)")
+        within = _vector(pair[0], f"spread[{d}] within")
+        curves[d] = (within, _vector(pair[1], f"spread[{d}] between", within.size))
+    fig, ax = plt.subplots()
+    for k, (d, (within, between)) in enumerate(curves.items()):
+        ax.plot(within, "o-", color=f"C{k}", label=f"across sequences, d = {d}")
+        ax.plot(between, "s--", color=f"C{k}", label=f"across positions, d = {d}")
+        ax.axhline(1 / np.sqrt(2 * d), color=f"C{k}", lw=0.8, ls=":")
+    ax.set(xlabel="layer", ylabel="relative spread of the scale", ylim=(0, 0.12),
+           title=r"LayerNorm's scale: $1/\sqrt{2d}$ across sequences (dotted)")
+    ax.legend(fontsize=8)
+    return fig, ax
+
+
+def _block_gain_grid(rows, name: str, colours) -> tuple[list, list]:
+    """The blocks and gains of a dict ``(block, gain) -> entries``, in insertion order."""
+    if not isinstance(rows, dict) or not rows or not all(
+            isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], str) for k in rows):
+        raise TypeError(f"{name} must be a non-empty dict (block, gain) -> arrays")
+    blocks = list(dict.fromkeys(k[0] for k in rows))
+    gains = list(dict.fromkeys(k[1] for k in rows))
+    if any((b, g) not in rows for b in blocks for g in gains):
+        raise ValueError(f"{name} must hold every (block, gain) pair")
+    if len(gains) > len(colours):
+        raise ValueError(f"{name}: at most {len(colours)} gains (one colour each)")
+    return blocks, gains
+
+
+def postln_projection(rows, ell: int, d: int, *, colours=("C0", "C1", "C3")):
+    """Post-LN stacks: the measured projection ``|p_m|`` against the product of ``1/s``, one panel
+    per block, one colour per gain, relative to ``p_ell``; dotted: the floor
+    ``||delta_m|| / sqrt(d)``.
+
+    Parameters
+    ----------
+    rows : dict
+        ``(block, gain) -> (p, q, dn, ...)``: measured projection, predicted projection and
+        ``||delta||``, arrays ``[L + 1, sequences, tokens]`` (extra entries are ignored).
+    ell : int
+        The injection layer.
+    d : int
+        The width.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    blocks, gains = _block_gain_grid(rows, "rows", colours)
+    ell, d = check_int(ell, "ell", 0), check_int(d, "d", 1)
+    arrays = {}
+    for key, entry in rows.items():
+        if not isinstance(entry, tuple) or len(entry) < 3:
+            raise TypeError(f"rows[{key}] must be a tuple (p, q, dn, ...)")
+        p, q, dn = (as_float64(v, f"rows[{key}]") for v in entry[:3])
+        if p.ndim != 3 or q.shape != p.shape or dn.shape != p.shape or p.shape[0] <= ell:
+            raise ValueError(f"rows[{key}]: p, q, dn must share a shape [L + 1 > ell, B, T]")
+        arrays[key] = p, q, dn
+    fig, axes = plt.subplots(1, len(blocks), figsize=(11, 3.6), sharey=True, squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        for gain, colour in zip(gains, colours):
+            p, q, dn = arrays[(block, gain)]
+            m = np.arange(ell, p.shape[0])
+            p0 = q[ell].mean()
+            ax.semilogy(m, np.abs(p[ell:].mean(axis=(1, 2))) / p0, "o", color=colour, ms=4,
+                        label=f"measured, g={gain}")
+            ax.semilogy(m, q[ell:].mean(axis=(1, 2)) / p0, "-", color=colour, lw=1.2,
+                        label=f"product of 1/s, g={gain}")
+            ax.semilogy(m, (dn[ell:] / np.sqrt(d)).mean(axis=(1, 2)) / p0, ":", color=colour, lw=1)
+        ax.set_title(f"Post-LN, {block}")
+        ax.set_xlabel("layer m")
+        ax.set_ylim(1e-4, 2)
+    axes[0, 0].set_ylabel(r"$|p_m| / p_\ell$  (dotted: floor $\|\delta_m\|/\sqrt{d}$)")
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"Random Post-LN stacks (d = {d}): projection measured vs the product of 1/s")
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def preln_ratios(rows, ell: int, *, colours=("C0", "C1", "C3")):
+    """Pre-LN stacks: the readable projection ``pi_m / pi_ell`` against the dilution law and the
+    relative size ``rho_m / rho_ell``, one panel per block, one colour per gain.
+
+    Parameters
+    ----------
+    rows : dict
+        ``(block, gain) -> (pi, law, rho, c)``: three curves over layers ``ell, ell + 1, ...``
+        (same length) and the growth slope ``c`` of the law.
+    ell : int
+        The injection layer (the first abscissa).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    blocks, gains = _block_gain_grid(rows, "rows", colours)
+    ell = check_int(ell, "ell", 0)
+    curves = {}
+    for key, entry in rows.items():
+        if not isinstance(entry, tuple) or len(entry) != 4:
+            raise TypeError(f"rows[{key}] must be a tuple (pi, law, rho, c)")
+        meas = _vector(entry[0], f"rows[{key}] pi")
+        law, rho = (_vector(v, f"rows[{key}]", meas.size) for v in entry[1:3])
+        curves[key] = meas, law, rho, check_real(entry[3], f"rows[{key}] c")
+    fig, axes = plt.subplots(1, len(blocks), figsize=(10, 3.6), sharey=True, squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        for gain, colour in zip(gains, colours):
+            meas, law, rho, c = curves[(block, gain)]
+            m = np.arange(ell, ell + meas.size)
+            ax.plot(m, meas, "o", ms=3, color=colour, label=fr"$\pi_m/\pi_\ell$, g={gain}")
+            ax.plot(m, law, "-", color=colour, lw=1.2,
+                    label=fr"$\sqrt{{(1+c\ell)/(1+cm)}}$, c={c:.2f}")
+            ax.plot(m, rho, "--", color=colour, lw=1, label=fr"$\rho_m/\rho_\ell$, g={gain}")
+        ax.set_title(f"Pre-LN, {block}")
+        ax.set_xlabel("layer m")
+        ax.set_ylim(0, 1.6)
+    axes[0, 0].set_ylabel("ratio to the injection layer")
+    axes[0, 0].legend(fontsize=7, ncol=1, loc="upper right")
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def subexponential_tails(t, exact, bounds, windows):
+    """Sub-exponential tails and their parameters (two panels).
+
+    Parameters
+    ----------
+    t : array_like, 1-D
+    exact, bounds : dict
+        Tails of the centred variables and their ``psi_1`` bounds, as in :func:`tail_curves`
+        (left panel).
+    windows : dict
+        ``label -> (inv_b, nu2, variance, colour)``: the smallest ``nu^2`` against the window
+        ``1/b`` (right panel; infinite values are not drawn), the variance drawn as a dotted line.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(windows, dict) or not windows:
+        raise TypeError("windows must be a non-empty dict label -> (inv_b, nu2, variance, colour)")
+    curves = {}
+    for label, entry in windows.items():
+        if not isinstance(entry, tuple) or len(entry) != 4 or not isinstance(entry[3], str):
+            raise TypeError(f"windows[{label!r}] must be a tuple (inv_b, nu2, variance, colour)")
+        x = _vector(entry[0], f"windows[{label!r}] inv_b")
+        curves[label] = (x, _vector(entry[1], f"windows[{label!r}] nu2", x.size),
+                         check_real(entry[2], f"windows[{label!r}] variance"), entry[3])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    tail_curves(ax, t, exact, bounds)
+    ax.set(xlabel="t", ylabel=r"$P(|X-\mathbb{E}X|\geq t)$", ylim=(1e-8, 1.5),
+           title="Exponential tails and the $\\psi_1$ bound")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for label, (x, nu2, _, colour) in curves.items():
+        ax.plot(x, nu2, colour, label=label)
+    for _, _, variance, colour in curves.values():
+        ax.axhline(variance, color=colour, ls=":", lw=0.8)
+    ax.set(xlabel="window $1/b$", ylabel=r"smallest $\nu^2$", ylim=(0, 12),
+           title=r"$\nu^2(b)$: from the variance (dotted) to $\infty$ at the tail rate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def norm_fluctuations(x, densities, gaussian, simulated, t, exact, bounds):
+    """The fluctuation ``||h|| - E||h||`` of a Gaussian vector's norm (two panels).
+
+    Parameters
+    ----------
+    x : array_like, 1-D
+        Abscissa of the densities.
+    densities : dict
+        ``d -> density of ||h|| - E||h||`` at ``x``.
+    gaussian : array_like
+        The ``N(0, 1/2)`` density at ``x`` (dashed).
+    simulated : tuple ``(d, samples)``
+        Simulated fluctuations at width ``d``, drawn as a histogram.
+    t, exact, bounds
+        The right panel's tails and dimension-free bounds, as in :func:`tail_curves`.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    x = _vector(x, "x")
+    if not isinstance(densities, dict) or not densities:
+        raise TypeError("densities must be a non-empty dict d -> values")
+    dens = {check_int(d, "every width d", 1): _vector(v, f"densities[{d}]", x.size)
+            for d, v in densities.items()}
+    gaussian = _vector(gaussian, "gaussian", x.size)
+    if not isinstance(simulated, tuple) or len(simulated) != 2:
+        raise TypeError("simulated must be a tuple (d, samples)")
+    d_sim, samples = check_int(simulated[0], "simulated d", 1), _vector(simulated[1], "samples")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    for d, y in dens.items():
+        ax.plot(x, y, label=f"d = {d}")
+    ax.plot(x, gaussian, "k--", lw=0.9, label="N(0, 1/2)")
+    ax.hist(samples, bins=60, density=True, color="C2", alpha=0.25, label=f"simulated, d = {d_sim}")
+    ax.set(xlabel=r"$\|h\|-\mathbb{E}\|h\|$", ylabel="density",
+           title=r"$\|h\|$ fluctuates by O(1) in every dimension")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    tail_curves(ax, t, exact, bounds)
+    ax.set(xlabel="t", ylabel=r"$P(|\,\|h\|-c\,|\geq t)$", ylim=(1e-14, 1.5),
+           title="Dimension-free bounds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def norm_and_logit_tails(r, norm_tails, t, logit_tails, gaussian):
+    """Tails of squared norms (left) and of scaled attention logits (right), on log axes.
+
+    Parameters
+    ----------
+    r : array_like, 1-D
+        Relative deviations of ``||h||^2 / d`` from 1.
+    norm_tails : dict
+        ``d -> (exact, bernstein)`` at ``r``; one colour per ``d`` (at most 10).
+    t : array_like, 1-D
+    logit_tails : dict
+        ``d_k -> exact tail of |q.k| / sqrt(d_k)`` at ``t``.
+    gaussian : array_like
+        The standard Gaussian's two-sided tail at ``t`` (dashed, black).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    for name, value in (("norm_tails", norm_tails), ("logit_tails", logit_tails)):
+        if not isinstance(value, dict) or not 0 < len(value) <= 10:
+            raise TypeError(f"{name} must be a dict with 1 to 10 entries")
+    if not all(isinstance(v, tuple) and len(v) == 2 for v in norm_tails.values()):
+        raise TypeError("norm_tails must map d -> (exact, bernstein)")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    for k, (d, (exact, bern)) in enumerate(norm_tails.items()):
+        tail_curves(ax, r, {f"exact, d = {d}": (exact, f"C{k}")},
+                    {f"Bernstein, d = {d}": (bern, f"C{k}--")})
+    ax.set(xlabel=r"$r$", ylabel=r"$P(|\,\|h\|^2/d-1\,|\geq r)$",
+           ylim=(1e-12, 1.5), title="Squared norms: exact and Bernstein")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    tail_curves(ax, t, {f"$d_k$ = {d_k}": (v, f"C{k}") for k, (d_k, v) in enumerate(
+        logit_tails.items())}, {"N(0, 1)": (gaussian, "k--")})
+    ax.set(xlabel="t", ylabel=r"$P(|q\cdot k|/\sqrt{d_k}\geq t)$", ylim=(1e-12, 1.5),
+           title="Scaled logits: heavier than Gaussian, less so as $d_k$ grows")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
+
+
+def bernoulli_sum_tails(t, panels, n: int):
+    """Tails of sums of ``n`` Bernoulli variables against their bounds, one panel per ``p``.
+
+    Parameters
+    ----------
+    t : array_like, 1-D
+    panels : dict
+        ``p -> (exact, bounds)``: the exact two-sided tail at ``t`` (black dots) and a dict of
+        bounds as in :func:`tail_curves` (drawn with width 1.5).
+    n : int
+        The number of summands (in the titles).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(panels, dict) or not panels or not all(
+            isinstance(v, tuple) and len(v) == 2 for v in panels.values()):
+        raise TypeError("panels must be a non-empty dict p -> (exact, bounds)")
+    n = check_int(n, "n", 1)
+    fig, axes = plt.subplots(1, len(panels), figsize=(10, 4), sharey=True, squeeze=False)
+    for ax, (p, (exact, bounds)) in zip(axes[0], panels.items()):
+        tail_curves(ax, t, {"exact": (exact, "ko")}, bounds, lw_bound=1.5)
+        ax.set(xlabel="t", title=f"sum of {n} Bernoulli({p})", ylim=(1e-30, 2))
+    axes[0, 0].set_ylabel(r"$P(|S-np|\geq t)$")
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def _arrays_of(arrays, name: str, keys) -> dict:
+    if not isinstance(arrays, dict) or any(k not in arrays for k in keys):
+        raise TypeError(f"{name} must be a dict of arrays with {', '.join(keys)}")
+    return {k: as_float64(arrays[k], f"{name}[{k!r}]") for k in keys}
+
+
+def random_window_edges(arrays, predicted, config, block: str = "mlp"):
+    """Lower edge of the window of the readable projection in random stacks against depth, one
+    panel per placement (:func:`window_edges`, one colour per gain).
+
+    Parameters
+    ----------
+    arrays : dict
+        Of :func:`companion.experiments.framework_random.run_random_windows`.
+    predicted : array_like, ``[placement, block, gain, depth]``
+        :func:`companion.experiments.framework_random.predicted_first_fraction`.
+    config : companion.experiments.framework_random.RandomWindowsConfig
+    block : str, default "mlp"
+        One of ``config.blocks``.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.experiments.framework_random import RandomWindowsConfig
+
+    if not isinstance(config, RandomWindowsConfig):
+        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    if block not in config.blocks:
+        raise ValueError(f"block must be one of {config.blocks}, got {block!r}")
+    win = _arrays_of(arrays, "arrays", ("window_relative_projection",))
+    win = win["window_relative_projection"]
+    shape = (len(config.placements), len(config.blocks), len(config.gains), len(config.depths))
+    pred = as_float64(predicted, "predicted")
+    if win.shape[:4] != shape or pred.shape != shape:
+        raise ValueError(f"arrays and predicted must match the config's shape {shape}, got "
+                         f"{win.shape[:4]} and {pred.shape}")
+    name = {"mlp": "MLP"}.get(block, block)
+    fig, axes = plt.subplots(1, len(config.placements), figsize=(10, 3.6), sharey=True,
+                             squeeze=False)
+    k = config.blocks.index(block)
+    for ax, (p, placement) in zip(axes[0], enumerate(config.placements)):
+        window_edges(ax, config.depths, win[p, k, :, :, 1], pred[p, k],
+                     [f"{name} g={g}" for g in config.gains], [f"g={g}" for g in config.gains])
+        ax.set_title(f"{placement}-LN: window = [first, L-1]")
+    axes[0, 0].set_ylabel("lower edge of the window / L")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def trained_kl_profiles(trained, init, config):
+    """KL at later tokens against the injection layer in trained TinyLMs and at initialisation,
+    one panel per placement (:func:`effect_profiles`, each curve divided by its maximum).
+
+    Parameters
+    ----------
+    trained, init : dict
+        Of :func:`companion.experiments.framework_trained.sweep_trained` (the first width).
+    config : companion.experiments.framework_trained.TrainedWindowsConfig
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.experiments.framework_trained import TrainedWindowsConfig
+
+    if not isinstance(config, TrainedWindowsConfig):
+        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    kl = [_arrays_of(a, n, ("effect_kl_later",))["effect_kl_later"]
+          for a, n in ((trained, "trained"), (init, "init"))]
+    shape = (len(config.placements), len(config.widths), len(config.depths))
+    if any(a.shape[:3] != shape for a in kl):
+        raise ValueError(f"effect_kl_later must have the config's shape {shape} + (layer,)")
+    fig, axes = plt.subplots(1, len(config.placements), figsize=(10, 3.6), sharey=True,
+                             squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(config.placements)):
+        effect_profiles(ax, kl[0][p, 0], config.depths, label="trained")
+        effect_profiles(ax, kl[1][p, 0], config.depths, fmt="x:", label="at init")
+        ax.axhline(0.5, color="k", lw=0.8, ls="--")
+        ax.set_title(f"TinyLM, {placement}-LN: KL at later tokens")
+        ax.set_xlabel("injection layer (l + 1/2) / L")
+    axes[0, 0].set_ylabel("KL / max over layers")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+# Figures of the outliers chapter: the package's dataclasses of two real models.
+
+def _named(stats, layers, kind):
+    """``stats`` (name -> ``kind``) and ``layers`` (name -> layer(s)) checked for one figure."""
+    if not isinstance(layers, dict) or not layers or any(n not in stats for n in layers):
+        raise TypeError("layers must be a non-empty dict whose names are keys of stats")
+    for name in layers:
+        if not isinstance(stats[name], kind):
+            raise TypeError(f"stats[{name!r}] must be a {kind.__name__}, got "
+                            f"{type(stats[name]).__name__}")
+
+
+def channel_point_panels(stats, layers, thresholds=None, *, title: str | None = None):
+    """Channels as points ``(sigma_j, |mu_j|)`` (:func:`channel_points`), one panel per model.
+
+    Parameters
+    ----------
+    stats : dict
+        ``name -> companion.probes.ChannelStatistics``.
+    layers : dict
+        ``name -> layers`` drawn in that model's panel (one panel per entry, in this order).
+    thresholds : dict, optional
+        ``name -> one threshold per layer`` (dashed lines).
+    title : str, optional
+        The figure's title.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.probes import ChannelStatistics
+
+    _named(stats, layers, ChannelStatistics)
+    if thresholds is not None and (not isinstance(thresholds, dict)
+                                   or set(thresholds) != set(layers)):
+        raise TypeError("thresholds must be a dict with the names of layers")
+    fig, axes = plt.subplots(1, len(layers), figsize=(10, 4), squeeze=False)
+    for ax, (name, ls) in zip(axes[0], layers.items()):
+        channel_points(ax, stats[name], ls, None if thresholds is None else thresholds[name],
+                       title=name)
+    if title is not None:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def count_comparison_panels(stats, layers):
+    """Observed counts against their Gaussian prediction (:func:`count_comparison`), one panel per
+    model at one layer; the regimes are those of
+    :func:`companion.channel_regimes.classify_regime`.
+
+    Parameters
+    ----------
+    stats : dict
+        ``name -> companion.probes.ChannelStatistics``.
+    layers : dict
+        ``name -> layer`` (one panel each, in this order).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion import channel_regimes as regimes
+    from companion.probes import ChannelStatistics
+
+    _named(stats, layers, ChannelStatistics)
+    fig, axes = plt.subplots(1, len(layers), figsize=(10, 4.2), squeeze=False)
+    for ax, (name, l) in zip(axes[0], layers.items()):
+        st = stats[name]
+        l = check_int(l, f"layers[{name!r}]", 0, st.mean.shape[0] - 1)
+        pred = regimes.predicted_counts(st.mean[l], st.std[l], st.thresholds, st.n_tokens)
+        reg = regimes.classify_regime(st.mean[l], st.std[l], st.thresholds)
+        count_comparison(ax, pred["gaussian"], st.counts[l], reg, st.n_tokens, regimes.REGIMES,
+                         title=f"{name}, layer {l}")
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def massive_activation_sink(profile, sink, layer: int):
+    """A massive activation and the first-token attention sink (two panels).
+
+    Parameters
+    ----------
+    profile : companion.massive_activations.FirstTokenProfile
+        Left: its ratio to the median ``|h|`` per layer (log scale; dashed: 1000).
+    sink : dict
+        ``arm -> (mean, lo, hi)``: attention weight on the first token per block with its
+        interval (e.g. a bootstrap over prompts); at most 3 arms, drawn black, red, blue.
+    layer : int
+        The ablated layer (dotted vertical line in both panels).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.massive_activations import FirstTokenProfile
+
+    if not isinstance(profile, FirstTokenProfile):
+        raise TypeError(f"profile must be a FirstTokenProfile, got {type(profile).__name__}")
+    n_blocks = profile.values.shape[0] - 1
+    layer = check_int(layer, "layer", 0, n_blocks)
+    colours = ("k", "C3", "C0")
+    if not isinstance(sink, dict) or not 0 < len(sink) <= len(colours) or not all(
+            isinstance(v, tuple) and len(v) == 3 for v in sink.values()):
+        raise TypeError("sink must be a dict arm -> (mean, lo, hi) with 1 to 3 arms")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    layer_profiles(axes[0], {f"|h[0, {profile.channel}]| / median |h|": profile.ratio},
+                   np.arange(n_blocks + 1), ylabel="ratio", logy=True)
+    axes[0].axhline(1000, color="k", ls="--", lw=0.8)
+    axes[0].axvline(layer, color="grey", ls=":", lw=0.8)
+    for (arm, (mean, lo, hi)), colour in zip(sink.items(), colours):
+        band(axes[1], np.arange(n_blocks), mean, lo, hi, color=colour, label=arm, ms=2)
+    axes[1].axvline(layer, color="grey", ls=":", lw=0.8)
+    axes[1].set(xlabel="block", ylabel="attention weight on the first token", ylim=(0, 1))
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"SmolLM2: the massive activation (left) and the first-token sink under the "
+                 f"ablation at h_{layer} (right; bands: 95% bootstrap over prompts)", fontsize=9)
+    fig.tight_layout()
+    return fig, axes
+
+
+def outlier_feature_shares(features, position_share: float = 0.06):
+    """Share of positions at the outlier threshold per block, one curve per systematic feature
+    (:meth:`companion.outlier_features.OutlierFeatureStatistics.systematic`) of each model,
+    against the relative depth; the larger of a block's two linear inputs.
+
+    Parameters
+    ----------
+    features : dict
+        ``name -> OutlierFeatureStatistics``.
+    position_share : float, default 0.06
+        The criterion's share (dashed line).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, matplotlib.axes.Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.outlier_features import OutlierFeatureStatistics
+
+    if not isinstance(features, dict) or not features or not all(
+            isinstance(v, OutlierFeatureStatistics) for v in features.values()):
+        raise TypeError("features must be a non-empty dict name -> OutlierFeatureStatistics")
+    position_share = check_real(position_share, "position_share", lo=0.0, hi=1.0)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, ofs in features.items():
+        for j in ofs.systematic(position_share=position_share):
+            share = np.maximum(ofs.share[0::2, j], ofs.share[1::2, j])
+            layer_profiles(ax, {f"{name}, feature {j}": share},
+                           (np.arange(ofs.n_layers) + 0.5) / ofs.n_layers, legend_fontsize=None,
+                           xlabel="relative depth (block + 1/2) / L",
+                           ylabel=f"share of positions with |x| >= {ofs.threshold:g}")
+    ax.axhline(position_share, color="k", ls="--", lw=0.8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, ax
+
+
+def channel_fraction_panels(fractions, title: str | None = None):
+    """Fractions of channels per layer (:func:`layer_profiles`), one panel per model, the legend
+    in the first.
+
+    Parameters
+    ----------
+    fractions : dict
+        ``name -> {label -> fraction per layer}``.
+    title : str, optional
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(fractions, dict) or not fractions or not all(
+            isinstance(v, dict) for v in fractions.values()):
+        raise TypeError("fractions must be a non-empty dict name -> {label -> values}")
+    fig, axes = plt.subplots(1, len(fractions), figsize=(10, 3.8), sharey=True, squeeze=False)
+    for ax, (name, curves) in zip(axes[0], fractions.items()):
+        layer_profiles(ax, curves, title=name, legend_fontsize=8 if ax is axes[0, 0] else None)
+        ax.set(ylim=(-0.02, 1.02))
+    axes[0, 0].set_ylabel("fraction of channels")
+    if title is not None:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig, axes[0]
+
+
+def activation_ratio_panels(depth, ratios, mean_ratio):
+    """The largest activation and the largest channel mean per layer against relative depth, on
+    log axes: ``max |h| / median |h|`` (left) and ``max_j |mu_j| / median_j sigma_j`` (right).
+
+    Parameters
+    ----------
+    depth : dict
+        ``name -> relative depth l / L`` of each layer.
+    ratios : dict
+        ``name -> {label -> values or (values, fmt)}``: left-panel curves of that model.
+    mean_ratio : dict
+        ``name -> values or (values, fmt)``: the right-panel curve of that model.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+    """
+    import matplotlib.pyplot as plt
+
+    for arg, value in (("depth", depth), ("ratios", ratios), ("mean_ratio", mean_ratio)):
+        if not isinstance(value, dict) or set(value) != set(depth):
+            raise TypeError(f"{arg} must be a dict with the model names of depth")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, x in depth.items():
+        layer_profiles(axes[0], ratios[name], x, xlabel="relative depth l / L",
+                       ylabel="max |h| / median |h|", logy=True, legend_fontsize=None)
+        layer_profiles(axes[1], {name: mean_ratio[name]}, x, xlabel="relative depth l / L",
+                       ylabel=r"max$_j |\mu_j|$ / median$_j\,\sigma_j$", logy=True,
+                       legend_fontsize=None)
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
