@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion.experiments import check_result, register
-from companion.experiments.injection_window import check_fields, scale_index
+from companion.experiments.injection_window import check_fields, model_and_prompts, scale_index
 
 __all__ = [
     "InjectionSuccessExperiment",
@@ -159,18 +159,9 @@ class InjectionSuccessExperiment:
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
         from companion import directions as dr
-        from companion import models, probes
-        from companion.corpus import corpus_sentences
 
-        self.validate()
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        m, layers, prompts, base = model_and_prompts(self, device)
         L, d = m.n_layers, m.d_model
-        layers = list(self.layers) if self.layers else list(range(L + 1))
-        if layers[-1] > L:
-            raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
-        sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
-        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
-        base = probes.residual_stream(m, prompts.encoding)
         norms = dr.typical_norms(base, prompts.injected)
         spreads = dr.typical_spreads(base, prompts.injected)
         mu = dr.stream_means(base, prompts.injected)

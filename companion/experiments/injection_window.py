@@ -68,6 +68,7 @@ __all__ = [
     "run_suite",
     "HAHAMI_LAST_TOKEN",
     "check_fields",
+    "model_and_prompts",
     "scale_index",
 ]
 
@@ -96,6 +97,26 @@ def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
     if len(set(config.concepts)) != len(config.concepts):
         raise ValueError(f"concepts must not repeat entries, got {config.concepts!r}")
     check_layer_list(config.layers)
+
+
+def model_and_prompts(config, device) -> tuple:
+    """What both injection experiments start from: ``config`` validated, its model loaded, its
+    prompts built (:func:`companion.directions.make_prompts` from ``2 * n_prompts`` corpus
+    sentences): ``(model, layers, prompts, base)``, ``layers`` the injection layers (all if
+    ``config.layers`` is empty) and ``base`` the baseline residual stream ``[L+1, B, T, d]``."""
+    from companion import directions as dr
+    from companion import models, probes
+    from companion.corpus import corpus_sentences
+
+    config.validate()
+    m = models.load(config.model, device=device, dtype=config.dtype)
+    L = m.n_layers
+    layers = list(config.layers) if config.layers else list(range(L + 1))
+    if layers[-1] > L:
+        raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
+    sentences = corpus_sentences(2 * config.n_prompts, config.min_words, config.max_words)
+    prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=config.max_length)
+    return m, layers, prompts, probes.residual_stream(m, prompts.encoding)
 
 
 @register("injection_window", schema=1)
@@ -173,20 +194,11 @@ class InjectionWindowExperiment:
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
         from companion import directions as dr
-        from companion import models, probes
-        from companion.corpus import corpus_sentences
         from companion.engine import track_injection
         from companion.perturbation import METRIC_NAMES
 
-        self.validate()
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        m, layers, prompts, base = model_and_prompts(self, device)
         L = m.n_layers
-        layers = list(self.layers) if self.layers else list(range(L + 1))
-        if layers[-1] > L:
-            raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
-        sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
-        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
-        base = probes.residual_stream(m, prompts.encoding)
         norms = dr.typical_norms(base, prompts.injected)
         del base
         ref_layer = int(round(self.abs_reference_fraction * L))
