@@ -32,7 +32,8 @@ __all__ = ["TRACK_PANELS", "band", "channel_points", "count_comparison", "counts
            "interval_errorbars", "layer_profiles", "ln_rule_scatter", "partial_dot_curves",
            "perturbation_tracks", "quantization_error_scatter", "readout_against_null",
            "relative_effects", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
-           "success_window_rows", "table", "tail_curves", "window_edges"]
+           "success_window_rows", "table", "tail_curves", "window_edges",
+           "window_effects"]
 
 
 def _check_axes(ax):
@@ -1096,4 +1097,49 @@ def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers
     ax.set_yticks(np.arange(rows)[::-1], list(labels))
     ax.set_xlim(-0.03, 1.03)
     ax.set_xlabel(r"injection layer $\ell / L$")
+    return ax
+
+
+# --- block injection ---
+def window_effects(ax, results, scale: float = 0.5):
+    """The output effect of ``injection_window`` Results against the injection layer's depth.
+
+    Per Result, the effect of the relative sweep at ``scale`` averaged over its directions
+    (the curve :func:`~companion.experiments.injection_window.mean_window` thresholds), divided
+    by its maximum, against :math:`\\ell / L`; the window's threshold 1/2 as a line.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    results : dict
+        ``key -> Result`` of ``injection_window`` (e.g. from
+        :func:`~companion.experiments.injection_window.gpu_results`), one curve each.
+    scale : float, default 0.5
+        A relative magnitude the Results ran.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    TypeError
+        If ``ax`` is not an Axes or a value of ``results`` not an ``injection_window`` Result.
+    ValueError
+        A Result that did not run ``scale``.
+    """
+    from companion.experiments import injection_window as ei
+
+    _check_axes(ax)
+    for r in results.values():
+        tracks = ei.tracks(r)                       # checks the Result
+        k = ei.scale_index(r, "rel", scale)
+        effect = np.mean([t.effect()[:, k] for (_, mode), t in tracks.items() if mode == "rel"], 0)
+        L = r.scalars["n_layers"]
+        ax.plot(r.arrays["layers"] / L, effect / effect.max(), marker="o", ms=2,
+                label=f"{r.scalars['model_name']} (L = {L})")
+    ax.axhline(0.5, color="k", lw=0.6)
+    ax.set_xlabel(r"injection layer $\ell / L$")
+    ax.set_ylabel(f"effect / maximum (alpha = {scale:g})")
+    ax.legend(fontsize=6, ncol=2)
     return ax
