@@ -28,7 +28,7 @@ from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["TRACK_PANELS", "band", "channel_points", "count_comparison", "counts", "depth_axis",
            "depth_colours", "depth_outlier_statistics", "depth_stream_growth",
-           "depth_training_curves", "effect_profiles", "finish", "grouped_bars",
+           "depth_training_curves", "effect_bands", "effect_profiles", "finish", "grouped_bars",
            "interval_errorbars", "layer_profiles", "ln_rule_scatter", "partial_dot_curves",
            "perturbation_tracks", "quantization_error_scatter", "readout_against_null",
            "relative_effects", "scheme_bars", "seed_bands", "seed_points", "sublayer_cumulative",
@@ -1101,6 +1101,51 @@ def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers
 
 
 # --- block injection ---
+def effect_bands(ax, result, colours=("C0", "C1", "C3")):
+    """The disruption curves of an ``injection_success`` Result on a log scale.
+
+    Per magnitude of the random group (one colour each): the random directions' mean effect
+    with its 95% bootstrap band (:func:`~companion.experiments.injection_success.effect_curve`)
+    and, dotted, the mean over the concept vectors, against :math:`\ell / L`; layers where the
+    random mean is 0 are left out (a log scale cannot show them).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    result : Result
+        Of ``injection_success``.
+    colours : sequence of str
+        One per magnitude.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    TypeError
+        If ``ax`` is not an Axes or ``result`` not an ``injection_success`` Result.
+    """
+    from companion.experiments import check_result
+    from companion.experiments import injection_success as es
+
+    _check_axes(ax)
+    check_result(result, "injection_success")
+    n_random, n_concepts = result.arrays["random_effect"].shape[0], len(result.scalars["concepts"])
+    for alpha, colour in zip(result.arrays["random_scales"], colours):
+        c = es.effect_curve(result, "random", alpha)
+        keep = c["mean"] > 0
+        band(ax, c["fraction"][keep], c["mean"][keep], c["lo"][keep], c["hi"][keep],
+             color=colour, label=fr"{n_random} random, $\alpha$ = {alpha:g}")
+        cc = [es.effect_curve(result, "concept", alpha, direction=k) for k in range(n_concepts)]
+        ax.plot(c["fraction"][keep], np.mean([x["mean"] for x in cc], 0)[keep], ":",
+                color=colour, label=fr"{n_concepts} concepts (mean), $\alpha$ = {alpha:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel(r"injection layer $\ell / L$")
+    ax.set_ylabel(result.scalars["effect_name"])
+    return ax
+
+
 def window_effects(ax, results, scale: float = 0.5):
     """The output effect of ``injection_window`` Results against the injection layer's depth.
 

@@ -54,3 +54,35 @@ def test_window_effects_errors():
     with pytest.raises(ValueError, match="was not run"):
         plots.window_effects(ax, {"a": _result("m", 12, 4)}, scale=2.0)
     plt.close(fig)
+
+
+def _success_result():
+    g = np.random.default_rng(0)
+    layers, scales, B = np.array([0, 2, 4, 6, 8]), np.array([0.125, 0.5, 2.0]), 8
+    base = (scales[None, None, :, None] ** 2) * (1 + layers[None, :, None, None])
+    arrays = dict(layers=layers, random_scales=scales, concept_scales=scales,
+                  random_effect=base * g.uniform(0.9, 1.1, (3, layers.size, 3, B)),
+                  concept_effect=base * g.uniform(0.9, 1.1, (2, layers.size, 3, B)))
+    arrays["random_effect"][:, 0] = 0.0                       # a layer without effect: left out
+    scalars = dict(groups=["concept", "random"], concepts=["sea", "fire"], n_layers=8,
+                   effect_name="kl_last")
+    return xp.Result(name="injection_success", config={}, arrays=arrays, scalars=scalars,
+                     versions={}, device="cpu", wall_time=0.0, schema="1.1", config_hash="0")
+
+
+def test_effect_bands_random_band_and_concept_mean_per_magnitude():
+    r = _success_result()
+    fig, ax = plt.subplots()
+    assert plots.effect_bands(ax, r) is ax
+    dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert [ln.get_label() for ln in dotted] == [
+        fr"2 concepts (mean), $\alpha$ = {a:g}" for a in (0.125, 0.5, 2)]
+    for ln, s in zip(dotted, range(3)):
+        x, y = ln.get_data()
+        np.testing.assert_allclose(x, [0.25, 0.5, 0.75, 1.0])         # layer 0 dropped
+        np.testing.assert_allclose(y, r.arrays["concept_effect"][:, 1:, s].mean(axis=(0, 2)))
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "kl_last"
+    assert any(t.get_label() == r"3 random, $\alpha$ = 0.5" for t in ax.get_children())
+    with pytest.raises(TypeError, match="injection_success"):
+        plots.effect_bands(ax, _result("m", 12, 4))
+    plt.close(fig)
