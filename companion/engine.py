@@ -778,9 +778,10 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         Passed to :func:`injection_sweep` (memory bound per block call).
     centre : array_like, shape ``[L+1, d]``, optional
         A mean stream :math:`\mu_\ell` (:func:`companion.directions.stream_means`): the metrics
-        ``relative_size``, ``cos_inj_base`` and ``norm_ratio`` are then computed on
-        :math:`h - \mu_\ell` (:func:`companion.perturbation.perturbation_metrics`); the
-        projection and the distance do not change.  Default ``None``: uncentred.
+        then also hold ``relative_size_centred``, ``cos_inj_base_centred`` and
+        ``norm_ratio_centred``, the same three computed on :math:`h - \mu_\ell`
+        (:func:`companion.perturbation.perturbation_metrics`) from the same runs (the
+        projection and the distance do not depend on a centre).  Default ``None``: uncentred only.
 
     Returns
     -------
@@ -847,7 +848,8 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     mask = prompts.encoding["attention_mask"].to("cpu", torch.float64)
     last = prompts.last
     causal = m.kind == "causal-lm"
-    n_metric = len(pt.METRIC_NAMES)
+    centred = () if centre is None else ("relative_size", "cos_inj_base", "norm_ratio")
+    names = pt.METRIC_NAMES + tuple(k + "_centred" for k in centred)
     B = prompts.batch
     n_inj, n_sc = len(lay), len(sc)
     rows = torch.zeros(n_inj, n_sc, B, d, dtype=torch.float64)  # output rows at layer L
@@ -860,13 +862,15 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]
         cond = conditions.cpu()
         v = unit[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
-        met = pt.perturbation_metrics(hb64, hi64, v,
-                                      None if centre is None else centre[layer][None])
+        met = pt.perturbation_metrics(hb64, hi64, v)
+        if centre is not None:  # the same runs measured on h - mu_l
+            cen = pt.perturbation_metrics(hb64, hi64, v, centre[layer][None])
+            met.update({k + "_centred": cen[k] for k in centred})
         if layer == L:
             row = hi[:, last] if causal else (hi * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
             rows[cond[:, 0], cond[:, 1]] = row  # [K, B, d]: last token (causal) or mean-pooled state
         return torch.from_numpy(np.stack([_group_means(met[name][0], groups)
-                                          for name in pt.METRIC_NAMES], -1))  # [K, B, 3, n_metric]
+                                          for name in names], -1))  # [K, B, 3, n_metric]
 
     vecs = torch.from_numpy(factor[:, None] * unit)
     sw = injection_sweep(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
@@ -874,7 +878,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     grouped = sw.injected.to(torch.float64).numpy()  # [n_inj, n_sc, L+1, B, 3, n_metric]
     hb = sw.baseline[L].detach().to("cpu", torch.float64)
     base_row = hb[last] if causal else (hb * mask[..., None]).sum(1) / mask.sum(1)[:, None]
-    metrics = {name: np.ascontiguousarray(grouped[..., i]) for i, name in enumerate(pt.METRIC_NAMES)}
+    metrics = {name: np.ascontiguousarray(grouped[..., i]) for i, name in enumerate(names)}
     if causal:
         lb = logits_from_residual(m, base_row.to(torch.float32))
         effect = np.empty((n_inj, n_sc, B))

@@ -30,14 +30,15 @@ __all__ = ["TRACK_PANELS", "activation_ratio_panels", "band", "bernoulli_sum_tai
            "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
-           "effect_profiles", "finish", "gaussian_maxima", "grouped_bars", "interval_errorbars",
-           "largest_logits", "layer_profiles", "ln_rule_scatter", "massive_activation_sink",
-           "norm_and_logit_tails", "norm_fluctuations", "outlier_feature_shares",
-           "partial_dot_curves", "perturbation_tracks", "postln_projection", "preln_ratios",
-           "quantization_error_scatter", "random_window_edges", "readout_against_null",
-           "relative_effects", "scale_spread", "scheme_bars", "seed_bands", "seed_points",
-           "subexponential_tails", "sublayer_cumulative", "success_window_rows", "table",
-           "tail_curves", "trained_kl_profiles", "window_edges"]
+           "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
+           "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
+           "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
+           "outlier_feature_shares", "partial_dot_curves", "perturbation_tracks",
+           "postln_projection", "preln_ratios", "quantization_error_scatter",
+           "random_window_edges", "readout_against_null", "relative_effects", "scale_spread",
+           "scheme_bars", "seed_bands", "seed_points", "subexponential_tails",
+           "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
+           "trained_kl_profiles", "window_edges", "window_effects"]
 
 
 def _check_axes(ax):
@@ -1849,3 +1850,93 @@ def activation_ratio_panels(depth, ratios, mean_ratio):
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     return fig, axes
+
+
+# --- block injection ---
+def effect_bands(ax, result, colours=("C0", "C1", "C3")):
+    """The disruption curves of an ``injection_success`` Result on a log scale.
+
+    Per magnitude of the random group (one colour each): the random directions' mean effect
+    with its 95% bootstrap band (:func:`~companion.experiments.injection_success.effect_curve`)
+    and, dotted, the mean over the concept vectors, against :math:`\ell / L`; layers where the
+    random mean is 0 are left out (a log scale cannot show them).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    result : Result
+        Of ``injection_success``.
+    colours : sequence of str
+        One per magnitude.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    TypeError
+        If ``ax`` is not an Axes or ``result`` not an ``injection_success`` Result.
+    """
+    from companion.experiments import check_result
+    from companion.experiments import injection_success as es
+
+    _check_axes(ax)
+    check_result(result, "injection_success")
+    n_random, n_concepts = result.arrays["random_effect"].shape[0], len(result.scalars["concepts"])
+    for alpha, colour in zip(result.arrays["random_scales"], colours):
+        c = es.effect_curve(result, "random", alpha)
+        keep = c["mean"] > 0
+        band(ax, c["fraction"][keep], c["mean"][keep], c["lo"][keep], c["hi"][keep],
+             color=colour, label=fr"{n_random} random, $\alpha$ = {alpha:g}")
+        cc = [es.effect_curve(result, "concept", alpha, direction=k) for k in range(n_concepts)]
+        ax.plot(c["fraction"][keep], np.mean([x["mean"] for x in cc], 0)[keep], ":",
+                color=colour, label=fr"{n_concepts} concepts (mean), $\alpha$ = {alpha:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel(r"injection layer $\ell / L$")
+    ax.set_ylabel(result.scalars["effect_name"])
+    return ax
+
+
+def window_effects(ax, results, scale: float = 0.5):
+    """The output effect of ``injection_window`` Results against the injection layer's depth.
+
+    Per Result, the effect of the relative sweep at ``scale`` averaged over its directions
+    (the curve :func:`~companion.experiments.injection_window.mean_window` thresholds), divided
+    by its maximum, against :math:`\\ell / L`; the window's threshold 1/2 as a line.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    results : dict
+        ``key -> Result`` of ``injection_window`` (e.g. from
+        :func:`~companion.experiments.injection_window.gpu_results`), one curve each.
+    scale : float, default 0.5
+        A relative magnitude the Results ran.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    TypeError
+        If ``ax`` is not an Axes or a value of ``results`` not an ``injection_window`` Result.
+    ValueError
+        A Result that did not run ``scale``.
+    """
+    from companion.experiments import injection_window as ei
+
+    _check_axes(ax)
+    for r in results.values():
+        tracks = ei.tracks(r)                       # checks the Result
+        k = ei.scale_index(r, "rel", scale)
+        effect = np.mean([t.effect()[:, k] for (_, mode), t in tracks.items() if mode == "rel"], 0)
+        L = r.scalars["n_layers"]
+        ax.plot(r.arrays["layers"] / L, effect / effect.max(), marker="o", ms=2,
+                label=f"{r.scalars['model_name']} (L = {L})")
+    ax.axhline(0.5, color="k", lw=0.6)
+    ax.set_xlabel(r"injection layer $\ell / L$")
+    ax.set_ylabel(f"effect / maximum (alpha = {scale:g})")
+    ax.legend(fontsize=6, ncol=2)
+    return ax

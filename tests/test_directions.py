@@ -423,7 +423,7 @@ def test_result_readers_reject_other_results():
 
     other = Result(name="channel_statistics", config={}, arrays={}, scalars={}, versions={}, device="cpu",
                    wall_time=0.0, schema="1.1", config_hash="0")
-    with pytest.raises(ValueError, match="injection_window"):
+    with pytest.raises(TypeError, match="injection_window"):
         ei.tracks(other)
     with pytest.raises(TypeError, match="Result"):
         ei.tracks({"arrays": {}})
@@ -664,13 +664,17 @@ def test_track_injection_centred_metrics(smol):
     raw = engine.track_injection(smol, p, [3], v, [0.5], norms=spreads)
     cen = engine.track_injection(smol, p, [3], v, [0.5], norms=spreads, centre=mu)
     assert raw.coefficient[0, 0] == pytest.approx(0.5 * spreads[3])
-    for name in ("projection", "delta_norm"):
+    # one pass: the six raw metrics unchanged, plus the three centred ones
+    for name in pt.METRIC_NAMES:
         np.testing.assert_array_equal(raw.metrics[name], cen.metrics[name])
+    assert sorted(set(cen.metrics) - set(raw.metrics)) == [
+        "cos_inj_base_centred", "norm_ratio_centred", "relative_size_centred"]
     # the centred relative size: ||delta|| / ||h - mu|| at the injected positions, injection layer
     hb = base[3].double().numpy() - mu[3]
     want = np.mean([(raw.coefficient[0, 0] / np.linalg.norm(hb[b][p.injected[b].numpy()],
                                                             axis=-1)).mean() for b in range(2)])
-    assert cen.mean("relative_size", "injected")[0, 0, 3] == pytest.approx(want, rel=1e-4)
-    assert cen.mean("relative_size", "injected")[0, 0, 3] > raw.mean("relative_size", "injected")[0, 0, 3]
+    got = cen.mean("relative_size_centred", "injected")[0, 0, 3]
+    assert got == pytest.approx(want, rel=1e-4)
+    assert got > raw.mean("relative_size", "injected")[0, 0, 3]
     with pytest.raises(ValueError, match="centre must have shape"):
         engine.track_injection(smol, p, [3], v, [0.5], centre=mu[0])

@@ -135,7 +135,7 @@ def test_accessor_errors():
                    device="cpu", wall_time=0.0, schema="1.1", config_hash="0")
     with pytest.raises(TypeError, match="Result"):
         es.success_table({"arrays": {}})
-    with pytest.raises(ValueError, match="injection_success"):
+    with pytest.raises(TypeError, match="injection_success"):
         es.success_window(other, "sea")
     with pytest.raises(ValueError, match="null must be"):
         es.success_table(r, null="concept")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion._validation import check_int, check_real
-from companion.experiments import register
+from companion.experiments import check_result, register
 
 __all__ = ["InjectionAttributionExperiment", "CONFIGS", "attributions_of", "half_streams_of"]
 
@@ -131,15 +131,6 @@ CONFIGS = {
 }
 
 
-def _check_result(result):
-    from companion.experiments import Result
-
-    if not isinstance(result, Result) or result.name != "injection_attribution":
-        raise TypeError(f"result must be a Result of injection_attribution, got "
-                        f"{getattr(result, 'name', type(result).__name__)!r}")
-    return result
-
-
 def attributions_of(result) -> dict:
     """``{layer: Attribution}`` rebuilt from a Result of ``injection_attribution``.
 
@@ -152,7 +143,7 @@ def attributions_of(result) -> dict:
     """
     from companion.attribution import STAGES, Attribution
 
-    a, s = _check_result(result).arrays, result.scalars
+    a, s = check_result(result, "injection_attribution").arrays, result.scalars
     out = {}
     for i, ell in enumerate(a["layers"].tolist()):
         key = f"l{ell}_"
@@ -181,7 +172,7 @@ def half_streams_of(result) -> dict:
     ValueError
         If the Result was computed without ``half_check``.
     """
-    a = _check_result(result).arrays
+    a = check_result(result, "injection_attribution").arrays
     out = {}
     for i, ell in enumerate(a["layers"].tolist()):
         key = f"half_l{ell}_stream"

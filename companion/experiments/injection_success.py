@@ -55,8 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from companion._validation import check_layer_list
-from companion.experiments import Result, register
+from companion.experiments import check_result, register
+from companion.experiments.injection_window import check_fields, model_and_prompts, scale_index
 
 __all__ = [
     "InjectionSuccessExperiment",
@@ -144,51 +144,24 @@ class InjectionSuccessExperiment:
             sentence concepts, scales not positive and increasing, ``null_scale`` not among
             them, repeated or decreasing layers.
         """
-        from companion.directions import CONCEPTS
-
-        for key in ("min_words", "max_words", "max_length", "max_batch_tokens", "subspace_k"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("n_prompts", "n_random"):
-            if getattr(self, key) < 2:
-                raise ValueError(f"{key} must be >= 2 (a bootstrap and a null need two), "
-                                 f"got {getattr(self, key)}")
-        for key in ("n_split", "n_subspace"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
-        if self.max_words < self.min_words:
-            raise ValueError(f"max_words ({self.max_words}) must be >= min_words ({self.min_words})")
+        # n_prompts and n_random >= 2: a bootstrap and a null need two
+        check_fields(self, {"subspace_k": 1, "n_prompts": 2, "n_random": 2, "n_split": 0,
+                            "n_subspace": 0}, word_concepts=True)
         if not self.concepts:
             raise ValueError("concepts must name at least one word concept")
-        for c in self.concepts:
-            if c not in CONCEPTS or CONCEPTS[c].template is None:
-                words = sorted(k for k, v in CONCEPTS.items() if v.template is not None)
-                raise ValueError(f"concepts entries must be word concepts among {words}, got {c!r}")
-        if len(set(self.concepts)) != len(self.concepts):
-            raise ValueError(f"concepts must not repeat entries, got {self.concepts}")
         if not self.scales or any(not (math.isfinite(s) and s > 0) for s in self.scales):
             raise ValueError(f"scales must be finite and > 0 (at least one), got {self.scales}")
         if list(self.scales) != sorted(set(self.scales)):
             raise ValueError(f"scales must be strictly increasing, got {self.scales}")
         if self.null_scale not in self.scales:
             raise ValueError(f"null_scale must be one of scales {self.scales}, got {self.null_scale}")
-        check_layer_list(self.layers)
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
         from companion import directions as dr
-        from companion import models, probes
-        from companion.corpus import corpus_sentences
 
-        self.validate()
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        m, layers, prompts, base = model_and_prompts(self, device)
         L, d = m.n_layers, m.d_model
-        layers = list(self.layers) if self.layers else list(range(L + 1))
-        if layers[-1] > L:
-            raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
-        sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
-        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
-        base = probes.residual_stream(m, prompts.encoding)
         norms = dr.typical_norms(base, prompts.injected)
         spreads = dr.typical_spreads(base, prompts.injected)
         mu = dr.stream_means(base, prompts.injected)
@@ -473,28 +446,9 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
 # ============================================================================================
 # reading Results
 # ============================================================================================
-def _check_result(result) -> None:
-    if not isinstance(result, Result):
-        raise TypeError(f"expected a Result, got {type(result).__name__}")
-    if result.name != InjectionSuccessExperiment.experiment_name:
-        raise ValueError(f"expected an injection_success Result, got one of {result.name!r}")
-
-
 def _group(result, group: str) -> None:
     if group not in result.scalars["groups"]:
         raise ValueError(f"unknown group {group!r}; this Result has {result.scalars['groups']}")
-
-
-def _scale_index(result, group: str, scale) -> int:
-    from companion._validation import check_real
-
-    scale = check_real(scale, "scale", lo=0.0, lo_open=True)
-    given = np.asarray(result.arrays[f"{group}_scales"], dtype=np.float64)
-    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
-    if hit.size == 0:
-        raise ValueError(f"scale {scale} was not run for the {group} group; its scales are "
-                         f"{given.tolist()}")
-    return int(hit[0])
 
 
 def _readout(result, group: str, concept: str, position: str, scale) -> np.ndarray:
@@ -508,7 +462,7 @@ def _readout(result, group: str, concept: str, position: str, scale) -> np.ndarr
         position = positions[0]
     if position not in positions:
         raise ValueError(f"position must be one of {positions}, got {position!r}")
-    s = _scale_index(result, group, scale)
+    s = scale_index(result, group, scale)
     r = result.arrays[f"{group}_readout"]
     return r[:, :, s, sc["concepts"].index(concept), positions.index(position)]
 
@@ -615,9 +569,9 @@ def success_table(result, null: str = "random", position: str | None = None,
     Raises
     ------
     TypeError
-        If ``result`` is not a Result.
+        If ``result`` is not a Result of ``injection_success``.
     ValueError
-        Another experiment's Result, an unknown null group or position, a null group with
+        An unknown null group or position, a null group with
         fewer than two directions.
 
     Examples
@@ -625,7 +579,7 @@ def success_table(result, null: str = "random", position: str | None = None,
     >>> rows = success_table(stored[0])                    # doctest: +SKIP
     >>> sum(r["success"] for r in rows)                   # doctest: +SKIP
     """
-    _check_result(result)
+    check_result(result, "injection_success")
     if null not in NULL_GROUPS:
         raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
     _group(result, null)
@@ -721,7 +675,7 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
     """
     from companion._validation import check_int, check_real
 
-    _check_result(result)
+    check_result(result, "injection_success")
     if null not in NULL_GROUPS:
         raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
     level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
@@ -786,7 +740,7 @@ def effect_curve(result, group: str = "random", scale: float = 0.5, direction: i
     Raises
     ------
     TypeError, ValueError
-        Wrong types, another experiment's Result, an unknown group, scale or direction.
+        Wrong types or another experiment's Result (TypeError), an unknown group, scale or direction.
 
     Examples
     --------
@@ -794,12 +748,12 @@ def effect_curve(result, group: str = "random", scale: float = 0.5, direction: i
     """
     from companion._validation import check_int, check_real
 
-    _check_result(result)
+    check_result(result, "injection_success")
     _group(result, group)
     level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     n_boot = check_int(n_boot, "n_boot", 10)
     seed = check_int(seed, "seed", 0)
-    s = _scale_index(result, group, scale)
+    s = scale_index(result, group, scale)
     e = result.arrays[f"{group}_effect"][:, :, s]                           # [n_dir, n_inj, B]
     if direction is not None:
         direction = check_int(direction, "direction", 0)
@@ -846,7 +800,7 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
     Raises
     ------
     TypeError, ValueError
-        Another experiment's Result, an unknown group, a group with one magnitude,
+        Another experiment's Result (TypeError), an unknown group, a group with one magnitude,
         thresholds that are not ``0 < low <= high``.
 
     Notes
@@ -860,7 +814,7 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
     --------
     >>> regimes(stored[0])["regime"][3]                   # doctest: +SKIP
     """
-    _check_result(result)
+    check_result(result, "injection_success")
     _group(result, group)
     try:
         low, high = (float(t) for t in thresholds)

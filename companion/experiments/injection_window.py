@@ -46,9 +46,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion import experiments as xp
-from companion._validation import check_layer_list
+from companion._validation import check_layer_list, check_real
 from companion.experiments import (
-    Result,
+    check_result,
     config_hash,
     make_config,
     register,
@@ -67,17 +67,56 @@ __all__ = [
     "cli_command",
     "run_suite",
     "HAHAMI_LAST_TOKEN",
+    "check_fields",
+    "model_and_prompts",
+    "scale_index",
 ]
 
 
-def _check_names(values, name):
+def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
+    """The field checks the injection configs share (``injection_window``, ``injection_success``).
+
+    ValueError unless every field named in ``minimum`` (and ``min_words``, ``max_words``,
+    ``max_length``, ``max_batch_tokens``) is at least its value, ``max_words >= min_words``,
+    ``concepts`` are distinct names of :data:`companion.directions.CONCEPTS` (word concepts if
+    ``word_concepts``) and ``layers`` is a valid layer list.
+    """
     from companion.directions import CONCEPTS
 
-    for v in values:
-        if v not in CONCEPTS:
-            raise ValueError(f"{name} entries must be among {sorted(CONCEPTS)}, got {v!r}")
-    if len(set(values)) != len(values):
-        raise ValueError(f"{name} must not repeat entries, got {values!r}")
+    for key, lo in {"min_words": 1, "max_words": 1, "max_length": 1, "max_batch_tokens": 1,
+                    **minimum}.items():
+        if getattr(config, key) < lo:
+            raise ValueError(f"{key} must be >= {lo}, got {getattr(config, key)}")
+    if config.max_words < config.min_words:
+        raise ValueError(f"max_words ({config.max_words}) must be >= min_words ({config.min_words})")
+    known = sorted(k for k, v in CONCEPTS.items() if v.template is not None or not word_concepts)
+    for c in config.concepts:
+        if c not in known:
+            raise ValueError(f"concepts entries must be {'word concepts ' * word_concepts}among "
+                             f"{known}, got {c!r}")
+    if len(set(config.concepts)) != len(config.concepts):
+        raise ValueError(f"concepts must not repeat entries, got {config.concepts!r}")
+    check_layer_list(config.layers)
+
+
+def model_and_prompts(config, device) -> tuple:
+    """What both injection experiments start from: ``config`` validated, its model loaded, its
+    prompts built (:func:`companion.directions.make_prompts` from ``2 * n_prompts`` corpus
+    sentences): ``(model, layers, prompts, base)``, ``layers`` the injection layers (all if
+    ``config.layers`` is empty) and ``base`` the baseline residual stream ``[L+1, B, T, d]``."""
+    from companion import directions as dr
+    from companion import models, probes
+    from companion.corpus import corpus_sentences
+
+    config.validate()
+    m = models.load(config.model, device=device, dtype=config.dtype)
+    L = m.n_layers
+    layers = list(config.layers) if config.layers else list(range(L + 1))
+    if layers[-1] > L:
+        raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
+    sentences = corpus_sentences(2 * config.n_prompts, config.min_words, config.max_words)
+    prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=config.max_length)
+    return m, layers, prompts, probes.residual_stream(m, prompts.encoding)
 
 
 @register("injection_window", schema=1)
@@ -140,13 +179,7 @@ class InjectionWindowExperiment:
             For non-positive counts, scales or fractions outside ``[0, 1]``, unknown concepts,
             repeated or negative layers, or no direction at all.
         """
-        for key in ("n_prompts", "min_words", "max_words", "max_length", "max_batch_tokens"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.max_words < self.min_words:
-            raise ValueError(f"max_words ({self.max_words}) must be >= min_words ({self.min_words})")
-        if self.n_random < 0:
-            raise ValueError(f"n_random must be >= 0, got {self.n_random}")
+        check_fields(self, {"n_prompts": 1, "n_random": 0})
         if not self.rel_scales:
             raise ValueError("rel_scales must hold at least one magnitude")
         for key in ("rel_scales", "abs_scales"):
@@ -155,28 +188,17 @@ class InjectionWindowExperiment:
                     raise ValueError(f"{key} entries must be finite and > 0, got {s}")
         if not 0.0 <= self.abs_reference_fraction <= 1.0:
             raise ValueError(f"abs_reference_fraction must lie in [0, 1], got {self.abs_reference_fraction}")
-        _check_names(self.concepts, "concepts")
         if not self.concepts and self.n_random == 0:
             raise ValueError("no direction to inject: give concepts or n_random >= 1")
-        check_layer_list(self.layers)
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
         from companion import directions as dr
-        from companion import models, probes
-        from companion.corpus import corpus_sentences
         from companion.engine import track_injection
         from companion.perturbation import METRIC_NAMES
 
-        self.validate()
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        m, layers, prompts, base = model_and_prompts(self, device)
         L = m.n_layers
-        layers = list(self.layers) if self.layers else list(range(L + 1))
-        if layers[-1] > L:
-            raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
-        sentences = corpus_sentences(2 * self.n_prompts, self.min_words, self.max_words)
-        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
-        base = probes.residual_stream(m, prompts.encoding)
         norms = dr.typical_norms(base, prompts.injected)
         del base
         ref_layer = int(round(self.abs_reference_fraction * L))
@@ -285,25 +307,25 @@ GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
 # ============================================================================================
 # reading Results
 # ============================================================================================
-def _check_result(result) -> None:
-    if not isinstance(result, Result):
-        raise TypeError(f"expected a Result, got {type(result).__name__}")
-    if result.name != InjectionWindowExperiment.experiment_name:
-        raise ValueError(f"expected an injection_window Result, got one of {result.name!r}")
+def scale_index(result, key: str, scale) -> int:
+    """The index of ``scale`` in the array ``<key>_scales`` of a Result (``injection_window``:
+    ``key`` a mode; ``injection_success``: a group); ValueError if it was not run."""
+    scale = check_real(scale, "scale", lo=0.0, lo_open=True)
+    given = np.asarray(result.arrays[f"{key}_scales"], dtype=np.float64)
+    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
+    if hit.size == 0:
+        raise ValueError(f"scale {scale} was not run; the {key} scales are {given.tolist()}")
+    return int(hit[0])
 
 
-def _scale_index(result, mode: str, scale: float) -> int:
-    # the index of one magnitude of a Result's rel or abs sweep, with the checks both readers need
-    _check_result(result)
+def _mode_scale_index(result, mode: str, scale) -> int:
+    # scale_index of one magnitude of the rel or abs sweep, with the checks both readers need
+    check_result(result, "injection_window")
     if mode not in ("rel", "abs"):
         raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
     if mode not in result.scalars["modes"]:
         raise ValueError(f"this Result has no {mode!r} sweep (modes: {result.scalars['modes']})")
-    given = np.asarray(result.arrays[f"{mode}_scales"], dtype=np.float64)
-    hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
-    if hit.size == 0:
-        raise ValueError(f"scale {scale} was not run; the {mode} scales are {given.tolist()}")
-    return int(hit[0])
+    return scale_index(result, mode, scale)
 
 
 def tracks(result) -> dict:
@@ -322,9 +344,9 @@ def tracks(result) -> dict:
     Raises
     ------
     TypeError
-        If ``result`` is not a Result.
+        If ``result`` is not a Result of ``injection_window``.
     ValueError
-        If it belongs to another experiment or lacks an array.
+        If it lacks an array.
 
     Examples
     --------
@@ -335,7 +357,7 @@ def tracks(result) -> dict:
     from companion.engine import SweepResult
     from companion.perturbation import METRIC_NAMES
 
-    _check_result(result)
+    check_result(result, "injection_window")
     a, sc = result.arrays, result.scalars
     scales = {"rel": np.asarray(a["rel_scales"], dtype=np.float64),
               "abs": np.asarray(a["abs_scales"], dtype=np.float64) * float(a["typical_norm"][sc["abs_reference_layer"]])}
@@ -388,9 +410,9 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     Raises
     ------
     TypeError
-        If ``result`` is not a Result or ``contiguous`` is not a bool.
+        If ``result`` is not a Result of ``injection_window`` or ``contiguous`` is not a bool.
     ValueError
-        For another experiment's Result, an unknown mode, or a scale the config did not run.
+        For an unknown mode, or a scale the config did not run.
 
     Examples
     --------
@@ -399,7 +421,7 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     """
     if not isinstance(contiguous, bool):
         raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
-    k = _scale_index(result, mode, scale)
+    k = _mode_scale_index(result, mode, scale)
     rows = []
     sc = result.scalars
     for (dname, m_), tr in tracks(result).items():
@@ -446,7 +468,7 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
     --------
     >>> mean_window(run_cached(CPU_CONFIGS["minilm-l6"])).best_fraction   # doctest: +SKIP
     """
-    k = _scale_index(result, mode, scale)
+    k = _mode_scale_index(result, mode, scale)
     from companion.perturbation import injection_window
 
     effects = [tr.effect()[:, k] for (d, m_), tr in tracks(result).items() if m_ == mode]
