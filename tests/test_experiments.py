@@ -278,5 +278,5 @@ def test_injection_sweep_experiment_invariants(results, name):
         assert "kl_last" not in a
     with pytest.raises(ValueError, match="positions"):
         ex.run(ex.make_config("injection_sweep", model=name, positions="middle"), device="cpu")
-    with pytest.raises(ValueError, match="layers must lie"):
+    with pytest.raises(ValueError, match="layers must be in"):
         ex.run(ex.make_config("injection_sweep", model=name, layers=(L + 1,)), device="cpu")

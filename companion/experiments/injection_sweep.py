@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_int
+from companion._validation import check_choice, check_int, check_layer
 from companion.experiments import register
 
 __all__ = ["InjectionSweepExperiment", "TOKEN_GROUPS"]
@@ -116,16 +116,12 @@ class InjectionSweepExperiment:
 
         check_int(self.n_texts, "n_texts", 1)
         check_int(self.batch_size, "batch_size", 1)
-        if self.positions not in ("prefix", "all", "last"):
-            raise ValueError(f"positions must be 'prefix', 'all' or 'last', got {self.positions!r}")
+        check_choice(self.positions, "positions", ("prefix", "all", "last"))
         if not self.scales:
             raise ValueError("scales must hold at least one magnitude")
         m = models.load(self.model, device=device, dtype=self.dtype)
         L = m.n_layers
-        layers = tuple(self.layers) if self.layers else tuple(range(L + 1))
-        for layer in layers:
-            if not 0 <= layer <= L:
-                raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layer}")
+        layers = tuple(check_layer(x, L, m.name, "layers") for x in self.layers or range(L + 1))
         texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
         g = torch.Generator().manual_seed(self.seed)
         v = torch.randn(m.d_model, generator=g, dtype=torch.float64)
