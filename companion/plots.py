@@ -433,10 +433,12 @@ def _curve_items(curves, name: str):
     for label, spec in curves.items():
         if not isinstance(label, str):
             raise TypeError(f"{name}: labels must be strings, got {label!r}")
-        values, fmt = spec if isinstance(spec, tuple) else (spec, None)
+        values, fmt, kw = (spec + ({},))[:3] if isinstance(spec, tuple) else (spec, None, {})
         if fmt is not None and not isinstance(fmt, str):
             raise TypeError(f"{name}[{label!r}]: the format must be a string, got {fmt!r}")
-        yield label, values, fmt
+        if not isinstance(kw, dict):
+            raise TypeError(f"{name}[{label!r}]: the keywords must be a dict, got {kw!r}")
+        yield label, values, fmt, kw
 
 
 def channel_points(ax, st, layers, thresholds=None, *, title: str | None = None,
@@ -535,7 +537,7 @@ def count_comparison(ax, predicted, observed, regime, n_tokens, names, *, title:
 
 def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str | None = None,
                    title: str | None = None, logy: bool = False, ms: float = 3,
-                   legend_fontsize: float | None = 8):
+                   legend_fontsize: float | None = 8, logx: bool = False, legend_loc=None):
     """Per-layer profiles, one line per entry of ``curves``.
 
     Parameters
@@ -543,17 +545,20 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     ax : matplotlib.axes.Axes
     curves : dict
         ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as
-        ``"C0o-"`` or ``"C0:"``; default: the next colour, ``"o-"``); every ``values`` has the
-        length of ``x``.
+        ``"C0o-"`` or ``"C0:"``; default: the next colour, ``"o-"``) or
+        ``label -> (values, fmt, keywords)`` (Line2D keywords such as ``{"lw": 1}``); every
+        ``values`` has the length of ``x``.  A label starting with ``_`` stays out of the legend.
     x : array_like, optional
         Abscissa (default ``0, 1, ...``).
     xlabel, ylabel, title : str
-    logy : bool
-        Logarithmic y-axis.
+    logy, logx : bool
+        Logarithmic y-axis, x-axis.
     ms : float
         Marker size.
     legend_fontsize : float or None
         None: no legend.
+    legend_loc : str or int
+        The legend's location (``Axes.legend``'s ``loc``; default: the rc setting).
 
     Returns
     -------
@@ -564,18 +569,21 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     if x is None:
         x = np.arange(as_float64(items[0][1], "values").size)
     x = _vector(x, "x")
-    logy = check_bool(logy, "logy")
+    logy, logx = check_bool(logy, "logy"), check_bool(logx, "logx")
     ms = check_real(ms, "ms", lo=0.0)
     lines = []
-    for label, values, fmt in items:
+    for label, values, fmt, kw in items:
         y = _vector(values, f"curves[{label!r}]", x.size)
-        line, = ax.plot(x, y, fmt or "o-", ms=ms, label=label)
+        line, = ax.plot(x, y, fmt or "o-", label=label, **{"ms": ms, **kw})
         lines.append(line)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logx:
+        ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
     if legend_fontsize is not None:
-        ax.legend(fontsize=check_real(legend_fontsize, "legend_fontsize", lo=0.0, lo_open=True))
+        ax.legend(fontsize=check_real(legend_fontsize, "legend_fontsize", lo=0.0, lo_open=True),
+                  loc=legend_loc)
     return lines
 
 
