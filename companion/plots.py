@@ -29,7 +29,8 @@ from companion._validation import as_float64, check_bool, check_int, check_real
 __all__ = ["TRACK_PANELS", "activation_ratio_panels", "band", "bernoulli_sum_tails",
            "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
-           "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
+           "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
+           "depth_success_rates", "depth_training_curves", "depth_window_edges",
            "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
            "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
            "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
@@ -1940,3 +1941,108 @@ def window_effects(ax, results, scale: float = 0.5):
     ax.set_ylabel(f"effect / maximum (alpha = {scale:g})")
     ax.legend(fontsize=6, ncol=2)
     return ax
+
+
+# --- block partfigs ---
+def _depth_scale(result, scale) -> int:
+    scales = list(result.config["scales"])
+    if check_real(scale, "scale") not in scales:
+        raise ValueError(f"scale must be one of the Result's scales {scales}, got {scale!r}")
+    return scales.index(scale)
+
+
+def depth_success_rates(result, scale: float = 1.0):
+    """Success rate of the target directions against injection layer / L in a depth_study
+    Result, one panel per placement: each member with its bootstrap band (darker = deeper),
+    the chance level (dotted) and the window threshold (dashed); each title gives the mean rate
+    of the held-out random directions.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``depth_study`` experiment.
+    scale : float, default 1.0
+        The magnitude alpha, one of the Result's ``scales``.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`companion.experiments.check_result`; for a ``scale`` the Result lacks.
+    """
+    import matplotlib.pyplot as plt
+
+    keys = ("success_rate", "success_lo", "success_hi")
+    A, PL, depths, hw = _depth_result(result, keys + ("inject_layers", "null_rate"))
+    s, chance = _depth_scale(result, scale), result.scalars["chance"]
+    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(PL)):
+        for d, (L, colour) in enumerate(zip(depths, depth_colours(len(depths)))):
+            rate, lo, hi = (A[k][p, d, s] for k in keys)
+            band(ax, A["inject_layers"][p, d] / L, rate, lo, hi, color=colour, label=f"L = {L}")
+        ax.axhline(chance, color="k", ls=":", lw=0.8, label=f"chance 1/{round(1 / chance)}")
+        ax.axhline(result.scalars["window_threshold"], color="r", ls="--", lw=0.8,
+                   label="window threshold")
+        ax.set_title(f"{_PLACEMENT_NAMES.get(placement, placement)} (held-out null: "
+                     f"{np.nanmean(A['null_rate'][p, :, s]):.3f})", fontsize=9)
+        ax.set_xlabel("injection layer / L")
+    axes[0, 0].set_ylabel(f"success rate (alpha = {scale:g})")
+    axes[0, 0].legend(fontsize=7)
+    finish(fig, f"Success of a target's unembedding direction against "
+                f"{result.config['n_random']} random ones ({hw})")
+    return fig, axes[0]
+
+
+def depth_window_edges(result, scale: float = 1.0):
+    """First layer / L (left) and coverage (right) of the window against depth in a depth_study
+    Result, with their bootstrap intervals, one series per placement; the note's 6.25% dotted.
+
+    Parameters and Raises as :func:`depth_success_rates`; returns the figure and its two Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(result, ("window", "window_lo", "window_hi"))
+    s = _depth_scale(result, scale)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for p, placement in enumerate(PL):
+        for ax, j, label in ((axes[0], 0, "first layer of the window / L"),
+                             (axes[1], 3, "coverage")):
+            w, lo, hi = (A[k][p, :, s, j] for k in ("window", "window_lo", "window_hi"))
+            interval_errorbars(ax, depths * 2 ** ((p - 1) * 0.06), w, lo, hi,
+                               label=_PLACEMENT_NAMES.get(placement, placement))
+            ax.set_ylabel(label)
+    for ax in axes:
+        depth_axis(ax, depths)
+    axes[0].axhline(0.0625, color="k", ls=":", lw=0.8, label="note 002: 6.25%")
+    axes[0].legend(fontsize=7)
+    finish(fig, f"Window position and width against depth, alpha = {scale:g} ({hw})")
+    return fig, axes
+
+
+def depth_law_projections(result):
+    """Projection on the injected direction from ``l0 = L/4`` to the output against its law
+    (Pre-LN: dilution; Post-LN: product rule) in a depth_study Result, one panel per
+    placement, for the deepest member and the one four times shallower.
+
+    Returns the figure and its Axes; raises as :func:`companion.experiments.check_result`.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(result, ("proj", "pred_dilution", "pred_product", "law_l0"))
+    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(PL)):
+        law = "pred_dilution" if placement == "pre" else "pred_product"
+        for d in sorted({max(len(depths) - 3, 0), len(depths) - 1}):
+            L, l0 = depths[d], int(A["law_l0"][p, d])
+            m = np.arange(l0, L + 1)
+            ax.plot(m / L, A["proj"][p, d, m], "o", ms=3, color=f"C{d}", label=f"measured, L = {L}")
+            ax.plot(m / L, A[law][p, d, m], "-", color=f"C{d}", label="law")
+        ax.set(yscale="log", title=_PLACEMENT_NAMES.get(placement, placement), xlabel="layer / L")
+    axes[0, 0].set_ylabel("|projection| on the injected direction")
+    axes[0, 0].legend(fontsize=7)
+    finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
+    return fig, axes[0]
+
