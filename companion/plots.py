@@ -27,7 +27,8 @@ import numpy as np
 from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["TRACK_PANELS", "activation_ratio_panels", "band", "bernoulli_sum_tails",
-           "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
+           "channel_fraction_panels", "channel_point_panels", "channel_points",
+           "control_differences", "control_drift", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
            "depth_success_rates", "depth_training_curves", "depth_window_edges",
@@ -2044,5 +2045,100 @@ def depth_law_projections(result):
     axes[0, 0].set_ylabel("|projection| on the injected direction")
     axes[0, 0].legend(fontsize=7)
     finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
+    return fig, axes[0]
+
+
+def _control_regimes(regimes, keys) -> dict:
+    from companion.experiments.training_controls_study import TrainingControlsStudy
+
+    if not isinstance(regimes, dict) or not regimes:
+        raise TypeError("regimes must be a non-empty dict name -> (config, arms, arrays)")
+    for name, entry in regimes.items():
+        if not (isinstance(entry, tuple) and len(entry) == 3
+                and isinstance(entry[0], TrainingControlsStudy) and isinstance(entry[2], dict)):
+            raise TypeError(f"regimes[{name!r}] must be (TrainingControlsStudy, arms, arrays)")
+        if missing := [k for k in keys if k not in entry[2]]:
+            raise ValueError(f"the arrays of regimes[{name!r}] lack {missing}")
+    return regimes
+
+
+def _arm_colours(labels) -> list:
+    from companion.experiments.training_controls_study import ARMS
+
+    if not isinstance(labels, dict) or not set(labels) <= set(ARMS):
+        raise ValueError(f"labels must be a dict arm -> label, arms among {list(ARMS)}")
+    return [f"C{list(ARMS).index(a)}" for a in labels]
+
+
+def control_differences(regimes, labels):
+    """Training controls against no control: per regime, each arm's held-out loss minus that
+    of the arm ``"none"``, per seed (dots) with the mean's 95% t-interval (:func:`seed_points`);
+    last panel: the first regime's gradient norm without clipping (seed 0) beside the tail
+    threshold of its ``"tail"`` arm and the fixed ``tau = 1``.
+
+    Parameters
+    ----------
+    regimes : dict
+        ``name -> (config, arms, arrays)``: a
+        :class:`~companion.experiments.training_controls_study.TrainingControlsStudy`, its arm
+        names and the per-arm arrays (as ``merge_arms`` returns them).
+    labels : dict
+        ``arm -> tick label``, the arms drawn (each in its colour ``C<index in ARMS>``).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        For malformed ``regimes`` or arrays lacking ``eval_loss``, ``grad_norm``,
+        ``threshold``; for ``labels`` naming unknown arms.
+    """
+    import matplotlib.pyplot as plt
+
+    regimes = _control_regimes(regimes, ("eval_loss", "grad_norm", "threshold"))
+    colours = _arm_colours(labels)
+    fig, axes = plt.subplots(1, len(regimes) + 1, figsize=(12, 3.6))
+    for ax, (k, (cfg, arms, A)) in zip(axes, regimes.items()):
+        diffs = np.stack([A["eval_loss"][arms.index(n)] - A["eval_loss"][arms.index("none")]
+                          for n in labels])
+        seed_points(ax, diffs, list(labels.values()), reference=0.0, colors=colours)
+        ax.set(ylabel="held-out loss - 'no clipping' (nats/byte)",
+               title=f"{k}: {cfg.steps} steps, rate {cfg.lr:g}, {len(cfg.seeds)} seeds")
+    (k, (cfg, arms, A)), ax = next(iter(regimes.items())), axes[-1]
+    ax.plot(A["grad_norm"][arms.index("none"), 0], lw=1,
+            label="gradient norm, no clipping (seed 0)")
+    ax.plot(A["threshold"][arms.index("tail"), 0], "r--", lw=1, label="tail threshold (its run)")
+    ax.axhline(1.0, color="k", ls=":", label="fixed tau = 1")
+    ax.set(yscale="log", xlabel="step", ylabel="global gradient norm", title=f"{k} regime, seed 0")
+    ax.legend(fontsize=7)
+    finish(fig, "Clipping: per-seed paired differences (dots), mean and 95% t-interval (bars)")
+    return fig, axes
+
+
+def control_drift(regimes, labels):
+    """Mean drift ``||mu|| / (sqrt(d) rms)`` of the residual stream per layer: per regime (one
+    panel each) the initialisation (black) and each arm of ``labels``, mean over seeds with its
+    95% t-band (:func:`seed_bands`).
+
+    Parameters and Raises as :func:`control_differences` (``labels``: ``arm -> legend label``;
+    the arrays need ``drift`` and ``init_drift``); returns the figure and its Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    regimes = _control_regimes(regimes, ("drift", "init_drift"))
+    colours = _arm_colours(labels)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(11, 3.8), sharey=True, squeeze=False)
+    for ax, (k, (cfg, arms, A)) in zip(axes[0], regimes.items()):
+        layers = np.arange(A["drift"].shape[-1])
+        seed_bands(ax, layers, A["init_drift"][None], ["initialisation"], colors=["k"])
+        seed_bands(ax, layers, np.stack([A["drift"][arms.index(n)] for n in labels]),
+                   list(labels.values()), colors=colours)
+        ax.set(xticks=layers, xlabel="layer l (residual stream before block l)",
+               title=f"{k}: {cfg.steps} steps, rate {cfg.lr:g}")
+    axes[0, 0].set_ylabel(r"$\|\mu\| / (\sqrt{d}\,\mathrm{rms})$")
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    finish(fig, "Mean drift of the residual stream: mean over seeds, 95% t-band")
     return fig, axes[0]
 
