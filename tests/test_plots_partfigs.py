@@ -1,4 +1,4 @@
-"""The figures of companion.plots (block partfigs) on stored Results."""
+"""The figures of companion.plots (block partfigs), on stored Results or small arrays."""
 
 import dataclasses
 
@@ -7,6 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from companion import experiments as xp  # noqa: E402
@@ -67,3 +68,20 @@ def test_control_figures(regimes):
         plots.control_drift({"short": regimes["short"][2]}, {"none": "x"})
     with pytest.raises(ValueError, match="lack"):
         plots.control_differences({"short": regimes["short"][:2] + ({},)}, {"none": "x"})
+
+
+def test_token_rms_and_reach():
+    rms = {"a": (np.linspace(1, 2, 5), np.linspace(1, 3, 5)), "b": ([1, 2, 3], [2, 2, 2])}
+    reach = np.full((2, 5), 0.5)
+    fig, axes = plots.token_rms_and_reach(rms, reach, [0, 2], titles=("(a)", "(b)"),
+                                          rms_ylim=(0.1, 10))
+    assert [line.get_label() for line in axes[0].lines][-1] == "b, first token"
+    assert axes[0].get_ylim() == (0.1, 10) and axes[1].get_title() == "(b)"
+    assert [line.get_xdata().tolist() for line in axes[1].lines] == [[1, 2, 3, 4], [3, 4]]
+    plt.close(fig)
+    with pytest.raises(TypeError, match="rms"):
+        plots.token_rms_and_reach({"a": rms["a"][0]}, reach, [0, 2])
+    with pytest.raises(ValueError, match="reach"):
+        plots.token_rms_and_reach(rms, reach, [0, 5])
+    with pytest.raises(ValueError, match="entries"):
+        plots.token_rms_and_reach({"a": ([1, 2], [1, 2, 3])}, reach, [0, 2])
