@@ -26,7 +26,7 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["TRACK_PANELS", "activation_ratio_panels", "band",
+__all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "band",
            "bernoulli_sum_tails",
            "channel_fraction_panels", "channel_point_panels", "channel_points",
            "control_differences", "control_drift", "count_comparison",
@@ -36,9 +36,10 @@ __all__ = ["TRACK_PANELS", "activation_ratio_panels", "band",
            "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
            "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
            "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
-           "outlier_feature_shares", "partial_dot_curves", "perturbation_tracks",
+           "outlier_feature_shares", "partial_dot_curves",
+           "perturbation_tracks",
            "postln_projection", "preln_ratios", "quantization_error_scatter",
-           "random_window_edges", "readout_against_null",
+           "random_window_edges", "readout_against_null", "readout_panels",
            "relative_effects", "scale_spread",
            "scheme_bars", "seed_bands", "seed_points", "subexponential_tails",
            "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
@@ -2201,4 +2202,110 @@ def token_rms_and_reach(rms, reach, layers, *, titles=("", ""), rms_ylim=None):
     ax2.legend(fontsize=8, loc="upper left")
     finish(fig)
     return fig, np.array([ax1, ax2])
+
+
+def readout_panels(results, panels, ylabels, *, scale: float = 0.5, title: str | None = None):
+    """:func:`readout_against_null` for every concept (columns) and readout (rows) of
+    ``injection_success`` Results, against the random null at one magnitude.
+
+    Parameters
+    ----------
+    results : dict
+        ``key -> Result`` of ``injection_success``.
+    panels : sequence of (key, position)
+        One row each; a row repeating the previous row's key gets no titles.
+    ylabels : dict
+        ``position -> y-label``.
+    scale : float, default 0.5
+        The magnitude, one of the random group's.
+    title : str, optional
+        The figure's title.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes, shape (rows, concepts))
+
+    Raises
+    ------
+    TypeError
+        A value of ``results`` that is not an ``injection_success`` Result.
+    ValueError
+        A panel with an unknown key or position (as ``success_table``), a position
+        ``ylabels`` lacks, or a ``scale`` the Result did not run.
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.experiments import check_result
+    from companion.experiments import injection_success as es
+
+    if not isinstance(results, dict) or not panels or any(
+            k not in results or p not in ylabels for k, p in panels):
+        raise ValueError("panels must be (key of results, position of ylabels) pairs")
+    ncol = max(len(check_result(r, "injection_success").scalars["concepts"])
+               for r in results.values())
+    fig, axes = plt.subplots(len(panels), ncol, figsize=(13, 8 / 3 * len(panels)), sharex=True,
+                             squeeze=False)
+    for row, (name, pos) in enumerate(panels):
+        r, table = results[name], es.success_table(results[name], "random", pos)
+        for col, concept in enumerate(r.scalars["concepts"]):
+            rows = [x for x in table if x["concept"] == concept and x["scale"] == scale]
+            if not rows:
+                raise ValueError(f"the random group of {name!r} did not run scale {scale!r}")
+            layer, *curves = (np.array([x[k] for x in rows]) for k in (
+                "layer", "concept_mean", "null_mean", "null_q", "success"))
+            ax = axes[row, col]
+            readout_against_null(ax, layer / r.scalars["n_layers"], *curves, color=f"C{col}")
+            ax.axhline(0, color="k", lw=0.5)
+            ax.set_title(f"{concept} ({name})" if row == 0 or panels[row - 1][0] != name
+                         else None, fontsize=9)
+            if col == 0:
+                ax.set_ylabel(ylabels[pos], fontsize=8)
+            if row == len(panels) - 1:
+                ax.set_xlabel(r"injection layer $\ell / L$")
+    finish(fig, title)
+    return fig, axes
+
+
+def attribution_panels(post, pre, post_directions, pre_directions, names, *,
+                       colours=("C0", "C3")):
+    """Where an injected direction goes: the LayerNorm product rule on post-norm Attributions
+    (:func:`ln_rule_scatter`, left), then one :func:`sublayer_cumulative` panel per pre-norm
+    Attribution.
+
+    Parameters
+    ----------
+    post : sequence of companion.attribution.Attribution
+        Post-norm results, pooled in the left panel.
+    pre : sequence of companion.attribution.Attribution
+        Pre-norm results, one panel each (colours ``C0``, ``C3``, ...).
+    post_directions, pre_directions : dict of str to list of int
+        The direction sets of each.
+    names : pair of str
+        Short names of the post-norm and the pre-norm model, for the titles.
+    colours : sequence of colours
+        One per pre-norm direction set.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`ln_rule_scatter` and :func:`sublayer_cumulative`.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 1 + len(pre), figsize=(14, 4.2))
+    ln_rule_scatter(axes[0], list(post), post_directions)
+    axes[0].set_title(f"{names[0]}: each LayerNorm, every (l, m)", fontsize=10)
+    axes[0].legend(fontsize=7)
+    for ax, a in zip(axes[1:], pre):
+        sublayer_cumulative(ax, a, pre_directions, colors=colours)
+        ax.set_title(f"{names[1]}, injected at l = {a.layer}: where the projection goes",
+                     fontsize=10)
+    axes[1].set_ylabel("fraction of c, injected tokens")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    finish(fig)
+    return fig, axes
 
