@@ -36,7 +36,7 @@ __all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "ban
            "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
            "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
            "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
-           "outlier_feature_shares", "partial_dot_curves",
+           "outlier_feature_shares", "partial_dot_curves", "partial_dot_panels",
            "perturbation_tracks",
            "postln_projection", "preln_ratios", "quantization_error_scatter",
            "random_window_edges", "readout_against_null", "readout_panels",
@@ -2309,3 +2309,32 @@ def attribution_panels(post, pre, post_directions, pre_directions, names, *,
     finish(fig)
     return fig, axes
 
+
+def partial_dot_panels(parts):
+    """:func:`partial_dot_curves` of several heads in one figure (variance left, SNR right).
+
+    Parameters
+    ----------
+    parts : dict
+        ``label -> output of`` :func:`companion.attention_logits.partial_dot_statistics`.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes, dict)
+        The dict maps each label to its slopes (as :func:`partial_dot_curves` returns them).
+
+    Raises
+    ------
+    TypeError
+        If ``parts`` is not a non-empty dict, or as :func:`partial_dot_curves`.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(parts, dict) or not parts:
+        raise TypeError("parts must be a non-empty dict label -> partial_dot_statistics output")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    slopes = {label: partial_dot_curves(axes, part, label) for label, part in parts.items()}
+    for ax in axes:
+        ax.legend(fontsize=7)
+    finish(fig)
+    return fig, axes, slopes

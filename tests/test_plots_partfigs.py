@@ -121,3 +121,14 @@ def test_attribution_panels():
     with pytest.raises(ValueError, match="pre-norm"):
         plots.attribution_panels(post.values(), [post[1]], {"c": [0]}, {"c": [0]}, ("M", "S"))
 
+
+def test_partial_dot_panels():
+    m = np.arange(1.0, 9.0)
+    part = {"sizes": m, "var": m, "var_scaled": np.ones(8), "snr": np.sqrt(m)}
+    fig, axes, slopes = plots.partial_dot_panels({"a": part, "b": part})
+    assert slopes["a"]["slope_var"] == pytest.approx(1.0)
+    assert slopes["b"]["slope_snr"] == pytest.approx(0.5)
+    assert axes[0].get_legend() is not None and axes[1].get_xlabel() == "coordinates used m"
+    plt.close(fig)
+    with pytest.raises(TypeError, match="parts"):
+        plots.partial_dot_panels([part])
