@@ -26,19 +26,24 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["TRACK_PANELS", "activation_ratio_panels", "band", "bernoulli_sum_tails",
-           "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
+__all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "band",
+           "bernoulli_sum_tails",
+           "channel_fraction_panels", "channel_point_panels", "channel_points",
+           "control_differences", "control_drift", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
-           "depth_outlier_statistics", "depth_stream_growth", "depth_training_curves",
+           "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
+           "depth_success_rates", "depth_training_curves", "depth_window_edges",
            "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
            "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
            "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
-           "outlier_feature_shares", "partial_dot_curves", "perturbation_tracks",
+           "outlier_feature_shares", "partial_dot_curves", "partial_dot_panels",
+           "perturbation_tracks",
            "postln_projection", "preln_ratios", "quantization_error_scatter",
-           "random_window_edges", "readout_against_null", "relative_effects", "scale_spread",
+           "random_window_edges", "readout_against_null", "readout_panels",
+           "relative_effects", "scale_spread",
            "scheme_bars", "seed_bands", "seed_points", "subexponential_tails",
            "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
-           "trained_kl_profiles", "window_edges", "window_effects"]
+           "token_rms_and_reach", "trained_kl_profiles", "window_edges", "window_effects"]
 
 
 def _check_axes(ax):
@@ -1948,3 +1953,396 @@ def window_effects(ax, results, scale: float = 0.5):
     ax.set_ylabel(f"effect / maximum (alpha = {scale:g})")
     ax.legend(fontsize=6, ncol=2)
     return ax
+
+
+# --- block partfigs ---
+def _depth_scale(result, scale) -> int:
+    scales = list(result.config["scales"])
+    if check_real(scale, "scale") not in scales:
+        raise ValueError(f"scale must be one of the Result's scales {scales}, got {scale!r}")
+    return scales.index(scale)
+
+
+def depth_success_rates(result, scale: float = 1.0):
+    """Success rate of the target directions against injection layer / L in a depth_study
+    Result, one panel per placement: each member with its bootstrap band (darker = deeper),
+    the chance level (dotted) and the window threshold (dashed); each title gives the mean rate
+    of the held-out random directions.
+
+    Parameters
+    ----------
+    result : Result
+        Of the ``depth_study`` experiment.
+    scale : float, default 1.0
+        The magnitude alpha, one of the Result's ``scales``.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`companion.experiments.check_result`; for a ``scale`` the Result lacks.
+    """
+    import matplotlib.pyplot as plt
+
+    keys = ("success_rate", "success_lo", "success_hi")
+    A, PL, depths, hw = _depth_result(result, keys + ("inject_layers", "null_rate"))
+    s, chance = _depth_scale(result, scale), result.scalars["chance"]
+    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(PL)):
+        for d, (L, colour) in enumerate(zip(depths, depth_colours(len(depths)))):
+            rate, lo, hi = (A[k][p, d, s] for k in keys)
+            band(ax, A["inject_layers"][p, d] / L, rate, lo, hi, color=colour, label=f"L = {L}")
+        ax.axhline(chance, color="k", ls=":", lw=0.8, label=f"chance 1/{round(1 / chance)}")
+        ax.axhline(result.scalars["window_threshold"], color="r", ls="--", lw=0.8,
+                   label="window threshold")
+        ax.set_title(f"{_PLACEMENT_NAMES.get(placement, placement)} (held-out null: "
+                     f"{np.nanmean(A['null_rate'][p, :, s]):.3f})", fontsize=9)
+        ax.set_xlabel("injection layer / L")
+    axes[0, 0].set_ylabel(f"success rate (alpha = {scale:g})")
+    axes[0, 0].legend(fontsize=7)
+    finish(fig, f"Success of a target's unembedding direction against "
+                f"{result.config['n_random']} random ones ({hw})")
+    return fig, axes[0]
+
+
+def depth_window_edges(result, scale: float = 1.0):
+    """First layer / L (left) and coverage (right) of the window against depth in a depth_study
+    Result, with their bootstrap intervals, one series per placement; the note's 6.25% dotted.
+
+    Parameters and Raises as :func:`depth_success_rates`; returns the figure and its two Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(result, ("window", "window_lo", "window_hi"))
+    s = _depth_scale(result, scale)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for p, placement in enumerate(PL):
+        for ax, j, label in ((axes[0], 0, "first layer of the window / L"),
+                             (axes[1], 3, "coverage")):
+            w, lo, hi = (A[k][p, :, s, j] for k in ("window", "window_lo", "window_hi"))
+            interval_errorbars(ax, depths * 2 ** ((p - 1) * 0.06), w, lo, hi,
+                               label=_PLACEMENT_NAMES.get(placement, placement))
+            ax.set_ylabel(label)
+    for ax in axes:
+        depth_axis(ax, depths)
+    axes[0].axhline(0.0625, color="k", ls=":", lw=0.8, label="note 002: 6.25%")
+    axes[0].legend(fontsize=7)
+    finish(fig, f"Window position and width against depth, alpha = {scale:g} ({hw})")
+    return fig, axes
+
+
+def depth_law_projections(result):
+    """Projection on the injected direction from ``l0 = L/4`` to the output against its law
+    (Pre-LN: dilution; Post-LN: product rule) in a depth_study Result, one panel per
+    placement, for the deepest member and the one four times shallower.
+
+    Returns the figure and its Axes; raises as :func:`companion.experiments.check_result`.
+    """
+    import matplotlib.pyplot as plt
+
+    A, PL, depths, hw = _depth_result(result, ("proj", "pred_dilution", "pred_product", "law_l0"))
+    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    for ax, (p, placement) in zip(axes[0], enumerate(PL)):
+        law = "pred_dilution" if placement == "pre" else "pred_product"
+        for d in sorted({max(len(depths) - 3, 0), len(depths) - 1}):
+            L, l0 = depths[d], int(A["law_l0"][p, d])
+            m = np.arange(l0, L + 1)
+            ax.plot(m / L, A["proj"][p, d, m], "o", ms=3, color=f"C{d}", label=f"measured, L = {L}")
+            ax.plot(m / L, A[law][p, d, m], "-", color=f"C{d}", label="law")
+        ax.set(yscale="log", title=_PLACEMENT_NAMES.get(placement, placement), xlabel="layer / L")
+    axes[0, 0].set_ylabel("|projection| on the injected direction")
+    axes[0, 0].legend(fontsize=7)
+    finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
+    return fig, axes[0]
+
+
+def _control_regimes(regimes, keys) -> dict:
+    from companion.experiments.training_controls_study import TrainingControlsStudy
+
+    if not isinstance(regimes, dict) or not regimes:
+        raise TypeError("regimes must be a non-empty dict name -> (config, arms, arrays)")
+    for name, entry in regimes.items():
+        if not (isinstance(entry, tuple) and len(entry) == 3
+                and isinstance(entry[0], TrainingControlsStudy) and isinstance(entry[2], dict)):
+            raise TypeError(f"regimes[{name!r}] must be (TrainingControlsStudy, arms, arrays)")
+        if missing := [k for k in keys if k not in entry[2]]:
+            raise ValueError(f"the arrays of regimes[{name!r}] lack {missing}")
+    return regimes
+
+
+def _arm_colours(labels) -> list:
+    from companion.experiments.training_controls_study import ARMS
+
+    if not isinstance(labels, dict) or not set(labels) <= set(ARMS):
+        raise ValueError(f"labels must be a dict arm -> label, arms among {list(ARMS)}")
+    return [f"C{list(ARMS).index(a)}" for a in labels]
+
+
+def control_differences(regimes, labels):
+    """Training controls against no control: per regime, each arm's held-out loss minus that
+    of the arm ``"none"``, per seed (dots) with the mean's 95% t-interval (:func:`seed_points`);
+    last panel: the first regime's gradient norm without clipping (seed 0) beside the tail
+    threshold of its ``"tail"`` arm and the fixed ``tau = 1``.
+
+    Parameters
+    ----------
+    regimes : dict
+        ``name -> (config, arms, arrays)``: a
+        :class:`~companion.experiments.training_controls_study.TrainingControlsStudy`, its arm
+        names and the per-arm arrays (as ``merge_arms`` returns them).
+    labels : dict
+        ``arm -> tick label``, the arms drawn (each in its colour ``C<index in ARMS>``).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        For malformed ``regimes`` or arrays lacking ``eval_loss``, ``grad_norm``,
+        ``threshold``; for ``labels`` naming unknown arms.
+    """
+    import matplotlib.pyplot as plt
+
+    regimes = _control_regimes(regimes, ("eval_loss", "grad_norm", "threshold"))
+    colours = _arm_colours(labels)
+    fig, axes = plt.subplots(1, len(regimes) + 1, figsize=(12, 3.6))
+    for ax, (k, (cfg, arms, A)) in zip(axes, regimes.items()):
+        diffs = np.stack([A["eval_loss"][arms.index(n)] - A["eval_loss"][arms.index("none")]
+                          for n in labels])
+        seed_points(ax, diffs, list(labels.values()), reference=0.0, colors=colours)
+        ax.set(ylabel="held-out loss - 'no clipping' (nats/byte)",
+               title=f"{k}: {cfg.steps} steps, rate {cfg.lr:g}, {len(cfg.seeds)} seeds")
+    (k, (cfg, arms, A)), ax = next(iter(regimes.items())), axes[-1]
+    ax.plot(A["grad_norm"][arms.index("none"), 0], lw=1,
+            label="gradient norm, no clipping (seed 0)")
+    ax.plot(A["threshold"][arms.index("tail"), 0], "r--", lw=1, label="tail threshold (its run)")
+    ax.axhline(1.0, color="k", ls=":", label="fixed tau = 1")
+    ax.set(yscale="log", xlabel="step", ylabel="global gradient norm", title=f"{k} regime, seed 0")
+    ax.legend(fontsize=7)
+    finish(fig, "Clipping: per-seed paired differences (dots), mean and 95% t-interval (bars)")
+    return fig, axes
+
+
+def control_drift(regimes, labels):
+    """Mean drift ``||mu|| / (sqrt(d) rms)`` of the residual stream per layer: per regime (one
+    panel each) the initialisation (black) and each arm of ``labels``, mean over seeds with its
+    95% t-band (:func:`seed_bands`).
+
+    Parameters and Raises as :func:`control_differences` (``labels``: ``arm -> legend label``;
+    the arrays need ``drift`` and ``init_drift``); returns the figure and its Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    regimes = _control_regimes(regimes, ("drift", "init_drift"))
+    colours = _arm_colours(labels)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(11, 3.8), sharey=True, squeeze=False)
+    for ax, (k, (cfg, arms, A)) in zip(axes[0], regimes.items()):
+        layers = np.arange(A["drift"].shape[-1])
+        seed_bands(ax, layers, A["init_drift"][None], ["initialisation"], colors=["k"])
+        seed_bands(ax, layers, np.stack([A["drift"][arms.index(n)] for n in labels]),
+                   list(labels.values()), colors=colours)
+        ax.set(xticks=layers, xlabel="layer l (residual stream before block l)",
+               title=f"{k}: {cfg.steps} steps, rate {cfg.lr:g}")
+    axes[0, 0].set_ylabel(r"$\|\mu\| / (\sqrt{d}\,\mathrm{rms})$")
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    finish(fig, "Mean drift of the residual stream: mean over seeds, 95% t-band")
+    return fig, axes[0]
+
+
+def token_rms_and_reach(rms, reach, layers, *, titles=("", ""), rms_ylim=None):
+    """What the probes see: (a) the median ``||h_l|| / sqrt(d)`` against ``l / L`` of the first
+    token (C3) and of the other tokens (C0), one line style per model; (b) the relative distance
+    ``||h'_l - h_l|| / ||h_l||`` at a token that was not injected, after an injection at each of
+    ``layers``, from the layer after it (viridis: early to late).
+
+    Parameters
+    ----------
+    rms : dict
+        ``model name -> (first, rest)``, each 1-D of length ``L + 1`` (at most four models).
+    reach : array_like, shape ``(len(layers), L + 1)``
+    layers : sequence of int
+        The injection layers, one per row of ``reach``.
+    titles : pair of str
+    rms_ylim : pair of float, optional
+        The y-limits of panel (a).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
+
+    Raises
+    ------
+    TypeError
+        If ``rms`` is not a dict of pairs.
+    ValueError
+        If ``reach`` does not have one row per layer, or a layer is out of range.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(rms, dict) or not 0 < len(rms) <= 4 or not all(
+            isinstance(v, tuple) and len(v) == 2 for v in rms.values()):
+        raise TypeError("rms must be a dict of at most four model name -> (first, rest)")
+    reach, layers = as_float64(reach, "reach"), [check_int(l, "layer", 0) for l in layers]
+    if reach.ndim != 2 or reach.shape[0] != len(layers) or max(layers) >= reach.shape[1]:
+        raise ValueError(f"reach must have shape (len(layers), L + 1) with every layer < L + 1, "
+                         f"got {reach.shape} for layers {layers}")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for (name, (first, rest)), style in zip(rms.items(), ("-", "--", "-.", ":")):
+        rest = _vector(rest, f"rms[{name!r}][1]")
+        first = _vector(first, f"rms[{name!r}][0]", rest.size)
+        depth = np.arange(rest.size) / (rest.size - 1)
+        ax1.semilogy(depth, rest, style, color="C0", label=f"{name}, other tokens")
+        ax1.semilogy(depth, first, style, color="C3", label=f"{name}, first token")
+    ax1.set(xlabel="depth  l / L", ylabel="median  ||h_l|| / sqrt(d)", title=titles[0],
+            ylim=rms_ylim)
+    ax1.legend(fontsize=8, loc="lower right")
+    L = reach.shape[1] - 1
+    for k, l0 in enumerate(layers):
+        ax2.semilogy(np.arange(l0 + 1, L + 1), reach[k, l0 + 1:],
+                     color=plt.cm.viridis(k / len(layers)), label=f"injected at h_{l0}")
+    ax2.set(xlabel="layer l", ylabel="||h'_l - h_l|| / ||h_l||  at the last token",
+            title=titles[1])
+    ax2.legend(fontsize=8, loc="upper left")
+    finish(fig)
+    return fig, np.array([ax1, ax2])
+
+
+def readout_panels(results, panels, ylabels, *, scale: float = 0.5, title: str | None = None):
+    """:func:`readout_against_null` for every concept (columns) and readout (rows) of
+    ``injection_success`` Results, against the random null at one magnitude.
+
+    Parameters
+    ----------
+    results : dict
+        ``key -> Result`` of ``injection_success``.
+    panels : sequence of (key, position)
+        One row each; a row repeating the previous row's key gets no titles.
+    ylabels : dict
+        ``position -> y-label``.
+    scale : float, default 0.5
+        The magnitude, one of the random group's.
+    title : str, optional
+        The figure's title.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes, shape (rows, concepts))
+
+    Raises
+    ------
+    TypeError
+        A value of ``results`` that is not an ``injection_success`` Result.
+    ValueError
+        A panel with an unknown key or position (as ``success_table``), a position
+        ``ylabels`` lacks, or a ``scale`` the Result did not run.
+    """
+    import matplotlib.pyplot as plt
+
+    from companion.experiments import check_result
+    from companion.experiments import injection_success as es
+
+    if not isinstance(results, dict) or not panels or any(
+            k not in results or p not in ylabels for k, p in panels):
+        raise ValueError("panels must be (key of results, position of ylabels) pairs")
+    ncol = max(len(check_result(r, "injection_success").scalars["concepts"])
+               for r in results.values())
+    fig, axes = plt.subplots(len(panels), ncol, figsize=(13, 8 / 3 * len(panels)), sharex=True,
+                             squeeze=False)
+    for row, (name, pos) in enumerate(panels):
+        r, table = results[name], es.success_table(results[name], "random", pos)
+        for col, concept in enumerate(r.scalars["concepts"]):
+            rows = [x for x in table if x["concept"] == concept and x["scale"] == scale]
+            if not rows:
+                raise ValueError(f"the random group of {name!r} did not run scale {scale!r}")
+            layer, *curves = (np.array([x[k] for x in rows]) for k in (
+                "layer", "concept_mean", "null_mean", "null_q", "success"))
+            ax = axes[row, col]
+            readout_against_null(ax, layer / r.scalars["n_layers"], *curves, color=f"C{col}")
+            ax.axhline(0, color="k", lw=0.5)
+            ax.set_title(f"{concept} ({name})" if row == 0 or panels[row - 1][0] != name
+                         else None, fontsize=9)
+            if col == 0:
+                ax.set_ylabel(ylabels[pos], fontsize=8)
+            if row == len(panels) - 1:
+                ax.set_xlabel(r"injection layer $\ell / L$")
+    finish(fig, title)
+    return fig, axes
+
+
+def attribution_panels(post, pre, post_directions, pre_directions, names, *,
+                       colours=("C0", "C3")):
+    """Where an injected direction goes: the LayerNorm product rule on post-norm Attributions
+    (:func:`ln_rule_scatter`, left), then one :func:`sublayer_cumulative` panel per pre-norm
+    Attribution.
+
+    Parameters
+    ----------
+    post : sequence of companion.attribution.Attribution
+        Post-norm results, pooled in the left panel.
+    pre : sequence of companion.attribution.Attribution
+        Pre-norm results, one panel each (colours ``C0``, ``C3``, ...).
+    post_directions, pre_directions : dict of str to list of int
+        The direction sets of each.
+    names : pair of str
+        Short names of the post-norm and the pre-norm model, for the titles.
+    colours : sequence of colours
+        One per pre-norm direction set.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of Axes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`ln_rule_scatter` and :func:`sublayer_cumulative`.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 1 + len(pre), figsize=(14, 4.2))
+    ln_rule_scatter(axes[0], list(post), post_directions)
+    axes[0].set_title(f"{names[0]}: each LayerNorm, every (l, m)", fontsize=10)
+    axes[0].legend(fontsize=7)
+    for ax, a in zip(axes[1:], pre):
+        sublayer_cumulative(ax, a, pre_directions, colors=colours)
+        ax.set_title(f"{names[1]}, injected at l = {a.layer}: where the projection goes",
+                     fontsize=10)
+    axes[1].set_ylabel("fraction of c, injected tokens")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    finish(fig)
+    return fig, axes
+
+
+def partial_dot_panels(parts):
+    """:func:`partial_dot_curves` of several heads in one figure (variance left, SNR right).
+
+    Parameters
+    ----------
+    parts : dict
+        ``label -> output of`` :func:`companion.attention_logits.partial_dot_statistics`.
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, numpy.ndarray of two Axes, dict)
+        The dict maps each label to its slopes (as :func:`partial_dot_curves` returns them).
+
+    Raises
+    ------
+    TypeError
+        If ``parts`` is not a non-empty dict, or as :func:`partial_dot_curves`.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(parts, dict) or not parts:
+        raise TypeError("parts must be a non-empty dict label -> partial_dot_statistics output")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    slopes = {label: partial_dot_curves(axes, part, label) for label, part in parts.items()}
+    for ax in axes:
+        ax.legend(fontsize=7)
+    finish(fig)
+    return fig, axes, slopes

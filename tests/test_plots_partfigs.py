@@ -1,0 +1,134 @@
+"""The figures of companion.plots (block partfigs), on stored Results or small arrays."""
+
+import dataclasses
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from companion import experiments as xp  # noqa: E402
+from companion import plots  # noqa: E402
+from companion.experiments import depth_study as ds  # noqa: E402
+from companion.experiments import injection_attribution as ia  # noqa: E402
+from companion.experiments import injection_success as es  # noqa: E402
+from companion.experiments import training_controls_study as tcs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def depth():
+    return xp.load_result(xp.result_path(ds.DepthStudy(), xp.stored_root()))
+
+
+@pytest.mark.parametrize("draw, n_axes, ylabel", [
+    (plots.depth_success_rates, 3, "success rate (alpha = 1)"),
+    (plots.depth_window_edges, 2, "first layer of the window / L"),
+    (plots.depth_law_projections, 3, "|projection| on the injected direction")])
+def test_depth_figures(depth, draw, n_axes, ylabel):
+    fig, axes = draw(depth)
+    assert len(axes) == n_axes and all(ax.lines for ax in axes)
+    assert axes[0].get_ylabel() == ylabel and "torch" in fig._suptitle.get_text()
+    plt.close(fig)
+    with pytest.raises(TypeError, match="depth_study"):
+        draw(dataclasses.replace(depth, name="massive_ablation"))
+    with pytest.raises(ValueError, match="lacks"):
+        draw(dataclasses.replace(depth, arrays={}))
+
+
+def test_depth_scale_is_checked(depth):
+    fig, _ = plots.depth_window_edges(depth, scale=4.0)
+    assert "alpha = 4" in fig._suptitle.get_text()
+    plt.close(fig)
+    with pytest.raises(ValueError, match="scales"):
+        plots.depth_success_rates(depth, scale=2.0)
+    with pytest.raises(TypeError, match="scale"):
+        plots.depth_success_rates(depth, scale="1")
+
+
+@pytest.fixture(scope="module")
+def regimes():
+    short = xp.load_result(xp.result_path(tcs.SHORT, xp.stored_root()))
+    return {"short": (tcs.SHORT, short.scalars["arms"], short.arrays)}
+
+
+def test_control_figures(regimes):
+    fig, axes = plots.control_differences(regimes, {"fixed": "fixed", "tail": "tail"})
+    assert len(axes) == 2 and axes[0].get_title() == "short: 100 steps, rate 0.003, 8 seeds"
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["fixed", "tail"]
+    assert axes[1].get_ylabel() == "global gradient norm"
+    fig2, axes2 = plots.control_drift(regimes, {"none": "no clipping", "reg_vo": "reg"})
+    assert [line.get_label() for line in axes2[0].lines] == ["initialisation", "no clipping",
+                                                             "reg"]
+    plt.close(fig)
+    plt.close(fig2)
+    with pytest.raises(ValueError, match="arm"):
+        plots.control_drift(regimes, {"clip": "x"})
+    with pytest.raises(TypeError, match="regimes"):
+        plots.control_drift({"short": regimes["short"][2]}, {"none": "x"})
+    with pytest.raises(ValueError, match="lack"):
+        plots.control_differences({"short": regimes["short"][:2] + ({},)}, {"none": "x"})
+
+
+def test_token_rms_and_reach():
+    rms = {"a": (np.linspace(1, 2, 5), np.linspace(1, 3, 5)), "b": ([1, 2, 3], [2, 2, 2])}
+    reach = np.full((2, 5), 0.5)
+    fig, axes = plots.token_rms_and_reach(rms, reach, [0, 2], titles=("(a)", "(b)"),
+                                          rms_ylim=(0.1, 10))
+    assert [line.get_label() for line in axes[0].lines][-1] == "b, first token"
+    assert axes[0].get_ylim() == (0.1, 10) and axes[1].get_title() == "(b)"
+    assert [line.get_xdata().tolist() for line in axes[1].lines] == [[1, 2, 3, 4], [3, 4]]
+    plt.close(fig)
+    with pytest.raises(TypeError, match="rms"):
+        plots.token_rms_and_reach({"a": rms["a"][0]}, reach, [0, 2])
+    with pytest.raises(ValueError, match="reach"):
+        plots.token_rms_and_reach(rms, reach, [0, 5])
+    with pytest.raises(ValueError, match="entries"):
+        plots.token_rms_and_reach({"a": ([1, 2], [1, 2, 3])}, reach, [0, 2])
+
+
+def _stored(cfg):
+    return xp.load_result(xp.result_path(cfg, xp.stored_root()))
+
+
+def test_readout_panels():
+    sr = {"minilm-l6": _stored(es.CONFIGS["minilm-l6"])}
+    panels = [("minilm-l6", "embedding")] * 2
+    fig, axes = plots.readout_panels(sr, panels, {"embedding": "cos"}, scale=2.0, title="t")
+    assert axes.shape == (2, 4) and axes[0, 0].get_title() == "sea (minilm-l6)"
+    assert axes[1, 0].get_title() == "" and axes[1, 0].get_ylabel() == "cos"
+    assert fig._suptitle.get_text() == "t"
+    plt.close(fig)
+    with pytest.raises(ValueError, match="ylabels"):
+        plots.readout_panels(sr, panels, {"last": "x"})
+    with pytest.raises(ValueError, match="scale"):
+        plots.readout_panels(sr, panels, {"embedding": "cos"}, scale=3.0)
+    with pytest.raises(TypeError, match="injection_success"):
+        plots.readout_panels({"minilm-l6": _stored(ds.DepthStudy())}, panels, {"embedding": "x"})
+
+
+def test_attribution_panels():
+    post = ia.attributions_of(_stored(ia.CONFIGS["minilm-l6"]))
+    pre = ia.attributions_of(_stored(ia.CONFIGS["smollm2-135m"]))
+    fig, axes = plots.attribution_panels(post.values(), [pre[15]], {"concepts": [0, 1]},
+                                         {"sea": [0], "random": [1, 2]}, ("M", "S"))
+    assert len(axes) == 2 and axes[0].get_title() == "M: each LayerNorm, every (l, m)"
+    assert axes[1].get_title() == "S, injected at l = 15: where the projection goes"
+    assert axes[1].get_ylabel() == "fraction of c, injected tokens"
+    plt.close(fig)
+    with pytest.raises(ValueError, match="pre-norm"):
+        plots.attribution_panels(post.values(), [post[1]], {"c": [0]}, {"c": [0]}, ("M", "S"))
+
+
+def test_partial_dot_panels():
+    m = np.arange(1.0, 9.0)
+    part = {"sizes": m, "var": m, "var_scaled": np.ones(8), "snr": np.sqrt(m)}
+    fig, axes, slopes = plots.partial_dot_panels({"a": part, "b": part})
+    assert slopes["a"]["slope_var"] == pytest.approx(1.0)
+    assert slopes["b"]["slope_snr"] == pytest.approx(0.5)
+    assert axes[0].get_legend() is not None and axes[1].get_xlabel() == "coordinates used m"
+    plt.close(fig)
+    with pytest.raises(TypeError, match="parts"):
+        plots.partial_dot_panels([part])
