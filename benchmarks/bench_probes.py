@@ -1,15 +1,15 @@
-"""Benchmarks of companion.probes and the injection engine, each ratio measured side by side in one run.
+"""Benchmarks of companion.transformers.stream and the injection engine, each ratio measured side by side in one run.
 
 1. Injection sweep over every layer of SmolLM2 (goal: <= 0.35 x the naive loop).
    naive  = for each injection layer, one full model forward (``model(**enc,
             output_hidden_states=True)``, LM head included) with a forward hook on that block
             that adds the vector -- what one writes without the companion package;
-   sweep  = ``engine.injection_sweep`` over the same layers (baseline included).
-   Also reported: the sweep against a loop of ``probes.inject`` (no LM head, so the gain
+   sweep  = ``engine.sweep_injections`` over the same layers (baseline included).
+   Also reported: the sweep against a loop of ``stream.inject`` (no LM head, so the gain
    there comes only from the shared prefixes and the batching).
-2. Capture overhead: ``probes.residual_stream`` against a plain forward of the same base
+2. Capture overhead: ``stream.residual_stream`` against a plain forward of the same base
    model on the same tokens (goal: <= 1.10 x).
-3. ``probes.channel_statistics`` throughput (tokens per second) on each offline model.
+3. ``channel_stats.channel_statistics`` throughput (tokens per second) on each offline model.
 
 Timings alternate between the contenders and the minimum over repetitions is kept, which is
 robust to other processes sharing the CPU; process CPU time is reported beside the wall time
@@ -32,8 +32,11 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
 
-from companion import engine, models, probes  # noqa: E402
+from companion.injection import engine
+from companion.transformers import models
+from companion.transformers import stream  # noqa: E402
 from companion.corpus import corpus_sentences  # noqa: E402
+from companion.outliers import channel_statistics as channel_stats
 
 SWEEP_GOAL = 0.35
 CAPTURE_GOAL = 1.10
@@ -87,7 +90,7 @@ def bench_sweep(m, texts, reps):
     layers = list(range(m.n_layers + 1))
     scale = 8.0
     # correctness first: the sweep reproduces the naive runs
-    sw = engine.injection_sweep(m, enc, layers, v, scale)
+    sw = engine.sweep_injections(m, enc, layers, v, scale)
     ref = naive_sweep(m, enc, [0, m.n_layers // 2], v, scale)
     real = enc["attention_mask"].bool()
     for k, layer in enumerate([0, m.n_layers // 2]):
@@ -96,8 +99,8 @@ def bench_sweep(m, texts, reps):
     best = alternate(
         {
             "naive": lambda: naive_sweep(m, enc, layers, v, scale),
-            "inject": lambda: [probes.inject(m, enc, layer, v, scale) for layer in layers],
-            "sweep": lambda: engine.injection_sweep(m, enc, layers, v, scale),
+            "inject": lambda: [stream.inject(m, enc, layer, v, scale) for layer in layers],
+            "sweep": lambda: engine.sweep_injections(m, enc, layers, v, scale),
         },
         reps,
     )
@@ -106,19 +109,19 @@ def bench_sweep(m, texts, reps):
 
 def bench_capture(m, texts, reps):
     enc = models.tokenize(m, texts)
-    inputs = probes._forward_inputs(m, enc)
+    inputs = stream._forward_inputs(m, enc)
 
     def plain():
         with torch.no_grad():
             m.base(**inputs)
 
-    return alternate({"plain": plain, "capture": lambda: probes.residual_stream(m, enc)}, reps)
+    return alternate({"plain": plain, "capture": lambda: stream.residual_stream(m, enc)}, reps)
 
 
 def bench_statistics(m, texts, reps):
     thresholds = [0.5, 1, 2, 5, 10, 20, 50, 100]
-    st = probes.channel_statistics(m, texts, thresholds, batch_size=16)
-    best = alternate({"stats": lambda: probes.channel_statistics(m, texts, thresholds, batch_size=16)}, reps)
+    st = channel_stats.channel_statistics(m, texts, thresholds, batch_size=16)
+    best = alternate({"stats": lambda: channel_stats.channel_statistics(m, texts, thresholds, batch_size=16)}, reps)
     return st.n_tokens, best["stats"], best["stats_cpu"]
 
 
@@ -129,7 +132,7 @@ def report_sweep(smol, sweep_texts, reps):
     print(f"\n[1] injection sweep, SmolLM2, layers 0..{smol.n_layers} ({smol.n_layers + 1} runs), "
           f"{len(sweep_texts)} texts, {n_tok} tokens")
     for key, label in (("naive", "naive loop (full forward + hook per layer)"),
-                       ("inject", "loop of probes.inject"), ("sweep", "engine.injection_sweep")):
+                       ("inject", "loop of stream.inject"), ("sweep", "engine.sweep_injections")):
         print(f"    {label:44s} wall {best[key]:8.3f} s   cpu {best[key + '_cpu']:8.3f} s")
     print(f"    ratio sweep / naive  = {ratio:.3f} wall, {best['sweep_cpu'] / best['naive_cpu']:.3f} cpu   "
           f"(goal <= {SWEEP_GOAL})  {'OK' if ratio <= SWEEP_GOAL else 'MISSED'}")

@@ -1,4 +1,4 @@
-"""Benchmark: streamed ``companion.extremes.simulate_counts`` against a one-shot NumPy count.
+"""Benchmark: streamed ``companion.theory.exceedance.simulate_counts`` against a one-shot NumPy count.
 
 Run ``python benchmarks/bench_simulate_counts.py`` (``make benchmarks`` runs it too).  In one run it
 
@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402
 
-from companion.extremes import simulate_counts  # noqa: E402
+from companion.theory.exceedance import simulate_counts  # noqa: E402
 
 MU, T, SIGMA = 0.5, 2.0, 1.0
 MEMORY_LIMIT_MB = 800.0
@@ -60,7 +60,7 @@ def speed_comparison(N: int, repeats: int) -> dict:
         counts["one_shot"] = one_shot_count(N, MU, T, SIGMA, rng_b)
         times["one_shot"] = min(times["one_shot"], time.perf_counter() - t0)
     # both are draws of the same Binomial(N, p): they must agree to a few standard deviations
-    from companion.extremes import exceedance_probability_gaussian
+    from companion.theory.exceedance import exceedance_probability_gaussian
 
     p = exceedance_probability_gaussian(MU, T, SIGMA)
     sd = (N * p * (1 - p)) ** 0.5
@@ -72,7 +72,7 @@ def speed_comparison(N: int, repeats: int) -> dict:
 _CHILD = r"""
 import json, resource, sys, time, tracemalloc
 import numpy as np
-from companion.extremes import simulate_counts
+from companion.theory.exceedance import simulate_counts
 
 def peak_rss_mb():
     # VmHWM is this process's own high-water mark; ru_maxrss can inherit the parent's peak at fork

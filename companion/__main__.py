@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p_models = sub.add_parser("models", help="list the offline models and example hub ids",
-                              description="List the models companion.models.load accepts: the offline models "
+                              description="List the models companion.transformers.models.load accepts: the offline models "
                                           "(installed with the book) and examples of hub ids (need network).")
     p_models.add_argument("--json", action="store_true", help="print the list as JSON")
 
@@ -190,7 +190,7 @@ def _type_name(tp) -> str:
 
 
 def _cmd_models(args) -> int:
-    from companion import models
+    from companion.transformers import models
 
     rows = models.available_models()
     if args.json:

@@ -326,7 +326,7 @@ def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
 
 
 #: The four per-layer metrics of :func:`perturbation_tracks`: (metric of
-#: :data:`companion.perturbation.METRIC_NAMES`, panel title).
+#: :data:`companion.injection.metrics.METRIC_NAMES`, panel title).
 TRACK_PANELS = (("projection", r"projection $p_m / c$"), ("cos_delta_v", r"$\cos(\delta_m, v)$"),
                 ("relative_size", r"relative size $\|\delta_m\| / \|h_m\|$"),
                 ("cos_inj_base", r"$\cos(\tilde h_m, h_m)$"))
@@ -453,7 +453,7 @@ def channel_points(ax, st, layers, thresholds=None, *, title: str | None = None,
     Parameters
     ----------
     ax : matplotlib.axes.Axes
-    st : companion.probes.ChannelStatistics
+    st : companion.outliers.channel_statistics.ChannelStatistics
     layers : sequence of int
         Layers to draw (at most ``len(colours)``).
     thresholds : sequence of float, optional
@@ -467,7 +467,7 @@ def channel_points(ax, st, layers, thresholds=None, *, title: str | None = None,
     list of matplotlib.collections.PathCollection
         One scatter per layer.
     """
-    from companion.probes import ChannelStatistics
+    from companion.outliers.channel_statistics import ChannelStatistics
 
     _check_axes(ax)
     if not isinstance(st, ChannelStatistics):
@@ -501,11 +501,11 @@ def count_comparison(ax, predicted, observed, regime, n_tokens, names, *, title:
     predicted, observed : array_like, same shape
         Expected and observed counts (e.g. ``[n_t, d]`` of one layer).
     regime : array_like of int, same shape
-        Regime codes ``0 .. len(names) - 1`` (:func:`companion.channel_regimes.classify_regime`).
+        Regime codes ``0 .. len(names) - 1`` (:func:`companion.outliers.regimes.classify_regime`).
     n_tokens : int
         ``N``, the upper end of both axes.
     names : sequence of str
-        Regime names (:data:`companion.channel_regimes.REGIMES`).
+        Regime names (:data:`companion.outliers.regimes.REGIMES`).
 
     Returns
     -------
@@ -601,7 +601,7 @@ def partial_dot_curves(axes, part, label: str):
         Left: ``Var(z_m)`` (solid) and ``Var(z_m / sqrt m)`` (dashed); right: the SNR (solid)
         and the ``sqrt m`` law through its last point (dotted).
     part : dict
-        The output of :func:`companion.attention_logits.partial_dot_statistics`.
+        The output of :func:`companion.outliers.attention_logits.partial_dot_statistics`.
     label : str
 
     Returns
@@ -614,7 +614,7 @@ def partial_dot_curves(axes, part, label: str):
         raise TypeError("axes must be a pair of matplotlib Axes")
     ax_var, ax_snr = (_check_axes(a) for a in axes)
     if not isinstance(part, dict) or not {"sizes", "var", "var_scaled", "snr"} <= set(part):
-        raise TypeError("part must be the dict of companion.attention_logits.partial_dot_statistics")
+        raise TypeError("part must be the dict of companion.outliers.attention_logits.partial_dot_statistics")
     if not isinstance(label, str):
         raise TypeError(f"label must be a string, got {type(label).__name__}")
     m_ = _vector(part["sizes"], "part['sizes']")
@@ -701,7 +701,7 @@ def seed_points(ax, values, labels, *, level: float = 0.95, reference: float | N
         Tick labels.
     level : float in (0, 1), default 0.95
         Level of the Student-t interval over seeds
-        (:func:`companion.training_controls.seed_interval`).
+        (:func:`companion.applications.training_controls.seed_interval`).
     reference : float, optional
         A horizontal dotted line (e.g. 0 for differences).
     colors : sequence of colours, optional
@@ -714,7 +714,7 @@ def seed_points(ax, values, labels, *, level: float = 0.95, reference: float | N
     list of matplotlib.container.ErrorbarContainer
         One per arm, in order.
     """
-    from companion.training_controls import seed_interval
+    from companion.applications.training_controls import seed_interval
 
     _check_axes(ax)
     v = as_float64(values, "values")
@@ -756,7 +756,7 @@ def seed_bands(ax, x, values, labels, *, level: float = 0.95, colors=None):
     list of matplotlib.lines.Line2D
         The mean curves, one per arm.
     """
-    from companion.training_controls import seed_interval
+    from companion.applications.training_controls import seed_interval
 
     _check_axes(ax)
     v = as_float64(values, "values")
@@ -779,10 +779,10 @@ def seed_bands(ax, x, values, labels, *, level: float = 0.95, colors=None):
 
 # --- injection: sublayer attribution and the LayerNorm rule ---
 def _attribution(a, name: str = "attribution"):
-    from companion.attribution import Attribution
+    from companion.injection.attribution import Attribution
 
     if not isinstance(a, Attribution):
-        raise TypeError(f"{name} must be a companion.attribution.Attribution, got "
+        raise TypeError(f"{name} must be a companion.injection.attribution.Attribution, got "
                         f"{type(a).__name__}")
     return a
 
@@ -806,7 +806,7 @@ def ln_rule_scatter(ax, attributions, directions: dict, group: str = "injected",
     Parameters
     ----------
     ax : matplotlib.axes.Axes
-    attributions : sequence of companion.attribution.Attribution
+    attributions : sequence of companion.injection.attribution.Attribution
         Post-norm results (e.g. one per injection layer).
     directions : dict of str to list of int
         Direction sets to pool (e.g. ``{"concepts": [0, 1], "random": [2, ..., 17]}``).
@@ -847,7 +847,7 @@ def sublayer_cumulative(ax, attribution, directions: dict, group: str = "injecte
     Parameters
     ----------
     ax : matplotlib.axes.Axes
-    attribution : companion.attribution.Attribution
+    attribution : companion.injection.attribution.Attribution
         A pre-norm result.
     directions : dict of str to list of int
     group : str, default "injected"
@@ -865,7 +865,7 @@ def sublayer_cumulative(ax, attribution, directions: dict, group: str = "injecte
         raise ValueError("sublayer_cumulative draws a pre-norm result (stages attn, mlp)")
     sets = _direction_sets(directions, a.directions.shape[0])
     colors = [f"C{k}" for k in range(len(sets))] if colors is None else list(colors)
-    from companion.directions import GROUPS
+    from companion.injection.directions import GROUPS
 
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
@@ -1653,7 +1653,7 @@ def channel_point_panels(stats, layers, thresholds=None, *, title: str | None = 
     Parameters
     ----------
     stats : dict
-        ``name -> companion.probes.ChannelStatistics``.
+        ``name -> companion.outliers.channel_statistics.ChannelStatistics``.
     layers : dict
         ``name -> layers`` drawn in that model's panel (one panel per entry, in this order).
     thresholds : dict, optional
@@ -1667,7 +1667,7 @@ def channel_point_panels(stats, layers, thresholds=None, *, title: str | None = 
     """
     import matplotlib.pyplot as plt
 
-    from companion.probes import ChannelStatistics
+    from companion.outliers.channel_statistics import ChannelStatistics
 
     _named(stats, layers, ChannelStatistics)
     if thresholds is not None and (not isinstance(thresholds, dict)
@@ -1686,12 +1686,12 @@ def channel_point_panels(stats, layers, thresholds=None, *, title: str | None = 
 def count_comparison_panels(stats, layers):
     """Observed counts against their Gaussian prediction (:func:`count_comparison`), one panel per
     model at one layer; the regimes are those of
-    :func:`companion.channel_regimes.classify_regime`.
+    :func:`companion.outliers.regimes.classify_regime`.
 
     Parameters
     ----------
     stats : dict
-        ``name -> companion.probes.ChannelStatistics``.
+        ``name -> companion.outliers.channel_statistics.ChannelStatistics``.
     layers : dict
         ``name -> layer`` (one panel each, in this order).
 
@@ -1701,8 +1701,8 @@ def count_comparison_panels(stats, layers):
     """
     import matplotlib.pyplot as plt
 
-    from companion import channel_regimes as regimes
-    from companion.probes import ChannelStatistics
+    from companion.outliers import regimes
+    from companion.outliers.channel_statistics import ChannelStatistics
 
     _named(stats, layers, ChannelStatistics)
     fig, axes = plt.subplots(1, len(layers), figsize=(10, 4.2), squeeze=False)
@@ -1722,7 +1722,7 @@ def massive_activation_sink(profile, sink, layer: int):
 
     Parameters
     ----------
-    profile : companion.massive_activations.FirstTokenProfile
+    profile : companion.outliers.massive_activations.FirstTokenProfile
         Left: its ratio to the median ``|h|`` per layer (log scale; dashed: 1000).
     sink : dict
         ``arm -> (mean, lo, hi)``: attention weight on the first token per block with its
@@ -1736,7 +1736,7 @@ def massive_activation_sink(profile, sink, layer: int):
     """
     import matplotlib.pyplot as plt
 
-    from companion.massive_activations import FirstTokenProfile
+    from companion.outliers.massive_activations import FirstTokenProfile
 
     if not isinstance(profile, FirstTokenProfile):
         raise TypeError(f"profile must be a FirstTokenProfile, got {type(profile).__name__}")
@@ -1764,7 +1764,7 @@ def massive_activation_sink(profile, sink, layer: int):
 
 def outlier_feature_shares(features, position_share: float = 0.06):
     """Share of positions at the outlier threshold per block, one curve per systematic feature
-    (:meth:`companion.outlier_features.OutlierFeatureStatistics.systematic`) of each model,
+    (:meth:`companion.outliers.outlier_features.OutlierFeatureStatistics.systematic`) of each model,
     against the relative depth; the larger of a block's two linear inputs.
 
     Parameters
@@ -1780,7 +1780,7 @@ def outlier_feature_shares(features, position_share: float = 0.06):
     """
     import matplotlib.pyplot as plt
 
-    from companion.outlier_features import OutlierFeatureStatistics
+    from companion.outliers.outlier_features import OutlierFeatureStatistics
 
     if not isinstance(features, dict) or not features or not all(
             isinstance(v, OutlierFeatureStatistics) for v in features.values()):
@@ -2282,9 +2282,9 @@ def attribution_panels(post, pre, post_directions, pre_directions, names, *,
 
     Parameters
     ----------
-    post : sequence of companion.attribution.Attribution
+    post : sequence of companion.injection.attribution.Attribution
         Post-norm results, pooled in the left panel.
-    pre : sequence of companion.attribution.Attribution
+    pre : sequence of companion.injection.attribution.Attribution
         Pre-norm results, one panel each (colours ``C0``, ``C3``, ...).
     post_directions, pre_directions : dict of str to list of int
         The direction sets of each.
@@ -2324,7 +2324,7 @@ def partial_dot_panels(parts):
     Parameters
     ----------
     parts : dict
-        ``label -> output of`` :func:`companion.attention_logits.partial_dot_statistics`.
+        ``label -> output of`` :func:`companion.outliers.attention_logits.partial_dot_statistics`.
 
     Returns
     -------

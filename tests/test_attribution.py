@@ -1,4 +1,4 @@
-"""Tests of companion.attribution: the exact pre-norm identity, LayerNorm's first-order response
+"""Tests of companion.injection.attribution: the exact pre-norm identity, LayerNorm's first-order response
 against autograd, agreement with a direct injection, batching, intervals and bad inputs."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_transformers import minilm_tokenizer, tiny_transformer
 
-from companion import attribution as at
-from companion import directions as dr
-from companion import probes
+from companion.injection import attribution as at
+from companion.injection import directions as dr
+from companion.transformers import stream
 
 FIRST = ["The sea was calm and grey that morning.", "A small dog ran across the road.",
          "We read the letter twice before dinner."]
@@ -108,8 +108,8 @@ def test_identity_and_direct_injection(kind, request):
     np.testing.assert_allclose(a.stream[:, :, 1:, 0], 0.0, atol=1e-15)
     # the stream agrees with a direct injection through the full model
     for j in range(len(V)):
-        h0 = probes.residual_stream(m, p.encoding)
-        h1 = probes.inject(m, p.encoding, 1, V[j], scale=0.3, positions=p.injected)
+        h0 = stream.residual_stream(m, p.encoding)
+        h1 = stream.inject(m, p.encoding, 1, V[j], scale=0.3, positions=p.injected)
         pr = ((h1 - h0) @ torch.tensor(V[j])).numpy()  # [L+1, B, T]
         G = p.groups.numpy().astype(float)
         want = np.einsum("lbt,gbt->bgl", pr, G) / G.sum(-1).T[..., None]

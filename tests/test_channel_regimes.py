@@ -1,4 +1,4 @@
-"""Tests of companion.channel_regimes and companion.attention_logits: every statistic against a direct computation, and every bad input."""
+"""Tests of companion.outliers.regimes and companion.outliers.attention_logits: every statistic against a direct computation, and every bad input."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from scipy import stats
 from tiny_transformers import minilm_tokenizer, tiny_transformer
 
-from companion import attention_logits as a
-from companion import channel_regimes as o
+from companion.outliers import attention_logits as a
+from companion.outliers import regimes as o
 
 RNG = np.random.default_rng(12345)
 
@@ -467,7 +467,7 @@ def test_logit_pairs_and_statistics(tokenizer):
 def test_attention_helpers_reject_bad_input(tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from companion.models import wrap
+    from companion.transformers.models import wrap
 
     m = _tiny("llama", tokenizer)
     with pytest.raises(TypeError, match="LoadedModel"):

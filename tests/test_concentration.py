@@ -1,4 +1,4 @@
-"""Tests of companion.concentration: closed forms, Monte Carlo, properties and every bad input."""
+"""Tests of companion.theory.concentration: closed forms, Monte Carlo, properties and every bad input."""
 
 import math
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, optimize, special, stats
 
-from companion import concentration as conc
-from companion import tails
+from companion.theory import concentration as conc
+from companion.theory import subgaussian
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -62,7 +62,7 @@ def test_dot_law_tail_against_monte_carlo(d_k):
 def test_dot_law_cgf_closed_form_for_smooth_densities():
     lam = np.array([-0.9, -0.3, 0.5, 0.95])
     for d_k in (4, 7):
-        got = tails.log_mgf(conc.dot_product_law(d_k), lam)
+        got = subgaussian.log_mgf(conc.dot_product_law(d_k), lam)
         np.testing.assert_allclose(got, -d_k / 2 * np.log1p(-(lam**2)), rtol=1e-8)
 
 
@@ -116,7 +116,7 @@ def test_psi1_of_the_gaussian_product_has_no_mass_lost_at_the_singularity():
 
 
 def test_psi1_of_products_and_squares_against_psi2():
-    psi2 = tails.psi2_norm(stats.norm())
+    psi2 = subgaussian.psi2_norm(stats.norm())
     assert conc.psi1_norm(conc.dot_product_law(1)) <= psi2**2
     assert abs(conc.psi1_norm(stats.chi2(1)) - psi2**2) < 1e-9
 
@@ -221,7 +221,7 @@ def test_nu2_limits():
     assert abs(conc.subexponential_nu2(stats.norm(0, 2), 0.01) - 4.0) < 1e-8
     assert abs(conc.subexponential_nu2(stats.norm(0, 2), 10.0) - 4.0) < 1e-8
     bern = stats.bernoulli(0.1)
-    assert abs(conc.subexponential_nu2(bern, 1e-3) - tails.optimal_variance_proxy(bern)) < 1e-8
+    assert abs(conc.subexponential_nu2(bern, 1e-3) - subgaussian.optimal_variance_proxy(bern)) < 1e-8
     assert abs(conc.subexponential_nu2(bern, 1e6) - bern.var()) < 1e-6
     assert abs(conc.subexponential_nu2(stats.uniform(0, 1), 0.5) - 1 / 12) < 1e-10
     assert conc.subexponential_nu2(stats.rv_discrete(values=([1.0], [1.0]))(), 1.0) == 0.0
@@ -271,7 +271,7 @@ def test_bernstein_closed_form_and_regimes():
     assert abs(conc.bernstein_bound(400.0, 4.0, 4.0, n=d) - 2 * math.exp(-50.0)) < 1e-30
     assert conc.bernstein_bound(3.0, 1.0, 0.0, two_sided=False) == math.exp(-4.5)
     np.testing.assert_allclose(conc.bernstein_bound([0.0, 1.0, 2.0], 2.0, 0.0, n=3),
-                               tails.subgaussian_tail_bound([0.0, 1.0, 2.0], 6.0))
+                               subgaussian.subgaussian_tail_bound([0.0, 1.0, 2.0], 6.0))
 
 
 @settings(max_examples=100, deadline=None)
@@ -542,7 +542,7 @@ def test_norm_bounds_hold_for_the_chi_law(d, t):
 @pytest.mark.parametrize("d", [1, 3, 50, 700])
 def test_norm_is_one_sub_gaussian_as_the_lipschitz_theorem_says(d):
     lam = np.linspace(-15.0, 15.0, 61)
-    assert tails.proxy_profile(stats.chi(d), lam).max() <= 1.0 + 1e-9
+    assert subgaussian.proxy_profile(stats.chi(d), lam).max() <= 1.0 + 1e-9
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [

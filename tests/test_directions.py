@@ -1,4 +1,4 @@
-"""Tests for companion.directions, the engine's track_injection, and the experiment
+"""Tests for companion.injection.directions, the engine's track_injection, and the experiment
 companion.experiments.injection_window.
 
 Pure functions are checked against closed forms and hand-written references; the sweep is
@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion import directions as dr
-from companion import engine
-from companion import perturbation as pt
+from companion.injection import directions as dr
+from companion.injection import engine
+from companion.injection import metrics as pt
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,13 +130,13 @@ SECOND = ["And the earth was without form, and void; and darkness was upon the d
 
 @pytest.fixture(scope="module")
 def minilm():
-    from companion import models
+    from companion.transformers import models
     return models.load("minilm-l6", device="cpu")
 
 
 @pytest.fixture(scope="module")
 def smol():
-    from companion import models
+    from companion.transformers import models
     return models.load("smollm2-135m", device="cpu")
 
 
@@ -241,7 +241,7 @@ def test_make_prompts_errors(minilm):
 
 @pytest.mark.slow
 def test_concept_vectors_match_a_direct_mean(minilm, smol):
-    from companion import probes
+    from companion.transformers import stream
     pos = ["Tell me about the ocean", "Tell me about the whale"]
     neg = ["Tell me about the table", "Tell me about the pencil"]
     for m in (minilm, smol):
@@ -254,7 +254,7 @@ def test_concept_vectors_match_a_direct_mean(minilm, smol):
             for texts in (pos, neg):
                 acc = []
                 for t in texts:
-                    h = probes.residual_stream(m, [t]).double()[:, 0]  # [L+1, T, d]
+                    h = stream.residual_stream(m, [t]).double()[:, 0]  # [L+1, T, d]
                     lo = 1 if m.kind == "causal-lm" else 1  # first token / [CLS]
                     hi = h.shape[1] if m.kind == "causal-lm" else h.shape[1] - 1  # drop [SEP]
                     acc.append(h[:, hi - 1] if pool == "last" else h[:, lo:hi].mean(1))
@@ -280,7 +280,7 @@ def test_concept_vectors_errors(minilm):
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["minilm", "smol"])
 def test_track_injection_matches_hand_written_hooks(which, request):
-    from companion import probes
+    from companion.transformers import stream
     m = request.getfixturevalue(which)
     p = dr.make_prompts(m, FIRST, SECOND, max_length=64)
     layers = [0, 2, m.n_layers - 1]
@@ -429,8 +429,6 @@ def test_result_readers_reject_other_results():
         ei.tracks({"arrays": {}})
     with pytest.raises(TypeError, match="dict"):
         ei.gpu_results(configs=[ei.InjectionWindowExperiment()])
-    with pytest.raises(TypeError, match="dict"):
-        ei.run_suite(configs={"x": "gpt2"})
 
 
 TINY = dict(model="minilm-l6", n_prompts=2, min_words=6, max_words=12, layers=(0, 3, 6),
@@ -454,7 +452,7 @@ def test_experiment_run_store_and_read_back(tmp_path):
     np.testing.assert_allclose(a["random0_abs_coefficient"], 0.5 * ref)
     np.testing.assert_allclose(a["joy_rel_coefficient"], a["typical_norm"][[0, 3, 6], None] * [[0.25, 1.0]])
     # the stored arrays are those of track_injection on the same prompts and direction
-    from companion import models
+    from companion.transformers import models
     from companion.corpus import corpus_sentences
 
     m = models.load("minilm-l6", device="cpu")
@@ -471,7 +469,7 @@ def test_experiment_run_store_and_read_back(tmp_path):
     for r in rows:
         assert r["best"] in (0, 3, 6) and r["best_fraction"] == r["best"] / 6
         assert r["device"].startswith("cpu") and "torch" in r["versions"]
-        w = pt.injection_window(ei.tracks(res)[(r["direction"], "rel")].effect()[:, 1],
+        w = pt.effect_window(ei.tracks(res)[(r["direction"], "rel")].effect()[:, 1],
                                        layers=[0, 3, 6], n_layers=6)
         assert (w.first, w.last) == (r["first"], r["last"])
     assert len(ei.window_summary(res, scale=0.5, mode="abs")) == 2
@@ -487,7 +485,7 @@ def test_experiment_run_store_and_read_back(tmp_path):
     # the direction-averaged window
     mean = np.mean([t.effect()[:, 1] for (d, mo), t in ei.tracks(res).items() if mo == "rel"], axis=0)
     wm = ei.mean_window(res, scale=1.0)
-    ref = pt.injection_window(mean, layers=[0, 3, 6], n_layers=6)
+    ref = pt.effect_window(mean, layers=[0, 3, 6], n_layers=6)
     assert (wm.best, wm.first, wm.last) == (ref.best, ref.first, ref.last)
     assert ei.mean_window(res, scale=0.5, mode="abs").n_layers == 6
     with pytest.raises(ValueError, match="not run"):
@@ -504,16 +502,6 @@ def test_experiment_run_store_and_read_back(tmp_path):
     text = path.read_text().replace(res.schema, "1.999")
     path.write_text(text)
     assert ei.gpu_results({"tiny": cfg}, folder=tmp_path) == {}
-
-
-@pytest.mark.slow
-def test_run_suite_skips_models_it_cannot_load(tmp_path, monkeypatch, capsys):
-    from companion.experiments import injection_window as ei
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfgs = {"missing": ei.InjectionWindowExperiment(**{**TINY, "model": "no-such-org/no-such-model"})}
-    assert ei.run_suite(cfgs, device="cpu", out=tmp_path, progress=False) == {}
-    assert "skipped missing" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- extreme inputs
@@ -624,7 +612,7 @@ def test_concept_token_ids(smol, minilm):
 
 @pytest.mark.slow
 def test_split_null_vectors_are_differences_of_random_halves(minilm):
-    from companion import probes
+    from companion.transformers import stream
 
     null = dr.split_null_vectors(minilm, "sea", 3, np.random.default_rng(4))
     L, d = minilm.n_layers, minilm.d_model
@@ -633,8 +621,8 @@ def test_split_null_vectors_are_differences_of_random_halves(minilm):
     # reference: the same permutations, the last content token of each text read directly
     pos, neg = dr.CONCEPTS["sea"].texts()
     texts = pos + neg
-    h = probes.residual_stream(minilm, texts).double().numpy()         # [L+1, 24, T, d]
-    from companion import models
+    h = stream.residual_stream(minilm, texts).double().numpy()         # [L+1, 24, T, d]
+    from companion.transformers import models
     mask = models.tokenize(minilm, texts)["attention_mask"].numpy()
     last = mask.sum(1) - 2                                              # before [SEP]
     per_text = h[:, np.arange(24), last]                                 # [L+1, 24, d]
@@ -655,9 +643,9 @@ def test_split_null_vectors_are_differences_of_random_halves(minilm):
 @pytest.mark.slow
 def test_track_injection_centred_metrics(smol):
     p = dr.make_prompts(smol, FIRST, SECOND, max_length=64)
-    from companion import probes
+    from companion.transformers import stream
 
-    base = probes.residual_stream(smol, p.encoding)
+    base = stream.residual_stream(smol, p.encoding)
     mu = dr.stream_means(base, p.injected)
     spreads = dr.typical_spreads(base, p.injected)
     v = dr.random_unit_vectors(smol.d_model, 1, np.random.default_rng(0))[0]

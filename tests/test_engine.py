@@ -1,4 +1,4 @@
-"""Tests for companion.engine on stacks (stack_injection_sweep), and the stacks' random
+"""Tests for companion.injection.engine on stacks (stack_injection_sweep), and the stacks' random
 directions and sharpened attention that its experiments use."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from companion import engine
-from companion import perturbation as pt
-from companion.directions import random_direction
-from companion.stacks import ResidualStack, StackAdapter, StackConfig, TinyLM, sharpen_attention
+from companion.injection import engine
+from companion.injection import metrics as pt
+from companion.injection.directions import random_direction
+from companion.stacks.residual import ResidualStack, StackConfig, sharpen_attention
+from companion.stacks.tinylm import StackAdapter, TinyLM
 
 # --------------------------------------------------------------------------------------------
 # random directions, sharpened attention, injection sweeps on stacks
@@ -73,7 +74,7 @@ def test_sweep_matches_direct_forward_passes():
     stack = ResidualStack(StackConfig(d_model=16, n_layers=4, n_heads=2, placement="pre"))
     x = _x((2, 5, 16))
     v = random_direction(16, seed=7)
-    sw = engine.stack_injection_sweep(stack, x, layers=[1, 3], scale=0.2, direction=v, positions=[2, 4])
+    sw = engine.sweep_stack_injections(stack, x, layers=[1, 3], scale=0.2, direction=v, positions=[2, 4])
     with torch.no_grad():
         base = stack(x)
         rms3 = base.stream[3].pow(2).sum(-1).mean().sqrt()
@@ -99,7 +100,7 @@ def test_sweep_matches_direct_forward_passes():
 
 def test_sweep_absolute_scale_and_effects():
     stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2))
-    sw = engine.stack_injection_sweep(stack, _x((2, 6, 16)), scale=0.5, relative=False, positions=[1, 2])
+    sw = engine.sweep_stack_injections(stack, _x((2, 6, 16)), scale=0.5, relative=False, positions=[1, 2])
     np.testing.assert_allclose(sw.coefficient, 0.5)
     np.testing.assert_allclose(sw.metrics["delta_norm"][np.arange(3), np.arange(3)][:, :, 1], 0.5, rtol=1e-5)
     later = sw.effect("output_change", "later")
@@ -124,7 +125,7 @@ def test_postln_sweep_prediction_is_first_order_accurate():
     """The proposition's product rule at the first LayerNorm after the injection: the error
     is O(1/sqrt(d)), so at d = 256 it is a few per cent."""
     stack = ResidualStack(StackConfig(d_model=256, n_layers=3, n_heads=4, placement="post", block="mlp"))
-    sw = engine.stack_injection_sweep(stack, _x((2, 8, 256)), layers=[1], scale=1e-4)
+    sw = engine.sweep_stack_injections(stack, _x((2, 8, 256)), layers=[1], scale=1e-4)
     p, q = sw.metrics["projection"][0], sw.predicted_projection[0]
     np.testing.assert_allclose(p[1], q[1], rtol=1e-3)
     assert np.median(np.abs(p[2] - q[2]) / np.abs(q[2])) < 0.05
@@ -137,8 +138,8 @@ def test_effect_at_equals_the_shallower_stack():
     deep = ResidualStack(StackConfig(d_model=16, n_layers=5, n_heads=2, placement="post"))
     shallow = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2, placement="post"))
     x = _x((2, 4, 16))
-    sd = engine.stack_injection_sweep(deep, x, scale=0.1)
-    ss = engine.stack_injection_sweep(shallow, x, scale=0.1)
+    sd = engine.sweep_stack_injections(deep, x, scale=0.1)
+    ss = engine.sweep_stack_injections(shallow, x, scale=0.1)
     layers, eff = sd.effect_at(3, "relative_size")
     assert layers.tolist() == [0, 1, 2]
     np.testing.assert_allclose(eff, ss.metrics["relative_size"][:, 3].mean(axis=(1, 2)), rtol=1e-6)
@@ -150,12 +151,12 @@ def test_effect_at_equals_the_shallower_stack():
 def test_sweep_on_tiny_lm_gives_kl():
     lm = TinyLM(StackConfig(d_model=16, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
-    sw = engine.stack_injection_sweep(lm, ids, scale=0.5, positions=[3, 4])
+    sw = engine.sweep_stack_injections(lm, ids, scale=0.5, positions=[3, 4])
     kl = sw.effects["kl"]
     assert kl.shape == (2, 2, 10) and np.all(kl >= -1e-12)
     np.testing.assert_allclose(kl[:, :, :3], 0, atol=1e-12)     # causal: earlier tokens unchanged
     assert np.all(sw.effect("kl", "injected") > 0)
-    tiny = engine.stack_injection_sweep(lm, ids, scale=1e-4, positions=[3, 4])
+    tiny = engine.sweep_stack_injections(lm, ids, scale=1e-4, positions=[3, 4])
     assert np.all(tiny.effect("kl", "injected") < 1e-3 * sw.effect("kl", "injected"))
 
 
@@ -180,8 +181,8 @@ def test_sweep_errors():
         args = dict(model=stack, inputs=x)
         args.update(kwargs)
         with pytest.raises(err, match=match):
-            engine.stack_injection_sweep(**args)
-    sw = engine.stack_injection_sweep(stack, x, positions=[2])
+            engine.sweep_stack_injections(**args)
+    sw = engine.sweep_stack_injections(stack, x, positions=[2])
     with pytest.raises(ValueError, match="kind must be"):
         sw.effect("cosine")
     with pytest.raises(ValueError, match="needs a language model"):
@@ -196,7 +197,7 @@ def test_sweep_errors():
         sw.effect_at(0)
     with pytest.raises(ValueError, match="kind must be"):
         sw.effect_at(2, "kl")
-    only_late = engine.stack_injection_sweep(stack, x, layers=[2])
+    only_late = engine.sweep_stack_injections(stack, x, layers=[2])
     with pytest.raises(ValueError, match="no injection layer"):
         only_late.effect_at(1)
 
@@ -206,7 +207,7 @@ def test_injection_sweep_on_a_stack_is_forward_bit_for_bit():
     lm = TinyLM(StackConfig(d_model=16, n_layers=3, n_heads=2, vocab_size=256, placement="post"))
     ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
     v = torch.randn(16, generator=torch.Generator().manual_seed(1))
-    sw = engine.injection_sweep(lm, ids, "all", v, scale=[0.5, 2.0], positions=[1, 4])
+    sw = engine.sweep_injections(lm, ids, "all", v, scale=[0.5, 2.0], positions=[1, 4])
     assert sw.injected.shape == (4, 2, 4, 2, 6, 16)
     assert sw.injected_mask[:, [1, 4]].all() and sw.injected_mask.sum() == 4
     for layer in range(4):
@@ -220,6 +221,6 @@ def test_injection_sweep_on_a_stack_is_forward_bit_for_bit():
     ad = engine.adapt(lm, ids)
     assert isinstance(ad, StackAdapter) and torch.equal(torch.stack(ad.baseline), sw.baseline)
     with pytest.raises(ValueError, match="positions must lie"):
-        engine.injection_sweep(lm, ids, [0], v, positions=[6])
+        engine.sweep_injections(lm, ids, [0], v, positions=[6])
     with pytest.raises(TypeError, match="ResidualStack or TinyLM"):
         engine.adapt("a model", ids)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from companion import experiments as ex
-from companion import models, probes
+from companion.transformers import models
+from companion.transformers import stream
+from companion.outliers import channel_statistics as channel_stats
 
 CALLS = {"n": 0}
 
@@ -244,7 +246,7 @@ def test_channel_statistics_experiment_matches_the_probe(results):
     from companion.corpus import corpus_sentences
 
     texts = corpus_sentences(6, min_words=cfg.min_words, max_words=cfg.max_words)
-    st = probes.channel_statistics(m, texts, [1.0, 3.0], batch_size=4, max_length=cfg.max_length)
+    st = channel_stats.channel_statistics(m, texts, [1.0, 3.0], batch_size=4, max_length=cfg.max_length)
     np.testing.assert_allclose(r.arrays["mean"], st.mean, atol=1e-6)
     np.testing.assert_array_equal(r.arrays["counts"], st.counts)
     assert r.scalars["n_tokens"] == st.n_tokens and r.scalars["placement"] == "post"

@@ -19,8 +19,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import special, stats
 
-from companion import extremes as ex
-from companion import tails
+from companion.theory import exceedance as ex
+from companion.theory import subgaussian
 
 LN2 = math.log(2.0)
 F64_MAX = float(np.finfo(np.float64).max)
@@ -60,18 +60,18 @@ def test_psi2_of_a_point_mass_whose_scipy_variance_is_negative():
     # scipy gives Var = -1.7e-18 for this law: math.sqrt raised "math domain error"
     # (tests/test_tails.py::test_property_psi2_definition, --hypothesis-seed=1)
     law = _law([0.1], [1.0])
-    assert tails.psi2_norm(law) == 0.1 / math.sqrt(LN2)
-    assert tails.psi2_norm(law, centred=True) == 0.0
-    assert tails.optimal_variance_proxy(law, method="numeric") == 0.0
-    assert tails.optimal_variance_proxy(law) == 0.0
-    assert tails.log_mgf(law, [1.0, -2.0], method="numeric").tolist() == [0.0, 0.0]
+    assert subgaussian.psi2_norm(law) == 0.1 / math.sqrt(LN2)
+    assert subgaussian.psi2_norm(law, centred=True) == 0.0
+    assert subgaussian.optimal_variance_proxy(law, method="numeric") == 0.0
+    assert subgaussian.optimal_variance_proxy(law) == 0.0
+    assert subgaussian.log_mgf(law, [1.0, -2.0], method="numeric").tolist() == [0.0, 0.0]
 
 
 def test_point_mass_far_from_zero():
     # scipy's variance is NaN (inf - inf): psi2_norm returned inf, the numeric proxy inf
     law = _law([1e300], [1.0])
-    assert tails.psi2_norm(law) == approx(1e300 / math.sqrt(LN2), rel=1e-15)
-    assert tails.optimal_variance_proxy(law, method="numeric") == 0.0
+    assert subgaussian.psi2_norm(law) == approx(1e300 / math.sqrt(LN2), rel=1e-15)
+    assert subgaussian.optimal_variance_proxy(law, method="numeric") == 0.0
 
 
 @pytest.mark.parametrize("shift", [1e8, 1e15])
@@ -79,8 +79,8 @@ def test_finite_law_far_from_zero_keeps_its_variance(shift):
     # scipy computes E X^2 - (E X)^2: at 1e8 it is negative (math domain error), at 1e15 it is
     # 0 and the proxy came out as 0.0 instead of 1.15
     x, p = np.array([0.0, 1.0, 3.0]), np.array([0.2, 0.5, 0.3])
-    ref = tails.optimal_variance_proxy(_law(x, p), method="numeric", full_output=True)
-    res = tails.optimal_variance_proxy(_law(shift + x, p), method="numeric", full_output=True)
+    ref = subgaussian.optimal_variance_proxy(_law(x, p), method="numeric", full_output=True)
+    res = subgaussian.optimal_variance_proxy(_law(shift + x, p), method="numeric", full_output=True)
     assert res.variance == approx(ref.variance, rel=1e-12)
     assert res.proxy == approx(ref.proxy, rel=1e-9)
 
@@ -89,8 +89,8 @@ def test_finite_law_far_from_zero_keeps_its_variance(shift):
 def test_bernoulli_numeric_proxy_near_zero_and_one(p):
     # the lambda grid started at 1e-4/sd = 316 > lambda* = 60 for p = 1e-13: the numeric proxy
     # was 0.00573 instead of 0.0167 (and raised overflow warnings for p <= 1e-300)
-    closed = tails.optimal_variance_proxy(stats.bernoulli(p), full_output=True)
-    numeric = tails.optimal_variance_proxy(stats.bernoulli(p), method="numeric", full_output=True)
+    closed = subgaussian.optimal_variance_proxy(stats.bernoulli(p), full_output=True)
+    numeric = subgaussian.optimal_variance_proxy(stats.bernoulli(p), method="numeric", full_output=True)
     assert numeric.proxy == approx(closed.proxy, rel=1e-9)
     assert math.isfinite(closed.argmax) and numeric.argmax == approx(closed.argmax, rel=1e-6)
 
@@ -99,7 +99,7 @@ def test_bernoulli_closed_form_at_the_smallest_subnormal():
     # (1 - 2p)/p overflowed: the proxy was 0 (and argmax inf) instead of 1/(2 ln(1/p))
     p = 5e-324
     expected = 1.0 / (2.0 * -math.log(p))
-    assert float(tails.bernoulli_optimal_proxy(p)) == approx(expected, rel=1e-15)
+    assert float(subgaussian.bernoulli_optimal_proxy(p)) == approx(expected, rel=1e-15)
 
 
 @pytest.mark.parametrize("gap", [1e-6, 1e-8, 1e-10])
@@ -107,8 +107,8 @@ def test_bernoulli_closed_form_near_one_is_as_accurate_as_near_zero(gap):
     # symmetric in p <-> 1 - p; near 1 the old form lost digits (6e-11 relative at 1 - 1e-8)
     p = 1.0 - gap
     q = 1.0 - p  # exact
-    assert float(tails.bernoulli_optimal_proxy(p)) == approx(
-        float(tails.bernoulli_optimal_proxy(q)), rel=2e-16
+    assert float(subgaussian.bernoulli_optimal_proxy(p)) == approx(
+        float(subgaussian.bernoulli_optimal_proxy(q)), rel=2e-16
     )
 
 
@@ -116,8 +116,8 @@ def test_bernoulli_closed_form_near_one_is_as_accurate_as_near_zero(gap):
 @given(extreme_p)
 def test_property_bernoulli_extreme_p_numeric_equals_closed_form(p):
     law = stats.bernoulli(p)
-    closed = tails.optimal_variance_proxy(law, full_output=True)
-    numeric = tails.optimal_variance_proxy(law, method="numeric", full_output=True)
+    closed = subgaussian.optimal_variance_proxy(law, full_output=True)
+    numeric = subgaussian.optimal_variance_proxy(law, method="numeric", full_output=True)
     assert numeric.proxy == approx(closed.proxy, rel=1e-8)
     assert closed.proxy >= p * (1.0 - p) * (1.0 - 1e-12)
 
@@ -126,13 +126,13 @@ def test_property_bernoulli_extreme_p_numeric_equals_closed_form(p):
 @given(extreme_p)
 def test_property_psi2_of_bernoulli_solves_its_definition(p):
     # E exp(X^2/s^2) = 1 - p + p e^{1/s^2} = 2, i.e. 1/s^2 = ln((1 + p)/p), checked in logs
-    s = tails.psi2_norm(stats.bernoulli(p))
+    s = subgaussian.psi2_norm(stats.bernoulli(p))
     assert 1.0 / s**2 == approx(math.log1p(p) - math.log(p), rel=1e-9)
 
 
 def test_psi2_of_bernoulli_at_the_smallest_subnormal():
     # exp(-2 log s) overflowed in the bracket of the root: OverflowError "math range error"
-    s = tails.psi2_norm(stats.bernoulli(5e-324))
+    s = subgaussian.psi2_norm(stats.bernoulli(5e-324))
     assert 1.0 / s**2 == approx(-math.log(5e-324), rel=1e-9)
 
 
@@ -140,10 +140,10 @@ def test_psi2_of_bernoulli_at_the_smallest_subnormal():
 @given(any_float)
 def test_property_point_masses_anywhere(x):
     law = _law([x], [1.0])
-    assert tails.psi2_norm(law) == approx(abs(x) / math.sqrt(LN2), rel=1e-15)
-    assert tails.psi2_norm(law, centred=True) == 0.0
-    assert tails.optimal_variance_proxy(law) == 0.0
-    assert tails.optimal_variance_proxy(law, method="numeric") == 0.0
+    assert subgaussian.psi2_norm(law) == approx(abs(x) / math.sqrt(LN2), rel=1e-15)
+    assert subgaussian.psi2_norm(law, centred=True) == 0.0
+    assert subgaussian.optimal_variance_proxy(law) == 0.0
+    assert subgaussian.optimal_variance_proxy(law, method="numeric") == 0.0
 
 
 #: Decimal exponents over the whole float64 range, with the edges of the handled range (spread
@@ -163,15 +163,15 @@ def test_property_proxy_and_psi2_scale_across_the_float_range(k, atoms):
     base, scaled = _law(x, p), _law(c * x, p)
     if not 1e-150 <= c * np.ptp(x) <= 1e150:
         with pytest.raises(ValueError, match="spread"):
-            tails.optimal_variance_proxy(scaled, method="numeric")
+            subgaussian.optimal_variance_proxy(scaled, method="numeric")
         with pytest.raises(ValueError, match="spread"):
-            tails.psi2_norm(scaled, centred=True)
+            subgaussian.psi2_norm(scaled, centred=True)
         return
-    assert tails.optimal_variance_proxy(scaled, method="numeric") == approx(
-        c * c * tails.optimal_variance_proxy(base, method="numeric"), rel=1e-8
+    assert subgaussian.optimal_variance_proxy(scaled, method="numeric") == approx(
+        c * c * subgaussian.optimal_variance_proxy(base, method="numeric"), rel=1e-8
     )
-    assert tails.psi2_norm(scaled, centred=True) == approx(
-        c * tails.psi2_norm(base, centred=True), rel=1e-8
+    assert subgaussian.psi2_norm(scaled, centred=True) == approx(
+        c * subgaussian.psi2_norm(base, centred=True), rel=1e-8
     )
 
 
@@ -181,19 +181,19 @@ def test_property_normal_law_at_every_scale(k):
     sigma = 10.0**k
     law = stats.norm(0, sigma)
     if not 1e-150 <= 1.349 * sigma <= 1e150:  # the interquartile range
-        for call in (tails.optimal_variance_proxy, tails.psi2_norm):
+        for call in (subgaussian.optimal_variance_proxy, subgaussian.psi2_norm):
             with pytest.raises(ValueError, match="spread"):
                 call(law)
         return
-    assert tails.optimal_variance_proxy(law) == approx(sigma**2, rel=1e-12)
-    assert tails.psi2_norm(law) == approx(sigma * math.sqrt(8 / 3), rel=1e-8)
-    assert tails.log_mgf(law, 1.0 / sigma) == approx(0.5, rel=1e-12)
+    assert subgaussian.optimal_variance_proxy(law) == approx(sigma**2, rel=1e-12)
+    assert subgaussian.psi2_norm(law) == approx(sigma * math.sqrt(8 / 3), rel=1e-8)
+    assert subgaussian.log_mgf(law, 1.0 / sigma) == approx(0.5, rel=1e-12)
 
 
 def test_psi2_of_a_normal_law_at_the_top_of_the_range():
     # nodes beyond |x| = 1e150 (10 sd here) were dropped: 1.6329929e149 instead of 1.6329932e149
     # (found by test_property_normal_law_at_every_scale under the explore profile, seed 1)
-    assert tails.psi2_norm(stats.norm(0, 1e149)) == approx(1e149 * math.sqrt(8 / 3), rel=1e-12)
+    assert subgaussian.psi2_norm(stats.norm(0, 1e149)) == approx(1e149 * math.sqrt(8 / 3), rel=1e-12)
 
 
 def test_numeric_proxy_at_the_bottom_of_the_range():
@@ -201,8 +201,8 @@ def test_numeric_proxy_at_the_bottom_of_the_range():
     # 1e150 < 2 reach / Var = 1.7e150 raised a RuntimeWarning here (found by
     # test_property_proxy_and_psi2_scale_across_the_float_range, explore profile, seed 2)
     x, p = np.array([0.0, 1.0, 3.0]), np.array([1.0, 1.5, 2.0]) / 4.5
-    ref = tails.optimal_variance_proxy(_law(x, p), method="numeric")
-    got = tails.optimal_variance_proxy(_law(1e-150 * x, p), method="numeric")
+    ref = subgaussian.optimal_variance_proxy(_law(x, p), method="numeric")
+    got = subgaussian.optimal_variance_proxy(_law(1e-150 * x, p), method="numeric")
     assert got == approx(1e-300 * ref, rel=1e-12)
 
 
@@ -212,10 +212,10 @@ def test_laws_whose_variance_leaves_the_float_range_are_refused(sigma):
     # and psi2 inf ("no finite proxy") and uniform(0, 1e300) raised OverflowError
     for law in (stats.norm(0, sigma), stats.uniform(0, sigma), _law([-sigma, sigma], [0.5, 0.5])):
         for call in (
-            lambda: tails.optimal_variance_proxy(law),
-            lambda: tails.optimal_variance_proxy(law, method="numeric"),
-            lambda: tails.psi2_norm(law),
-            lambda: tails.log_mgf(law, 1.0 / sigma),
+            lambda: subgaussian.optimal_variance_proxy(law),
+            lambda: subgaussian.optimal_variance_proxy(law, method="numeric"),
+            lambda: subgaussian.psi2_norm(law),
+            lambda: subgaussian.log_mgf(law, 1.0 / sigma),
         ):
             with pytest.raises(ValueError, match="spread"):
                 call()
@@ -224,15 +224,15 @@ def test_laws_whose_variance_leaves_the_float_range_are_refused(sigma):
 def test_continuous_law_far_from_zero_is_refused_by_the_quadrature():
     # norm(1e12, 1): the nodes 1e12 + y kept 4 digits of y, the numeric proxy was 1.0000038
     with pytest.raises(ValueError, match="centred law"):
-        tails.optimal_variance_proxy(stats.norm(1e12, 1.0), method="numeric")
-    assert tails.optimal_variance_proxy(stats.norm(1e12, 1.0)) == 1.0  # the closed form is exact
-    near = tails.optimal_variance_proxy(stats.norm(1e4, 1.0), method="numeric")
+        subgaussian.optimal_variance_proxy(stats.norm(1e12, 1.0), method="numeric")
+    assert subgaussian.optimal_variance_proxy(stats.norm(1e12, 1.0)) == 1.0  # the closed form is exact
+    near = subgaussian.optimal_variance_proxy(stats.norm(1e4, 1.0), method="numeric")
     assert near == approx(1.0, rel=1e-9)
 
 
 def test_normal_cgf_where_lambda_squared_overflows():
     # 0.5 * var * lam**2 = 0.5 * 1e-200 * inf: K was inf instead of 5e199
-    assert tails.log_mgf(stats.norm(0, 1e-100), 1e200) == approx(5e199, rel=1e-14)
+    assert subgaussian.log_mgf(stats.norm(0, 1e-100), 1e200) == approx(5e199, rel=1e-14)
 
 
 @MANY
@@ -246,15 +246,15 @@ def test_property_chernoff_bound_depends_only_on_t_over_sigma(t, sigma2, k):
     c = 2.0**k
     s2 = sigma2 * c * c
     assume(np.finfo(np.float64).tiny <= s2 < F64_MAX and t * c < F64_MAX)  # s2 exactly c^2 sigma2
-    ref = tails.subgaussian_tail_bound(t, sigma2)
-    assert tails.subgaussian_tail_bound(t * c, s2) == approx(ref, rel=1e-12, abs=1e-300)
+    ref = subgaussian.subgaussian_tail_bound(t, sigma2)
+    assert subgaussian.subgaussian_tail_bound(t * c, s2) == approx(ref, rel=1e-12, abs=1e-300)
 
 
 @pytest.mark.parametrize("t, s2", [(1.5e154, 1.7e308), (1e-160, 1e-321)])
 def test_chernoff_bound_where_t_squared_leaves_the_normal_range(t, s2):
     # t^2 = inf and 2 sigma2 = inf: exp(-inf/inf) was 0 (or NaN) instead of 2 exp(-0.66);
     # t^2 = 1e-320 is subnormal (3 digits): the bound was off by 1e-3 relative
-    assert tails.subgaussian_tail_bound(t, s2) == approx(
+    assert subgaussian.subgaussian_tail_bound(t, s2) == approx(
         2.0 * math.exp(-0.5 * (t / math.sqrt(s2)) ** 2), rel=1e-14
     )
 
@@ -262,10 +262,10 @@ def test_chernoff_bound_where_t_squared_leaves_the_normal_range(t, s2):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: tails.hoeffding_proxy(-1e160, 1e160),
-        lambda: tails.linear_map_proxy([1e160, 1.0], 1.0),
-        lambda: tails.linear_map_proxy([1.0, 1.0], 1e308, dependent=True),
-        lambda: tails.chernoff_lambda(1e300, 1e-10),
+        lambda: subgaussian.hoeffding_proxy(-1e160, 1e160),
+        lambda: subgaussian.linear_map_proxy([1e160, 1.0], 1.0),
+        lambda: subgaussian.linear_map_proxy([1.0, 1.0], 1e308, dependent=True),
+        lambda: subgaussian.chernoff_lambda(1e300, 1e-10),
     ],
     ids=["hoeffding", "linear_map", "linear_map_dependent", "chernoff_lambda"],
 )
@@ -384,7 +384,7 @@ def test_half_exceedance_margin_near_the_float_limit():
 # =========================================================================== quantization
 from hypothesis.extra.numpy import arrays  # noqa: E402
 
-from companion import quantization as qz  # noqa: E402
+from companion.applications import quantization as qz  # noqa: E402
 
 F16_MAX = 65504.0
 
@@ -469,13 +469,13 @@ def test_hooks_refuse_a_centre_beyond_the_layer_dtype():
     lin = torch.nn.Linear(3, 2).half()
     centers = {"lin": np.array([1e5, 0.0, 0.0])}
     with pytest.raises(ValueError, match="torch.float16"):
-        with qz.quantize_linear_inputs(lin, 8, modules={"lin": lin}, centers=centers):
+        with model_quantization.quantize_linear_inputs(lin, 8, modules={"lin": lin}, centers=centers):
             pass
 
 
 # =========================================================================== outliers
-from companion import attention_logits as al  # noqa: E402
-from companion import channel_regimes as ol  # noqa: E402
+from companion.outliers import attention_logits as al  # noqa: E402
+from companion.outliers import regimes as ol  # noqa: E402
 
 _Z = np.random.default_rng(0).standard_normal((1000, 2)) * [1.0, 3.0] + [0.0, 1.0]
 
@@ -545,7 +545,7 @@ def test_dot_product_moments_beyond_the_float_range():
 
 def test_linear_input_statistics_of_a_constant_channel():
     # the mean of three 0.1 is 0.10000000000000002 in torch: the variance came out 5.8e-34
-    from companion.pruning import linear_input_statistics
+    from companion.applications.pruning import linear_input_statistics
 
     lin = torch.nn.Linear(2, 1).double()
     batches = [torch.tensor([[0.1, float(i + j)] for j in range(3)], dtype=torch.float64)
@@ -556,9 +556,10 @@ def test_linear_input_statistics_of_a_constant_channel():
 
 
 # =========================================================================== perturbation
-from companion import engine, perturbation as fw  # noqa: E402
-from companion.directions import random_direction  # noqa: E402
-from companion.stacks import ResidualStack, StackConfig  # noqa: E402
+from companion.injection import engine
+from companion.injection import metrics as fw  # noqa: E402
+from companion.injection.directions import random_direction  # noqa: E402
+from companion.stacks.residual import ResidualStack, StackConfig  # noqa: E402
 
 
 @FEW
@@ -592,8 +593,8 @@ def test_directions_of_any_size(size):
     stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2))
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
     d = random_direction(8, seed=1)
-    sw_ref = engine.stack_injection_sweep(stack, x, scale=0.1, direction=d)
-    sw = engine.stack_injection_sweep(stack, x, scale=0.1, direction=d * size)
+    sw_ref = engine.sweep_stack_injections(stack, x, scale=0.1, direction=d)
+    sw = engine.sweep_stack_injections(stack, x, scale=0.1, direction=d * size)
     np.testing.assert_allclose(sw.metrics["projection"], sw_ref.metrics["projection"], rtol=1e-12)
 
 
@@ -602,7 +603,7 @@ def test_stack_injection_beyond_the_stack_dtype():
     stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2))
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="torch.float32"):
-        engine.stack_injection_sweep(stack, x, scale=1e39, relative=False)
+        engine.sweep_stack_injections(stack, x, scale=1e39, relative=False)
     with pytest.raises(ValueError, match="torch.float32"):  # finite in float64, inf after the cast
         stack(x, inject_layer=1, inject_vector=np.full(8, 1e39))
 
@@ -616,7 +617,8 @@ def test_fit_norm_growth_and_dilution_at_the_float_limits():
 
 
 # =========================================================================== injection
-from companion import perturbation as inj_mod  # noqa: E402
+from companion.injection import metrics as inj_mod  # noqa: E402
+from companion.applications import model_quantization
 
 
 @pytest.mark.parametrize("size", [1e-200, 1e200])

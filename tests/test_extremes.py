@@ -1,4 +1,4 @@
-"""Tests for companion.extremes: bounds against exact values, exact values against scipy.stats,
+"""Tests for companion.theory.exceedance: bounds against exact values, exact values against scipy.stats,
 simulations against binomial intervals, streaming invariants, and every bad input."""
 
 from __future__ import annotations
@@ -13,18 +13,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-import companion.extremes as ex
-from companion.extremes import (
-    NOISE_LAWS,
-    SUBGAUSSIAN_NOISE_LAWS,
-    count_interval,
-    exceedance_probability,
-    exceedance_probability_gaussian,
-    expected_count_gaussian,
-    half_exceedance_margin,
-    simulate_counts,
-    theorem1_lower_bound,
-    theorem2_bounds,
+import companion.theory.exceedance as ex
+from companion.theory.exceedance import (
+    NOISE_LAWS, SUBGAUSSIAN_NOISE_LAWS, count_interval, exceedance_probability,
+    exceedance_probability_gaussian, expected_count_gaussian, half_exceedance_margin, simulate_counts,
+    theorem1_lower_bound, theorem2_bounds,
 )
 
 SQRT3 = math.sqrt(3.0)

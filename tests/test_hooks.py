@@ -1,9 +1,9 @@
-"""companion.hooks: hooks attach for a with block and are always removed."""
+"""companion.transformers.hooks: hooks attach for a with block and are always removed."""
 
 import pytest
 import torch
 
-from companion.hooks import hooks
+from companion.transformers.hooks import hooks
 
 
 def _n_hooks(mod):

@@ -1,5 +1,5 @@
 """Tests for companion.experiments.injection_success: the config checks, a tiny run on both
-offline models checked against direct injections (companion.probes.inject), and the accessors'
+offline models checked against direct injections (companion.transformers.stream.inject), and the accessors'
 statistics on synthetic Results whose answer is known (including a case where success must
 fail)."""
 
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from companion import directions as dr
+from companion.injection import directions as dr
 from companion import experiments
 from companion.experiments import Result
 from companion.experiments import injection_success as es
+from companion.transformers import readout
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def test_success_test_rule_both_criteria():
     assert t0["success"] is False
     assert t0["diff"] == pytest.approx(float(np.mean(nulls[0] - nulls[1:].mean(0))))
     # the interval is the paired bootstrap of resampling.bootstrap_interval
-    from companion.resampling import bootstrap_interval
+    from companion.theory.bootstrap import bootstrap_interval
 
     x = shared + 0.3 + noise
     _, lo, hi = bootstrap_interval(x - nulls.mean(0), n_boot=1000, rng=np.random.default_rng(0))
@@ -192,7 +193,8 @@ TINY = dict(n_prompts=2, scales=(0.5, 2.0), null_scale=0.5, n_random=2, n_split=
 
 @pytest.mark.slow
 def test_tiny_run_on_smollm2_matches_direct_injection():
-    from companion import models, probes
+    from companion.transformers import models
+    from companion.transformers import stream
     from companion.corpus import corpus_sentences
 
     cfg = es.InjectionSuccessExperiment(layers=(3, 30), **TINY)
@@ -213,15 +215,15 @@ def test_tiny_run_on_smollm2_matches_direct_injection():
     m = models.load("smollm2-135m", device="cpu")
     sent = corpus_sentences(4, cfg.min_words, cfg.max_words)
     p = dr.make_prompts(m, sent[0::2], sent[1::2], max_length=cfg.max_length)
-    base = probes.residual_stream(m, p.encoding)
+    base = stream.residual_stream(m, p.encoding)
     spreads = dr.typical_spreads(base, p.injected)
     np.testing.assert_allclose(a["typical_spread"], spreads, rtol=1e-6)
     pos, neg = dr.CONCEPTS["food"].texts()
     v = dr.concept_vectors(m, pos, neg, pool="last").unit[3]
-    h = probes.inject(m, p.encoding, 3, v, scale=2.0 * spreads[3], positions=p.injected)
+    h = stream.inject(m, p.encoding, 3, v, scale=2.0 * spreads[3], positions=p.injected)
     ids = dr.concept_token_ids(m, "food")
-    lb = torch.log_softmax(models.logits_from_residual(m, base[-1]).double(), -1)
-    li = torch.log_softmax(models.logits_from_residual(m, h[-1]).double(), -1)
+    lb = torch.log_softmax(readout.logits_from_residual(m, base[-1]).double(), -1)
+    li = torch.log_softmax(readout.logits_from_residual(m, h[-1]).double(), -1)
     lse = lambda lp: torch.logsumexp(lp[..., ids], -1)                # noqa: E731
     delta = (lse(li) - lse(lb)).numpy()                                # [B, T]
     last = p.last.numpy()
@@ -237,7 +239,8 @@ def test_tiny_run_on_smollm2_matches_direct_injection():
 
 @pytest.mark.slow
 def test_tiny_run_on_minilm_matches_direct_injection():
-    from companion import models, probes
+    from companion.transformers import models
+    from companion.transformers import stream
     from companion.corpus import corpus_sentences
 
     cfg = es.InjectionSuccessExperiment(model="minilm-l6", layers=(1, 6), **TINY)
@@ -248,11 +251,11 @@ def test_tiny_run_on_minilm_matches_direct_injection():
     m = models.load("minilm-l6", device="cpu")
     sent = corpus_sentences(4, cfg.min_words, cfg.max_words)
     p = dr.make_prompts(m, sent[0::2], sent[1::2], max_length=cfg.max_length)
-    base = probes.residual_stream(m, p.encoding)
+    base = stream.residual_stream(m, p.encoding)
     spreads = dr.typical_spreads(base, p.injected)
     pos, neg = dr.CONCEPTS["sea"].texts()
     v = dr.concept_vectors(m, pos, neg, pool="last").unit[6]
-    h = probes.inject(m, p.encoding, 6, v, scale=0.5 * spreads[6], positions=p.injected)
+    h = stream.inject(m, p.encoding, 6, v, scale=0.5 * spreads[6], positions=p.injected)
     mask = p.encoding["attention_mask"].double()
     emb = lambda x: (x.double() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)  # noqa: E731
     centre = es.concept_targets(m, ["sea"], cfg.max_length)["centres"][0]
@@ -266,7 +269,7 @@ def test_tiny_run_on_minilm_matches_direct_injection():
 
 @pytest.mark.slow
 def test_readout_sweep_errors():
-    from companion import models
+    from companion.transformers import models
 
     m = models.load("minilm-l6", device="cpu")
     p = dr.make_prompts(m, ["The sea was calm today."], ["We went home at noon."])

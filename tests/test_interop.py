@@ -16,7 +16,8 @@ import warnings
 import pytest
 import torch
 
-from companion import models, probes
+from companion.transformers import models
+from companion.transformers import stream
 
 TEXTS = ["The cat sat on the mat.", "A longer sentence with a few more words in it."]
 
@@ -53,7 +54,7 @@ def _block_io(m, enc):
             lambda mod, args, out: outs.append(out[0] if isinstance(out, tuple) else out)))
     try:
         with torch.no_grad():
-            hidden = m.base(**probes._forward_inputs(m, enc), output_hidden_states=True).hidden_states
+            hidden = m.base(**stream._forward_inputs(m, enc), output_hidden_states=True).hidden_states
     finally:
         for h in handles:
             h.remove()
@@ -67,7 +68,7 @@ def test_the_table_maps_indices_to_block_inputs_and_outputs(tokenizer, build, pa
     m = models.wrap(hf, tokenizer)
     assert m.blocks is hf.get_submodule(path)                 # the module paths of the table
     enc = models.tokenize(m, TEXTS)
-    hs = probes.residual_stream(m, enc)
+    hs = stream.residual_stream(m, enc)
     ins, outs, hidden = _block_io(m, enc)
     L = m.n_layers
     for layer in range(L):                                    # h_l = input of block l = resid_pre
@@ -90,7 +91,7 @@ def test_injection_at_h_l_is_added_to_the_input_of_block_l(tokenizer):
     enc = models.tokenize(m, TEXTS)
     v = torch.ones(m.d_model) / m.d_model**0.5
     layer = 2
-    injected = probes.inject(m, enc, layer, v, scale=4.0)
+    injected = stream.inject(m, enc, layer, v, scale=4.0)
     handle = m.blocks[layer].register_forward_pre_hook(lambda mod, args: (args[0] + 4.0 * v, *args[1:]))
     try:
         ins, outs, _ = _block_io(m, enc)
@@ -107,7 +108,7 @@ def test_wrap_of_the_loaded_minilm_is_the_loaded_minilm():
         assert getattr(again, field) == getattr(mini, field)
     assert again.blocks is mini.blocks and again.model is mini.model
     enc = models.tokenize(mini, TEXTS)
-    torch.testing.assert_close(probes.residual_stream(again, enc), probes.residual_stream(mini, enc), rtol=0, atol=0)
+    torch.testing.assert_close(stream.residual_stream(again, enc), stream.residual_stream(mini, enc), rtol=0, atol=0)
 
 
 def test_wrap_needs_a_tokenizer():
@@ -124,7 +125,7 @@ def test_wrap_of_an_nnsight_language_model(tokenizer):
     m = models.wrap(lm)                                       # the model inside, with its tokenizer
     assert m.model is hf and m.tokenizer is tokenizer and m.placement == "pre"
     enc = models.tokenize(m, TEXTS)
-    hs = probes.residual_stream(m, enc)
+    hs = stream.residual_stream(m, enc)
     saved = []
     with lm.trace(dict(enc)):
         for layer in range(m.n_layers):
@@ -145,7 +146,7 @@ def test_injection_through_nnsight_equals_probes_inject(tokenizer):
     m = models.wrap(lm)
     enc = models.tokenize(m, TEXTS)
     v = torch.ones(m.d_model) / m.d_model**0.5
-    ref = probes.inject(m, enc, 2, v, scale=4.0)              # adds 4 v to h_2
+    ref = stream.inject(m, enc, 2, v, scale=4.0)              # adds 4 v to h_2
     with lm.trace(dict(enc)):
         lm.model.layers[2].input = lm.model.layers[2].input + 4.0 * v
         via_input = lm.model.layers[2].output.save()

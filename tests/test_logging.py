@@ -120,7 +120,7 @@ def test_progress_bars_are_off_by_default_everywhere():
                     continue
                 checked.append(f"{module.__name__}.{f.__qualname__}")
                 assert p.default in (False, None), f"{checked[-1]} defaults to progress={p.default!r}"
-    assert "companion.experiments.run_cached" in checked and "companion.probes.channel_statistics" in checked
+    assert "companion.experiments.run_cached" in checked and "companion.outliers.channel_statistics.channel_statistics" in checked
 
 
 def test_the_tests_and_the_book_run_without_bars():

@@ -1,4 +1,4 @@
-"""Tests of companion.massive_activations, companion.outlier_features, the centred attention
+"""Tests of companion.outliers.massive_activations, companion.outliers.outlier_features, the centred attention
 logits, the stored-statistics views and the outliers block of companion.plots: each against a
 direct computation on tiny random models, and every bad input."""
 
@@ -15,14 +15,16 @@ matplotlib.use("Agg")
 
 from test_channel_regimes import TEXTS, _tiny, tokenizer  # noqa: E402,F401 (the fixture)
 
-from companion import attention_logits as a  # noqa: E402
-from companion import channel_regimes as cr  # noqa: E402
-from companion import massive_activations as ma  # noqa: E402
-from companion import outlier_features as of  # noqa: E402
-from companion import plots, probes  # noqa: E402
+from companion.outliers import attention_logits as a  # noqa: E402
+from companion.outliers import regimes as cr  # noqa: E402
+from companion.outliers import massive_activations as ma  # noqa: E402
+from companion.outliers import outlier_features as of  # noqa: E402
+from companion import plots
+from companion.transformers import stream  # noqa: E402
 from companion import experiments as xp  # noqa: E402
 from companion.experiments import massive_ablation  # noqa: E402
 from companion.experiments.channel_statistics import statistics_of  # noqa: E402
+from companion.outliers import channel_statistics as channel_stats
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def bert(tokenizer):  # noqa: F811
 # --------------------------------------------------------------------------- massive activations
 def test_first_token_profile_matches_the_residual_stream(llama):
     prof = ma.first_token_profile(llama, TEXTS, channel=5)
-    h = probes.residual_stream(llama, TEXTS)
+    h = stream.residual_stream(llama, TEXTS)
     np.testing.assert_allclose(prof.values, h[:, :, 0, 5].double().numpy(), rtol=1e-5, atol=1e-6)
     real = llama.tokenizer(TEXTS, padding=True, return_tensors="pt")["attention_mask"].bool()
     med = [float(h[l][real].abs().double().median()) for l in range(h.shape[0])]
@@ -59,7 +61,7 @@ def test_emergence_layer_applies_both_criteria():
 
 
 def test_baseline_ablation_reproduces_loss_and_attention(llama):
-    from companion.models import next_token_loss
+    from companion.transformers.readout import next_token_loss
 
     run = ma.ablate_activation(llama, TEXTS[:2], None, 3, None, batch_size=1)
     np.testing.assert_allclose(run.loss, next_token_loss(llama, TEXTS[:2], per_text=True), rtol=1e-5)
@@ -223,7 +225,7 @@ def test_centred_logits_encoder_and_bad_input(bert):
 def _stats(L=2, d=3, nt=4):
     g = np.random.default_rng(0)
     mean, var = g.normal(size=(L, d)), g.uniform(1, 2, size=(L, d))
-    return probes.ChannelStatistics(mean=mean, var=var, min=mean - 3, max=mean + 4, max_abs=np.abs(mean) + 4,
+    return channel_stats.ChannelStatistics(mean=mean, var=var, min=mean - 3, max=mean + 4, max_abs=np.abs(mean) + 4,
                                     counts=g.integers(0, 10, size=(L, nt, d)),
                                     thresholds=np.arange(1.0, nt + 1), n_tokens=10, n_texts=2,
                                     skip_first=True, model="x")

@@ -1,4 +1,4 @@
-"""companion.models: the registry, loading (in-process and on-disk caches), heads and errors."""
+"""companion.transformers.models: the registry, loading (in-process and on-disk caches), heads and errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from companion import engine, models, probes
+from companion.injection import engine
+from companion.transformers import models
+from companion.transformers import stream
+from companion.transformers import readout
+from companion.transformers import sources
 
 TEXTS = ["The Lord is my shepherd; I shall not want.", "He maketh me to lie down in green pastures."]
 
@@ -73,17 +77,17 @@ def test_converted_cache_equals_gguf_load(smol, tmp_path, monkeypatch):
     assert gguf.tokenizer(TEXTS)["input_ids"] == smol.tokenizer(TEXTS)["input_ids"]
     # writing a fresh cache (into an empty folder) reuses the in-process GGUF load and reloads equal weights
     monkeypatch.setenv("COMPANION_CACHE", str(tmp_path))
-    spec = models.OFFLINE_MODELS["smollm2-135m"]
-    model, tokenizer, source = models._load_offline(spec, None, True)
+    spec = sources.OFFLINE_MODELS["smollm2-135m"]
+    model, tokenizer, source = sources.load_offline(spec, None, True)
     assert source.startswith(str(tmp_path)) and (tmp_path / source.split("/")[-1] / "companion.json").exists()
     # the marker, written last, records every file's size and SHA-256 (checked on later loads)
     marker = json.loads((tmp_path / source.split("/")[-1] / "companion.json").read_text())
     weights = tmp_path / source.split("/")[-1] / "model.safetensors"
     assert marker["files"]["model.safetensors"]["size"] == weights.stat().st_size
-    assert models._cache_problem(weights.parent) is None
+    assert sources._cache_problem(weights.parent) is None
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, ref[key], rtol=0, atol=0)
-    assert models.cache_dir() == tmp_path
+    assert sources.cache_dir() == tmp_path
 
 
 def test_available_models_lists_both_offline_models():
@@ -123,23 +127,23 @@ def test_wrap_detects_architecture_and_probes_work(minilm, kind, placement, norm
     assert (m.placement, m.norm, m.n_layers, m.d_model) == (placement, norm, 3, 32)
     assert (m.final_norm is not None) == (placement == "pre")
     enc = models.tokenize(m, TEXTS)
-    hs = probes.residual_stream(m, enc)
+    hs = stream.residual_stream(m, enc)
     with torch.no_grad():
-        ref = m.base(**probes._forward_inputs(m, enc), output_hidden_states=True).hidden_states
+        ref = m.base(**stream._forward_inputs(m, enc), output_hidden_states=True).hidden_states
     for i in range(3):
         torch.testing.assert_close(hs[i], ref[i], rtol=0, atol=0)
     last = m.final_norm(hs[3]) if placement == "pre" else hs[3]
     torch.testing.assert_close(last, ref[3], rtol=0, atol=0)
     v = torch.ones(32) / 32**0.5
-    sw = engine.injection_sweep(m, enc, "all", v, scale=3.0)
+    sw = engine.sweep_injections(m, enc, "all", v, scale=3.0)
     real = enc["attention_mask"].bool()
     for layer in range(4):
-        one = probes.inject(m, enc, layer, v, scale=3.0)
+        one = stream.inject(m, enc, layer, v, scale=3.0)
         torch.testing.assert_close(sw.injected[layer][:, real], one[:, real], rtol=1e-4, atol=1e-5)
     if m.kind == "causal-lm":
         with torch.no_grad():
-            logits = m.model(**probes._forward_inputs(m, enc)).logits
-        torch.testing.assert_close(models.logits_from_residual(m, hs[3]), logits, rtol=1e-5, atol=1e-5)
+            logits = m.model(**stream._forward_inputs(m, enc)).logits
+        torch.testing.assert_close(readout.logits_from_residual(m, hs[3]), logits, rtol=1e-5, atol=1e-5)
 
 
 def test_wrap_rejects_bad_arguments(minilm):
@@ -155,11 +159,11 @@ def test_wrap_rejects_bad_arguments(minilm):
 @pytest.mark.slow
 def test_logits_from_residual_equals_model_logits(smol):
     enc = models.tokenize(smol, TEXTS)
-    hs = probes.residual_stream(smol, enc)
+    hs = stream.residual_stream(smol, enc)
     with torch.no_grad():
         logits = smol.model(**enc).logits
-    torch.testing.assert_close(models.logits_from_residual(smol, hs[-1]), logits, rtol=0, atol=0)
-    torch.testing.assert_close(models.logits_from_residual(smol, hs[-1, 0, 0]), logits[0, 0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(readout.logits_from_residual(smol, hs[-1]), logits, rtol=0, atol=0)
+    torch.testing.assert_close(readout.logits_from_residual(smol, hs[-1, 0, 0]), logits[0, 0], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -168,25 +172,25 @@ def test_next_token_loss_equals_transformers_loss(smol):
     enc = models.tokenize(smol, [text])
     with torch.no_grad():
         ref = float(smol.model(**enc, labels=enc["input_ids"]).loss)
-    assert models.next_token_loss(smol, [text]) == pytest.approx(ref, rel=1e-5)
+    assert readout.next_token_loss(smol, [text]) == pytest.approx(ref, rel=1e-5)
     # pads are excluded: batching does not change the per-text losses
-    per = models.next_token_loss(smol, TEXTS, per_text=True)
-    alone = [models.next_token_loss(smol, [t]) for t in TEXTS]
+    per = readout.next_token_loss(smol, TEXTS, per_text=True)
+    alone = [readout.next_token_loss(smol, [t]) for t in TEXTS]
     np.testing.assert_allclose(per, alone, rtol=1e-4)
     n = [int(x) - 1 for x in models.tokenize(smol, TEXTS)["attention_mask"].sum(1)]
-    assert models.next_token_loss(smol, TEXTS, batch_size=1) == pytest.approx(np.dot(per, n) / sum(n), rel=1e-5)
+    assert readout.next_token_loss(smol, TEXTS, batch_size=1) == pytest.approx(np.dot(per, n) / sum(n), rel=1e-5)
 
 
 @pytest.mark.slow
 def test_sentence_embedding_is_pooled_and_normalised(minilm):
     texts = ["A man is playing a guitar.", "Someone plays an acoustic guitar.", "The stock market fell today."]
-    e = models.sentence_embedding(minilm, texts)
+    e = readout.sentence_embedding(minilm, texts)
     assert e.shape == (3, 384)
     torch.testing.assert_close(e.norm(dim=1), torch.ones(3), rtol=0, atol=1e-5)
-    one = models.sentence_embedding(minilm, texts, batch_size=1)
+    one = readout.sentence_embedding(minilm, texts, batch_size=1)
     torch.testing.assert_close(e, one, rtol=0, atol=1e-5)  # padding does not leak into the mean
     enc = models.tokenize(minilm, texts[:1])
-    h = probes.residual_stream(minilm, enc)[-1, 0]
+    h = stream.residual_stream(minilm, enc)[-1, 0]
     manual = h.mean(0) / h.mean(0).norm()
     torch.testing.assert_close(e[0], manual, rtol=0, atol=1e-5)
     sims = e @ e.T
@@ -196,23 +200,23 @@ def test_sentence_embedding_is_pooled_and_normalised(minilm):
 @pytest.mark.slow
 def test_head_errors(smol, minilm):
     with pytest.raises(ValueError, match="encoder"):
-        models.logits_from_residual(minilm, torch.zeros(384))
+        readout.logits_from_residual(minilm, torch.zeros(384))
     with pytest.raises(ValueError, match="576"):
-        models.logits_from_residual(smol, torch.zeros(3))
+        readout.logits_from_residual(smol, torch.zeros(3))
     with pytest.raises(TypeError, match="Tensor"):
-        models.logits_from_residual(smol, np.zeros(576))
+        readout.logits_from_residual(smol, np.zeros(576))
     with pytest.raises(ValueError, match="encoder"):
-        models.next_token_loss(minilm, TEXTS)
+        readout.next_token_loss(minilm, TEXTS)
     with pytest.raises(ValueError, match="empty"):
-        models.next_token_loss(smol, [])
+        readout.next_token_loss(smol, [])
     with pytest.raises(ValueError, match="two tokens"):
-        models.next_token_loss(smol, ["Hello"])
+        readout.next_token_loss(smol, ["Hello"])
     with pytest.raises(ValueError, match="batch_size"):
-        models.next_token_loss(smol, TEXTS, batch_size=0)
+        readout.next_token_loss(smol, TEXTS, batch_size=0)
     with pytest.raises(ValueError, match="empty"):
-        models.sentence_embedding(minilm, [])
+        readout.sentence_embedding(minilm, [])
     with pytest.raises(TypeError, match="batch_size"):
-        models.sentence_embedding(minilm, TEXTS, batch_size="8")
+        readout.sentence_embedding(minilm, TEXTS, batch_size="8")
 
 
 # --------------------------------------------------------------------------- tokenize and errors

@@ -1,4 +1,4 @@
-"""Tests of companion.norms: values against PyTorch, Jacobians against autograd and finite
+"""Tests of companion.theory.normalisation: values against PyTorch, Jacobians against autograd and finite
 differences, the spectral and geometric properties the chapter states, and every input error."""
 
 import numpy as np
@@ -8,12 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from companion.norms import (
-    autograd_jacobian,
-    layernorm,
-    layernorm_jacobian,
-    rmsnorm,
-    rmsnorm_jacobian,
+from companion.theory.normalisation import (
+    autograd_jacobian, layernorm, layernorm_jacobian, rmsnorm, rmsnorm_jacobian,
 )
 
 EPS_VALUES = [0.0, 1e-5, 0.3]

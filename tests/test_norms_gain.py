@@ -1,4 +1,4 @@
-"""Tests of the gain versions of companion.norms' Jacobians and of gain_jacobian_norm_bounds:
+"""Tests of the gain versions of companion.theory.normalisation' Jacobians and of gain_jacobian_norm_bounds:
 against PyTorch autograd with a weight, finite differences, the interlacing bounds, every error."""
 
 import numpy as np
@@ -7,12 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.norms import (
-    gain_jacobian_norm_bounds,
-    layernorm,
-    layernorm_jacobian,
-    rmsnorm,
-    rmsnorm_jacobian,
+from companion.theory.normalisation import (
+    gain_jacobian_norm_bounds, layernorm, layernorm_jacobian, rmsnorm, rmsnorm_jacobian,
 )
 
 

@@ -19,6 +19,7 @@ from packaging.version import Version
 import companion
 from companion import _paths
 from companion import experiments as xp
+from companion.experiments import store
 from companion.corpus import corpus_dir
 from companion.experiments import framework_trained as xf
 from companion.experiments import injection_window as ei
@@ -102,7 +103,7 @@ def test_results_folders_of_an_installed_package(monkeypatch, tmp_path):
     """No clone: computed Results go to the user's cache, never into the package's folder."""
     monkeypatch.delenv("COMPANION_RESULTS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(xp, "source_checkout", lambda: None)
+    monkeypatch.setattr(store, "source_checkout", lambda: None)
     cache = tmp_path / ".cache" / "companion" / "results" / "cache"
     assert xp.cache_root() == cache and xp.stored_target() == cache
     assert xp.result_path(ei.InjectionWindowExperiment()).parent.parent == cache

@@ -1,4 +1,4 @@
-"""Tests for companion.perturbation: metrics, output effects, the Post-LN / Pre-LN predictions, the window."""
+"""Tests for companion.injection.metrics: metrics, output effects, the Post-LN / Pre-LN predictions, the window."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion import perturbation as fw
+from companion.injection import metrics as fw
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,18 +286,18 @@ def test_dilution_factor_errors(c, layer, layers, err, match):
 # --------------------------------------------------------------------------------------------
 def test_window_relative_and_absolute():
     e = np.array([0.1, 0.9, 1.0, 0.3, 0.55])
-    w = fw.injection_window(e, layers=[0, 2, 4, 6, 8], n_layers=10, threshold=0.5, contiguous=False)
+    w = fw.effect_window(e, layers=[0, 2, 4, 6, 8], n_layers=10, threshold=0.5, contiguous=False)
     assert w.layers.tolist() == [2, 4, 8] and w.best == 4
     assert (w.first, w.last) == (2, 8)
     assert w.best_fraction == 0.4 and w.first_fraction == 0.2 and w.last_fraction == 0.8
     assert w.size_fraction == pytest.approx(0.3)
-    wc = fw.injection_window(e, layers=[0, 2, 4, 6, 8], n_layers=10, threshold=0.5)
+    wc = fw.effect_window(e, layers=[0, 2, 4, 6, 8], n_layers=10, threshold=0.5)
     assert wc.layers.tolist() == [2, 4] and (wc.first, wc.last, wc.best) == (2, 4, 4)
-    w_abs = fw.injection_window(e, threshold=0.95, relative=False)
+    w_abs = fw.effect_window(e, threshold=0.95, relative=False)
     assert w_abs.layers.tolist() == [2] and w_abs.n_layers == 5
-    empty = fw.injection_window(e, threshold=2.0, relative=False)
+    empty = fw.effect_window(e, threshold=2.0, relative=False)
     assert empty.layers.size == 0 and empty.first == -1 and empty.last == -1
-    zero = fw.injection_window(np.zeros(3))
+    zero = fw.effect_window(np.zeros(3))
     assert zero.layers.tolist() == [0, 1, 2]
 
 
@@ -321,7 +321,7 @@ def test_window_relative_and_absolute():
 )
 def test_window_errors(kwargs, err, match):
     with pytest.raises(err, match=match):
-        fw.injection_window(**kwargs)
+        fw.effect_window(**kwargs)
 
 
 def test_docstring_examples_run():

@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from companion import plots  # noqa: E402
+from companion.outliers import channel_statistics as channel_stats
 
 RNG = np.random.default_rng(0)
 
@@ -213,10 +214,10 @@ def test_trained_kl_profiles():
 
 
 def _channel_stats(L=3, d=5, nt=4):
-    from companion import probes
+    from companion.transformers import stream
 
     mean, var = RNG.normal(size=(L, d)), RNG.uniform(1, 2, size=(L, d))
-    return probes.ChannelStatistics(mean=mean, var=var, min=mean - 3, max=mean + 4,
+    return channel_stats.ChannelStatistics(mean=mean, var=var, min=mean - 3, max=mean + 4,
                                     max_abs=np.abs(mean) + 4,
                                     counts=RNG.integers(0, 10, size=(L, nt, d)),
                                     thresholds=np.arange(1.0, nt + 1), n_tokens=10, n_texts=2,
@@ -238,7 +239,7 @@ def test_count_comparison_panels():
 
 
 def test_massive_activation_sink():
-    from companion.massive_activations import FirstTokenProfile
+    from companion.outliers.massive_activations import FirstTokenProfile
 
     prof = FirstTokenProfile(values=RNG.uniform(1, 2, (5, 3)), median_abs=np.ones(5), channel=7)
     mean = RNG.uniform(0.2, 0.8, 4)
@@ -257,7 +258,7 @@ def test_massive_activation_sink():
 
 
 def test_outlier_feature_shares():
-    from companion.outlier_features import OutlierFeatureStatistics
+    from companion.outliers.outlier_features import OutlierFeatureStatistics
 
     share = np.zeros((8, 6))
     share[:, 2] = 0.5

@@ -1,4 +1,4 @@
-"""companion.probes against transformers' own outputs and hand-written references (both offline models)."""
+"""companion.transformers.stream against transformers' own outputs and hand-written references (both offline models)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from companion import engine, models, probes
+from companion.injection import engine
+from companion.transformers import models
+from companion.transformers import stream
+from companion.outliers import channel_statistics as channel_stats
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +54,7 @@ def _hand_injected(m, enc, layer, delta):
         handle = m.blocks[layer - 1].register_forward_hook(hook, prepend=True)  # before transformers' recorder
     try:
         with torch.no_grad():
-            out = m.base(**probes._forward_inputs(m, enc), output_hidden_states=True)
+            out = m.base(**stream._forward_inputs(m, enc), output_hidden_states=True)
     finally:
         handle.remove()
     return out.hidden_states
@@ -60,11 +63,11 @@ def _hand_injected(m, enc, layer, delta):
 # --------------------------------------------------------------------------- residual_stream
 def test_residual_stream_equals_output_hidden_states(m):
     enc = models.tokenize(m, TEXTS)
-    hs = probes.residual_stream(m, enc)
+    hs = stream.residual_stream(m, enc)
     L = m.n_layers
     assert hs.shape == (L + 1, len(TEXTS), enc["input_ids"].shape[1], m.d_model)
     with torch.no_grad():
-        ref = m.base(**probes._forward_inputs(m, enc), output_hidden_states=True).hidden_states
+        ref = m.base(**stream._forward_inputs(m, enc), output_hidden_states=True).hidden_states
     assert len(ref) == L + 1
     for i in range(L):
         torch.testing.assert_close(hs[i], ref[i], rtol=0, atol=0)
@@ -77,10 +80,10 @@ def test_residual_stream_equals_output_hidden_states(m):
 
 
 def test_residual_stream_accepts_texts_and_padding_is_harmless(m):
-    full = probes.residual_stream(m, TEXTS)
+    full = stream.residual_stream(m, TEXTS)
     mask = models.tokenize(m, TEXTS)["attention_mask"]
     for b, text in enumerate(TEXTS):
-        alone = probes.residual_stream(m, [text])[:, 0]
+        alone = stream.residual_stream(m, [text])[:, 0]
         n = int(mask[b].sum())
         assert alone.shape[1] == n
         torch.testing.assert_close(full[:, b, :n], alone, rtol=1e-4, atol=1e-3)
@@ -94,10 +97,10 @@ def test_inject_matches_hand_written_hook(m, where):
     enc = models.tokenize(m, TEXTS)
     v = _vector(m)
     scale = 5.0
-    got = probes.inject(m, enc, layer, v, scale=scale)
+    got = stream.inject(m, enc, layer, v, scale=scale)
     delta = scale * v * enc["attention_mask"].unsqueeze(-1).float()
     ref = _hand_injected(m, enc, layer, delta)
-    base = probes.residual_stream(m, enc)
+    base = stream.residual_stream(m, enc)
     for i in range(L):
         torch.testing.assert_close(got[i], ref[i], rtol=0, atol=0)
     last = m.final_norm(got[L]) if m.placement == "pre" else got[L]
@@ -114,8 +117,8 @@ def test_inject_positions(m):
     mask = enc["attention_mask"]
     v = _vector(m, 1)
     layer = 2
-    got = probes.inject(m, enc, layer, v, scale=3.0, positions=[-1])
-    sel = probes.position_mask(mask, [-1])
+    got = stream.inject(m, enc, layer, v, scale=3.0, positions=[-1])
+    sel = stream.position_mask(mask, [-1])
     assert sel.sum() == len(TEXTS)
     last = mask.sum(1) - 1
     assert all(bool(sel[b, last[b]]) for b in range(len(TEXTS)))
@@ -123,33 +126,33 @@ def test_inject_positions(m):
     for i in range(m.n_layers):
         torch.testing.assert_close(got[i], ref[i], rtol=0, atol=0)
     # the same through an explicit boolean mask
-    again = probes.inject(m, enc, layer, v, scale=3.0, positions=sel.numpy())
+    again = stream.inject(m, enc, layer, v, scale=3.0, positions=sel.numpy())
     torch.testing.assert_close(again, got, rtol=0, atol=0)
     if m.placement == "pre":  # causal: tokens before the last one are untouched at every layer
-        base = probes.residual_stream(m, enc)
+        base = stream.residual_stream(m, enc)
         first = int(last.min())
         torch.testing.assert_close(got[:, :, :first], base[:, :, :first], rtol=0, atol=0)
 
 
 def test_position_mask_rules():
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    assert probes.position_mask(mask).tolist() == mask.bool().tolist()
-    assert probes.position_mask(mask, [0, -1]).int().tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
-    assert probes.position_mask(mask, 1).int().tolist() == [[0, 1, 0, 0], [0, 1, 0, 0]]
+    assert stream.position_mask(mask).tolist() == mask.bool().tolist()
+    assert stream.position_mask(mask, [0, -1]).int().tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+    assert stream.position_mask(mask, 1).int().tolist() == [[0, 1, 0, 0], [0, 1, 0, 0]]
     with pytest.raises(ValueError, match="outside text 1"):
-        probes.position_mask(mask, [3])
+        stream.position_mask(mask, [3])
     with pytest.raises(ValueError, match="outside"):
-        probes.position_mask(mask, [-3])
+        stream.position_mask(mask, [-3])
     with pytest.raises(ValueError, match="empty"):
-        probes.position_mask(mask, [])
+        stream.position_mask(mask, [])
     with pytest.raises(ValueError, match="shape"):
-        probes.position_mask(mask, np.ones((2, 3), dtype=bool))
+        stream.position_mask(mask, np.ones((2, 3), dtype=bool))
     with pytest.raises(ValueError, match="no real token"):
-        probes.position_mask(mask, np.array([[0, 0, 0, 0], [0, 0, 1, 1]], dtype=bool))
+        stream.position_mask(mask, np.array([[0, 0, 0, 0], [0, 0, 1, 1]], dtype=bool))
     with pytest.raises(TypeError):
-        probes.position_mask(mask, "last")
+        stream.position_mask(mask, "last")
     with pytest.raises(TypeError):
-        probes.position_mask(mask, [0.5])
+        stream.position_mask(mask, [0.5])
 
 
 # --------------------------------------------------------------------------- injection_sweep
@@ -158,15 +161,15 @@ def test_injection_sweep_equals_individual_injections_minilm(minilm):
     enc = models.tokenize(m, TEXTS)
     v = _vector(m, 2)
     scales = [0.5, 4.0]
-    sw = engine.injection_sweep(m, enc, "all", v, scale=scales, max_batch_tokens=3 * enc["input_ids"].numel())
+    sw = engine.sweep_injections(m, enc, "all", v, scale=scales, max_batch_tokens=3 * enc["input_ids"].numel())
     L = m.n_layers
     assert sw.injected.shape == (L + 1, 2, L + 1, *enc["input_ids"].shape, m.d_model)
     assert sw.layers.tolist() == list(range(L + 1)) and sw.scales.tolist() == [0.5, 4.0]
-    torch.testing.assert_close(sw.baseline, probes.residual_stream(m, enc), rtol=0, atol=0)
+    torch.testing.assert_close(sw.baseline, stream.residual_stream(m, enc), rtol=0, atol=0)
     real = enc["attention_mask"].bool()
     for j, layer in enumerate(sw.layers):
         for s, c in enumerate(scales):
-            ref = probes.inject(m, enc, layer, v, scale=c)
+            ref = stream.inject(m, enc, layer, v, scale=c)
             torch.testing.assert_close(sw.injected[j, s][:, real], ref[:, real], rtol=1e-4, atol=1e-4)
 
 
@@ -178,11 +181,11 @@ def test_injection_sweep_equals_individual_injections_smollm2(smol):
     layers = [0, 7, L - 1, L]
     g = torch.Generator().manual_seed(3)
     vecs = torch.randn(len(layers), m.d_model, generator=g)
-    sw = engine.injection_sweep(m, enc, layers, vecs, scale=2.0, positions=[0, 1])
+    sw = engine.sweep_injections(m, enc, layers, vecs, scale=2.0, positions=[0, 1])
     assert sw.injected.shape == (len(layers), L + 1, *enc["input_ids"].shape, m.d_model)
     real = enc["attention_mask"].bool()
     for j, layer in enumerate(layers):
-        ref = probes.inject(m, enc, layer, vecs[j], scale=2.0, positions=[0, 1])
+        ref = stream.inject(m, enc, layer, vecs[j], scale=2.0, positions=[0, 1])
         scale_ref = ref[:, real].abs().amax(dim=(1, 2), keepdim=True)
         err = (sw.injected[j][:, real] - ref[:, real]).abs() / scale_ref
         assert float(err.max()) < 1e-4
@@ -199,8 +202,8 @@ def test_injection_sweep_measure_matches_full_streams(smol):
         return (h_inj[:, idx, last] - h_base[idx, last]).norm(dim=-1)
 
     layers = [1, 3, 5]
-    full = engine.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], max_batch_tokens=1)
-    red = engine.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], measure=measure)
+    full = engine.sweep_injections(m, enc, layers, v, scale=[1.0, 10.0], max_batch_tokens=1)
+    red = engine.sweep_injections(m, enc, layers, v, scale=[1.0, 10.0], measure=measure)
     assert red.injected.shape == (3, 2, m.n_layers + 1, len(TEXTS))
     last = enc["attention_mask"].sum(1) - 1
     idx = torch.arange(len(TEXTS))
@@ -216,7 +219,7 @@ def test_injection_sweep_measure_matches_full_streams(smol):
         c = torch.tensor([1.0, 10.0])[conditions[:, 1]]
         return ((h_inj - h_base) @ v)[:, :, 0] / c[:, None]
 
-    proj = engine.injection_sweep(m, enc, layers, v, scale=[1.0, 10.0], measure=measure4)
+    proj = engine.sweep_injections(m, enc, layers, v, scale=[1.0, 10.0], measure=measure4)
     assert sorted(set(seen)) == list(range(m.n_layers + 1))
     ref = ((full.injected[..., 0, :] - full.baseline[:, :, 0]) @ v) / torch.tensor([1.0, 10.0]).view(1, 2, 1, 1)
     torch.testing.assert_close(proj.injected, ref, rtol=1e-4, atol=1e-3)
@@ -231,7 +234,7 @@ def _direct_statistics(m, texts, thresholds, skip_first):
     keep = enc["attention_mask"].bool()
     if skip_first:
         keep[:, 0] = False
-    x = probes.residual_stream(m, enc)[:, keep].double()
+    x = stream.residual_stream(m, enc)[:, keep].double()
     t = torch.as_tensor(thresholds, dtype=torch.float64)
     counts = (x.abs().unsqueeze(2) > t.view(1, 1, -1, 1)).sum(1)  # [L+1, n_thr, d]
     return dict(mean=x.mean(1), var=x.var(1, unbiased=False), max_abs=x.abs().amax(1),
@@ -242,7 +245,7 @@ def _direct_statistics(m, texts, thresholds, skip_first):
 def test_channel_statistics_equals_direct_computation(m, skip_first):
     texts = TEXTS + ["Short one.", "A much longer sentence, which is here to make the padding matter a great deal more."]
     thresholds = [0.0, 0.5, 2.0, 10.0]
-    st = probes.channel_statistics(m, texts, thresholds, batch_size=2, skip_first=skip_first)
+    st = channel_stats.channel_statistics(m, texts, thresholds, batch_size=2, skip_first=skip_first)
     ref = _direct_statistics(m, texts, thresholds, skip_first)
     L1, d = m.n_layers + 1, m.d_model
     assert st.mean.shape == (L1, d) and st.counts.shape == (L1, len(thresholds), d)
@@ -259,8 +262,8 @@ def test_channel_statistics_equals_direct_computation(m, skip_first):
 
 
 def test_channel_statistics_batch_size_invariance(minilm):
-    a = probes.channel_statistics(minilm, TEXTS * 3, [1.0, 3.0], batch_size=1)
-    b = probes.channel_statistics(minilm, TEXTS * 3, [1.0, 3.0], batch_size=16)
+    a = channel_stats.channel_statistics(minilm, TEXTS * 3, [1.0, 3.0], batch_size=1)
+    b = channel_stats.channel_statistics(minilm, TEXTS * 3, [1.0, 3.0], batch_size=16)
     np.testing.assert_allclose(a.mean, b.mean, atol=1e-5)
     np.testing.assert_allclose(a.var, b.var, rtol=1e-4, atol=1e-5)
     assert a.n_tokens == b.n_tokens
@@ -274,75 +277,75 @@ def test_bad_inputs_raise(minilm):
     v = _vector(m)
     L = m.n_layers
     with pytest.raises(ValueError, match=r"layer must be in \[0, 6\]"):
-        probes.inject(m, TEXTS, L + 1, v)
+        stream.inject(m, TEXTS, L + 1, v)
     with pytest.raises(ValueError, match="layer must be in"):
-        probes.inject(m, TEXTS, -1, v)
+        stream.inject(m, TEXTS, -1, v)
     with pytest.raises(TypeError, match="integer"):
-        probes.inject(m, TEXTS, 1.5, v)
+        stream.inject(m, TEXTS, 1.5, v)
     with pytest.raises(ValueError, match="shape"):
-        probes.inject(m, TEXTS, 1, torch.ones(m.d_model + 1))
+        stream.inject(m, TEXTS, 1, torch.ones(m.d_model + 1))
     with pytest.raises(ValueError, match="NaN"):
-        probes.inject(m, TEXTS, 1, torch.full((m.d_model,), float("nan")))
+        stream.inject(m, TEXTS, 1, torch.full((m.d_model,), float("nan")))
     with pytest.raises(TypeError, match="vector"):
-        probes.inject(m, TEXTS, 1, "v")
+        stream.inject(m, TEXTS, 1, "v")
     with pytest.raises(TypeError, match="vector"):
-        probes.inject(m, TEXTS, 1, torch.ones(m.d_model, dtype=torch.bool))
+        stream.inject(m, TEXTS, 1, torch.ones(m.d_model, dtype=torch.bool))
     # a list of numbers is a vector like any other (as for the stacks)
-    torch.testing.assert_close(probes.inject(m, TEXTS[:1], 1, v.tolist()), probes.inject(m, TEXTS[:1], 1, v))
+    torch.testing.assert_close(stream.inject(m, TEXTS[:1], 1, v.tolist()), stream.inject(m, TEXTS[:1], 1, v))
     with pytest.raises(ValueError, match="finite"):
-        probes.inject(m, TEXTS, 1, v, scale=float("inf"))
+        stream.inject(m, TEXTS, 1, v, scale=float("inf"))
     with pytest.raises(TypeError, match="scale"):
-        probes.inject(m, TEXTS, 1, v, scale="big")
+        stream.inject(m, TEXTS, 1, v, scale="big")
     with pytest.raises(ValueError, match="empty"):
-        probes.inject(m, [], 1, v)
+        stream.inject(m, [], 1, v)
     with pytest.raises(ValueError, match="empty"):
-        probes.residual_stream(m, [])
+        stream.residual_stream(m, [])
     with pytest.raises(ValueError, match="empty"):
-        probes.residual_stream(m, ["fine", "  "])
+        stream.residual_stream(m, ["fine", "  "])
     with pytest.raises(TypeError, match="string"):
-        probes.residual_stream(m, [3])
+        stream.residual_stream(m, [3])
     with pytest.raises(TypeError, match="LoadedModel"):
-        probes.residual_stream(m.model, TEXTS)
+        stream.residual_stream(m.model, TEXTS)
     with pytest.raises(ValueError, match="outside"):
-        probes.inject(m, TEXTS, 1, v, positions=[200])
+        stream.inject(m, TEXTS, 1, v, positions=[200])
     with pytest.raises(ValueError, match="repeats"):
-        engine.injection_sweep(m, TEXTS, [1, 1], v)
+        engine.sweep_injections(m, TEXTS, [1, 1], v)
     with pytest.raises(ValueError, match="in \\[0, 6\\]"):
-        engine.injection_sweep(m, TEXTS, [0, 7], v)
+        engine.sweep_injections(m, TEXTS, [0, 7], v)
     with pytest.raises(ValueError, match="non-empty"):
-        engine.injection_sweep(m, TEXTS, [], v)
+        engine.sweep_injections(m, TEXTS, [], v)
     with pytest.raises(ValueError, match="'all'"):
-        engine.injection_sweep(m, TEXTS, "every", v)
+        engine.sweep_injections(m, TEXTS, "every", v)
     with pytest.raises(ValueError, match="shape"):
-        engine.injection_sweep(m, TEXTS, [1, 2], torch.ones(3, m.d_model))
+        engine.sweep_injections(m, TEXTS, [1, 2], torch.ones(3, m.d_model))
     with pytest.raises(ValueError, match="non-empty"):
-        engine.injection_sweep(m, TEXTS, [1], v, scale=[])
+        engine.sweep_injections(m, TEXTS, [1], v, scale=[])
     with pytest.raises(ValueError, match="finite"):
-        engine.injection_sweep(m, TEXTS, [1], v, scale=[1.0, float("nan")])
+        engine.sweep_injections(m, TEXTS, [1], v, scale=[1.0, float("nan")])
     with pytest.raises(TypeError, match="callable"):
-        engine.injection_sweep(m, TEXTS, [1], v, measure="norm")
+        engine.sweep_injections(m, TEXTS, [1], v, measure="norm")
     with pytest.raises(ValueError, match="max_batch_tokens"):
-        engine.injection_sweep(m, TEXTS, [1], v, max_batch_tokens=0)
+        engine.sweep_injections(m, TEXTS, [1], v, max_batch_tokens=0)
     with pytest.raises(ValueError, match="empty"):
-        engine.injection_sweep(m, [], [1], v)
+        engine.sweep_injections(m, [], [1], v)
     with pytest.raises(ValueError, match=">= 0"):
-        probes.channel_statistics(m, TEXTS, [-1.0])
+        channel_stats.channel_statistics(m, TEXTS, [-1.0])
     with pytest.raises(ValueError, match="finite"):
-        probes.channel_statistics(m, TEXTS, [float("nan")])
+        channel_stats.channel_statistics(m, TEXTS, [float("nan")])
     with pytest.raises(ValueError, match="non-empty"):
-        probes.channel_statistics(m, TEXTS, [])
+        channel_stats.channel_statistics(m, TEXTS, [])
     with pytest.raises(TypeError, match="thresholds"):
-        probes.channel_statistics(m, TEXTS, ["a"])
+        channel_stats.channel_statistics(m, TEXTS, ["a"])
     with pytest.raises(ValueError, match="batch_size"):
-        probes.channel_statistics(m, TEXTS, [1.0], batch_size=0)
+        channel_stats.channel_statistics(m, TEXTS, [1.0], batch_size=0)
     with pytest.raises(TypeError, match="batch_size"):
-        probes.channel_statistics(m, TEXTS, [1.0], batch_size=2.0)
+        channel_stats.channel_statistics(m, TEXTS, [1.0], batch_size=2.0)
     with pytest.raises(ValueError, match="empty"):
-        probes.channel_statistics(m, [], [1.0])
+        channel_stats.channel_statistics(m, [], [1.0])
     with pytest.raises(ValueError, match="empty"):
-        probes.channel_statistics(m, ["ok", ""], [1.0])
+        channel_stats.channel_statistics(m, ["ok", ""], [1.0])
     with pytest.raises(TypeError, match="skip_first"):
-        probes.channel_statistics(m, TEXTS, [1.0], skip_first="yes")
+        channel_stats.channel_statistics(m, TEXTS, [1.0], skip_first="yes")
 
 
 # --------------------------------------------------------------------------- extreme inputs
@@ -352,13 +355,13 @@ def test_channel_statistics_of_a_constant_channel(minilm, monkeypatch):
     Rounded batch means of 0.1 are not 0.1: the Chan merge left a variance near 1e-34 and the
     mean an ulp off, so a "constant" channel got sigma ~ 1e-17 (and passed sigma > 0 checks).
     """
-    real_run = probes._run
+    real_run = channel_stats.forward_states
 
     def run_with_constant_channel(m, enc, **kw):  # a float64 stream whose channel 0 is 0.1
         return [h.double().index_fill(-1, torch.tensor([0]), 0.1) for h in real_run(m, enc, **kw)]
 
-    monkeypatch.setattr(probes, "_run", run_with_constant_channel)
-    st = probes.channel_statistics(minilm, TEXTS, [0.05, 1.0], batch_size=1)
+    monkeypatch.setattr(channel_stats, "forward_states", run_with_constant_channel)
+    st = channel_stats.channel_statistics(minilm, TEXTS, [0.05, 1.0], batch_size=1)
     assert np.all(st.mean[:, 0] == 0.1) and np.all(st.var[:, 0] == 0.0)
     assert np.all(st.var[:, 1:] > 0)
     assert np.all((st.min <= st.mean) & (st.mean <= st.max))
@@ -368,11 +371,11 @@ def test_vectors_that_overflow_the_model_dtype_are_refused(minilm):
     """Finite in float64, inf after the cast to the model's float32: the stream became NaN."""
     big = np.full(minilm.d_model, 1e39)
     with pytest.raises(ValueError, match="torch.float32"):
-        probes.inject(minilm, TEXTS[:1], 1, big)
+        stream.inject(minilm, TEXTS[:1], 1, big)
     with pytest.raises(ValueError, match="torch.float32"):
-        engine.injection_sweep(minilm, TEXTS[:1], [1, 2], big)
+        engine.sweep_injections(minilm, TEXTS[:1], [1, 2], big)
     v = _vector(minilm)
     with pytest.raises(ValueError, match="torch.float32"):  # scale * vector overflows float32
-        probes.inject(minilm, TEXTS[:1], 1, v, scale=1e39)
+        stream.inject(minilm, TEXTS[:1], 1, v, scale=1e39)
     with pytest.raises(ValueError, match="torch.float32"):
-        engine.injection_sweep(minilm, TEXTS[:1], [1, 2], v, scale=[1.0, 1e39])
+        engine.sweep_injections(minilm, TEXTS[:1], [1, 2], v, scale=[1.0, 1e39])

@@ -1,4 +1,4 @@
-"""Tests for companion.pruning: linear-input statistics against direct computation, the pruning
+"""Tests for companion.applications.pruning: linear-input statistics against direct computation, the pruning
 scores and the removal-error bounds, mean compensation, and every bad input."""
 
 from __future__ import annotations
@@ -10,18 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from companion.pruning import (
-    PRUNING_SCORES,
-    LinearInputStatistics,
-    capture_linear_inputs,
-    compensated_bias,
-    linear_input_medians,
-    linear_input_statistics,
-    lowest_fraction,
-    neuron_scores,
-    removal_error,
-    top_channels,
-    zero_linear_inputs,
+from companion.applications.pruning import (
+    PRUNING_SCORES, LinearInputStatistics, capture_linear_inputs, compensated_bias, linear_input_medians,
+    linear_input_statistics, lowest_fraction, neuron_scores, removal_error, top_channels, zero_linear_inputs,
 )
 
 

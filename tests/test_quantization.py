@@ -1,4 +1,4 @@
-"""Tests for companion.quantization: every function against a direct NumPy computation, the
+"""Tests for companion.applications.quantization: every function against a direct NumPy computation, the
 rounding-error bound as a property, the exact bias folding, the hooks, and every bad input."""
 
 from __future__ import annotations
@@ -10,16 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from companion.quantization import (
-    GRANULARITIES,
-    channel_mse,
-    fake_quantize,
-    fold_center_into_bias,
-    max_rounding_error,
-    qmax,
+from companion.applications.quantization import (
+    GRANULARITIES, channel_mse, fake_quantize, fold_center_into_bias, max_rounding_error, qmax,
     quantization_scale,
-    quantize_linear_inputs,
 )
+from companion.applications.model_quantization import quantize_linear_inputs
 
 
 # ----------------------------------------------------------------------------- reference
@@ -303,16 +298,12 @@ def test_bad_hook_arguments():
 
 
 # =========================================================================== deployable schemes
-from companion.quantization import (  # noqa: E402
-    LinearQuantization,
-    activation_bias_correction,
-    dynamic_range,
-    mean_quantization_error,
-    quantize_weight,
-    quantize_with_range,
-    quantized_linears,
-    smoothquant_scales,
+from companion.applications.model_quantization import (
+    LinearQuantization, activation_bias_correction, mean_quantization_error, quantized_linears,
     weight_bias_correction,
+)
+from companion.applications.quantization import (
+    dynamic_range, quantize_weight, quantize_with_range, smoothquant_scales,
 )
 
 

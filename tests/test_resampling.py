@@ -1,9 +1,9 @@
-"""The bootstrap intervals of companion.resampling (moved from massive_activations and attribution)."""
+"""The bootstrap intervals of companion.theory.bootstrap (moved from massive_activations and attribution)."""
 
 import numpy as np
 import pytest
 
-from companion import resampling as rs
+from companion.theory import bootstrap as rs
 
 
 def test_bootstrap_interval():

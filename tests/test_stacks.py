@@ -1,4 +1,4 @@
-"""Tests of companion.stacks: configuration, shapes, determinism, the update rules against a
+"""Tests of companion.stacks.residual: configuration, shapes, determinism, the update rules against a
 hand-written reference, injection, the tiny language model, the measurements, and every error."""
 
 import json
@@ -9,18 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from companion.stacks import (
-    ResidualStack,
-    StackConfig,
-    TinyLM,
-    byte_tokenize,
-    dslm_scales,
-    forward_sq_norms,
-    last_layer_grad_norm,
-    last_layer_grad_norms,
-    train_tiny_lm,
-    unigram_loss,
+from companion.stacks.residual import (
+    ResidualStack, StackConfig, dslm_scales, forward_sq_norms, last_layer_grad_norm, last_layer_grad_norms,
 )
+from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm, unigram_loss
 
 SMALL = dict(d_model=16, n_layers=3, n_heads=2)
 
@@ -465,7 +457,7 @@ def test_grad_norms_errors():
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_per_token_grad_norms_match_token_by_token_autograd(placement):
-    from companion.stacks import _readout_problem
+    from companion.stacks.residual import _readout_problem
 
     cfg = StackConfig(d_model=16, n_layers=3, n_heads=2, d_ff=16, placement=placement,
                       final_norm=(placement == "pre"))

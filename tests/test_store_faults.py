@@ -1,7 +1,7 @@
 """The Result store and the converted-model cache survive faults (issue 11, point 7).
 
 Every fault either recomputes with a warning (:class:`~companion.experiments.CorruptResultWarning`
-for damaged Results, :class:`~companion.models.CorruptCacheWarning` for a damaged converted model)
+for damaged Results, :class:`~companion.transformers.sources.CorruptCacheWarning` for a damaged converted model)
 or fails before any work with a message that says what to do.  Faults covered: truncated, empty,
 missing or foreign ``.npz``; a JSON that is malformed or parses to null, a number, a string or a
 list; wrong-typed fields; edited array values, shapes and dtypes (caught by the checksums); pairs
@@ -28,7 +28,9 @@ import numpy as np
 import pytest
 
 from companion import experiments as ex
+from companion.experiments import store
 from companion.__main__ import main
+from companion.transformers import sources
 
 REPO = Path(__file__).resolve().parents[1]
 CALLS = {"n": 0}
@@ -208,11 +210,11 @@ def test_saved_json_records_checksums_of_the_npz_and_of_each_array(stored):
     assert meta["npz_sha256"] == hashlib.sha256(stored.with_suffix(".npz").read_bytes()).hexdigest()
     result = ex.load_result(stored)
     for key, spec in meta["arrays"].items():
-        assert spec["sha256"] == ex._array_digest(result.arrays[key]) and len(spec["sha256"]) == 64
+        assert spec["sha256"] == store._array_digest(result.arrays[key]) and len(spec["sha256"]) == 64
     # the array digest covers dtype and shape, not only the bytes
     x = result.arrays["x"]
-    assert len({ex._array_digest(x), ex._array_digest(x.reshape(2, 3)),
-                ex._array_digest(x.view(np.int64))}) == 3
+    assert len({store._array_digest(x), store._array_digest(x.reshape(2, 3)),
+                store._array_digest(x.view(np.int64))}) == 3
     # the npz bytes depend only on the arrays: saving the same arrays again gives the same file
     again = ex.save_result(ex.load_result(stored), stored.parent.parent / "again")
     assert again.with_suffix(".npz").read_bytes() == stored.with_suffix(".npz").read_bytes()
@@ -264,7 +266,7 @@ def test_a_reader_that_races_a_writer_reads_again(stored, monkeypatch):
     other = ex.run(Sample(seed=1), device="cpu")
     other.config_hash, other.config = ex.config_hash(Sample()), {"n": 6, "seed": 0}
     staged = ex.save_result(other, stored.parent.parent / "staged")
-    real = ex._read_pair
+    real = store._read_pair
     calls = {"n": 0}
 
     def racing(path):
@@ -277,21 +279,21 @@ def test_a_reader_that_races_a_writer_reads_again(stored, monkeypatch):
                 os.replace(staged, stored)
         return real(path)
 
-    monkeypatch.setattr(ex, "_read_pair", racing)
+    monkeypatch.setattr(store, "_read_pair", racing)
     got = ex.load_result(stored)
     assert calls["n"] == 2
     np.testing.assert_array_equal(got.arrays["x"], other.arrays["x"])
 
 
 def test_a_damaged_pair_nobody_writes_is_read_once(stored, monkeypatch):
-    real = ex._read_pair
+    real = store._read_pair
     calls = {"n": 0}
 
     def counting(path):
         calls["n"] += 1
         return real(path)
 
-    monkeypatch.setattr(ex, "_read_pair", counting)
+    monkeypatch.setattr(store, "_read_pair", counting)
     FAULTS["array value edited"](stored)
     with pytest.raises(ex.CorruptResultError):
         ex.load_result(stored)
@@ -494,7 +496,7 @@ def test_a_failed_save_leaves_no_temporary_files(tmp_path, monkeypatch):
         fh.write(b"PK")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ex, "_write_npz", broken)
+    monkeypatch.setattr(store, "_write_npz", broken)
     with pytest.raises(OSError, match="No space"):
         ex.save_result(ex.run(Sample(), device="cpu"), tmp_path)
     assert list((tmp_path / "test_store_faults").iterdir()) == []
@@ -504,15 +506,15 @@ def test_a_failed_save_leaves_no_temporary_files(tmp_path, monkeypatch):
 @pytest.fixture
 def fake_conversion(tmp_path, monkeypatch):
     """Replace the 40-second GGUF conversion by a tiny Llama; the cache goes to tmp_path/cache."""
-    from companion import models
+    from companion.transformers import models
 
-    spec = models.OFFLINE_MODELS["smollm2-135m"]
+    spec = sources.OFFLINE_MODELS["smollm2-135m"]
     try:
-        models._package_path(spec)
-        tokenizer_dir = models._package_path(models.OFFLINE_MODELS["minilm-l6"])
+        sources._package_path(spec)
+        tokenizer_dir = sources._package_path(sources.OFFLINE_MODELS["minilm-l6"])
     except ValueError as exc:
         pytest.skip(str(exc))
-    transformers = models._quiet_transformers()
+    transformers = sources._quiet_transformers()
     import torch
 
     calls = {"n": 0}
@@ -526,10 +528,10 @@ def fake_conversion(tmp_path, monkeypatch):
         model = transformers.LlamaForCausalLM(config).eval()
         return model, transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
-    monkeypatch.setattr(models, "_load_gguf", convert)
+    monkeypatch.setattr(sources, "_load_gguf", convert)
     monkeypatch.setattr(models, "_LOADED", {})  # no real GGUF load of this process is reused
     monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "cache"))
-    return types.SimpleNamespace(load=lambda: models._load_offline(spec, None, True), calls=calls,
+    return types.SimpleNamespace(load=lambda: sources.load_offline(spec, None, True), calls=calls,
                                  models=models)
 
 
@@ -537,7 +539,7 @@ def test_a_fresh_conversion_records_sizes_and_checksums(fake_conversion):
     models = fake_conversion.models
     model, tokenizer, source = fake_conversion.load()
     folder = Path(source)
-    assert fake_conversion.calls["n"] == 1 and folder.parent == models.cache_dir()
+    assert fake_conversion.calls["n"] == 1 and folder.parent == sources.cache_dir()
     marker = json.loads((folder / "companion.json").read_text())
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(marker["files"])
     for name, spec in marker["files"].items():
@@ -555,14 +557,14 @@ def test_files_are_hashed_again_only_when_their_time_changed(fake_conversion, mo
     _, _, source = fake_conversion.load()
     folder = Path(source)
     hashed = []
-    real = models._sha256
-    monkeypatch.setattr(models, "_sha256", lambda path: hashed.append(path.name) or real(path))
-    assert models._cache_problem(folder) is None and hashed == []  # unchanged: stat only
+    real = sources._sha256
+    monkeypatch.setattr(sources, "_sha256", lambda path: hashed.append(path.name) or real(path))
+    assert sources._cache_problem(folder) is None and hashed == []  # unchanged: stat only
     weights = folder / "model.safetensors"
     st = weights.stat()
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched, content unchanged
-    assert models._cache_problem(folder) is None and hashed == ["model.safetensors"]
-    assert models._cache_problem(folder) is None and hashed == ["model.safetensors"]  # recorded
+    assert sources._cache_problem(folder) is None and hashed == ["model.safetensors"]
+    assert sources._cache_problem(folder) is None and hashed == ["model.safetensors"]  # recorded
     fake_conversion.load()
     assert fake_conversion.calls["n"] == 1  # same content: no new conversion
 
@@ -600,13 +602,13 @@ def test_a_damaged_cache_is_converted_again_with_a_warning(fake_conversion, faul
     folder = Path(source)
     CACHE_FAULTS[fault](folder)
     expected = f"(?s){folder.name}.*damaged.*converting the GGUF"
-    with pytest.warns(models.CorruptCacheWarning, match=expected):
+    with pytest.warns(sources.CorruptCacheWarning, match=expected):
         model, _, source2 = fake_conversion.load()
     assert fake_conversion.calls["n"] == 2 and source2 == source
-    assert models._cache_problem(folder) is None
+    assert sources._cache_problem(folder) is None
     for key, value in reference.items():
         assert (model.state_dict()[key] == value).all()
-    assert sorted(p.name for p in models.cache_dir().iterdir()) == [folder.name]  # none left aside
+    assert sorted(p.name for p in sources.cache_dir().iterdir()) == [folder.name]  # none left aside
     fake_conversion.load()
     assert fake_conversion.calls["n"] == 2  # repaired: read from the cache again
 
@@ -616,24 +618,24 @@ def test_a_cache_written_before_checksums_is_trusted_once_it_loads(fake_conversi
     _, _, source = fake_conversion.load()
     folder = Path(source)
     marker = folder / "companion.json"
-    old_marker = json.dumps({"conversion_version": models._CONVERSION_VERSION})  # before checksums
+    old_marker = json.dumps({"conversion_version": sources._CONVERSION_VERSION})  # before checksums
     marker.write_text(old_marker)
     fake_conversion.load()
     assert fake_conversion.calls["n"] == 1 and "files" in json.loads(marker.read_text())  # upgraded
     marker.write_text(old_marker)
     (folder / "model.safetensors").write_bytes(b"\0" * 64)  # old marker, damaged weights
-    with pytest.warns(models.CorruptCacheWarning, match="(?s)damaged.*does not load"):
+    with pytest.warns(sources.CorruptCacheWarning, match="(?s)damaged.*does not load"):
         fake_conversion.load()
-    assert fake_conversion.calls["n"] == 2 and models._cache_problem(folder) is None
+    assert fake_conversion.calls["n"] == 2 and sources._cache_problem(folder) is None
 
 
 def test_a_damaged_cache_that_cannot_be_removed_says_how_to_fix_it(fake_conversion, monkeypatch):
     models = fake_conversion.models
     _, _, source = fake_conversion.load()
     CACHE_FAULTS["weights truncated"](Path(source))
-    monkeypatch.setattr(models, "_discard_folder", lambda folder: False)
+    monkeypatch.setattr(sources, "_discard_folder", lambda folder: False)
     expected = f"(?s)rm -r {re.escape(source)}.*COMPANION_CACHE"
-    with pytest.warns(models.CorruptCacheWarning, match=expected):
+    with pytest.warns(sources.CorruptCacheWarning, match=expected):
         model, _, source2 = fake_conversion.load()
     assert source2.endswith(".gguf") and fake_conversion.calls["n"] == 2  # the de-quantised model
     assert model.config.num_hidden_layers == 1
@@ -645,6 +647,6 @@ def test_a_conversion_that_does_not_load_raises_with_the_path(fake_conversion, m
     def broken(folder, kind, dtype):
         raise OSError("safetensors: header too large")
 
-    monkeypatch.setattr(models, "_load_folder", broken)
+    monkeypatch.setattr(sources, "_load_folder", broken)
     with pytest.raises(ValueError, match=r"written to .*smollm2-135m-.* is damaged .*rm -r"):
         fake_conversion.load()

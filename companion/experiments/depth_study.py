@@ -1,13 +1,13 @@
 """The depth study: trained Pre-LN, Post-LN and DSLM Post-LN language models from 4 to 64 layers.
 
-One family of byte-level :class:`~companion.stacks.TinyLM` models is trained on the committed
+One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models is trained on the committed
 corpus -- the same width, tokenizer, data order, optimiser, learning rate and warm-up for every
 member -- at every depth of ``depths`` and for every placement of ``placements``:
 
 ``"pre"``   Pre-LN, ``h <- h + F(Norm(h))``;
 ``"post"``  Post-LN, ``h <- Norm(h + F(h))``;
 ``"dslm"``  Post-LN with DSLM scales ``h <- Norm(lam h + beta F(h))``,
-            ``(lam, beta) = dslm_scales(L)`` (:func:`companion.stacks.dslm_scales`).
+            ``(lam, beta) = dslm_scales(L)`` (:func:`companion.stacks.residual.dslm_scales`).
 
 Each trained model is measured (:func:`measure_model`):
 
@@ -27,15 +27,15 @@ Each trained model is measured (:func:`measure_model`):
     quantile of chance; its first and last layer, centre and coverage (fraction of the grid in
     the window), as fractions of depth, get bootstrap intervals over prompts and targets.
 (b) **Stream growth and the framework's laws.**  ``E||h_l||^2 / d`` per layer and its Pre-LN
-    growth slope (:func:`companion.perturbation.fit_norm_growth`); for random directions injected
+    growth slope (:func:`companion.injection.metrics.fit_norm_growth`); for random directions injected
     at ``l0 = L // 4``, the measured projection on ``v`` at every later layer beside the
-    Pre-LN dilution law (:func:`companion.perturbation.dilution_factor`) and the Post-LN product
-    rule (:func:`companion.perturbation.postln_contraction_factors` with the learned gains).
+    Pre-LN dilution law (:func:`companion.injection.metrics.dilution_factor`) and the Post-LN product
+    rule (:func:`companion.injection.metrics.postln_contraction_factors` with the learned gains).
 (c) **Outliers per layer.**  Per channel, ``max |x| / rms`` (rms over all entries of the
     layer), ``|mu| / sigma``; the number of mean-dominated channels (``|mu|/sigma > 3``); and
     Theorem 2's exceedance counts at ``t = 4 rms`` and ``6 rms`` beside the Gaussian expectation
     with each channel's own mean and standard deviation
-    (:func:`companion.extremes.expected_count_gaussian`).
+    (:func:`companion.theory.exceedance.expected_count_gaussian`).
 
 Training curves (loss per step) and the evaluation loss at initialisation and after training
 are stored too.  The CPU-size default config is what the chapter *The depth study* renders;
@@ -51,12 +51,13 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from companion import extremes
-from companion import perturbation as fw
+from companion.theory import exceedance
+from companion.injection import metrics as fw
 from companion._validation import check_int
 from companion.corpus import load_corpus
 from companion.experiments import progress_bar, register
-from companion.stacks import StackConfig, TinyLM, byte_tokenize, dslm_scales, train_tiny_lm
+from companion.stacks.residual import StackConfig, dslm_scales
+from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = [
     "DepthStudy",
@@ -94,7 +95,7 @@ class DepthStudy:
         Subset of :data:`PLACEMENTS`.
     d_model, n_heads : int, default 32, 4
     steps, batch_size, seq_len : int, default 300, 8, 64
-        Training of every member (:func:`companion.stacks.train_tiny_lm`): same data order
+        Training of every member (:func:`companion.stacks.tinylm.train_tiny_lm`): same data order
         (``seed``), AdamW, ``lr`` with ``warmup`` linear warm-up steps then cosine decay.
     lr : float, default 1e-3
     warmup : int, default 150
@@ -102,7 +103,7 @@ class DepthStudy:
         Training and measuring precision (float64: the numbers do not depend on the CPU's
         kernels beyond the last digits).
     dslm_k : float, default 2.0
-        Budget of the DSLM scales (:func:`companion.stacks.dslm_scales`).
+        Budget of the DSLM scales (:func:`companion.stacks.residual.dslm_scales`).
     n_prompts, prompt_len : int, default 16, 16
         Evaluation prompts: windows evenly spaced through the corpus; the injection is at the
         last token.
@@ -203,7 +204,7 @@ GPU_CONFIG = DepthStudy(d_model=128, steps=1000, batch_size=32, seq_len=128, war
 
 # =========================================================================== members
 def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig:
-    """The :class:`~companion.stacks.StackConfig` of one member.
+    """The :class:`~companion.stacks.residual.StackConfig` of one member.
 
     Examples
     --------
@@ -390,7 +391,7 @@ def _outliers(out_stream: torch.Tensor) -> dict:
     for i, k in enumerate(COUNT_THRESHOLDS):
         t = k * rms[:, None]
         observed[:, i] = (np.abs(x) > t[:, None, :]).sum(axis=(1, 2))
-        expected[:, i] = np.sum(extremes.expected_count_gaussian(N, mu, t, np.maximum(sd, 1e-300)), axis=1)
+        expected[:, i] = np.sum(exceedance.expected_count_gaussian(N, mu, t, np.maximum(sd, 1e-300)), axis=1)
     return dict(max_over_rms=maxabs, mean_over_sd=ratio, n_mean_dominated=(ratio > MEAN_DOMINATED).sum(1),
                 count_observed=observed, count_expected=expected, rms=rms)
 

@@ -1,9 +1,9 @@
 """Experiment ``framework_random``: injection windows of random-initialised stacks.
 
 :class:`RandomWindowsConfig` / :func:`run_random_windows`: random-initialised
-:class:`~companion.stacks.ResidualStack` s of one maximal depth, for every placement x block
+:class:`~companion.stacks.residual.ResidualStack` s of one maximal depth, for every placement x block
 type x block-output gain (chapter *The three-effect framework*).  One injection sweep per stack
-(every injection layer, :func:`companion.engine.stack_injection_sweep`) is read at stream index
+(every injection layer, :func:`companion.injection.engine.sweep_stack_injections`) is read at stream index
 ``L`` for each depth ``L`` of ``depths``: the first ``L`` blocks of a stack are the depth-``L``
 stack (the stacks seed every block from ``(seed, layer)``), so one sweep serves every depth.
 The trained counterpart is :mod:`companion.experiments.framework_trained`.
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from companion._validation import check_positive, check_tuple
-from companion.engine import stack_injection_sweep
+from companion.injection.engine import sweep_stack_injections
 from companion.experiments import progress_bar, register
-from companion.perturbation import fit_norm_growth, injection_window, predicted_window
-from companion.stacks import ResidualStack, StackConfig, sharpen_attention
+from companion.injection.metrics import fit_norm_growth, effect_window, predicted_window
+from companion.stacks.residual import ResidualStack, StackConfig, sharpen_attention
 
 __all__ = [
     "BLOCK_TYPES",
@@ -46,9 +46,9 @@ __all__ = [
 
 #: Block types of the random-stack experiments: ReLU MLP, attention as initialised by the
 #: stacks (W_Q = 0: uniform over the causal prefix), and attention whose logits spread by
-#: ``sharp_logit_std`` (:func:`companion.stacks.sharpen_attention`): the chaotic case.
+#: ``sharp_logit_std`` (:func:`companion.stacks.residual.sharpen_attention`): the chaotic case.
 BLOCK_TYPES = ("mlp", "attention", "sharp_attention")
-#: Output effects of the random-stack windows (see :meth:`companion.engine.SweepResult.effect_at`).
+#: Output effects of the random-stack windows (see :meth:`companion.injection.engine.SweepResult.effect_at`).
 WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
 
 
@@ -151,7 +151,7 @@ def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers
 
     Returns
     -------
-    companion.stacks.ResidualStack (in ``eval()`` mode)
+    companion.stacks.residual.ResidualStack (in ``eval()`` mode)
 
     Raises
     ------
@@ -198,7 +198,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
         ``"window_<kind>"`` ``[P, K, G, D, 4]``
             ``best / L``, ``first / L``, ``last / L`` and the window's size / ``L``.
         ``"growth_c"`` ``[P, K, G]``
-            :func:`companion.perturbation.fit_norm_growth` of the baseline stream.
+            :func:`companion.injection.metrics.fit_norm_growth` of the baseline stream.
         ``"postln_factor"`` ``[P, K, G]``
             Geometric mean over layers and positions of the skip-path factor (Post-LN
             :math:`\\prod_s \\lambda/s`, Pre-LN :math:`\\lambda^S`).
@@ -210,9 +210,9 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
 
     Notes
     -----
-    The readable projection is :meth:`companion.engine.SweepResult.effect_at` with
+    The readable projection is :meth:`companion.injection.engine.SweepResult.effect_at` with
     ``"relative_projection"``; the predicted windows are
-    :func:`companion.perturbation.predicted_window` of ``growth_c`` and ``postln_factor``.
+    :func:`companion.injection.metrics.predicted_window` of ``growth_c`` and ``postln_factor``.
 
     Examples
     --------
@@ -237,7 +237,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
             for gi, gain in enumerate(config.gains):
                 stack = random_stack(placement, block, gain, config.d_model, M, config.seed,
                                      config.sharp_logit_std).to(device)
-                sw = stack_injection_sweep(stack, x, scale=config.scale, seed=config.seed)
+                sw = sweep_stack_injections(stack, x, scale=config.scale, seed=config.seed)
                 out["growth_c"][p, k, gi] = fit_norm_growth(sw.base_sq_norm)
                 ratio = sw.predicted_projection[0, 1:] / sw.predicted_projection[0, :-1]
                 out["postln_factor"][p, k, gi] = float(np.exp(np.mean(np.log(ratio))))
@@ -245,7 +245,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
                     for kind in WINDOW_KINDS_RANDOM:
                         layers, eff = sw.effect_at(depth, kind)
                         out[f"effect_{kind}"][p, k, gi, di, layers] = eff
-                        out[f"window_{kind}"][p, k, gi, di] = injection_window(
+                        out[f"window_{kind}"][p, k, gi, di] = effect_window(
                             eff, layers=layers, n_layers=depth, threshold=config.threshold).fractions
                 if progress is not None:
                     progress()
@@ -265,7 +265,7 @@ def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.nd
     Returns
     -------
     numpy.ndarray, shape ``[P, K, G, D]``
-        ``first / L`` of :func:`companion.perturbation.predicted_window`: Post-LN from
+        ``first / L`` of :func:`companion.injection.metrics.predicted_window`: Post-LN from
         ``postln_factor``, Pre-LN from ``growth_c``; compare with ``window_<kind>[..., 1]``.
 
     Raises

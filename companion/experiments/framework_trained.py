@@ -1,8 +1,8 @@
 """Experiment ``framework_trained``: injection windows of small trained language models.
 
-:class:`TrainedWindowsConfig` / :func:`run_trained_windows`: :class:`~companion.stacks.TinyLM` s
+:class:`TrainedWindowsConfig` / :func:`run_trained_windows`: :class:`~companion.stacks.tinylm.TinyLM` s
 of several widths and depths, trained on the committed corpus (:func:`train_models`), then swept
-(:func:`sweep_trained`, through :func:`companion.engine.stack_injection_sweep`): next-byte KL
+(:func:`sweep_trained`, through :func:`companion.injection.engine.sweep_stack_injections`): next-byte KL
 divergence at the injected and at later positions, the projection readable at the output, and
 the windows; the same architectures at initialisation are swept for comparison (chapter *The
 three-effect framework*).  The random-stack counterpart is
@@ -44,10 +44,11 @@ import torch
 
 from companion._validation import check_positive, check_tuple
 from companion.corpus import load_corpus
-from companion.engine import stack_injection_sweep
+from companion.injection.engine import sweep_stack_injections
 from companion.experiments import progress_bar, register, stored_root, stored_target
-from companion.perturbation import injection_window
-from companion.stacks import StackConfig, TinyLM, byte_tokenize, train_tiny_lm
+from companion.injection.metrics import effect_window
+from companion.stacks.residual import StackConfig
+from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = [
     "WINDOW_KINDS_TRAINED",
@@ -110,7 +111,7 @@ def training_hash(config: "TrainedWindowsConfig") -> str:
 @register("framework_trained", schema=1)
 @dataclass(frozen=True)
 class TrainedWindowsConfig:
-    """Small language models (:class:`~companion.stacks.TinyLM`) trained, then swept.
+    """Small language models (:class:`~companion.stacks.tinylm.TinyLM`) trained, then swept.
 
     Parameters
     ----------
@@ -120,7 +121,7 @@ class TrainedWindowsConfig:
     placements : tuple of str, default ("pre", "post")
     n_heads : int, default 4
     steps, batch_size, seq_len : int, default 300, 16, 64
-        Training (see :func:`companion.stacks.train_tiny_lm`).
+        Training (see :func:`companion.stacks.tinylm.train_tiny_lm`).
     lr : float, default 3e-3
     warmup : int, default 150
         Linear warm-up steps (Post-LN at depth 8 does not train with a short warm-up).
@@ -209,7 +210,7 @@ class TrainedWindowsConfig:
 
 
 def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, depth: int) -> StackConfig:
-    """The :class:`~companion.stacks.StackConfig` of one model of ``config``.
+    """The :class:`~companion.stacks.residual.StackConfig` of one model of ``config``.
 
     Parameters
     ----------
@@ -219,7 +220,7 @@ def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, dep
 
     Returns
     -------
-    companion.stacks.StackConfig
+    companion.stacks.residual.StackConfig
         Attention and MLP in every block, byte vocabulary (256), ``max_len = seq_len``.
 
     Raises
@@ -268,7 +269,7 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
 
     Notes
     -----
-    Each model is trained by :func:`companion.stacks.train_tiny_lm` on
+    Each model is trained by :func:`companion.stacks.tinylm.train_tiny_lm` on
     :func:`companion.corpus.load_corpus` (AdamW, warm-up then cosine decay); deterministic on a
     CPU for a fixed number of threads.
 
@@ -366,8 +367,8 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
 
     Notes
     -----
-    One :func:`companion.engine.stack_injection_sweep` per model and direction; the
-    windows are :func:`companion.perturbation.injection_window` of the averaged effects.
+    One :func:`companion.injection.engine.sweep_stack_injections` per model and direction; the
+    windows are :func:`companion.injection.metrics.effect_window` of the averaged effects.
 
     Examples
     --------
@@ -395,14 +396,14 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
         model = (value[0] if isinstance(value, tuple) else value).to(device).eval()
         effects = {k: np.zeros(depth) for k in WINDOW_KINDS_TRAINED}
         for j in range(config.n_directions):
-            sw = stack_injection_sweep(model, ids, scale=config.scale, positions=span,
+            sw = sweep_stack_injections(model, ids, scale=config.scale, positions=span,
                                           seed=config.seed + j)
             effects["kl_later"] += sw.effect("kl", "later") / config.n_directions
             effects["kl_injected"] += sw.effect("kl", "injected") / config.n_directions
             effects["relative_projection"] += sw.effect("output_projection", "injected") / config.n_directions
         for kind, eff in effects.items():
             out[f"effect_{kind}"][idx][:depth] = eff
-            out[f"window_{kind}"][idx] = injection_window(
+            out[f"window_{kind}"][idx] = effect_window(
                 eff, n_layers=depth, threshold=config.threshold).fractions
         with torch.no_grad():
             logits, _ = model(ids[:, :-1])

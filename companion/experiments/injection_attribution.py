@@ -1,8 +1,8 @@
 """The ``injection_attribution`` experiment: an injected projection, sublayer by sublayer.
 
-For corpus prompts (:func:`companion.directions.make_prompts`, first sentence injected), concept
-directions (:data:`companion.directions.CONCEPTS`, read at the injection layer) and seeded
-random directions, runs :func:`companion.attribution.attribute_injection` at every layer of
+For corpus prompts (:func:`companion.injection.directions.make_prompts`, first sentence injected), concept
+directions (:data:`companion.injection.directions.CONCEPTS`, read at the injection layer) and seeded
+random directions, runs :func:`companion.injection.attribution.attribute_injection` at every layer of
 ``layers`` at a relative size ``alpha`` -- and, with ``half_check``, again at ``alpha / 2`` to
 show that the response is linear -- and stores the per-stage projections::
 
@@ -10,7 +10,7 @@ show that the response is linear -- and stores the per-stage projections::
         --device cpu --out companion/data/results
 
 :data:`CONFIGS` holds the two configurations the chapter *Injection in real Transformers*
-reads; :func:`attributions_of` turns a Result back into :class:`~companion.attribution.Attribution`
+reads; :func:`attributions_of` turns a Result back into :class:`~companion.injection.attribution.Attribution`
 objects, :func:`half_streams_of` the projections of the run at ``alpha / 2``.
 """
 
@@ -39,7 +39,7 @@ class InjectionAttributionExperiment:
     layers : tuple of int
         Injection layers (each in ``[0, L - 1]``); empty = every one.
     concepts : tuple of str
-        Keys of :data:`companion.directions.CONCEPTS`.
+        Keys of :data:`companion.injection.directions.CONCEPTS`.
     n_random : int
         Random directions (seeded with ``seed``), after the concepts.
     n_prompts, min_words, max_words, max_length : int
@@ -76,9 +76,9 @@ class InjectionAttributionExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
-        from companion import attribution as at
-        from companion import directions as dr
-        from companion import models
+        from companion.injection import attribution as at
+        from companion.injection import directions as dr
+        from companion.transformers import models
         from companion.corpus import corpus_sentences
 
         n_prompts = check_int(self.n_prompts, "n_prompts", 1)
@@ -141,7 +141,7 @@ def attributions_of(result) -> dict:
     ValueError
         If an array is missing.
     """
-    from companion.attribution import STAGES, Attribution
+    from companion.injection.attribution import STAGES, Attribution
 
     a, s = check_result(result, "injection_attribution").arrays, result.scalars
     out = {}

@@ -7,26 +7,26 @@ split and 8 subspace nulls); :data:`CONFIGS` adds MiniLM-L6 (an encoder, every l
 What one run does
 -----------------
 1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
-   (:func:`companion.directions.make_prompts`); the first sentence is injected.
+   (:func:`companion.injection.directions.make_prompts`); the first sentence is injected.
 2. Per layer, over the injected positions: the typical norm :math:`n_\\ell`
-   (:func:`~companion.directions.typical_norms`), the centred spread :math:`s_\\ell`
-   (:func:`~companion.directions.typical_spreads`) and the mean state :math:`\\mu_\\ell`.
+   (:func:`~companion.injection.directions.typical_norms`), the centred spread :math:`s_\\ell`
+   (:func:`~companion.injection.directions.typical_spreads`) and the mean state :math:`\\mu_\\ell`.
 3. Directions, in four *groups*: ``concept`` (one concept vector per name in ``concepts``, read
    at every layer), ``random`` (``n_random`` directions uniform on the sphere), ``split``
    (``n_split`` differences of means between random halves of a concept's word pool,
-   :func:`~companion.directions.split_null_vectors`, the pools taken in turn) and ``subspace``
+   :func:`~companion.injection.directions.split_null_vectors`, the pools taken in turn) and ``subspace``
    (``n_subspace`` random directions inside the top-``subspace_k`` principal subspace of the
-   centred stream, :func:`~companion.directions.subspace_random_vectors`).
+   centred stream, :func:`~companion.injection.directions.subspace_random_vectors`).
 4. Every direction is injected at every layer of ``layers`` with the vector
    :math:`\\alpha\\, s_\\ell\\, \\hat v_\\ell` -- magnitudes in units of the centred spread --
    for every :math:`\\alpha` in ``scales`` (concept and random groups) or ``null_scale`` (split
-   and subspace groups), through one :func:`companion.engine.injection_sweep` per direction
+   and subspace groups), through one :func:`companion.injection.engine.sweep_injections` per direction
    whose ``measure`` works only at the last layer (:func:`readout_sweep`).
 5. Measured per run and prompt: the output *effect* (causal LM: next-token KL at the last
    token; encoder: :math:`1-\\cos` of the mean-pooled sentence embedding) and, for each
    concept ``k``, the *readout* of that concept at the output: causal LM, the change of
    :math:`\\log P(\\text{concept } k) = \\operatorname{logsumexp}_{w} \\log p(w)` over
-   :func:`~companion.directions.concept_token_ids`, at the last token and averaged over the
+   :func:`~companion.injection.directions.concept_token_ids`, at the last token and averaged over the
    later (never injected) positions; encoder, the change of
    :math:`\\cos(e, \\bar e_k)` with :math:`\\bar e_k` the mean embedding of concept ``k``'s
    positive texts.
@@ -92,7 +92,7 @@ class InjectionSuccessExperiment:
     Attributes
     ----------
     model : str
-        A name for :func:`companion.models.load`.
+        A name for :func:`companion.transformers.models.load`.
     n_prompts : int
         Number of two-sentence prompts.
     min_words, max_words, max_length : int
@@ -100,7 +100,7 @@ class InjectionSuccessExperiment:
     layers : tuple of int
         Injection layers (stream indices); empty = every layer ``0 .. L``.
     concepts : tuple of str
-        Word concepts of :data:`companion.directions.CONCEPTS` (at least one).
+        Word concepts of :data:`companion.injection.directions.CONCEPTS` (at least one).
     scales : tuple of float
         Magnitudes :math:`\\alpha` in units of the centred spread :math:`s_\\ell` (concept and
         random groups), increasing.
@@ -114,7 +114,7 @@ class InjectionSuccessExperiment:
         Seed of every random choice (directions, splits).
     dtype : str
     max_batch_tokens : int
-        Memory bound of :func:`companion.engine.injection_sweep`.
+        Memory bound of :func:`companion.injection.engine.sweep_injections`.
     """
 
     model: str = "smollm2-135m"
@@ -158,7 +158,7 @@ class InjectionSuccessExperiment:
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
-        from companion import directions as dr
+        from companion.injection import directions as dr
 
         m, layers, prompts, base = model_and_prompts(self, device)
         L, d = m.n_layers, m.d_model
@@ -249,27 +249,28 @@ def concept_targets(m, concepts, max_length: int | None = None) -> dict:
     ----------
     m : LoadedModel
     concepts : sequence of str
-        Word concepts of :data:`companion.directions.CONCEPTS`.
+        Word concepts of :data:`companion.injection.directions.CONCEPTS`.
     max_length : int or None
 
     Returns
     -------
     dict
         Causal LM: ``{"kind": "tokens", "ids": [array of token ids per concept]}``
-        (:func:`companion.directions.concept_token_ids`).  Encoder: ``{"kind": "embedding",
+        (:func:`companion.injection.directions.concept_token_ids`).  Encoder: ``{"kind": "embedding",
         "centres": [C, d] array}``, the mean over each concept's positive texts of the
         mean-pooled final state (the sentence embedding up to normalisation).
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`companion.directions.concept_token_ids` and
-        :func:`companion.probes.residual_stream`.
+        As :func:`companion.injection.directions.concept_token_ids` and
+        :func:`companion.transformers.stream.residual_stream`.
     """
     import torch
 
-    from companion import directions as dr
-    from companion import models, probes
+    from companion.injection import directions as dr
+    from companion.transformers import models
+    from companion.transformers import stream
 
     models.check_model(m)
     if isinstance(concepts, str) or not concepts:
@@ -282,7 +283,7 @@ def concept_targets(m, concepts, max_length: int | None = None) -> dict:
             raise ValueError(f"unknown concept {c!r}; choose from {sorted(dr.CONCEPTS)}")
         texts = dr.CONCEPTS[c].texts()[0]
         enc = models.tokenize(m, texts, max_length)
-        h = probes.residual_stream(m, enc)[-1].to("cpu", torch.float64)
+        h = stream.residual_stream(m, enc)[-1].to("cpu", torch.float64)
         w = enc["attention_mask"].to("cpu", torch.float64)
         e = (h * w[..., None]).sum(1) / w.sum(1)[:, None]
         centres.append(e.mean(0).numpy())
@@ -296,7 +297,7 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
     Parameters
     ----------
     m : LoadedModel
-    prompts : companion.directions.InjectionPrompts
+    prompts : companion.injection.directions.InjectionPrompts
     layers : sequence of int
         Injection layers, strictly increasing.
     directions : array_like, shape ``[n_inj, d]``
@@ -328,7 +329,7 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
 
     Notes
     -----
-    One :func:`companion.engine.injection_sweep` with a four-argument ``measure`` that returns
+    One :func:`companion.injection.engine.sweep_injections` with a four-argument ``measure`` that returns
     zeros below the last layer and computes the readouts only at :math:`h_L`, run by run (the
     logits of every later position of one run at a time), so memory stays
     O(later positions x vocabulary).
@@ -341,13 +342,14 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
     """
     import torch
 
-    from companion import models
     from companion._validation import real_array
-    from companion.directions import InjectionPrompts
-    from companion.engine import injection_sweep
-    from companion.perturbation import next_token_kl
+    from companion.injection.directions import InjectionPrompts
+    from companion.injection.engine import sweep_injections
+    from companion.injection.metrics import next_token_kl
+    from companion.transformers.models import check_model
+    from companion.transformers.readout import logits_from_residual
 
-    models.check_model(m)
+    check_model(m)
     if not isinstance(prompts, InjectionPrompts):
         raise TypeError(f"prompts must come from make_prompts, got {type(prompts).__name__}")
     L, d = m.n_layers, m.d_model
@@ -382,7 +384,7 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
         is_last = prompts.last[later]                              # [n_rows] bool
 
         def logp(h_rows):                                          # [n, d] -> [n, V] float64
-            z = models.logits_from_residual(m, h_rows.to(torch.float32)).double()
+            z = logits_from_residual(m, h_rows.to(torch.float32)).double()
             return torch.log_softmax(z, -1)
 
         def concept_lse(lp):                                       # [n, V] -> [n, C]
@@ -430,7 +432,7 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
         return res
 
     vecs = torch.from_numpy(u[lay][:, None] * dirs)
-    sw = injection_sweep(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
+    sw = sweep_injections(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
                          measure=measure, max_batch_tokens=max_batch_tokens)
     got = sw.injected[:, :, L].to(torch.float64).numpy()         # [n_inj, S, B, width]
     effect = got[..., 0]
@@ -522,7 +524,7 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     False
     """
     from companion._validation import as_float64, check_int, check_real
-    from companion.resampling import bootstrap_interval
+    from companion.theory.bootstrap import bootstrap_interval
 
     x = as_float64(concept_values, "concept_values")
     y = as_float64(null_values, "null_values")

@@ -1,8 +1,8 @@
 """The ``injection_sweep`` experiment: inject ``c v`` at every layer of a real model.
 
-Reads English text from :mod:`companion.corpus` and runs :func:`companion.engine.injection_sweep`
-on any model :func:`companion.models.load` knows, measuring every layer with the metric
-vocabulary of :mod:`companion.perturbation`.  The defaults are the small CPU configuration
+Reads English text from :mod:`companion.corpus` and runs :func:`companion.injection.engine.sweep_injections`
+on any model :func:`companion.transformers.models.load` knows, measuring every layer with the metric
+vocabulary of :mod:`companion.injection.metrics`.  The defaults are the small CPU configuration
 used in the chapters; the CLI runs larger ones, e.g.::
 
     python -m companion run injection_sweep --model EleutherAI/pythia-1.4b --set n_texts=64
@@ -26,14 +26,15 @@ TOKEN_GROUPS = ("injected", "last")
 
 def _median_norms(m, texts, batch_size, max_length) -> torch.Tensor:
     """Median over tokens (first token of each text excluded) of ``‖h_l‖``, per layer ``l``."""
-    from companion import models, probes
+    from companion.transformers import models
+    from companion.transformers import stream
 
     norms = []
     for start in range(0, len(texts), batch_size):
         enc = models.encode(m, texts[start:start + batch_size], max_length)
         keep = enc["attention_mask"].bool().clone()
         keep[:, 0] = False
-        norms.append(probes.residual_stream(m, enc)[:, keep].float().norm(dim=-1).cpu())
+        norms.append(stream.residual_stream(m, enc)[:, keep].float().norm(dim=-1).cpu())
     return torch.cat(norms, dim=1).median(dim=1).values
 
 
@@ -80,15 +81,15 @@ class InjectionSweepExperiment:
     Result arrays, with ``n_l = len(layers)``, ``n_s = len(scales)``, ``G = 2`` token groups
     (:data:`TOKEN_GROUPS`: mean over the injected tokens; the last token) and ``n`` texts:
 
-    * one array per name of :data:`companion.perturbation.METRIC_NAMES` (``projection``,
+    * one array per name of :data:`companion.injection.metrics.METRIC_NAMES` (``projection``,
       ``cos_delta_v``, ``delta_norm``, ``relative_size``, ``cos_inj_base``, ``norm_ratio``;
-      definitions in :func:`companion.perturbation.perturbation_metrics`), each
+      definitions in :func:`companion.injection.metrics.perturbation_metrics`), each
       ``[n_l, n_s, L+1, G, n]`` float32; the mean over the injected tokens ignores undefined
       (NaN) values.  For layers before the injection layer the runs coincide (``delta = 0``).
     * ``magnitude`` ``[n_l, n_s]`` -- the injected norm ``c``; ``projection / c`` is 1 at injection.
     * ``median_norm`` ``[L+1]``; ``layers``; ``scales``.
     * causal LMs only: ``kl_last`` ``[n_l, n_s, n]`` --
-      :func:`companion.perturbation.next_token_kl` at the last token (nats), and
+      :func:`companion.injection.metrics.next_token_kl` at the last token (nats), and
       ``top1_changed`` (0/1) the same shape.
 
     Schema 2 (this version) names the metrics as above; schema 1 called four of them ``proj``,
@@ -109,10 +110,10 @@ class InjectionSweepExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
-        from companion import models
         from companion.corpus import corpus_sentences
-        from companion.engine import injection_sweep
-        from companion.perturbation import METRIC_NAMES, next_token_kl, perturbation_metrics
+        from companion.transformers import models, readout
+        from companion.injection.engine import sweep_injections
+        from companion.injection.metrics import METRIC_NAMES, next_token_kl, perturbation_metrics
 
         check_int(self.n_texts, "n_texts", 1)
         check_int(self.batch_size, "batch_size", 1)
@@ -166,15 +167,15 @@ class InjectionSweepExperiment:
                     finals["ids"].append(conditions.clone())
                 return torch.from_numpy(np.stack([mean_inj, at_last], axis=2))  # [K, metrics, G, B]
 
-            sw = injection_sweep(m, enc, layers, vectors, scale=list(self.scales), positions=sel,
+            sw = sweep_injections(m, enc, layers, vectors, scale=list(self.scales), positions=sel,
                                  measure=measure)
             got = sw.injected.cpu().numpy()  # [n_l, n_s, L+1, metrics, G, B]
             batch_slice = slice(start, start + sel.shape[0])
             for k, name in enumerate(METRIC_NAMES):
                 out[name][..., batch_slice] = got[:, :, :, k]
             if m.kind == "causal-lm":
-                logits_base = models.logits_from_residual(m, sw.baseline[L][rows, last])   # [B, V]
-                logits_inj = models.logits_from_residual(m, torch.cat(finals["h"]))        # [K, B, V]
+                logits_base = readout.logits_from_residual(m, sw.baseline[L][rows, last])   # [B, V]
+                logits_inj = readout.logits_from_residual(m, torch.cat(finals["h"]))        # [K, B, V]
                 div = next_token_kl(logits_base.expand_as(logits_inj), logits_inj)         # [K, B]
                 flip = (logits_base.argmax(-1) != logits_inj.argmax(-1)).cpu().numpy()
                 for k, (j, s) in enumerate(torch.cat(finals["ids"]).tolist()):

@@ -9,26 +9,26 @@ with network access to the Hugging Face hub::
     python -m companion run injection_window --model gpt2-xl --set n_prompts=32 ... \\
         --device cuda --out companion/data/results
 
-(from a clone of the repository; :func:`cli_command` prints the exact command of each stored config, and :func:`run_suite` runs
-a list of configs, skipping those already stored.)  The chapter renders every stored GPU Result
+(from a clone of the repository; :func:`cli_command` prints the exact command of each stored config, and
+``python -m companion run-suite injection-gpu`` runs them all, skipping those already stored.)  The chapter renders every stored GPU Result
 it finds (:func:`gpu_results`), labelled with the hardware and versions it ran on.
 
 What one run does
 -----------------
 1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
-   (:func:`companion.directions.make_prompts`): the first sentence is injected, the second is
+   (:func:`companion.injection.directions.make_prompts`): the first sentence is injected, the second is
    never injected and ends with the last token.
 2. The typical residual norm ``n_l`` (median over the injected positions) is measured per layer.
-3. Directions: one concept vector per name in ``concepts`` (:data:`companion.directions.CONCEPTS`,
+3. Directions: one concept vector per name in ``concepts`` (:data:`companion.injection.directions.CONCEPTS`,
    read at every layer) and ``n_random`` random unit vectors.
-4. For every direction, :func:`companion.engine.track_injection` at the injection layers
+4. For every direction, :func:`companion.injection.engine.track_injection` at the injection layers
    ``layers`` with relative magnitudes ``rel_scales`` (the added vector is ``alpha * n_l * v``)
    and, if ``abs_scales`` is not empty, with absolute magnitudes ``c = beta * n_ref`` equal at
    every layer (``n_ref`` the typical norm at ``abs_reference_fraction`` of the depth, the way a
    fixed coefficient is used in the literature).
 
 Result arrays (``D`` directions, ``n_inj`` layers, ``S`` magnitudes, ``B`` prompts, 3 position
-groups, 6 metrics in the order of :data:`companion.perturbation.METRIC_NAMES`):
+groups, 6 metrics in the order of :data:`companion.injection.metrics.METRIC_NAMES`):
 ``<direction>_<rel|abs>_metrics`` ``[n_inj, S, L+1, B, 3, 6]`` (float32),
 ``<direction>_<rel|abs>_effect`` ``[n_inj, S, B]``, ``<direction>_<rel|abs>_coefficient``
 ``[n_inj, S]``, ``layers``, ``typical_norm`` ``[L+1]``, ``concept_norm`` ``[len(concepts), L+1]``
@@ -52,8 +52,6 @@ from companion.experiments import (
     config_hash,
     make_config,
     register,
-    run_cached,
-    stored_target,
 )
 
 __all__ = [
@@ -65,7 +63,6 @@ __all__ = [
     "mean_window",
     "gpu_results",
     "cli_command",
-    "run_suite",
     "HAHAMI_LAST_TOKEN",
     "check_fields",
     "model_and_prompts",
@@ -78,10 +75,10 @@ def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
 
     ValueError unless every field named in ``minimum`` (and ``min_words``, ``max_words``,
     ``max_length``, ``max_batch_tokens``) is at least its value, ``max_words >= min_words``,
-    ``concepts`` are distinct names of :data:`companion.directions.CONCEPTS` (word concepts if
+    ``concepts`` are distinct names of :data:`companion.injection.directions.CONCEPTS` (word concepts if
     ``word_concepts``) and ``layers`` is a valid layer list.
     """
-    from companion.directions import CONCEPTS
+    from companion.injection.directions import CONCEPTS
 
     for key, lo in {"min_words": 1, "max_words": 1, "max_length": 1, "max_batch_tokens": 1,
                     **minimum}.items():
@@ -101,11 +98,12 @@ def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
 
 def model_and_prompts(config, device) -> tuple:
     """What both injection experiments start from: ``config`` validated, its model loaded, its
-    prompts built (:func:`companion.directions.make_prompts` from ``2 * n_prompts`` corpus
+    prompts built (:func:`companion.injection.directions.make_prompts` from ``2 * n_prompts`` corpus
     sentences): ``(model, layers, prompts, base)``, ``layers`` the injection layers (all if
     ``config.layers`` is empty) and ``base`` the baseline residual stream ``[L+1, B, T, d]``."""
-    from companion import directions as dr
-    from companion import models, probes
+    from companion.injection import directions as dr
+    from companion.transformers import models
+    from companion.transformers import stream
     from companion.corpus import corpus_sentences
 
     config.validate()
@@ -116,7 +114,7 @@ def model_and_prompts(config, device) -> tuple:
         raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
     sentences = corpus_sentences(2 * config.n_prompts, config.min_words, config.max_words)
     prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=config.max_length)
-    return m, layers, prompts, probes.residual_stream(m, prompts.encoding)
+    return m, layers, prompts, stream.residual_stream(m, prompts.encoding)
 
 
 @register("injection_window", schema=1)
@@ -127,7 +125,7 @@ class InjectionWindowExperiment:
     Attributes
     ----------
     model : str
-        A name for :func:`companion.models.load` (offline name or hub id).
+        A name for :func:`companion.transformers.models.load` (offline name or hub id).
     n_prompts : int
         Number of two-sentence prompts (``2 * n_prompts`` consecutive corpus sentences).
     min_words, max_words : int
@@ -143,7 +141,7 @@ class InjectionWindowExperiment:
     abs_reference_fraction : float
         ``n_ref`` is the typical norm at layer ``round(fraction * L)``.
     concepts : tuple of str
-        Names in :data:`companion.directions.CONCEPTS`.
+        Names in :data:`companion.injection.directions.CONCEPTS`.
     n_random : int
         Number of random unit directions (>= 0; at least one direction overall).
     seed : int
@@ -152,7 +150,7 @@ class InjectionWindowExperiment:
         Weights' type (``"float32"``; half precision would add noise at the level of small
         perturbations, so it is not recommended here).
     max_batch_tokens : int
-        Memory bound of the sweep (:func:`companion.engine.injection_sweep`).
+        Memory bound of the sweep (:func:`companion.injection.engine.sweep_injections`).
     """
 
     model: str = "smollm2-135m"
@@ -193,9 +191,9 @@ class InjectionWindowExperiment:
 
     def compute(self, device, progress):
         """Run the experiment (see the module docstring); returns the Result's arrays and scalars."""
-        from companion import directions as dr
-        from companion.engine import track_injection
-        from companion.perturbation import METRIC_NAMES
+        from companion.injection import directions as dr
+        from companion.injection.engine import track_injection
+        from companion.injection.metrics import METRIC_NAMES
 
         m, layers, prompts, base = model_and_prompts(self, device)
         L = m.n_layers
@@ -290,7 +288,7 @@ def _gpu(model: str) -> InjectionWindowExperiment:
 
 
 #: The GPU-scale runs: every layer, 32 prompts, two concepts and two random directions, for hub
-#: models of several depths.  Run them with :func:`run_suite` (or :func:`cli_command`) on a CUDA
+#: models of several depths.  Run them with ``python -m companion run-suite injection-gpu`` (or :func:`cli_command`) on a CUDA
 #: machine that can reach the Hugging Face hub; commit ``companion/data/results/injection_window/``.
 GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
     name: _gpu(name)
@@ -329,7 +327,7 @@ def _mode_scale_index(result, mode: str, scale) -> int:
 
 
 def tracks(result) -> dict:
-    """The :func:`~companion.engine.track_injection` results stored in a Result.
+    """The :func:`~companion.injection.engine.track_injection` results stored in a Result.
 
     Parameters
     ----------
@@ -338,7 +336,7 @@ def tracks(result) -> dict:
 
     Returns
     -------
-    dict of (str, str) to companion.engine.SweepResult
+    dict of (str, str) to companion.injection.engine.SweepResult
         Keyed by ``(direction, mode)``, e.g. ``("sea", "rel")`` or ``("random0", "abs")``.
 
     Raises
@@ -353,9 +351,9 @@ def tracks(result) -> dict:
     >>> tr = tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")]   # doctest: +SKIP
     >>> tr.window(scale_index=1).best_fraction                             # doctest: +SKIP
     """
-    from companion.directions import GROUPS
-    from companion.engine import SweepResult
-    from companion.perturbation import METRIC_NAMES
+    from companion.injection.directions import GROUPS
+    from companion.injection.engine import SweepResult
+    from companion.injection.metrics import METRIC_NAMES
 
     check_result(result, "injection_window")
     a, sc = result.arrays, result.scalars
@@ -392,11 +390,11 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
         The relative magnitude ``alpha`` (``mode="rel"``) or the multiple ``beta`` of ``n_ref``
         (``mode="abs"``) whose effects define the window; must be one of the config's.
     threshold : float, default 0.5
-        Relative threshold :math:`\tau` of :func:`companion.perturbation.injection_window`
+        Relative threshold :math:`\tau` of :func:`companion.injection.metrics.effect_window`
         (contiguous run around the best layer).
     mode : {"rel", "abs"}
     contiguous : bool, default True
-        Passed to :func:`companion.perturbation.injection_window`: the run of consecutive tested
+        Passed to :func:`companion.injection.metrics.effect_window`: the run of consecutive tested
         layers around the best one, or (``False``) every layer that reaches the threshold.
 
     Returns
@@ -450,8 +448,8 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
 
     Returns
     -------
-    companion.perturbation.Window
-        :func:`companion.perturbation.injection_window` (contiguous, relative threshold) of
+    companion.injection.metrics.Window
+        :func:`companion.injection.metrics.effect_window` (contiguous, relative threshold) of
         :math:`\bar E(\ell)`, the mean over directions of the prompt-averaged effect.
 
     Raises
@@ -469,10 +467,10 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
     >>> mean_window(run_cached(CPU_CONFIGS["minilm-l6"])).best_fraction   # doctest: +SKIP
     """
     k = _mode_scale_index(result, mode, scale)
-    from companion.perturbation import injection_window
+    from companion.injection.metrics import effect_window
 
     effects = [tr.effect()[:, k] for (d, m_), tr in tracks(result).items() if m_ == mode]
-    return injection_window(np.mean(effects, axis=0), layers=np.asarray(result.arrays["layers"]),
+    return effect_window(np.mean(effects, axis=0), layers=np.asarray(result.arrays["layers"]),
                             n_layers=int(result.scalars["n_layers"]), threshold=threshold)
 
 
@@ -548,46 +546,3 @@ def cli_command(config, device: str = "cuda", out: str = "companion/data/results
     return " ".join(parts)
 
 
-def run_suite(configs: dict | None = None, device=None, out=None, progress: bool = False) -> dict:
-    """Run several configs (default :data:`GPU_CONFIGS`), reusing valid stored Results.
-
-    Parameters
-    ----------
-    configs : dict of str to InjectionWindowExperiment, optional
-    device : str or None
-        Default: CUDA if available.
-    out : path or None
-        Where to store.  Default: in a clone (or with ``$COMPANION_RESULTS``),
-        :func:`companion.experiments.stored_root`, the folder the chapter reads; for an
-        installed package, :func:`companion.experiments.cache_root` (never site-packages).
-    progress : bool, default False
-        tqdm bars (the command line, `python -m companion run-suite injection-gpu`, turns them on).
-
-    Returns
-    -------
-    dict of str to Result
-
-    Raises
-    ------
-    TypeError
-        If ``configs`` is not a dict of injection_window configs.
-
-    Notes
-    -----
-    Models that cannot be loaded (no network, a gated repository without a token) are reported
-    and skipped; the others still run.  Runs are independent, so the list can be split across
-    machines (a job array) and the Result files copied together afterwards.
-    """
-    import sys
-
-    configs = GPU_CONFIGS if configs is None else configs
-    if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
-        raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
-    folder = out if out is not None else stored_target()
-    done = {}
-    for key, cfg in configs.items():
-        try:
-            done[key] = run_cached(cfg, device=device, results_dir=folder, progress=progress)
-        except ValueError as exc:  # e.g. the model cannot be fetched
-            print(f"skipped {key}: {exc}", file=sys.stderr)
-    return done

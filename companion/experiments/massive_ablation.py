@@ -1,11 +1,11 @@
 """The ``massive_ablation`` experiment: Sun et al.'s zero-versus-mean ablation of a massive activation.
 
 For corpus sentences, reads one channel at the first token at every layer
-(:func:`companion.massive_activations.first_token_profile`), then runs the model three times --
+(:func:`companion.outliers.massive_activations.first_token_profile`), then runs the model three times --
 untouched, with :math:`h_\\ell[0, j] = 0`, and with :math:`h_\\ell[0, j]` set to its mean over a
 disjoint calibration set of sentences -- and stores the per-prompt next-token loss and the
 per-prompt, per-block attention weight on the first token
-(:func:`companion.massive_activations.ablate_activation`)::
+(:func:`companion.outliers.massive_activations.ablate_activation`)::
 
     python -m companion run massive_ablation --model smollm2-135m --out companion/data/results
 """
@@ -32,7 +32,7 @@ class MassiveAblationExperiment:
     Attributes
     ----------
     model : str
-        A causal model for :func:`companion.models.load`.
+        A causal model for :func:`companion.transformers.models.load`.
     channel : int
         The massive channel (507 in SmolLM2-135M).
     layer : int
@@ -64,8 +64,8 @@ class MassiveAblationExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
-        from companion import massive_activations as ma
-        from companion import models
+        from companion.outliers import massive_activations as ma
+        from companion.transformers import models
         from companion.corpus import corpus_sentences
 
         n = check_int(self.n_texts, "n_texts", 2)
@@ -89,7 +89,7 @@ class MassiveAblationExperiment:
 
 
 def profile_of(result):
-    """The :class:`companion.massive_activations.FirstTokenProfile` stored in a Result.
+    """The :class:`companion.outliers.massive_activations.FirstTokenProfile` stored in a Result.
 
     Raises
     ------
@@ -98,7 +98,7 @@ def profile_of(result):
     ValueError
         If an array is missing.
     """
-    from companion.massive_activations import FirstTokenProfile
+    from companion.outliers.massive_activations import FirstTokenProfile
 
     r = check_result(result, "massive_ablation", _ARRAYS)
     return FirstTokenProfile(values=r.arrays["first_values"], median_abs=r.arrays["median_abs"],
@@ -113,7 +113,7 @@ def runs_of(result) -> dict:
     TypeError, ValueError
         As :func:`profile_of`.
     """
-    from companion.massive_activations import AblationRun
+    from companion.outliers.massive_activations import AblationRun
 
     r = check_result(result, "massive_ablation", _ARRAYS)
     layer, channel = int(r.config["layer"]), int(r.config["channel"])

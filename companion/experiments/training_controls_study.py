@@ -1,14 +1,14 @@
 """Clipping and the mean-and-Frobenius regulariser, several seeds per arm, on trained TinyLMs.
 
-One byte-level Pre-LN :class:`~companion.stacks.TinyLM` is trained on the committed corpus (all
+One byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed corpus (all
 paragraphs but the last 5%, which are held out) once per *arm* and *seed*.  An arm is one
-setting of :class:`companion.training_controls.TrainingControls` (:data:`ARMS`):
+setting of :class:`companion.applications.training_controls.TrainingControls` (:data:`ARMS`):
 
 ``"none"``         no clipping, no regulariser (the reference every other arm differs from in
                    one control);
 ``"fixed"``        the global gradient norm clipped at ``tau = 1``;
 ``"tail"``         clipped at the sub-Gaussian tail threshold ``m + s sqrt(2 ln(1/delta))`` of
-                   the last 50 norms, ``delta = 0.01`` (:class:`~companion.training_controls.TailClipper`);
+                   the last 50 norms, ``delta = 0.01`` (:class:`~companion.applications.training_controls.TailClipper`);
 ``"reg_vo"``       the note's regulariser on the attention value and output matrices,
                    ``lambda_F = 1e-3``, ``lambda_mu = 10``;
 ``"colmean_mlp"``  the column-mean penalty (``lambda_mu = 10``) on the MLP output matrices.
@@ -40,14 +40,10 @@ import torch
 from companion._validation import check_int, check_real
 from companion.corpus import load_corpus
 from companion.experiments import progress_bar, register
-from companion.stacks import StackConfig, TinyLM, byte_tokenize
-from companion.training_controls import (
-    TrainingControls,
-    column_means,
-    regularised_weights,
-    stream_drift,
-    tiny_lm_loss,
-    train_with_controls,
+from companion.stacks.residual import StackConfig
+from companion.stacks.tinylm import TinyLM, byte_tokenize
+from companion.applications.training_controls import (
+    TrainingControls, column_means, regularised_weights, stream_drift, tiny_lm_loss, train_with_controls,
 )
 
 __all__ = ["ARMS", "LONG_CLIP", "LONG_REG", "PER_ARM", "SHORT", "TrainingControlsStudy", "arm_controls",

@@ -14,7 +14,7 @@ causal model:
 * :func:`ablate_activation` -- next-token loss and first-token attention weights per text with
   the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`).
 
-Intervals over prompts come from :func:`companion.resampling.bootstrap_interval`.
+Intervals over prompts come from :func:`companion.theory.bootstrap.bootstrap_interval`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["FirstTokenProfile", "first_token_profile", "AblationRun", "ablate_ac
 
 def _model_texts_channel(m, texts, channel, causal: bool) -> tuple[list[str], int]:
     """Check the model (a causal LM when ``causal``), then the texts and the channel index."""
-    from companion.models import check_model
+    from companion.transformers.models import check_model
 
     check_model(m)
     if causal and m.kind != "causal-lm":
@@ -94,7 +94,7 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
     texts : sequence of str
     channel : int
         Channel index in ``[0, d)``.
@@ -126,17 +126,17 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     >>> prof.emergence_layer()                                                       # doctest: +SKIP
     12
     """
-    from companion import probes
-    from companion.models import tokenize
+    from companion.transformers import stream
+    from companion.transformers.models import tokenize
 
     texts, channel = _model_texts_channel(m, texts, channel, causal=False)
     n_med = check_int(median_texts, "median_texts", 1)
     first_len = 2 if m.kind == "causal-lm" else max_length
     values = []
     for start in range(0, len(texts), 32):
-        h = probes.residual_stream(m, texts[start:start + 32], max_length=first_len)
+        h = stream.residual_stream(m, texts[start:start + 32], max_length=first_len)
         values.append(h[:, :, 0, channel].double().cpu().numpy())
-    h = probes.residual_stream(m, texts[:n_med], max_length=max_length)
+    h = stream.residual_stream(m, texts[:n_med], max_length=max_length)
     real = tokenize(m, texts[:n_med], max_length)["attention_mask"].bool()
     med = np.array([float(h[l][real].abs().double().median()) for l in range(h.shape[0])])
     return FirstTokenProfile(values=np.concatenate(values, axis=1), median_abs=med, channel=channel)
@@ -178,7 +178,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
         A causal language model.
     texts : sequence of str
         Every text needs at least two tokens.
@@ -218,8 +218,8 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     """
     import torch
 
-    from companion.hooks import hooks
-    from companion.models import tokenize
+    from companion.transformers.hooks import hooks
+    from companion.transformers.models import tokenize
 
     texts, channel = _model_texts_channel(m, texts, channel, causal=True)
     position = check_int(position, "position", 0)

@@ -1,7 +1,7 @@
 """Training controls of the outlier note (§6), made testable: clipping and the regulariser.
 
 Two proposals of the note for training are turned into measurements on a byte-level
-:class:`companion.stacks.TinyLM`:
+:class:`companion.stacks.tinylm.TinyLM`:
 
 * **clipping** -- a gradient-norm threshold from a sub-Gaussian tail bound
   (:func:`tail_clip_threshold`, :class:`TailClipper`);
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from scipy import stats
 
 from companion._validation import check_int, check_real, real_vector
-from companion.stacks import StackConfig, TinyLM
+from companion.stacks.residual import StackConfig
+from companion.stacks.tinylm import TinyLM
 
 __all__ = [
     "tail_clip_threshold",
@@ -272,7 +273,7 @@ def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[
     Parameters
     ----------
     model : torch.nn.Module
-        E.g. a :class:`companion.stacks.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP
+        E.g. a :class:`companion.stacks.tinylm.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP
         ``w_in, w_out``; ``unembed``).
     targets : sequence of str
         Attribute names, e.g. ``("w_v", "w_o")`` for the note's "value and output matrices".
@@ -433,7 +434,7 @@ def train_with_controls(
     config : StackConfig
         ``vocab_size`` 256 (bytes), ``max_len ≥ seq_len``.
     train_ids, eval_ids : torch.LongTensor, 1-D
-        Byte ids (:func:`companion.stacks.byte_tokenize`) of the training and held-out text.
+        Byte ids (:func:`companion.stacks.tinylm.byte_tokenize`) of the training and held-out text.
     controls : TrainingControls
         Clipping rule and regulariser.
     steps, batch_size, seq_len : int
@@ -471,7 +472,7 @@ def train_with_controls(
 
     Examples
     --------
-    >>> from companion.stacks import byte_tokenize
+    >>> from companion.stacks.residual import byte_tokenize
     >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
     >>> ids = byte_tokenize("abcabcabd" * 30)
     >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
@@ -580,7 +581,7 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
 
     Examples
     --------
-    >>> from companion.stacks import byte_tokenize
+    >>> from companion.stacks.residual import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
     >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
     True
@@ -685,12 +686,12 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
 
     Notes
     -----
-    ``stream[l]`` is the residual stream before block ``l`` (:class:`companion.stacks.StackOutput`),
+    ``stream[l]`` is the residual stream before block ``l`` (:class:`companion.stacks.residual.StackOutput`),
     ``l = 0 … L``.  Counts follow ``C_j(t) = #{i : |x_ij| > t}`` of the note's Theorem 2.
 
     Examples
     --------
-    >>> from companion.stacks import byte_tokenize
+    >>> from companion.stacks.residual import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
     >>> sd.mean.shape, sd.exceed_frac.shape

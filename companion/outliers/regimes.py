@@ -2,12 +2,12 @@ r"""Channel regimes of real residual streams: predicted versus observed counts, 
 
 The analysis behind the chapter *Outliers in real Transformers*
 (``book/outliers_real_models.ipynb``).  The statistics themselves are streamed by
-:func:`companion.probes.channel_statistics` (per layer ``l`` and channel ``j``: the mean
+:func:`companion.outliers.channel_statistics.channel_statistics` (per layer ``l`` and channel ``j``: the mean
 :math:`\mu_j`, the variance :math:`\sigma_j^2` and the exceedance counts
 :math:`C_j(t) = \#\{i \le N : |h_{ij}| > t\}`); the functions here turn them into the quantities
 the outlier note talks about, and measure where real activations leave the note's model
 :math:`X_{ij} = \mu_j + Z_{ij}` with sub-Gaussian :math:`Z`.  Attention logits are in
-:mod:`companion.attention_logits`, massive activations in :mod:`companion.massive_activations`.
+:mod:`companion.outliers.attention_logits`, massive activations in :mod:`companion.outliers.massive_activations`.
 
 Conventions
 -----------
@@ -34,7 +34,7 @@ from numbers import Integral
 import numpy as np
 from scipy import special, stats
 
-from companion import extremes
+from companion.theory import exceedance
 from companion._validation import check_int, check_real, check_texts, check_thresholds, real_array
 
 __all__ = [
@@ -157,7 +157,7 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
 
     Notes
     -----
-    The bounds are those of :func:`companion.extremes.theorem2_bounds` with the variance proxy
+    The bounds are those of :func:`companion.theory.exceedance.theorem2_bounds` with the variance proxy
     replaced by the *sample variance* :math:`\sigma_j^2`.  They are theorems only if the noise is
     :math:`\sigma_j^2`-sub-Gaussian, i.e. strictly sub-Gaussian (optimal proxy = variance, as for
     Gaussian noise); for heavier tails the true proxy exceeds :math:`\sigma_j^2` (or does not
@@ -175,8 +175,8 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     n = check_int(n_tokens, "n_tokens", 1)
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
-    gauss = np.asarray(extremes.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
-    b = extremes.theorem2_bounds(n, mm, tt, ss)
+    gauss = np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
+    b = exceedance.theorem2_bounds(n, mm, tt, ss)
     return {
         "gaussian": gauss,
         "lower": np.asarray(b.lower, dtype=np.float64),
@@ -346,7 +346,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
         Supplies the tokenizer and the default truncation length.
     texts : sequence of str
         Candidate texts in a fixed order (e.g. :func:`companion.corpus.load_corpus`).
@@ -624,7 +624,7 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     Parameters
     ----------
     h : array_like or torch.Tensor, shape ``[L+1, batch, tokens, d]``
-        A residual stream (:func:`companion.probes.residual_stream`).
+        A residual stream (:func:`companion.transformers.stream.residual_stream`).
     attention_mask : array_like or None, shape ``[batch, tokens]``
         1 for real tokens, 0 for pads (pads are ignored).  None: every position is real.
     k : int, default 1
@@ -699,11 +699,11 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
 # views of stored statistics
 # --------------------------------------------------------------------------------------------
 def _check_statistics(st) -> None:
-    from companion.probes import ChannelStatistics
+    from companion.outliers.channel_statistics import ChannelStatistics
 
     if not isinstance(st, ChannelStatistics):
         raise TypeError(
-            f"st must be a companion.probes.ChannelStatistics (from probes.channel_statistics or "
+            f"st must be a companion.outliers.channel_statistics.ChannelStatistics (from probes.channel_statistics or "
             f"experiments.channel_statistics.statistics_of), got {type(st).__name__}"
         )
 
@@ -713,7 +713,7 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
 
     Parameters
     ----------
-    st : companion.probes.ChannelStatistics
+    st : companion.outliers.channel_statistics.ChannelStatistics
     step : int, default 2
         Keep every ``step``-th threshold (``>= 1``).
     start : int, default 0
@@ -721,7 +721,7 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
 
     Returns
     -------
-    companion.probes.ChannelStatistics
+    companion.outliers.channel_statistics.ChannelStatistics
         Means, variances and extremes unchanged; ``counts`` and ``thresholds`` subsampled.
 
     Raises
@@ -753,7 +753,7 @@ def max_abs_z(st) -> np.ndarray:
 
     Parameters
     ----------
-    st : companion.probes.ChannelStatistics
+    st : companion.outliers.channel_statistics.ChannelStatistics
 
     Returns
     -------

@@ -114,7 +114,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
         A model whose blocks have separate query and key projections (Llama/SmolLM2, BERT/MiniLM).
     texts : sequence of str
         The texts (right-padded batches; pads are dropped from the result).
@@ -160,11 +160,11 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     """
     import torch
 
-    from companion.hooks import hooks
-    from companion.models import LoadedModel, tokenize
+    from companion.transformers.hooks import hooks
+    from companion.transformers.models import LoadedModel, tokenize
 
     if not isinstance(m, LoadedModel):
-        raise TypeError(f"m must be a LoadedModel from companion.models.load, got {type(m).__name__}")
+        raise TypeError(f"m must be a LoadedModel from companion.transformers.models.load, got {type(m).__name__}")
     rotary = check_bool(rotary, "rotary")
     bs = check_int(batch_size, "batch_size", 1)
     L = m.n_layers

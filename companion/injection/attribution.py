@@ -1,11 +1,11 @@
 r"""Where an injected direction goes: its projection split over the sublayers of every block.
 
 An injection adds :math:`c\hat v` to :math:`h_\ell` at the injected tokens
-(:mod:`companion.directions`); :func:`attribute_injection` runs the baseline and the injected
+(:mod:`companion.injection.directions`); :func:`attribute_injection` runs the baseline and the injected
 model together (one batch, the blocks before :math:`\ell` never recomputed:
-:class:`companion.probes.ModelAdapter`) with hooks (:func:`companion.hooks.hooks`) on the
+:class:`companion.transformers.stream.ModelAdapter`) with hooks (:func:`companion.transformers.hooks.hooks`) on the
 sublayers of every block :math:`m\ge\ell`, and records, per position group
-(:data:`companion.directions.GROUPS`), the projection on :math:`\hat v` of the change
+(:data:`companion.injection.directions.GROUPS`), the projection on :math:`\hat v` of the change
 :math:`\delta` after every *stage* of the block.
 
 Pre-norm (Llama, GPT-2, ...)
@@ -22,7 +22,7 @@ Post-norm (BERT, MiniLM)
     :math:`\hat v^\top J\delta` to the whole measured input change.
 
 The identity :math:`p_{m+1} - p_m = \sum_{\text{stages}} w_{m,s}` is checked on every run
-(:attr:`Attribution.identity_error`).  :func:`companion.resampling.bootstrap_ratio` gives intervals
+(:attr:`Attribution.identity_error`).  :func:`companion.theory.bootstrap.bootstrap_ratio` gives intervals
 over directions and prompts.
 """
 
@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from companion._validation import check_int, check_layer, check_real, real_array
-from companion.directions import GROUPS, InjectionPrompts, typical_norms
-from companion.hooks import hooks
-from companion.models import check_model
-from companion.probes import ModelAdapter
+from companion.injection.directions import GROUPS, InjectionPrompts, typical_norms
+from companion.transformers.hooks import hooks
+from companion.transformers.models import check_model
+from companion.transformers.stream import ModelAdapter
 
 __all__ = [
     "STAGES",
@@ -313,14 +313,14 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         A pre-norm model with ``self_attn``/``attn``/``attention`` and ``mlp`` sublayers, or a
         BERT-like post-norm model (``attention.output.LayerNorm``, ``output.LayerNorm``).
     prompts : InjectionPrompts
-        From :func:`companion.directions.make_prompts` for ``m``.
+        From :func:`companion.injection.directions.make_prompts` for ``m``.
     layer : int in ``[0, L - 1]``
         :math:`\ell`: :math:`c\hat v` is added to :math:`h_\ell` at ``prompts.injected``.
     directions : array_like, shape ``[n, d]`` or ``[n, L+1, d]``
         Directions (normalised here); per-layer ones contribute row :math:`\ell`.
     scale, alpha : float
         Exactly one: the absolute size :math:`c`, or :math:`\alpha` with :math:`c = \alpha
-        n_\ell` (:func:`companion.directions.typical_norms` at the injected tokens).
+        n_\ell` (:func:`companion.injection.directions.typical_norms` at the injected tokens).
     batch_rows : int, default 256
         At most this many sequences per forward: the baseline and
         ``batch_rows // batch - 1`` directions run together.

@@ -4,11 +4,11 @@ What an injection experiment adds to the residual stream, and where: the concept
 concept vectors read from a real model (difference of mean activations), seeded random
 directions (the control), the two-segment prompts with their position groups, and the typical
 residual norms that scale a relative injection.  The injection itself and its measurement are
-:mod:`companion.engine`; the metrics are :mod:`companion.perturbation`.
+:mod:`companion.injection.engine`; the metrics are :mod:`companion.injection.metrics`.
 
 Indexing
 --------
-As in :mod:`companion.probes`: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the
+As in :mod:`companion.transformers.stream`: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the
 output of block ``l - 1``.  *Injecting at layer* ``l`` adds ``c * v`` to ``h_l`` at the selected
 token positions, so every later block sees it.  :cite:t:`hahami2025disturbance` add the vector
 to the output of decoder layer ``L_H`` -- stream index ``L_H + 1`` here.
@@ -53,7 +53,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion import models, probes
+from companion.transformers import models
+from companion.transformers import stream as probes
 from companion._validation import as_generator, check_int, check_texts
 
 __all__ = [
@@ -192,7 +193,7 @@ def _encode_with_offsets(m, texts, max_length):
         return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt",
     )
     if not torch.equal(extra["input_ids"].to(enc["input_ids"].device), enc["input_ids"]):
-        raise RuntimeError("the tokenizer's offsets do not match companion.models.tokenize; report this")
+        raise RuntimeError("the tokenizer's offsets do not match companion.transformers.models.tokenize; report this")
     real = enc["attention_mask"].bool().cpu()
     special = extra["special_tokens_mask"].bool() & real
     return enc, extra["offset_mapping"], real, special
@@ -223,7 +224,7 @@ class InjectionPrompts:
         ``first[i] + " " + second[i]``.
     encoding : dict of str to torch.Tensor
         ``input_ids``, ``attention_mask`` (and ``token_type_ids`` for BERT), as
-        :func:`companion.models.tokenize` returns them; pass it to the probes as ``texts``.
+        :func:`companion.transformers.models.tokenize` returns them; pass it to the probes as ``texts``.
     injected, later, last : torch.Tensor of bool, shape ``[batch, tokens]``
         The injected positions (tokens of ``first``), the later non-injected positions (tokens
         of ``second``) and the last content token of each prompt.
@@ -253,7 +254,7 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     Parameters
     ----------
     m : LoadedModel
-        From :func:`companion.models.load`.
+        From :func:`companion.transformers.models.load`.
     first : sequence of str
         The segments that receive the injection.
     second : sequence of str, same length
@@ -480,7 +481,7 @@ def typical_norms(stream, mask) -> np.ndarray:
     Parameters
     ----------
     stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
-        A residual stream (:func:`companion.probes.residual_stream`).
+        A residual stream (:func:`companion.transformers.stream.residual_stream`).
     mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
         Positions to include (e.g. ``InjectionPrompts.injected``).
 
@@ -594,7 +595,7 @@ def stream_means(stream, mask) -> np.ndarray:
     -------
     numpy.ndarray, shape ``[L+1, d]``
         The centre of :func:`typical_spreads` and of the centred metrics of
-        :func:`companion.engine.track_injection` (``centre=``).
+        :func:`companion.injection.engine.track_injection` (``centre=``).
 
     Raises
     ------

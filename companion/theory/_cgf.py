@@ -2,7 +2,7 @@
 
 Moments, quadrature nodes, tilted laws and the one-sided maximisations behind the optimal
 variance proxy and the cumulant-generating function ``K(lam) = log E exp(lam (X - mu))``.
-:mod:`companion.tails` and :mod:`companion.concentration` check their arguments (with
+:mod:`companion.theory.subgaussian` and :mod:`companion.theory.concentration` check their arguments (with
 :mod:`companion._validation`) and then call these functions.  The names carry no underscore
 because both modules import them; the module itself is private.
 """

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import optimize, special, stats
 
-from companion import _cgf
+from companion.theory import _cgf
 from companion._validation import (
     as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, freeze, is_discrete,
 )
@@ -57,7 +57,7 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------------------
 # Numerical settings (module constants, documented in the Notes of the public functions;
-# the settings of the quadrature and the lambda search live in companion._cgf)
+# the settings of the quadrature and the lambda search live in companion.theory._cgf)
 # ----------------------------------------------------------------------------------------------
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
 _LAM_CAP = 1e153

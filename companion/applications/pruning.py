@@ -4,7 +4,7 @@
   (:func:`linear_input_statistics`, :class:`LinearInputStatistics`), the inputs of one forward pass
   (:func:`capture_linear_inputs`), per-channel medians (:func:`linear_input_medians`) and the
   channels with the largest score (:func:`top_channels`; used for the float channels of mixed
-  precision in :mod:`companion.quantization`);
+  precision in :mod:`companion.applications.quantization`);
 * **pruning** -- scores of input neurons from activation statistics, weight magnitude, their
   product, the spread about the mean, or chance (:func:`neuron_scores`, :func:`lowest_fraction`),
   the pruned forward pass with or without mean compensation (:func:`zero_linear_inputs`) and the
@@ -26,7 +26,7 @@ import torch
 from companion._validation import (
     check_choice, check_indices, check_int, check_linears, check_real, real_vector,
 )
-from companion.hooks import hooks
+from companion.transformers.hooks import hooks
 
 __all__ = [
     "LinearInputStatistics",
@@ -53,7 +53,7 @@ def _split_inputs(inputs):
         return (), kwargs, mask
     raise TypeError(
         "each batch must be a tensor of input ids or a mapping of model arguments "
-        f"(e.g. the output of companion.models.tokenize), got {type(inputs).__name__}"
+        f"(e.g. the output of companion.transformers.models.tokenize), got {type(inputs).__name__}"
     )
 
 
@@ -102,7 +102,7 @@ def linear_input_statistics(
         Called as ``model(ids)`` for a tensor batch or ``model(**batch)`` for a mapping.
     batches : iterable
         Tensors of input ids, or mappings of model arguments (e.g.
-        :func:`companion.models.tokenize` output).  If a mapping has an ``attention_mask`` of
+        :func:`companion.transformers.models.tokenize` output).  If a mapping has an ``attention_mask`` of
         shape ``[batch, tokens]``, pad tokens (mask 0) are excluded.
     modules : mapping name -> nn.Linear
         The layers whose inputs are measured (inputs of shape ``[..., in_features]``).

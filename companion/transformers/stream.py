@@ -1,6 +1,6 @@
 """Read and perturb the residual stream of a real Transformer with forward hooks.
 
-Everything here runs the model's own modules (:class:`companion.models.LoadedModel`) and reads
+Everything here runs the model's own modules (:class:`companion.transformers.models.LoadedModel`) and reads
 their raw outputs: no weight folding, no re-centring, no re-implementation of a block.
 
 Indexing of the residual stream
@@ -17,7 +17,7 @@ two conventions differ for **pre-norm** models (SmolLM2, GPT-2, Pythia, Llama): 
 reports the last hidden state *after* the final norm (``model.norm`` / ``ln_f``), while the
 probes return the raw output of the last block, ``h_L``, so that every index is a point of the
 same un-normalised residual stream; ``FinalNorm(h_L)`` is transformers' value, and
-:func:`companion.models.logits_from_residual` turns ``h_L`` into next-token logits.  For
+:func:`companion.transformers.readout.logits_from_residual` turns ``h_L`` into next-token logits.  For
 **post-norm** models (BERT, MiniLM) every block ends with a LayerNorm, there is no final norm,
 and all ``L + 1`` indices equal transformers' hidden states (each already normalised).
 
@@ -28,36 +28,33 @@ residual_stream
 inject
     The residual stream of the run in which ``scale · vector`` is added to ``h_layer``.
 ModelAdapter
-    The model as the injection engine sees it (:mod:`companion.engine`: sweeps over many
+    The model as the injection engine sees it (:mod:`companion.injection.engine`: sweeps over many
     layers and scales that never recompute the blocks before an injection layer).
-channel_statistics
-    Per layer and channel: mean, variance, min, max, max |x| and exceedance counts
-    ``C_j(t) = #{tokens: |h_j| > t}``, streamed over a corpus with an exact merge.
+forward_states
+    The hooked forward pass behind them, for encoded inputs (no checks).
+
+Per-channel statistics streamed over a corpus are :mod:`companion.outliers.channel_statistics`.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from numbers import Integral
 
 import numpy as np
 import torch
 
-from companion._validation import (
-    check_int, check_layer, check_real, check_texts, check_thresholds, check_vector,
-)
-from companion.hooks import hooks
-from companion.models import LoadedModel, check_model, encode, logits_from_residual
+from companion._validation import check_layer, check_real, check_vector
+from companion.transformers.hooks import hooks
+from companion.transformers.models import LoadedModel, check_model, encode
+from companion.transformers.readout import logits_from_residual
 
 __all__ = [
     "residual_stream",
     "inject",
     "ModelAdapter",
-    "channel_statistics",
-    "ChannelStatistics",
+    "forward_states",
     "position_mask",
 ]
 
@@ -158,8 +155,12 @@ def _hidden_of(args, kwargs):
     raise RuntimeError("could not find the hidden states among a block's arguments")
 
 
-def _run(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None, record_calls: bool = False):
-    """One forward pass of ``m.base`` with hooks on every block.
+def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
+                   record_calls: bool = False):
+    """One forward pass of ``m.base`` with hooks on every block (no argument checks).
+
+    ``enc`` is the output of :func:`companion.transformers.models.encode`; the public doors are
+    :func:`residual_stream` and :func:`inject`.
 
     Returns the list ``[h_0, ..., h_L]`` and, with ``record_calls``, the exact
     ``(args_without_hidden, kwargs, hidden_as_kwarg)`` each block was called with.
@@ -219,8 +220,8 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     Parameters
     ----------
     m : LoadedModel
-        From :func:`companion.models.load`.
-    texts : str, sequence of str, or the output of :func:`companion.models.tokenize`
+        From :func:`companion.transformers.models.load`.
+    texts : str, sequence of str, or the output of :func:`companion.transformers.models.tokenize`
     max_length : int or None
         Truncation length (default ``m.max_length``).
 
@@ -246,13 +247,13 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
 
     Examples
     --------
-    >>> m = companion.models.load("minilm-l6")                    # doctest: +SKIP
+    >>> m = companion.transformers.models.load("minilm-l6")                    # doctest: +SKIP
     >>> residual_stream(m, ["One sentence.", "Two."]).shape      # doctest: +SKIP
     torch.Size([7, 2, 5, 384])
     """
     check_model(m)
     enc = encode(m, texts, max_length)
-    return torch.stack(_run(m, enc))
+    return torch.stack(forward_states(m, enc))
 
 
 def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positions=None,
@@ -262,7 +263,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     Parameters
     ----------
     m : LoadedModel
-    texts : str, sequence of str, or an encoding from :func:`companion.models.tokenize`
+    texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
     layer : int in ``[0, L]``
         Where to add: ``0`` adds to the embedding output (the input of block 0), ``l ≥ 1`` to
         the output of block ``l − 1`` -- the same indexing as :func:`residual_stream`.
@@ -309,7 +310,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     enc = encode(m, texts, max_length)
     sel = position_mask(enc["attention_mask"], positions)
     delta = (scale * vec) * sel.unsqueeze(-1).to(vec.dtype)
-    return torch.stack(_run(m, enc, add=(layer, delta)))
+    return torch.stack(forward_states(m, enc, add=(layer, delta)))
 
 
 # --------------------------------------------------------------------------- the engine's adapter
@@ -341,9 +342,9 @@ def _call_block(block, h, call, k, batch):
 
 
 class ModelAdapter:
-    """A real Transformer seen the way the injection engine (:mod:`companion.engine`) sees a model.
+    """A real Transformer seen the way the injection engine (:mod:`companion.injection.engine`) sees a model.
 
-    The counterpart of :class:`companion.stacks.StackAdapter`, with the same attributes and
+    The counterpart of :class:`companion.stacks.tinylm.StackAdapter`, with the same attributes and
     methods: ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (the raw
     residual stream ``[h_0, ..., h_L]`` of one hooked forward, computed on first use);
     ``attention_mask``; ``position_mask(positions)`` (:func:`position_mask`);
@@ -352,18 +353,18 @@ class ModelAdapter:
     (attention masks, rotary ``position_embeddings`` ...; recorded with forward pre-hooks with
     ``with_kwargs=True``), repeated for ``k`` runs stacked along the batch axis; ``output(h)``
     (the final norm, identity for a post-norm model) and ``logits(h)``
-    (:func:`companion.models.logits_from_residual` for a causal LM, ``None`` for an encoder).
+    (:func:`companion.transformers.readout.logits_from_residual` for a causal LM, ``None`` for an encoder).
 
     Parameters
     ----------
     m : LoadedModel
-    texts : str, sequence of str, or an encoding from :func:`companion.models.tokenize`
+    texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
     max_length : int or None
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`companion.models.encode` (wrong model type, empty texts).
+        As :func:`companion.transformers.models.encode` (wrong model type, empty texts).
     """
 
     def __init__(self, m: LoadedModel, texts, max_length: int | None = None):
@@ -377,7 +378,7 @@ class ModelAdapter:
     @property
     def baseline(self) -> list[torch.Tensor]:
         if self._run is None:
-            self._run = _run(self.model, self.encoding, record_calls=True)
+            self._run = forward_states(self.model, self.encoding, record_calls=True)
         return self._run[0]
 
     @property
@@ -403,164 +404,3 @@ class ModelAdapter:
         return logits_from_residual(self.model, h) if self.model.kind == "causal-lm" else None
 
 
-# --------------------------------------------------------------------------- channel statistics
-@dataclass(frozen=True)
-class ChannelStatistics:
-    """Per-layer, per-channel statistics of the residual stream over a corpus.
-
-    Attributes
-    ----------
-    mean, var, min, max, max_abs : numpy.ndarray, shape ``[L+1, d]``, float64
-        ``var`` is the population variance ``(1/N) Σ (x − mean)²`` over the ``N`` tokens.
-    counts : numpy.ndarray, shape ``[L+1, len(thresholds), d]``, int64
-        ``C_j(t) = #{tokens : |h_j| > t}`` (strict inequality).
-    thresholds : numpy.ndarray, shape ``[len(thresholds)]``
-    n_tokens : int
-        Number of tokens ``N`` that entered (pads and, with ``skip_first``, first tokens excluded).
-    n_texts : int
-    skip_first : bool
-    model : str
-    """
-
-    mean: np.ndarray
-    var: np.ndarray
-    min: np.ndarray
-    max: np.ndarray
-    max_abs: np.ndarray
-    counts: np.ndarray
-    thresholds: np.ndarray
-    n_tokens: int
-    n_texts: int
-    skip_first: bool
-    model: str
-
-    @property
-    def std(self) -> np.ndarray:
-        """Per-channel standard deviation ``sqrt(var)``."""
-        return np.sqrt(self.var)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays by name (for storing in a Result)."""
-        return {k: getattr(self, k) for k in ("mean", "var", "min", "max", "max_abs", "counts", "thresholds")}
-
-
-def channel_statistics(
-    m: LoadedModel,
-    texts,
-    thresholds,
-    batch_size: int = 16,
-    max_length: int | None = None,
-    skip_first: bool = False,
-    progress: bool = False,
-) -> ChannelStatistics:
-    """Stream per-channel statistics of every residual-stream layer over a corpus.
-
-    Parameters
-    ----------
-    m : LoadedModel
-    texts : sequence of str
-        The corpus (e.g. :func:`companion.corpus.corpus_sentences`); any length.
-    thresholds : sequence of float ≥ 0
-        The ``t`` of the exceedance counts ``C_j(t)``.
-    batch_size : int, default 16
-        Texts per forward pass (memory is ``O(L · batch · tokens · d)`` for one batch).
-    max_length : int or None
-        Truncation length (default ``m.max_length``).
-    skip_first : bool, default False
-        Exclude the first token of every text.  The first token carries the "massive
-        activations" of :cite:t:`sun2024massive` (attention sinks); excluding it separates the
-        typical tokens from that one position.
-    progress : bool, default False
-        Show a tqdm progress bar over batches (``TQDM_DISABLE=1`` turns it off).
-
-    Returns
-    -------
-    ChannelStatistics
-
-    Raises
-    ------
-    TypeError
-        For arguments of the wrong type.
-    ValueError
-        If ``texts`` is empty or contains an empty string, thresholds are negative/NaN/empty,
-        ``batch_size`` < 1, or no token is left (e.g. one-token texts with ``skip_first``).
-
-    Notes
-    -----
-    Each batch contributes its count ``n_b``, mean ``m_b`` and sum of squared deviations
-    ``M_b``; they are merged into the running ``(n, m, M)`` by the exact pairwise update of
-    :cite:t:`chan1982updating` (the batch form of :cite:t:`welford1962`):
-    ``δ = m_b − m``, ``m ← m + δ n_b/(n+n_b)``, ``M ← M + M_b + δ² n n_b/(n+n_b)``, in float64.
-    A channel whose every token holds one value gets exactly that mean and variance 0 (the
-    rounded batch means alone would leave a variance near 1e-34).
-    The counts come from sorting ``|x|`` per channel and a binary search for each threshold.
-    Memory is ``O(L · d · |thresholds|)`` for the accumulators whatever the corpus size.  Texts
-    are processed in order of length to reduce padding (the result does not depend on order).
-
-    Examples
-    --------
-    >>> st = channel_statistics(m, corpus_sentences(64), thresholds=[1, 5, 20])   # doctest: +SKIP
-    >>> st.counts.shape                                                           # doctest: +SKIP
-    (31, 3, 576)
-    """
-    check_model(m)
-    t = check_thresholds(thresholds)
-    batch_size = check_int(batch_size, "batch_size", 1)
-    if not isinstance(skip_first, bool):
-        raise TypeError(f"skip_first must be True or False, got {skip_first!r}")
-    texts = check_texts(texts, single=True)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    L1, d, nt = m.n_layers + 1, m.d_model, len(t)
-    dev = m.device
-    acc_dtype = torch.float64 if dev.type != "mps" else torch.float32
-    n = 0
-    mean = torch.zeros(L1, d, dtype=acc_dtype, device=dev)
-    m2 = torch.zeros(L1, d, dtype=acc_dtype, device=dev)
-    mn = torch.full((L1, d), math.inf, dtype=acc_dtype, device=dev)
-    mx = torch.full((L1, d), -math.inf, dtype=acc_dtype, device=dev)
-    counts = torch.zeros(L1, d, nt, dtype=torch.int64, device=dev)
-    tt = torch.as_tensor(t, dtype=acc_dtype, device=dev)
-
-    batches = range(0, len(texts), batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, desc=f"statistics {m.name}", unit="batch")
-    with torch.no_grad():
-        for start in batches:
-            enc = encode(m, [texts[i] for i in order[start:start + batch_size]], max_length)
-            keep = enc["attention_mask"].bool().clone()
-            if skip_first:
-                keep[:, 0] = False
-            nb = int(keep.sum())
-            if nb == 0:
-                continue
-            x = torch.stack(_run(m, enc))[:, keep].to(acc_dtype)  # [L+1, nb, d]
-            mb = x.mean(dim=1)
-            m2b = ((x - mb.unsqueeze(1)) ** 2).sum(dim=1)
-            delta = mb - mean
-            tot = n + nb
-            mean = mean + delta * (nb / tot)
-            m2 = m2 + m2b + delta**2 * (n * nb / tot)
-            n = tot
-            mn = torch.minimum(mn, x.amin(dim=1))
-            mx = torch.maximum(mx, x.amax(dim=1))
-            xs = x.abs().transpose(1, 2).contiguous().sort(dim=-1).values  # [L+1, d, nb]
-            below = torch.searchsorted(xs, tt.expand(L1, d, nt).contiguous(), right=True)
-            counts += nb - below
-            del x, xs
-    if n == 0:
-        raise ValueError("no token left to measure (texts of one token with skip_first=True?)")
-    # A channel whose tokens all hold one value has variance 0 and that value as its mean, but the
-    # rounded batch means leave M > 0 (~1e-34) and a mean off by an ulp: state it exactly.  Any
-    # mean lies in [min, max]; rounding can push it out by an ulp.
-    constant = mn == mx
-    mean = torch.where(constant, mn, torch.minimum(torch.maximum(mean, mn), mx))
-    m2 = torch.where(constant, torch.zeros_like(m2), m2)
-    max_abs = torch.maximum(mx.abs(), mn.abs())
-    to_np = lambda a: a.to(torch.float64).cpu().numpy()  # noqa: E731
-    return ChannelStatistics(
-        mean=to_np(mean), var=to_np(m2 / n), min=to_np(mn), max=to_np(mx), max_abs=to_np(max_abs),
-        counts=counts.permute(0, 2, 1).cpu().numpy(), thresholds=t, n_tokens=n, n_texts=len(texts),
-        skip_first=skip_first, model=m.name,
-    )

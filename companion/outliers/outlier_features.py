@@ -94,7 +94,7 @@ def linear_input_sites(m) -> list:
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
 
     Returns
     -------
@@ -109,7 +109,7 @@ def linear_input_sites(m) -> list:
     ValueError
         If a block has no recognisable query projection or FFN expansion.
     """
-    from companion.models import check_model
+    from companion.transformers.models import check_model
 
     check_model(m)
     out = []
@@ -129,7 +129,7 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
 
     Parameters
     ----------
-    m : companion.models.LoadedModel
+    m : companion.transformers.models.LoadedModel
     texts : sequence of str
     threshold : float, default 6.0
         LLM.int8()'s magnitude criterion.
@@ -163,8 +163,8 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     """
     import torch
 
-    from companion.hooks import hooks
-    from companion.models import tokenize
+    from companion.transformers.hooks import hooks
+    from companion.transformers.models import tokenize
 
     sites = linear_input_sites(m)
     texts = check_texts(texts, single=True)

@@ -1,7 +1,7 @@
 """Perturbation metrics, output effects, linearised predictions and the injection window.
 
 The one metric vocabulary of the package: every injection -- into a random stack, a trained
-:class:`~companion.stacks.TinyLM` or a real model (:mod:`companion.engine`) -- is measured with
+:class:`~companion.stacks.tinylm.TinyLM` or a real model (:mod:`companion.injection.engine`) -- is measured with
 the functions here, so a metric name means the same thing in every chapter and every Result.
 The functions are numpy functions of stream arrays (numpy arrays or torch tensors);
 :func:`next_token_kl` imports torch inside the function, so importing this module does not load
@@ -32,7 +32,7 @@ postln_contraction_factors, predicted_projection
 fit_norm_growth, dilution_factor
     The Pre-LN dilution law ||h_l||^2 ~ ||h_0||^2 (1 + c l) and the relative-size factor
     sqrt((1 + c l)/(1 + c m)) that follows from it.
-injection_window, predicted_window
+effect_window, predicted_window
     The operational "window": the injection layers whose output effect is at least a stated
     fraction of the largest one, with its position as a fraction of depth; and the window
     that the two first-order laws predict for the readable projection.
@@ -57,7 +57,7 @@ __all__ = [
     "fit_norm_growth",
     "dilution_factor",
     "Window",
-    "injection_window",
+    "effect_window",
     "predicted_window",
     "unit_vectors",
 ]
@@ -139,7 +139,7 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
         The keys are listed in :data:`METRIC_NAMES`.
 
     centre : array_like, shape ``[L+1, d]``, optional
-        A centre :math:`\mu_\ell` per layer (e.g. :func:`companion.directions.stream_means`).
+        A centre :math:`\mu_\ell` per layer (e.g. :func:`companion.injection.directions.stream_means`).
         When given, ``relative_size``, ``cos_inj_base`` and ``norm_ratio`` are computed on the
         centred states :math:`h - \mu_\ell` (:math:`\|\delta\|/\|h_{base} - \mu\|`,
         :math:`\cos(h_{inj} - \mu, h_{base} - \mu)`, :math:`\|h_{inj} - \mu\|/\|h_{base} - \mu\|`);
@@ -604,7 +604,7 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Window:
-    """The injection window of one stack (see :func:`injection_window`).
+    """The injection window of one stack (see :func:`effect_window`).
 
     Attributes
     ----------
@@ -656,7 +656,7 @@ class Window:
         return [self.best_fraction, self.first_fraction, self.last_fraction, self.size_fraction]
 
 
-def injection_window(
+def effect_window(
     effect,
     layers=None,
     n_layers: int | None = None,
@@ -715,12 +715,12 @@ def injection_window(
 
     Examples
     --------
-    >>> w = injection_window([0.2, 1.0, 0.6, 0.1], n_layers=4)
+    >>> w = effect_window([0.2, 1.0, 0.6, 0.1], n_layers=4)
     >>> w.layers.tolist(), w.best, w.last_fraction
     ([1, 2], 1, 0.5)
-    >>> injection_window([0.9, 0.1, 0.8, 1.0]).layers.tolist()
+    >>> effect_window([0.9, 0.1, 0.8, 1.0]).layers.tolist()
     [2, 3]
-    >>> injection_window([0.9, 0.1, 0.8, 1.0], contiguous=False).layers.tolist()
+    >>> effect_window([0.9, 0.1, 0.8, 1.0], contiguous=False).layers.tolist()
     [0, 2, 3]
     """
     e = as_float64(effect, "effect")

@@ -1,26 +1,26 @@
 """The one injection and measurement engine: random stacks, trained stacks and real models.
 
-Every injection experiment of the book goes through :func:`injection_sweep`: add ``c * v`` to
+Every injection experiment of the book goes through :func:`sweep_injections`: add ``c * v`` to
 the residual stream ``h_l`` at chosen token positions, run the rest of the model, and keep the
 injected stream -- or, with a ``measure``, only what you ask for at every layer.  The model is
-seen through an *adapter* with one interface: :class:`companion.stacks.StackAdapter` for a
-:class:`~companion.stacks.ResidualStack` or :class:`~companion.stacks.TinyLM`,
-:class:`companion.probes.ModelAdapter` for a real Transformer (hooks on its own modules): the
+seen through an *adapter* with one interface: :class:`companion.stacks.tinylm.StackAdapter` for a
+:class:`~companion.stacks.residual.ResidualStack` or :class:`~companion.stacks.tinylm.TinyLM`,
+:class:`companion.transformers.stream.ModelAdapter` for a real Transformer (hooks on its own modules): the
 baseline stream ``h_0 .. h_L``, a call of block ``i``, the final norm and the next-token
 logits.  A run injected at ``l`` starts from the baseline's ``h_l`` and replays only blocks
 ``l .. L-1`` (prefix replay), so a sweep over all layers costs about half of one forward per
 layer (``benchmarks/bench_probes.py``).
 
-The measurements use one vocabulary, :mod:`companion.perturbation`
-(:data:`~companion.perturbation.METRIC_NAMES`, :func:`~companion.perturbation.next_token_kl`):
+The measurements use one vocabulary, :mod:`companion.injection.metrics`
+(:data:`~companion.injection.metrics.METRIC_NAMES`, :func:`~companion.injection.metrics.next_token_kl`):
 
-injection_sweep, adapt
+sweep_injections, adapt
     The engine: streams or measurements of every (layer, scale) injection.
-stack_injection_sweep
+sweep_stack_injections
     On a stack: every metric per layer and position, the output change, the next-token KL of
     a language model, and the skip-path prediction of the projection.
 track_injection
-    On a real model with two-segment prompts (:func:`companion.directions.make_prompts`):
+    On a real model with two-segment prompts (:func:`companion.injection.directions.make_prompts`):
     the metrics averaged over each position group, and the output effect of every run.
 SweepResult, EFFECT_KINDS
     The one result type of all three, with the accessors ``mean``, ``effect``, ``window`` and
@@ -39,19 +39,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion import perturbation as pt
+from companion.injection import metrics as pt
 from companion._validation import check_bool, check_int, check_layer, check_real, is_int, is_real, real_array
-from companion.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
-from companion.models import LoadedModel, check_model, logits_from_residual
-from companion.probes import ModelAdapter, residual_stream
-from companion.stacks import StackAdapter
+from companion.injection.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
+from companion.transformers.models import LoadedModel, check_model
+from companion.transformers.readout import logits_from_residual
+from companion.transformers.stream import ModelAdapter, residual_stream
+from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
     "adapt",
-    "injection_sweep",
+    "sweep_injections",
     "SweepResult",
     "EFFECT_KINDS",
-    "stack_injection_sweep",
+    "sweep_stack_injections",
     "track_injection",
 ]
 
@@ -60,9 +61,9 @@ __all__ = [
 #: output ``y`` (after the final norm, if any); ``output_projection``
 #: :math:`(y_{inj} - y_{base})\cdot\hat v / \|y_{base}\|`; ``kl``
 #: :math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of a language model's next-token distributions
-#: (:func:`companion.perturbation.next_token_kl`, nats).  Per sequence (real models): ``kl_last``,
+#: (:func:`companion.injection.metrics.next_token_kl`, nats).  Per sequence (real models): ``kl_last``,
 #: the KL at the last token of a causal LM; ``embedding_change``, ``1 - cos`` of an encoder's
-#: mean-pooled final state (:func:`companion.perturbation.embedding_change`).
+#: mean-pooled final state (:func:`companion.injection.metrics.embedding_change`).
 EFFECT_KINDS = ("output_change", "output_projection", "kl", "kl_last", "embedding_change")
 _PER_SEQUENCE = ("kl_last", "embedding_change")
 
@@ -72,7 +73,7 @@ def adapt(model, inputs, max_length: int | None = None):
 
     Parameters
     ----------
-    model : companion.models.LoadedModel, companion.stacks.ResidualStack or TinyLM
+    model : companion.transformers.models.LoadedModel, companion.stacks.residual.ResidualStack or TinyLM
     inputs
         Texts or an encoding (real model), a ``[B, T, d]`` stream (ResidualStack) or
         ``[B, T]`` token ids (TinyLM).
@@ -81,7 +82,7 @@ def adapt(model, inputs, max_length: int | None = None):
 
     Returns
     -------
-    companion.probes.ModelAdapter or companion.stacks.StackAdapter
+    companion.transformers.stream.ModelAdapter or companion.stacks.tinylm.StackAdapter
 
     Raises
     ------
@@ -149,9 +150,9 @@ def _arity(fn) -> int:
 class SweepResult:
     """What every injection sweep returns: the streams, or the measurements you asked for.
 
-    :func:`injection_sweep` fills the streams (``injected``, or what its ``measure`` made of
-    them); :func:`stack_injection_sweep` and :func:`track_injection` fill ``metrics`` (the
-    vocabulary :data:`companion.perturbation.METRIC_NAMES`) and ``effects`` (the output
+    :func:`sweep_injections` fills the streams (``injected``, or what its ``measure`` made of
+    them); :func:`sweep_stack_injections` and :func:`track_injection` fill ``metrics`` (the
+    vocabulary :data:`companion.injection.metrics.METRIC_NAMES`) and ``effects`` (the output
     effects, :data:`EFFECT_KINDS`) and leave ``injected`` empty.  A field a sweep does not
     produce is ``None``.  Runs are indexed ``[injection layer]`` for a scalar ``scales`` and
     ``[injection layer, scale]`` for a sequence of scales; the accessors (:meth:`mean`, :meth:`effect`,
@@ -168,19 +169,19 @@ class SweepResult:
     baseline : torch.Tensor or None, shape ``[L+1, batch, tokens, d]``
         The run without injection (the full stream).
     injected : torch.Tensor or None
-        :func:`injection_sweep`: ``[runs..., L+1, batch, tokens, d]`` streams, or with a
+        :func:`sweep_injections`: ``[runs..., L+1, batch, tokens, d]`` streams, or with a
         ``measure`` ``[runs..., L+1, ...]`` what it returned.  Below the injection layer the
         injected run equals the baseline.
     attention_mask : torch.Tensor or None, shape ``[batch, tokens]``
     injected_mask : torch.Tensor or None, bool, shape ``[batch, tokens]``
         The positions that received the vector.
     metrics : dict of str to numpy.ndarray, or None
-        :func:`companion.perturbation.perturbation_metrics` of each run against the baseline
+        :func:`companion.injection.metrics.perturbation_metrics` of each run against the baseline
         at every layer: ``[runs..., L+1, batch, tokens]``, or, where ``groups`` is set,
         ``[runs..., L+1, batch, len(groups)]`` averaged over each position group (NaN where
         undefined, e.g. ``cos_delta_v`` before the injection layer).
     groups : tuple of str or None
-        The position groups of the metrics' last axis (:data:`companion.directions.GROUPS`).
+        The position groups of the metrics' last axis (:data:`companion.injection.directions.GROUPS`).
     effects : dict of str to numpy.ndarray, or None
         Output effect of each run, keyed by :data:`EFFECT_KINDS`: ``[runs..., batch, tokens]``
         for the per-token kinds, ``[runs..., batch]`` for ``kl_last`` and
@@ -205,7 +206,7 @@ class SweepResult:
         ``"pre"`` or ``"post"`` (stacks).
     predicted_projection : numpy.ndarray or None, shape ``[runs, L+1, batch, tokens]``
         Skip-path prediction of ``metrics["projection"]`` (stacks): Post-LN, the product of
-        the factors of :func:`companion.perturbation.postln_contraction_factors` (one per
+        the factors of :func:`companion.injection.metrics.postln_contraction_factors` (one per
         sublayer norm); Pre-LN, :math:`\\lambda^{S(m-\\ell)} p_\\ell` (S sublayers per
         block).  0 at positions that were not injected.
     """
@@ -290,8 +291,8 @@ class SweepResult:
         """
         kind = self.effect_name if kind is None else kind
         if kind is None:
-            raise ValueError("this sweep measured no output effect (injection_sweep keeps the streams); "
-                             "use stack_injection_sweep or track_injection")
+            raise ValueError("this sweep measured no output effect (sweep_injections keeps the streams); "
+                             "use sweep_stack_injections or track_injection")
         if kind not in EFFECT_KINDS:
             raise ValueError(f"kind must be one of {EFFECT_KINDS}, got {kind!r}")
         if not self.effects or kind not in self.effects:
@@ -331,12 +332,12 @@ class SweepResult:
 
     def window(self, threshold: float = 0.5, kind: str | None = None, positions: str = "all",
                relative: bool = True, contiguous: bool = True, scale_index: int = 0) -> pt.Window:
-        """:func:`companion.perturbation.injection_window` of :meth:`effect`.
+        """:func:`companion.injection.metrics.effect_window` of :meth:`effect`.
 
         Parameters
         ----------
         threshold, relative, contiguous
-            As in :func:`companion.perturbation.injection_window`.
+            As in :func:`companion.injection.metrics.effect_window`.
         kind, positions
             As in :meth:`effect`.
         scale_index : int, default 0
@@ -352,7 +353,7 @@ class SweepResult:
         s = check_int(scale_index, "scale_index", 0)
         if s >= (e.shape[1] if e.ndim == 2 else 1):
             raise ValueError(f"scale_index must be < {e.shape[1] if e.ndim == 2 else 1}, got {s}")
-        return pt.injection_window(
+        return pt.effect_window(
             e[:, s] if e.ndim == 2 else e, layers=self.layers.astype(int), n_layers=self.n_layers,
             threshold=threshold, relative=relative, contiguous=contiguous,
         )
@@ -405,7 +406,7 @@ class SweepResult:
             vals = self.metrics["relative_size"][keep, m]
             return lay[keep], vals[:, :, pos].mean(axis=(1, 2))
         raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
-def injection_sweep(
+def sweep_injections(
     model,
     inputs,
     layers,
@@ -420,15 +421,15 @@ def injection_sweep(
 
     Parameters
     ----------
-    model : companion.models.LoadedModel, companion.stacks.ResidualStack or TinyLM
-        A real Transformer (:class:`companion.probes.ModelAdapter`) or a stack
-        (:class:`companion.stacks.StackAdapter`); an adapter built by :func:`adapt` is used
+    model : companion.transformers.models.LoadedModel, companion.stacks.residual.ResidualStack or TinyLM
+        A real Transformer (:class:`companion.transformers.stream.ModelAdapter`) or a stack
+        (:class:`companion.stacks.tinylm.StackAdapter`); an adapter built by :func:`adapt` is used
         as it is.
     inputs
         Texts or an encoding (real model), a ``[B, T, d]`` stream (ResidualStack) or ``[B, T]``
         token ids (TinyLM); ignored when ``model`` is an adapter.
     layers : sequence of int in ``[0, L]`` (or ``"all"`` for ``0 .. L``)
-        Injection layers, same indexing as :func:`companion.probes.inject`; repeats are not
+        Injection layers, same indexing as :func:`companion.transformers.stream.inject`; repeats are not
         allowed.
     vector : array ``[d]`` or ``[n_layers, d]``
         One vector for every layer, or one per injection layer (e.g. a concept vector read at
@@ -436,7 +437,7 @@ def injection_sweep(
     scale : float or sequence of float
         Magnitude(s) ``c`` of the injected ``c · v``.
     positions : None, sequence of int, or boolean ``[batch, tokens]``
-        As in :func:`companion.probes.inject` (real model) or token positions of every
+        As in :func:`companion.transformers.stream.inject` (real model) or token positions of every
         sequence (stack); ``None`` = every real token.
     measure : callable or None
         ``measure(h_injected, h_base) -> Tensor`` with ``h_injected`` of shape
@@ -475,14 +476,14 @@ def injection_sweep(
     all runs with ``l ≤ i`` are stacked into one batch.  Injecting at every layer of an
     ``L``-block model therefore costs about ``L(L+1)/2`` block evaluations instead of
     ``L(L+1)`` for one full forward per layer (``benchmarks/bench_probes.py``).  Results equal
-    :func:`companion.probes.inject` up to floating-point reordering (tested to ``1e-4``
+    :func:`companion.transformers.stream.inject` up to floating-point reordering (tested to ``1e-4``
     relative).  A stack runs every condition through a block on its own (``max_batch_tokens``
     is ignored): each injected run is then the same arithmetic as
     ``ResidualStack.forward(inject_layer=...)``, bit for bit.
 
     Examples
     --------
-    >>> sw = injection_sweep(m, texts, "all", v, scale=[2.0, 8.0])   # doctest: +SKIP
+    >>> sw = sweep_injections(m, texts, "all", v, scale=[2.0, 8.0])   # doctest: +SKIP
     >>> sw.injected.shape                                             # doctest: +SKIP
     torch.Size([31, 2, 31, 4, 12, 576])
     """
@@ -566,7 +567,7 @@ def injection_sweep(
 # --------------------------------------------------------------------------------------------
 # stacks: every metric per layer and position
 # --------------------------------------------------------------------------------------------
-def stack_injection_sweep(
+def sweep_stack_injections(
     model,
     inputs,
     layers=None,
@@ -580,7 +581,7 @@ def stack_injection_sweep(
 
     Parameters
     ----------
-    model : companion.stacks.ResidualStack or companion.stacks.TinyLM
+    model : companion.stacks.residual.ResidualStack or companion.stacks.tinylm.TinyLM
         The stack (random or trained).  It is run under ``torch.no_grad`` on its own device.
     inputs : torch.Tensor
         ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a
@@ -597,7 +598,7 @@ def stack_injection_sweep(
         See ``scale``.
     direction : array_like, shape ``[d]``, optional
         The direction ``v`` (normalised here).  Default
-        :func:`companion.directions.random_direction` with ``seed``.
+        :func:`companion.injection.directions.random_direction` with ``seed``.
     positions : int or sequence of int, optional
         Token positions that receive the vector (``None``: all).
     seed : int, default 0
@@ -623,20 +624,20 @@ def stack_injection_sweep(
 
     Notes
     -----
-    One :func:`injection_sweep` through :class:`companion.stacks.StackAdapter`: the baseline
+    One :func:`sweep_injections` through :class:`companion.stacks.tinylm.StackAdapter`: the baseline
     runs once, and a run injected at :math:`\ell` replays only blocks :math:`\ell .. L-1`,
     with the same arithmetic as ``ResidualStack.forward(inject_layer=ell)``.  Every layer is
-    measured with :func:`companion.perturbation.perturbation_metrics` as the sweep proceeds.  The skip-path prediction is the first-order
+    measured with :func:`companion.injection.metrics.perturbation_metrics` as the sweep proceeds.  The skip-path prediction is the first-order
     statement of the chapter's propositions: Post-LN multiplies the projection by
     :math:`\lambda\,\hat v^\top\operatorname{diag}(\gamma)\hat v/s(u)` at every norm
     (:func:`postln_contraction_factors`), Pre-LN by :math:`\lambda` at every sublayer.  The
-    KL divergence is :func:`companion.perturbation.next_token_kl`.
+    KL divergence is :func:`companion.injection.metrics.next_token_kl`.
 
     Examples
     --------
-    >>> from companion.stacks import StackConfig, ResidualStack
+    >>> from companion.stacks.residual import StackConfig, ResidualStack
     >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2, placement="post"))
-    >>> sw = stack_injection_sweep(stack, torch.randn(2, 4, 16), scale=1e-4)
+    >>> sw = sweep_stack_injections(stack, torch.randn(2, 4, 16), scale=1e-4)
     >>> sw.metrics["projection"].shape, sw.effect("output_change").shape
     ((3, 4, 2, 4), (3,))
     >>> p, q = sw.metrics["projection"][0, 0], sw.predicted_projection[0, 0]  # at injection
@@ -708,7 +709,7 @@ def stack_injection_sweep(
         return torch.from_numpy(np.stack([m[name][0] for name in pt.METRIC_NAMES]))[None]
 
     vectors = torch.stack([float(a) * v_t for a in amps])
-    sw = injection_sweep(ad, None, lay.tolist(), vectors, scale=[1.0], positions=positions,
+    sw = sweep_injections(ad, None, lay.tolist(), vectors, scale=[1.0], positions=positions,
                          measure=measure)
     got = sw.injected[:, 0].numpy()                       # [K, L+1, n_metric, B, T]
     metrics = {name: np.ascontiguousarray(got[:, :, i]) for i, name in enumerate(pt.METRIC_NAMES)}
@@ -758,7 +759,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     ----------
     m : LoadedModel
     prompts : InjectionPrompts
-        From :func:`companion.directions.make_prompts` (for the same model).
+        From :func:`companion.injection.directions.make_prompts` (for the same model).
     layers : sequence of int
         Injection layers (stream indices in ``[0, L]``), strictly increasing.
     directions : array_like, shape ``[d]`` or ``[n_inj, d]``
@@ -766,21 +767,21 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         (e.g. ``ConceptVectors.unit[layers]``).  Normalised here.
     scales : float or sequence of float
         Magnitudes, > 0.  With ``relative=True`` they are :math:`\alpha` and the added vector at
-        layer :math:`\ell` is :math:`\alpha\, n_\ell\, \hat v` (:func:`companion.directions.typical_norms`);
+        layer :math:`\ell` is :math:`\alpha\, n_\ell\, \hat v` (:func:`companion.injection.directions.typical_norms`);
         otherwise they are the absolute length :math:`c`.
     relative : bool, default True
     norms : array_like, shape ``[L+1]``, optional
         The magnitude unit per layer (``c = alpha * norms[l]``): default the typical norms
         :math:`n_\ell` of a baseline run of ``prompts``; pass
-        :func:`companion.directions.typical_spreads` to scale by the centred spread
+        :func:`companion.injection.directions.typical_spreads` to scale by the centred spread
         :math:`s_\ell` instead.
     max_batch_tokens : int, default 16384
-        Passed to :func:`injection_sweep` (memory bound per block call).
+        Passed to :func:`sweep_injections` (memory bound per block call).
     centre : array_like, shape ``[L+1, d]``, optional
-        A mean stream :math:`\mu_\ell` (:func:`companion.directions.stream_means`): the metrics
+        A mean stream :math:`\mu_\ell` (:func:`companion.injection.directions.stream_means`): the metrics
         then also hold ``relative_size_centred``, ``cos_inj_base_centred`` and
         ``norm_ratio_centred``, the same three computed on :math:`h - \mu_\ell`
-        (:func:`companion.perturbation.perturbation_metrics`) from the same runs (the
+        (:func:`companion.injection.metrics.perturbation_metrics`) from the same runs (the
         projection and the distance do not depend on a centre).  Default ``None``: uncentred only.
 
     Returns
@@ -789,7 +790,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         ``scales`` an array; ``coefficient`` ``[n_inj, n_scales]`` the absolute length ``c``
         of each added vector; ``typical_norm``; ``metrics``
         ``[n_inj, n_scales, L+1, batch, 3]`` averaged over the positions of each group of
-        :data:`~companion.directions.GROUPS` in each prompt; ``effects`` ``{effect_name:
+        :data:`~companion.injection.directions.GROUPS` in each prompt; ``effects`` ``{effect_name:
         [n_inj, n_scales, batch]}`` with ``effect_name`` ``"kl_last"`` (causal LM) or
         ``"embedding_change"`` (encoder).
 
@@ -805,15 +806,15 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
 
     Notes
     -----
-    Runs :func:`injection_sweep` once (blocks before an injection layer are
+    Runs :func:`sweep_injections` once (blocks before an injection layer are
     never recomputed), with a ``measure`` that applies
-    :func:`companion.perturbation.perturbation_metrics` at every layer as the sweep proceeds,
+    :func:`companion.injection.metrics.perturbation_metrics` at every layer as the sweep proceeds,
     each run against its own direction, and keeps only the per-group means and the output row
     (the last token's state for a causal LM, the mean-pooled state for an encoder, kept at the
     last layer only), so memory stays O(runs x (layers + d) x batch).  The
-    output effect is :func:`companion.perturbation.next_token_kl` of the logits at the last token
+    output effect is :func:`companion.injection.metrics.next_token_kl` of the logits at the last token
     (:func:`companion.logits_from_residual`) for a causal LM, and
-    :func:`companion.perturbation.embedding_change` of the mean-pooled final state for an encoder (the
+    :func:`companion.injection.metrics.embedding_change` of the mean-pooled final state for an encoder (the
     all-MiniLM-L6-v2 embedding up to its final normalisation, which :math:`1-\cos` ignores).
 
     Examples
@@ -824,7 +825,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     """
     check_model(m)
     if not isinstance(prompts, InjectionPrompts):
-        raise TypeError(f"prompts must come from companion.directions.make_prompts, got {type(prompts).__name__}")
+        raise TypeError(f"prompts must come from companion.injection.directions.make_prompts, got {type(prompts).__name__}")
     relative = check_bool(relative, "relative")
     L, d = m.n_layers, m.d_model
     lay = list(_injection_layers(layers, L, m.name, increasing=True))
@@ -873,7 +874,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
                                           for name in names], -1))  # [K, B, 3, n_metric]
 
     vecs = torch.from_numpy(factor[:, None] * unit)
-    sw = injection_sweep(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
+    sw = sweep_injections(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
                                 measure=measure, max_batch_tokens=max_batch_tokens)
     grouped = sw.injected.to(torch.float64).numpy()  # [n_inj, n_sc, L+1, B, 3, n_metric]
     hb = sw.baseline[L].detach().to("cpu", torch.float64)

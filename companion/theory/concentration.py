@@ -29,7 +29,7 @@ Public functions
 
 Implementation notes
 --------------------
-Laws are evaluated with the node sets of :mod:`companion.tails` (double-exponential quadrature
+Laws are evaluated with the node sets of :mod:`companion.theory.subgaussian` (double-exponential quadrature
 nodes in the log domain, the same tail classification), with one change: a continuous law is
 split at its mean, so that a density with an integrable singularity there (the product of two
 Gaussians has :math:`f(x)\sim-\log|x|/\pi`) is integrated to full accuracy.
@@ -43,7 +43,8 @@ import warnings
 import numpy as np
 from scipy import integrate, optimize, special, stats
 
-from companion import _cgf, tails
+from companion.theory import _cgf
+from companion.theory import subgaussian
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
     check_sigma2, check_t, checkpoints, freeze, is_discrete, row_counts,
@@ -63,13 +64,13 @@ __all__ = [
 ]
 
 _LOG2 = math.log(2.0)
-#: A tail whose log-log slope is within this of 1 is exponential (as in companion.tails).
+#: A tail whose log-log slope is within this of 1 is exponential (as in companion.theory.subgaussian).
 _TAIL_TOL = _cgf.TAIL_TOL
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
 #: where the supremum defining nu^2 is infinite (the measured rate carries a log correction).
 _EDGE_RTOL = 1e-3
 _NORM_METHODS = ("bernstein", "interpolation", "lipschitz")
-#: |lambda| * sd up to which the quadrature of companion.tails is accurate (about 1e-8 relative).
+#: |lambda| * sd up to which the quadrature of companion.theory.subgaussian is accurate (about 1e-8 relative).
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 
 
@@ -185,7 +186,7 @@ def dot_product_law(d_k, scaled: bool = False):
     :math:`K_0(|x|)/\pi`; for :math:`d_k=2` it is the Laplace law :math:`e^{-|x|}/2`.  For small
     :math:`d_k` the density is not smooth at 0 (a logarithmic singularity for :math:`d_k=1`, a kink
     for :math:`d_k=2,3`): the functions of this module split their quadrature there, while
-    :func:`companion.tails.log_mgf` does not (for :math:`d_k=1` it warns that it recovers 99.87% of
+    :func:`companion.theory.subgaussian.log_mgf` does not (for :math:`d_k=1` it warns that it recovers 99.87% of
     the mass; for :math:`d_k=2,3` its relative error is about :math:`10^{-6}`).  From
     :math:`d_k=4` on it is accurate to about :math:`10^{-8}`.
 
@@ -203,7 +204,7 @@ def dot_product_law(d_k, scaled: bool = False):
 
 
 # ----------------------------------------------------------------------------------------------
-# Node sets (companion.tails, split at the mean)
+# Node sets (companion.theory.subgaussian, split at the mean)
 # ----------------------------------------------------------------------------------------------
 def _split_nodes(dist, mean: float, var: float, lam_abs: float):
     """Weighted nodes of ``dist``; continuous laws get an extra panel boundary at the mean."""
@@ -300,7 +301,7 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     :math:`s\mapsto\log\mathbb E\,e^{|X|/s}` is decreasing; its root at :math:`\log2` is bracketed
     below by Jensen's inequality, :math:`s\ge\mathbb E|X|/\ln2`, and by the integrability edge
     :math:`s>1/r` of an exponential tail :math:`f(x)\approx e^{-r|x|}`, and found by Brent's method
-    on :math:`\log s`.  Expectations over a law use the node sets of :mod:`companion.tails`
+    on :math:`\log s`.  Expectations over a law use the node sets of :mod:`companion.theory.subgaussian`
     (split at the mean).  Exact values: :math:`\|\mathrm{Exp}(1)\|_{\psi_1}=2`,
     :math:`\|G^2\|_{\psi_1}=\|G\|_{\psi_2}^2=8/3` for :math:`G\sim N(0,1)`, and
     :math:`\|c\|_{\psi_1}=|c|/\ln2` for a constant (Vershynin, 2018, §2.7).
@@ -384,7 +385,7 @@ def subexponential_nu2(dist, b) -> float:
 
     Notes
     -----
-    This is the profile :math:`2K(\lambda)/\lambda^2` of :func:`companion.tails.proxy_profile`
+    This is the profile :math:`2K(\lambda)/\lambda^2` of :func:`companion.theory.subgaussian.proxy_profile`
     maximised over :math:`|\lambda|<1/b` only; as :math:`b\to0` it increases to the optimal
     sub-Gaussian proxy (infinite for a law with exponential tails), and as :math:`b\to\infty`
     it decreases to the variance.  An exponential tail with rate :math:`r` makes it infinite
@@ -535,9 +536,9 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     Notes
     -----
     By Hoeffding's lemma each term is :math:`(b_i-a_i)^2/4`-sub-Gaussian
-    (:func:`companion.tails.hoeffding_proxy`); proxies of independent terms add
-    (:func:`companion.tails.linear_map_proxy`), and the Chernoff bound
-    (:func:`companion.tails.subgaussian_tail_bound`) finishes (Hoeffding, 1963).
+    (:func:`companion.theory.subgaussian.hoeffding_proxy`); proxies of independent terms add
+    (:func:`companion.theory.subgaussian.linear_map_proxy`), and the Chernoff bound
+    (:func:`companion.theory.subgaussian.subgaussian_tail_bound`) finishes (Hoeffding, 1963).
 
     Examples
     --------
@@ -556,11 +557,11 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     nn = check_int(n, "n", 1)
     if lo.ndim == 1 and lo.size > 1 and nn != 1:
         raise ValueError("pass either one range per summand (and n = 1) or scalar ranges and n")
-    proxies = np.atleast_1d(tails.hoeffding_proxy(lo, hi))
+    proxies = np.atleast_1d(subgaussian.hoeffding_proxy(lo, hi))
     total = float(proxies.sum()) * nn
     if total == 0.0:
         raise ValueError("every range has zero width: the sum is constant, no bound is needed")
-    return tails.subgaussian_tail_bound(t, total, two_sided=two_sided)
+    return subgaussian.subgaussian_tail_bound(t, total, two_sided=two_sided)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,647 @@
+"""The Result store: a Result is a JSON file and an ``.npz`` file, checksummed and written atomically.
+
+Where Results live
+------------------
+:func:`stored_root`: ``companion/data/results/``
+    Stored Results that chapters read (committed GPU runs, trained weights), installed with the
+    package as package data and found with :mod:`importlib.resources`.  Searched first.
+:func:`cache_root`: ``results/cache/`` (in a clone) or ``~/.cache/companion/results/cache/``
+    Everything computed locally (git-ignored).  New Results go here by default; never into
+    site-packages.
+Set ``$COMPANION_RESULTS`` to use another root folder: ``$COMPANION_RESULTS/stored`` and
+``$COMPANION_RESULTS/cache`` then replace both.
+
+Integrity
+---------
+The JSON names the SHA-256 of the bytes of its ``.npz`` (``npz_sha256``) and, per array, a
+SHA-256 of its dtype, shape and values (``arrays.<key>.sha256``); :func:`load_result` checks
+both, and the declared shape and dtype, and raises :class:`CorruptResultError` for a truncated,
+empty, edited or mismatched file, or for a JSON that is not a Result.
+:func:`companion.experiments.run_cached` turns that into a recompute with a
+:class:`CorruptResultWarning`; ``python -m companion show`` into an error message.  A JSON without
+checksums (written before they existed) is still read, with the shape and dtype checks only;
+:func:`add_checksums` adds them without touching the arrays.  :func:`save_result` writes both files
+under unique temporary names in the target folder and publishes them (``.npz`` first, JSON last)
+under a per-Result lock file (``<hash>.lock``, removed when done), so that concurrent writers of
+one config, processes or threads, leave the complete pair of the last of them.  Readers create no
+lock: a pair replaced while it was being read fails its checksum, and :func:`load_result` waits for
+the writer and reads it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import threading
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from companion._paths import package_data, source_checkout
+from companion.experiments.registry import _schema, config_hash, get_experiment, make_config
+
+try:  # POSIX advisory locks; elsewhere only threads of one process are serialised
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+__all__ = ["Result", "StaleResultWarning", "CorruptResultWarning", "CorruptResultError", "results_root",
+           "cache_root", "stored_root", "stored_target", "stored_results", "result_path", "check_writable",
+           "save_result", "load_result", "add_checksums"]
+
+logger = logging.getLogger(__name__)
+
+
+class StaleResultWarning(UserWarning):
+    """A stored Result did not match its config hash or schema and was recomputed."""
+
+
+class CorruptResultWarning(StaleResultWarning):
+    """A stored Result's files were damaged (unreadable, truncated, edited) and it was recomputed.
+
+    A subclass of :class:`StaleResultWarning`, so that a filter on that also covers this.
+    """
+
+
+class CorruptResultError(ValueError):
+    """The files at a Result path do not form a valid Result (see :func:`load_result`).
+
+    A subclass of ``ValueError``; the message names the file, what is wrong with it, and what
+    to do (delete both files, or recompute with ``force=True`` / ``--force``).
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The Result's JSON file.
+    reason : str
+        What is wrong, e.g. ``"its JSON holds a list, not a Result object"``.
+    """
+
+    def __init__(self, path, reason: str):
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(
+            f"cannot use the Result at {self.path}: {reason}; delete {self.path.name} and "
+            f"{self.path.with_suffix('.npz').name} in {self.path.parent}, or recompute it "
+            "(run_cached(..., force=True), or --force on the command line)"
+        )
+
+    def __reduce__(self):  # picklable across processes, like other exceptions
+        return (type(self), (self.path, self.reason))
+
+
+# --------------------------------------------------------------------------- results
+@dataclass
+class Result:
+    """What an experiment run produced, with everything needed to trust and reproduce it.
+
+    Attributes
+    ----------
+    name : str
+        Experiment name.
+    config : dict
+        The config as plain JSON values.
+    arrays : dict of str -> numpy.ndarray
+    scalars : dict
+        Numbers, strings and lists (JSON).
+    versions : dict
+        python, torch, transformers, numpy, companion (and the platform).
+    device : str
+        E.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
+    wall_time : float
+        Seconds spent in ``compute``.
+    schema : str
+        ``"<framework schema>.<experiment schema>"``.
+    config_hash : str
+    created : str
+        UTC timestamp (ISO 8601).
+    """
+
+    name: str
+    config: dict
+    arrays: dict
+    scalars: dict
+    versions: dict
+    device: str
+    wall_time: float
+    schema: str
+    config_hash: str
+    created: str = ""
+    path: Path | None = field(default=None, compare=False, repr=False)
+
+    def config_object(self):
+        """The frozen config instance this Result was computed from."""
+        return make_config(self.name, self.config)
+
+
+def results_root() -> Path:
+    """Root folder of the Results computed here (its ``cache/`` subfolder is :func:`cache_root`).
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_RESULTS`` if set; else ``<repository>/results`` when the package runs from a
+        clone; else ``~/.cache/companion/results`` (an installed package never writes into
+        site-packages).  The stored Results are not below it unless ``$COMPANION_RESULTS`` is
+        set: use :func:`stored_root`.
+    """
+    env = os.environ.get("COMPANION_RESULTS")
+    if env:
+        return Path(env).expanduser()
+    repo = source_checkout()
+    if repo is not None:
+        return repo / "results"
+    return Path.home() / ".cache" / "companion" / "results"
+
+
+def cache_root() -> Path:
+    """Folder of the Results computed locally, where new Results go by default.
+
+    Returns
+    -------
+    pathlib.Path
+        ``<results root>/cache`` (:func:`results_root`): ``results/cache`` in a clone (ignored
+        by git), ``~/.cache/companion/results/cache`` for an installed package, or
+        ``$COMPANION_RESULTS/cache``.
+    """
+    return results_root() / "cache"
+
+
+def stored_root() -> Path:
+    """Folder of the stored Results that chapters read; :func:`run_cached` looks here first.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_RESULTS/stored`` if ``$COMPANION_RESULTS`` is set, else the package data
+        folder ``companion/data/results`` (installed with the package; in a clone, the folder
+        to which GPU runs are written with ``--out companion/data/results`` and committed).
+    """
+    if os.environ.get("COMPANION_RESULTS"):
+        return results_root() / "stored"
+    return package_data("results")
+
+
+def stored_target() -> Path:
+    """Where helpers that produce Results to keep write by default.
+
+    :func:`stored_root` when it is meant to be written (a clone, or ``$COMPANION_RESULTS``),
+    else :func:`cache_root`: an installed package never writes into site-packages.
+    """
+    if os.environ.get("COMPANION_RESULTS") or source_checkout() is not None:
+        return stored_root()
+    return cache_root()
+
+
+def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
+    """Every valid stored Result of experiment ``name`` (any config), newest first.
+
+    Parameters
+    ----------
+    name : str
+        A registered experiment name (:func:`experiment_names`).
+    root : path, optional
+        Folder holding ``<name>/<hash>.json`` files (default :func:`stored_root`,
+        ``companion/data/results``).
+
+    Returns
+    -------
+    list of Result
+        Results of ``name`` whose schema matches the current code; others are skipped (they
+        would be recomputed by :func:`run_cached`, never shown).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not registered.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     stored_results("channel_statistics", root=tmp)
+    []
+    """
+    cls = get_experiment(name)
+    base = Path(root) if root is not None else stored_root()
+    found = []
+    for path in sorted((base / name).glob("*.json")):
+        try:
+            result = load_result(path)
+        except ValueError:
+            continue
+        if result.name == name and result.schema == _schema(cls):
+            found.append(result)
+    return sorted(found, key=lambda r: r.created, reverse=True)
+
+
+def result_path(config, results_dir: str | Path | None = None) -> Path:
+    """Path of the JSON file of ``config``'s Result: ``<dir>/<name>/<hash>.json``.
+
+    ``results_dir`` defaults to :func:`cache_root`.
+    """
+    base = Path(results_dir) if results_dir is not None else cache_root()
+    return base / type(config).experiment_name / f"{config_hash(config)}.json"
+
+
+# --------------------------------------------------------------------------- storage
+#: Fields every Result JSON holds, with their JSON types.
+_META_TYPES: dict[str, tuple] = {
+    "name": (str,), "config": (dict,), "scalars": (dict,), "versions": (dict,), "device": (str,),
+    "wall_time": (int, float), "schema": (str,), "config_hash": (str,),
+}
+
+
+_THREAD_LOCK = threading.Lock()  # serialises writers only where fcntl is missing
+
+
+def _array_digest(array: np.ndarray) -> str:
+    """SHA-256 (hex) of an array's dtype (with byte order), shape and values in C order."""
+    h = hashlib.sha256(f"{array.dtype.str}|{list(array.shape)}|".encode())
+    h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _write_npz(fh, arrays: dict) -> None:
+    """Write ``arrays`` to ``fh`` as an ``.npz`` (deflated ``.npy`` members, no pickles).
+
+    Unlike :func:`numpy.savez_compressed` the bytes depend only on the arrays (fixed member
+    timestamps), and any identifier is a valid key (``file`` included).
+    """
+    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+        for key, value in arrays.items():
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with zf.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, value, allow_pickle=False)
+
+
+def _temp_write(folder: Path, stem: str, suffix: str, write) -> Path:
+    """Write a new file with a unique name in ``folder`` via ``write(fh)``, flushed to disk.
+
+    The name is unique across processes and threads (a UUID); the permissions follow the umask
+    like any new file (``tempfile.mkstemp`` would make them private).
+    """
+    tmp = folder / f".{stem}.{uuid.uuid4().hex}{suffix}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _json_bytes(meta: dict) -> bytes:
+    return (json.dumps(meta, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def _acquire(lock: Path) -> int | None:
+    """File descriptor holding an exclusive flock on ``lock`` (created), or None without flock."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: go on unlocked
+            os.close(fd)
+            lock.unlink(missing_ok=True)
+            return None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the writer that held it deleted it meanwhile: lock the current file
+
+
+@contextlib.contextmanager
+def _pair_lock(json_path: Path):
+    """Hold the write lock of one Result (``<hash>.lock`` beside it) while its pair is published.
+
+    Writers create the lock file, publish, and delete it before unlocking, so that none is left
+    behind; whoever locks a file checks that it is still the one at the path (a deleted lock is
+    never trusted).  Readers take no lock: when a read fails its checks, :func:`load_result`
+    waits for a writer that holds the lock, or sees that the files changed, and reads again.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        with _THREAD_LOCK:
+            yield
+        return
+    lock = json_path.with_suffix(".lock")
+    fd = _acquire(lock)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            lock.unlink(missing_ok=True)
+            os.close(fd)
+
+
+def check_writable(folder: Path) -> None:
+    """Raise ValueError (before any work is done) if Results cannot be written into ``folder``."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot write Results into {folder} ({exc}); choose a writable folder: --out DIR "
+            "on the command line, results_dir= in Python, or $COMPANION_RESULTS for the default "
+            "folders"
+        ) from None
+
+
+def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
+    """Write ``result`` as JSON (metadata, config, scalars, checksums) + ``.npz`` (arrays).
+
+    Both files are written under unique temporary names in the target folder, then published
+    with :func:`os.replace`, the ``.npz`` first and the JSON last (which names the SHA-256 of its
+    ``.npz``), while holding the Result's lock (``fcntl.flock``; where that is missing, only
+    threads of one process are serialised).  Of concurrent writers of one config (processes or
+    threads) the last leaves a complete pair; a reader that meets a half-published pair sees a
+    checksum mismatch and :func:`load_result` reads again.
+
+    Parameters
+    ----------
+    result : Result
+    results_dir : path or None
+        Root folder; the files go to ``<results_dir>/<name>/<config hash>.json`` and ``.npz``.
+        ``None``: :func:`cache_root` (``results/cache`` in a clone).
+
+    Returns
+    -------
+    pathlib.Path
+        The JSON path (also set as ``result.path``).
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a Result, or an array is not storable (object dtype).
+    ValueError
+        If an array name is not an identifier.
+    OSError
+        If the folder cannot be written (:func:`run_cached` checks this before computing).
+    """
+    if not isinstance(result, Result):
+        raise TypeError(f"expected a Result, got {type(result).__name__}")
+    arrays = {}
+    for key, value in result.arrays.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"array names must be identifiers, got {key!r}")
+        arrays[key] = np.asarray(value)
+        if arrays[key].dtype.hasobject:
+            raise TypeError(f"array {key!r} has dtype object, which cannot be stored without "
+                            "pickles")
+    base = Path(results_dir) if results_dir is not None else cache_root()
+    path = base / result.name / f"{result.config_hash}.json"
+    npz_path = path.with_suffix(".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {k: getattr(result, k) for k in ("name", "config", "scalars", "versions", "device", "wall_time",
+                                            "schema", "config_hash", "created")}
+    meta["arrays"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "sha256": _array_digest(v)}
+                      for k, v in arrays.items()}
+    temps = []
+    try:
+        temps.append(_temp_write(path.parent, path.stem, ".npz.tmp",
+                                 lambda fh: _write_npz(fh, arrays)))
+        meta["npz_sha256"] = _file_digest(temps[0])
+        text = _json_bytes(meta)
+        temps.append(_temp_write(path.parent, path.stem, ".json.tmp", lambda fh: fh.write(text)))
+        with _pair_lock(path):
+            os.replace(temps[0], npz_path)
+            os.replace(temps[1], path)
+        temps = []
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+    result.path = path
+    return path
+
+
+def _kind(value) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _read_pair(path: Path) -> tuple[Result, dict]:
+    """Read and verify one Result pair (no lock); return it and its JSON metadata."""
+    npz_path = path.with_suffix(".npz")
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the Result at {path}: {exc}") from exc
+
+    def corrupt(reason: str) -> CorruptResultError:
+        return CorruptResultError(path, reason)
+
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise corrupt(f"its JSON is malformed ({exc})") from None
+    if not isinstance(meta, dict):
+        raise corrupt(f"its JSON holds a {_kind(meta)}, not a Result object")
+    missing = sorted(set(_META_TYPES) - set(meta))
+    if missing:
+        raise corrupt(f"it is not a Result file (missing {missing})")
+    optional = {"created": "", "arrays": {}, "npz_sha256": ""}  # absent: fine; present: typed
+    for key, types_ in {**_META_TYPES, "created": (str,), "arrays": (dict,),
+                        "npz_sha256": (str,)}.items():
+        value = meta.get(key, optional.get(key))
+        if isinstance(value, bool) or not isinstance(value, types_):
+            want = " or ".join(t.__name__ for t in types_)
+            raise corrupt(f"its field {key!r} is a {_kind(value)}, not a {want}")
+    if not np.isfinite(meta["wall_time"]):
+        raise corrupt(f"its wall_time is {meta['wall_time']!r}")
+    declared = meta.get("arrays", {})
+    for key, spec in declared.items():
+        ok = (isinstance(spec, dict) and isinstance(spec.get("dtype"), str)
+              and isinstance(spec.get("shape"), list)
+              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                      for n in spec["shape"])
+              and isinstance(spec.get("sha256", ""), str))
+        if not ok:
+            raise corrupt(f"its description of array {key!r} is malformed ({spec!r:.80})")
+
+    try:
+        blob = npz_path.read_bytes()
+    except OSError as exc:
+        raise corrupt(f"its arrays file {npz_path.name} cannot be read "
+                      f"({exc.strerror or exc})") from None
+    want_sha = meta.get("npz_sha256")
+    sha_ok = want_sha is None or hashlib.sha256(blob).hexdigest() == want_sha
+    try:
+        data = np.load(io.BytesIO(blob), allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single array, not an .npz archive")
+        with data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:  # noqa: BLE001 - zipfile, zlib, EOFError, ValueError: all "damaged"
+        note = "" if sha_ok else "; it does not match the SHA-256 in the JSON"
+        raise corrupt(f"{npz_path.name} ({len(blob)} bytes) is not a readable .npz "
+                      f"({type(exc).__name__}: {exc}){note}") from None
+    if set(declared) != set(arrays):
+        raise corrupt(f"the .npz holds {sorted(arrays)} but the JSON declares {sorted(declared)}")
+    for key, spec in declared.items():
+        a = arrays[key]
+        if list(a.shape) != spec["shape"] or str(a.dtype) != spec["dtype"]:
+            raise corrupt(f"array {key!r} is {a.dtype} {list(a.shape)} but the JSON declares "
+                          f"{spec['dtype']} {spec['shape']}")
+        if "sha256" in spec and _array_digest(a) != spec["sha256"]:
+            raise corrupt(f"the values of array {key!r} do not match their SHA-256 in the JSON")
+    if not sha_ok:
+        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON (another run's "
+                      "file, or edited)")
+    result = Result(name=meta["name"], config=meta["config"], arrays=arrays,
+                    scalars=meta["scalars"], versions=meta["versions"], device=meta["device"],
+                    wall_time=meta["wall_time"], schema=meta["schema"],
+                    config_hash=meta["config_hash"], created=meta.get("created", ""), path=path)
+    return result, meta
+
+
+def load_result(path: str | Path) -> Result:
+    """Read and verify a Result written by :func:`save_result` (no pickles are loaded).
+
+    Checks that the JSON is a Result (fields present, with their types), that the ``.npz``
+    holds exactly the declared arrays with the declared shapes and dtypes, and -- when the JSON
+    records them (every Result saved since they were introduced) -- the SHA-256 of the ``.npz``
+    bytes and of each array.  A JSON without checksums is read with the other checks only
+    (see :func:`add_checksums`).  If a check fails while a writer is replacing the pair (its
+    lock file exists, or the files changed during the read), the pair is read again; readers
+    never create files, so read-only folders work.
+
+    Parameters
+    ----------
+    path : str or Path
+        The Result's ``.json`` file; the ``.npz`` is beside it.
+
+    Returns
+    -------
+    Result
+
+    Raises
+    ------
+    CorruptResultError
+        (a ``ValueError``) If the files exist but do not form a valid Result: malformed or
+        non-object JSON, a missing or wrong-typed field, a missing, empty, truncated or edited
+        ``.npz``, or arrays that differ from their description or checksum.
+    ValueError
+        If the JSON file cannot be read at all (missing, a folder).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> r = Result(name="example", config={}, arrays={"x": np.arange(3)}, scalars={}, versions={},
+    ...            device="cpu", wall_time=0.0, schema="1.1", config_hash="0" * 16)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     load_result(save_result(r, tmp)).arrays["x"].tolist()
+    [0, 1, 2]
+    """
+    path = Path(path)
+    for attempt in range(_READ_ATTEMPTS):
+        before = _pair_signature(path)
+        try:
+            return _read_pair(path)[0]
+        except CorruptResultError:
+            # a writer publishing the pair while it was read is a race, not damage: read again
+            raced = _wait_for_writer(path) or _pair_signature(path) != before
+            if not raced or attempt == _READ_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: How often :func:`load_result` re-reads a pair that writers keep replacing during the read.
+_READ_ATTEMPTS = 50
+
+
+def _wait_for_writer(path: Path) -> bool:
+    """Wait until no writer holds the Result's lock; return whether one was there.
+
+    Only opens an existing lock file (read-only) and never creates one.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return False
+    try:
+        fd = os.open(path.with_suffix(".lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # blocks while a writer publishes
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return True
+
+
+def _pair_signature(path: Path) -> tuple:
+    """Identity of both files (inode, size, mtime): any writer's os.replace changes it."""
+    out = []
+    for item in (path, path.with_suffix(".npz")):
+        try:
+            st = os.stat(item)
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def add_checksums(path: str | Path) -> bool:
+    """One-off migration: record the checksums in a Result JSON written before they existed.
+
+    Adds ``npz_sha256`` and the per-array ``sha256`` to the JSON (rewritten atomically, in the
+    format of :func:`save_result`); the ``.npz``, the config, its hash and every other field are
+    unchanged.  The arrays are first checked against the declared names, shapes and dtypes.
+
+    Parameters
+    ----------
+    path : str or Path
+        The Result's ``.json`` file.
+
+    Returns
+    -------
+    bool
+        True if the JSON was changed, False if it already held (valid) checksums.
+
+    Raises
+    ------
+    CorruptResultError, ValueError
+        As :func:`load_result`: a damaged Result is not blessed with checksums.
+
+    Examples
+    --------
+    Run once over the committed Results::
+
+        for p in sorted(stored_root().glob("*/*.json")):
+            add_checksums(p)
+    """
+    path = Path(path)
+    with _pair_lock(path):
+        result, meta = _read_pair(path)
+        if "npz_sha256" in meta and all("sha256" in spec for spec in meta["arrays"].values()):
+            return False
+        meta["npz_sha256"] = _file_digest(path.with_suffix(".npz"))
+        for key, spec in meta["arrays"].items():
+            spec["sha256"] = _array_digest(result.arrays[key])
+        text = _json_bytes(meta)
+        tmp = _temp_write(path.parent, path.stem, ".json.tmp", lambda fh: fh.write(text))
+        try:
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return True

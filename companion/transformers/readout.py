@@ -1,0 +1,176 @@
+"""What a real model computes from its residual stream: logits, next-token loss, sentence embeddings.
+
+:func:`logits_from_residual` applies the final norm and the unembedding to a residual-stream
+vector (the logit lens), :func:`next_token_loss` is the mean next-token cross-entropy of texts, and
+:func:`sentence_embedding` mean-pools and L2-normalises, as sentence-transformers does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from companion._validation import check_int, check_texts
+from companion.transformers.models import LoadedModel, check_model, tokenize
+
+__all__ = ["logits_from_residual", "next_token_loss", "sentence_embedding"]
+
+
+# --------------------------------------------------------------------------- heads
+def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
+    """Next-token logits from residual-stream vectors: the final norm, then the unembedding.
+
+    Parameters
+    ----------
+    m : LoadedModel
+        A causal language model (``m.kind == "causal-lm"``).
+    h : torch.Tensor, shape ``[..., d_model]``
+        Raw residual stream after the last block, e.g. ``residual_stream(m, texts)[-1]`` or
+        the last layer of an injected run (:mod:`companion.transformers.stream`).
+
+    Returns
+    -------
+    torch.Tensor, shape ``[..., vocab]``
+        ``W_U · FinalNorm(h)``; equals ``model(...).logits`` for the same run.
+
+    Raises
+    ------
+    TypeError
+        If ``h`` is not a tensor.
+    ValueError
+        If the model has no next-token head, or the last dimension of ``h`` is not ``d_model``.
+
+    Notes
+    -----
+    For a pre-norm model the stream index ``L`` returned by the probes is the *raw* output of
+    the last block; the final norm (RMSNorm for SmolLM2) is applied here.  This is the
+    "logit lens" of :cite:t:`nostalgebraist2020logitlens` when applied to an earlier layer.
+
+    Examples
+    --------
+    >>> logp = torch.log_softmax(logits_from_residual(m, stream[-1]), -1)   # doctest: +SKIP
+    """
+    check_model(m)
+    if m.kind != "causal-lm":
+        raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
+    if not isinstance(h, torch.Tensor):
+        raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
+    if h.shape[-1] != m.d_model:
+        raise ValueError(f"h must end with the model width {m.d_model}, got shape {tuple(h.shape)}")
+    with torch.no_grad():
+        h = h.to(device=m.device, dtype=m.dtype)
+        if m.final_norm is not None:
+            h = m.final_norm(h)
+        logits = m.model.get_output_embeddings()(h)
+        cap = getattr(m.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int | None = None,
+                    per_text: bool = False):
+    """Mean next-token cross-entropy (nats per predicted token) of a causal LM on texts.
+
+    Parameters
+    ----------
+    m : LoadedModel
+        A causal language model; its current weights are used (so a modified copy can be
+        compared with the original).
+    texts : str or sequence of str
+    batch_size : int, default 8
+    max_length : int or None
+        Truncation length (default ``m.max_length``).
+    per_text : bool, default False
+        Return one mean per text instead of the mean over all predicted tokens.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over every position whose next token is real
+        (pads excluded); with ``per_text`` an array of the per-text means.
+
+    Raises
+    ------
+    ValueError
+        For an encoder model, empty texts or a text of a single token.
+
+    Notes
+    -----
+    ``exp`` of the result is the perplexity.  Computed in batches of ``batch_size`` texts.
+
+    Examples
+    --------
+    >>> next_token_loss(load("smollm2-135m"), ["The cat sat on the mat."])   # doctest: +SKIP
+    """
+    check_model(m)
+    if m.kind != "causal-lm":
+        raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
+    batch_size = check_int(batch_size, "batch_size", 1)
+    texts = check_texts(texts, single=True)
+    total, count, per = 0.0, 0, []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            enc = tokenize(m, texts[start:start + batch_size], max_length)
+            mask = enc["attention_mask"]
+            if (mask.sum(dim=1) < 2).any():
+                raise ValueError("every text needs at least two tokens to predict a next token")
+            out = m.model(input_ids=enc["input_ids"], attention_mask=mask, use_cache=False)
+            logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+            target = enc["input_ids"][:, 1:]
+            nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            valid = mask[:, 1:].bool()
+            nll = torch.where(valid, nll, torch.zeros_like(nll))
+            total += float(nll.sum())
+            count += int(valid.sum())
+            per.extend((nll.sum(1) / valid.sum(1)).cpu().tolist())
+    return np.asarray(per) if per_text else total / count
+
+
+def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: int | None = None) -> torch.Tensor:
+    """Sentence embeddings as sentence-transformers computes them for all-MiniLM-L6-v2.
+
+    Parameters
+    ----------
+    m : LoadedModel
+    texts : str or sequence of str
+    batch_size : int, default 32
+    max_length : int or None
+        Truncation length (default ``m.max_length``).
+
+    Returns
+    -------
+    torch.Tensor, shape ``[n_texts, d_model]``
+        Unit vectors: ``e = u / ‖u‖`` with ``u`` the mean of the last hidden state over the
+        non-pad tokens.
+
+    Raises
+    ------
+    ValueError
+        Empty texts or bad ``batch_size``.
+
+    Notes
+    -----
+    The last hidden state is the output of the model's forward pass (after the final norm for
+    a pre-norm model); for MiniLM it equals the residual-stream index ``L`` of the probes.
+    Pooling and normalisation follow the package's ``1_Pooling`` and ``2_Normalize`` modules
+    :cite:`reimers2019sbert`.
+
+    Examples
+    --------
+    >>> e = sentence_embedding(load("minilm-l6"), ["a cat", "a kitten"])   # doctest: +SKIP
+    >>> float(e[0] @ e[1])                                               # doctest: +SKIP
+    """
+    check_model(m)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    texts = check_texts(texts, single=True)
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            enc = tokenize(m, texts[start:start + batch_size], max_length)
+            hidden = m.base(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                            use_cache=False).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1)
+            out.append(torch.nn.functional.normalize(pooled.float(), dim=-1))
+    return torch.cat(out)
