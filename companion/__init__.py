@@ -15,7 +15,7 @@ mirror the book's parts.  Imports run one way, down this table (``tests/test_arc
     plots suites __main__   figures two chapters share, experiment suites, the command line
 
 Names are imported on first use: ``import companion`` loads neither NumPy nor torch, so that
-:func:`setup_notebook` can pin the CPU kernels before they load.  Every chapter starts with it.
+:func:`~companion.notebook.setup_notebook` can pin the CPU kernels before they load.  Every chapter starts with it.
 """
 
 import importlib as _importlib
