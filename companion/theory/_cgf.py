@@ -199,7 +199,6 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     if beta > 2.0 + TAIL_TOL:
         return Tail(beta=beta, rate=rate, s2=0.0)
     # Gaussian-like tail: the curvature of -log density gives lim 2K/lambda^2 = 1/ell''
-    xc = x[j]
     h = max(1.0, round(dist_from_mean[j] / 64.0)) if discrete else dist_from_mean[j] / 64.0
     def curvature(xc: float, h: float) -> float:
         e3 = neg_log_density(dist, np.array([xc - h, xc, xc + h]))
