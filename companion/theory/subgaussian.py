@@ -633,6 +633,11 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
         raise ValueError(
             f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
         ) from None
+    return _tail_bound(t_b, s_b, two)
+
+
+def _tail_bound(t_b: np.ndarray, s_b: np.ndarray, two: bool):
+    """Compute :func:`subgaussian_tail_bound` for checked, broadcast arguments."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         expo = t_b**2 / (2.0 * s_b)
         # t^2 or 2 sigma2 outside the normal float64 range (t > 1.3e154, t < 1.5e-154,
@@ -711,8 +716,11 @@ def hoeffding_proxy(a, b):
     >>> hoeffding_proxy(0.0, 1.0)
     0.25
     """
-    a_arr = as_real_array(a, "a")
-    b_arr = as_real_array(b, "b")
+    return _hoeffding_proxy(as_real_array(a, "a"), as_real_array(b, "b"))
+
+
+def _hoeffding_proxy(a_arr: np.ndarray, b_arr: np.ndarray):
+    """Check the finite range [a, b] and compute :func:`hoeffding_proxy`."""
     for name, arr in (("a", a_arr), ("b", b_arr)):
         if np.isnan(arr).any():
             raise ValueError(f"{name} contains NaN; pass the finite ends of the range")
