@@ -13,7 +13,7 @@ variables of a maximum, :math:`n` summands, :math:`d` coordinates.
   :func:`simulate_max`;
 * norms of Gaussian vectors: :func:`norm_concentration_bound`.
 
-Laws are evaluated with the node sets of :mod:`companion.theory._cgf`, a continuous law split at its
+Laws are evaluated with the node sets of ``companion.theory._cgf``, a continuous law split at its
 mean so that a density singular there (the product of two Gaussians) is integrated accurately.
 """
 

@@ -8,7 +8,7 @@ Nguyen, 2020).  Theory: chapter :doc:`/book/subgaussian_tails`.
 
 A law is a frozen ``scipy.stats`` distribution (an unfrozen one without shape parameters is frozen
 with its defaults).  Numerically it becomes a weighted node set built once per call (exact atoms,
-double-exponential quadrature, or a truncated lattice; :mod:`companion.theory._cgf`), summed in the
+double-exponential quadrature, or a truncated lattice; ``companion.theory._cgf``), summed in the
 log domain with :math:`\mathbb E[e^{\lambda Y}-1-\lambda Y]` so that :math:`K` stays accurate as
 :math:`\lambda\to0`.  Laws whose spread (interquartile range, width of the atoms) lies outside
 :math:`[10^{-150},10^{150}]`, or continuous laws whose mean lies more than :math:`10^8` spreads from 0
