@@ -38,8 +38,10 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
 
     Returns
     -------
-    (mean, lo, hi) : tuple of float or numpy.ndarray (shape ``[k]``)
-        The mean and the interval's ends.
+    mean : float or numpy.ndarray
+        The mean over rows (shape ``[k]`` for 2-D ``x``).
+    lo, hi : float or numpy.ndarray
+        The interval's ends, same shape.
 
     Raises
     ------
@@ -91,9 +93,10 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
 
     Returns
     -------
-    (estimate, low, high) : tuple of float
-        :math:`\sum num/\sum den` and the percentile interval, directions and prompts resampled
-        independently (each with replacement).
+    estimate : float
+        :math:`\sum num/\sum den`.
+    low, high : float
+        The percentile interval, directions and prompts resampled independently (with replacement).
 
     Raises
     ------

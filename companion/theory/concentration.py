@@ -58,6 +58,7 @@ _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 
 # argument checking
 def _broadcast(**arrays):
+    """Broadcast the named arrays, or a ValueError naming their shapes."""
     try:
         return np.broadcast_arrays(*arrays.values())
     except ValueError:
@@ -73,6 +74,7 @@ class _GaussianDot(stats.rv_continuous):
         return np.asarray(d) > 0
 
     def _logpdf(self, x, d):
+        """Log-density through the exponentially scaled Bessel function kve."""
         nu = (d - 1.0) / 2.0
         ax = np.abs(x)
         with np.errstate(divide="ignore", invalid="ignore"):

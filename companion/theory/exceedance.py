@@ -539,8 +539,10 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
 
     Returns
     -------
-    (lower, upper) : tuple of float or numpy.ndarray
-        Interval ends, broadcast; Hoeffding's are unclipped, the others lie in :math:`[0,N]`.
+    lower : float or numpy.ndarray
+        Lower end, broadcast over ``N`` and ``p`` (Hoeffding's unclipped, the others in :math:`[0,N]`).
+    upper : float or numpy.ndarray
+        Upper end, likewise.
 
     Raises
     ------
@@ -630,6 +632,7 @@ class _BlockCounter:
         self.mask = np.empty(chunk_size, dtype=bool)
 
     def _draw(self, n: int) -> np.ndarray:
+        """n draws in draw space, in the reused float32 buffer."""
         z = self.buf[:n]
         if self.noise == "gaussian":
             self.rng.standard_normal(dtype=np.float32, out=z)
@@ -643,6 +646,7 @@ class _BlockCounter:
         return z
 
     def count(self, m: int, rows: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """Counts of shape (m, thresholds) for ``rows`` new rows of each of the ``m`` channels."""
         if self.noise == "rademacher":
             return self._count_rademacher(m, rows, hi, lo)
         n = m * rows
@@ -671,6 +675,7 @@ class _BlockCounter:
         return out
 
     def _count_rademacher(self, m: int, rows: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The same counts for Rademacher rows, from random bits."""
         words = (rows + 63) // 64
         bits = self.rng.bit_generator.random_raw(m * words).reshape(m, words)
         rem = rows % 64

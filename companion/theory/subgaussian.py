@@ -169,6 +169,7 @@ def _bernoulli_proxy_scalar(p: float) -> float:
 
 
 def _bernoulli_argmax(p: float) -> float:
+    """Maximiser 2 ln((1 - p)/p) of the Bernoulli proxy profile (0 at p in {0, 1/2, 1})."""
     if p in (0.0, 1.0) or p == 0.5:
         return 0.0
     if p < 1e-300:  # (1 - p)/p overflows below 5.6e-309
@@ -177,6 +178,7 @@ def _bernoulli_argmax(p: float) -> float:
 
 
 def _closed_form_proxy(dist) -> ProxyResult | None:
+    """The proxy of a family with a closed form, or None."""
     fam = _cgf.family(dist)
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
@@ -235,6 +237,7 @@ def _bernoulli_cgf(p: float, lam: np.ndarray) -> np.ndarray:
 
 
 def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
+    """K(lam) of a family with a closed form, or None."""
     fam = _cgf.family(dist)
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
@@ -477,6 +480,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
 
 def _numeric_proxy(dist) -> ProxyResult:
+    """The proxy by numerical maximisation of 2K(lam)/lam^2 (Notes of :func:`optimal_variance_proxy`)."""
     mean, var = _cgf.moments(dist)
     if not (np.isfinite(mean) and np.isfinite(var)):
         return ProxyResult(math.inf, var, math.nan, "numeric")
