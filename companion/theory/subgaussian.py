@@ -441,17 +441,12 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
     Notes
     -----
-    *Search.* :math:`R(\lambda)=2K(\lambda)/\lambda^2` is evaluated on 256 log-spaced points per sign of
-    :math:`\lambda` from :math:`10^{-4}/\mathrm{sd}`, refined by bounded Brent search, with the limits
-    :math:`R(0)=\operatorname{Var}X` and :math:`R(\pm\infty)` added exactly.  A side bounded by :math:`b` is
-    searched up to :math:`2(b-\mu)/\operatorname{Var}X` (beyond it :math:`R<\operatorname{Var}X`; capped at
-    the float64 range with a ``RuntimeWarning``); an unbounded side up to :math:`20/\mathrm{sd}`, with
-    :math:`R(\pm\infty)=1/\ell''` read from the curvature of :math:`\ell=-\log f` far in the tail.
-
-    *Heavy tails.* On each unbounded side the log-log slope :math:`\beta` of :math:`\ell(x)-\ell(\mu)` is
-    measured between :math:`2^{13}` and :math:`2^{14}` standard deviations; :math:`\beta<1.98` means heavier
-    than Gaussian (proxy ``inf``), :math:`|\beta-2|\le0.02` Gaussian-like, :math:`\beta>2.02` gives
-    :math:`R(\pm\infty)=0`.  Accuracy about :math:`10^{-9}` relative (``tests/test_tails.py``).
+    :math:`R(\lambda)=2K(\lambda)/\lambda^2` is maximised on 256 log-spaced points per sign of
+    :math:`\lambda`, refined by Brent's method, with the limits :math:`R(0)=\operatorname{Var}X` and
+    :math:`R(\pm\infty)` added exactly; a side bounded by :math:`b` needs :math:`\lambda\le2(b-\mu)/\operatorname{Var}X`
+    only (a ``RuntimeWarning`` if float64 stops the search earlier).  A side whose log-density has
+    log-log slope below 1.98 (measured at :math:`2^{13}`-:math:`2^{14}` sd) gives ``inf``.
+    Accuracy about :math:`10^{-9}` relative (``tests/test_tails.py``).
 
     Examples
     --------
