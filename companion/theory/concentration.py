@@ -391,6 +391,8 @@ def subexponential_nu2(dist, b) -> float:
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     r"""Bernstein's bound: a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms.
 
+    Proof: chapter :doc:`/book/concentration` (Wainwright, 2019, Prop. 2.9).
+
     Parameters
     ----------
     t : float or array_like
@@ -417,10 +419,6 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     ValueError
         If ``t`` or ``b`` is negative or NaN, ``nu2`` is not finite and positive, ``n < 1``, or
         shapes do not broadcast.
-
-    Notes
-    -----
-    Proof: chapter :doc:`/book/concentration` (Wainwright, 2019, Prop. 2.9).
 
     Examples
     --------
@@ -501,6 +499,8 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     r"""Bound on the largest of :math:`N` centred sub-Gaussian or sub-exponential variables.
 
+    Proof: chapter :doc:`/book/concentration`; the exact Gaussian value is :func:`gaussian_max_expectation`.
+
     Parameters
     ----------
     N : int or array_like of int
@@ -525,10 +525,6 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
         If ``N`` is not an integer (array), another argument is not real, or ``two_sided`` is not a bool.
     ValueError
         If ``N < 1``, ``sigma2 <= 0``, ``b < 0`` or ``delta`` is outside (0, 1).
-
-    Notes
-    -----
-    Proof: chapter :doc:`/book/concentration`; the exact Gaussian value is :func:`gaussian_max_expectation`.
 
     Examples
     --------
@@ -616,6 +612,8 @@ def gaussian_max_expectation(N, absolute: bool = True):
 def gaussian_max_lower_bound(N, a=0.0):
     r"""Explicit lower bound on :math:`\mathbb E\max_{i\le N}|G_i|`, :math:`G_i` i.i.d. N(0, 1).
 
+    Proof: chapter :doc:`/book/concentration`.
+
     Parameters
     ----------
     N : int or array_like of int
@@ -634,10 +632,6 @@ def gaussian_max_lower_bound(N, a=0.0):
         If ``N`` is not an integer (array) or ``a`` is not real.
     ValueError
         If ``N < 1`` or ``a`` is negative or not finite.
-
-    Notes
-    -----
-    Proof: chapter :doc:`/book/concentration`.
 
     Examples
     --------
@@ -745,6 +739,8 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
 def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided: bool = True):
     r"""Dimension-free bound on the deviation of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`.
 
+    Proofs: chapter :doc:`/book/concentration`.
+
     Parameters
     ----------
     t : float or array_like
@@ -769,10 +765,6 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
         If an argument has the wrong type.
     ValueError
         If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or ``method`` is unknown.
-
-    Notes
-    -----
-    Proofs: chapter :doc:`/book/concentration`.
 
     Examples
     --------

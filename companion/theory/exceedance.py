@@ -129,6 +129,8 @@ def _scalar_or_array(x: np.ndarray):
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     r"""Lower bound of Theorem 1 on :math:`P(|\mu+Z|>t)` when :math:`|\mu|>t`.
 
+    Proof: chapter :doc:`/book/theorem1`.
+
     Parameters
     ----------
     mu, t, sigma : float or array_like
@@ -149,10 +151,6 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     ValueError
         If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or some entry
         has :math:`|\mu|\le t` (use :func:`theorem2_bounds` there).
-
-    Notes
-    -----
-    Proof: chapter :doc:`/book/theorem1`.
 
     Examples
     --------
@@ -505,6 +503,8 @@ def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
+    Proofs: chapter :doc:`/book/theorem2` (Boucheron, Lugosi and Massart 2013, §2.2).
+
     Valid for independent rows; with dependent rows :math:`C(t)` need not concentrate.
 
     Parameters
@@ -533,10 +533,6 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     ValueError
         If ``N < 1``, ``p`` is outside :math:`[0,1]`, ``delta`` is outside :math:`(0,1)`, shapes do not
         broadcast, or ``method`` is unknown.
-
-    Notes
-    -----
-    Proofs: chapter :doc:`/book/theorem2` (Boucheron, Lugosi and Massart 2013, §2.2).
 
     Examples
     --------

@@ -155,6 +155,8 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
 def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     r"""Exact Jacobian of LayerNorm at a 1-D input, without affine parameters or with a gain.
 
+    Derivation and spectrum (:math:`\|J\|_2=\sqrt d/\|y\|` for :math:`\epsilon=0`): chapter :doc:`/book/layernorm_geometry`.
+
     Parameters
     ----------
     x : array_like, shape (d,)
@@ -176,10 +178,6 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     ValueError
         If ``x`` is not 1-D or not finite, is constant while ``eps`` = 0, ``eps`` < 0, or ``gamma`` does
         not have shape ``(d,)``.
-
-    Notes
-    -----
-    Derivation and spectrum (:math:`\|J\|_2=\sqrt d/\|y\|` for :math:`\epsilon=0`): chapter :doc:`/book/layernorm_geometry`.
 
     Examples
     --------
@@ -243,6 +241,8 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
                               eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Bounds on the spectral norm of a normalisation's Jacobian with a learned gain.
 
+    Proof (Cauchy interlacing): chapter :doc:`/book/layernorm_geometry`.
+
     Parameters
     ----------
     x : array_like, shape (d,) or (n, d)
@@ -269,10 +269,6 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
     ValueError
         If ``kind`` is unknown, ``x`` is not 1-D/2-D or not finite, ``gamma`` does not have shape
         ``(d,)``, ``d <= m``, ``eps`` < 0, or a row is degenerate while ``eps`` = 0.
-
-    Notes
-    -----
-    Proof (Cauchy interlacing): chapter :doc:`/book/layernorm_geometry`.
 
     Examples
     --------
