@@ -680,8 +680,10 @@ def test_monte_carlo_tail_errors():
 # Docstring examples run
 # ------------------------------------------------------------------------------------------------
 def test_docstring_examples():
-    result = doctest.testmod(subgaussian, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 15 and result.failed == 0
+    from companion.theory import empirical
+
+    results = [doctest.testmod(m, optionflags=doctest.ELLIPSIS) for m in (subgaussian, empirical)]
+    assert sum(r.attempted for r in results) > 15 and sum(r.failed for r in results) == 0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
-"""Numerical core of the sub-Gaussian proxies (package-internal).
+"""Numerical core of the sub-Gaussian proxies (package-internal; its names carry no underscore).
 
-Moments, quadrature nodes, tilted laws and the one-sided maximisations behind the optimal
-variance proxy and the cumulant-generating function ``K(lam) = log E exp(lam (X - mu))``.
-:mod:`companion.theory.subgaussian` and :mod:`companion.theory.concentration` check their arguments (with
-:mod:`companion._validation`) and then call these functions.  The names carry no underscore
-because both modules import them; the module itself is private.
+Moments, quadrature nodes, tilted laws and the one-sided maximisations behind the optimal variance
+proxy and ``K(lam) = log E exp(lam (X - mu))``; ``subgaussian`` and ``concentration`` check their
+arguments, then call these functions.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ LOG2 = math.log(2.0)
 
 
 def scalar_or_array(arr: np.ndarray):
+    """A float for a 0-d array."""
     return float(arr) if arr.ndim == 0 else arr
 
 
@@ -50,12 +49,7 @@ PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
 
 
 def log_phi(z: np.ndarray) -> np.ndarray:
-    """log(e^z - 1 - z), accurate for every real z (-inf at z = 0).
-
-    ``expm1(z) - z`` loses at most a factor 20 of relative precision for |z| >= 0.1; below, the Taylor
-    series (10 terms, truncation < 1e-16 relative) is used; above z = 1 the form
-    ``z + log1p(-(1+z) e^-z)`` avoids overflow.
-    """
+    """log(e^z - 1 - z), accurate for every real z (Taylor series below 0.1; -inf at 0)."""
     z = np.asarray(z, dtype=float)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         zc = np.minimum(z, 1.0)
@@ -81,17 +75,18 @@ def logsumexp_rows(a: np.ndarray) -> np.ndarray:
 
 
 def log_cosh(u: np.ndarray) -> np.ndarray:
+    """log(cosh(u)) without overflow."""
     a = np.abs(u)
     return a + np.log1p(np.exp(-2.0 * a)) - LOG2
 
 
 def family(dist) -> str:
+    """The class name of the law's generator (e.g. ``norm_gen``)."""
     return type(dist.dist).__name__
 
 
 def atoms(dist) -> tuple[np.ndarray, np.ndarray]:
-    """Atoms (location included) and probabilities of an ``rv_discrete(values=...)`` law, the
-    atoms of probability 0 left out."""
+    """Atoms (location included) and positive probabilities of an ``rv_discrete(values=...)`` law."""
     gen = dist.dist
     xk = np.asarray(gen.xk, dtype=float)
     pk = np.asarray(gen.pk, dtype=float)
@@ -101,14 +96,7 @@ def atoms(dist) -> tuple[np.ndarray, np.ndarray]:
 
 
 def moments(dist) -> tuple[float, float]:
-    """Mean and variance of ``dist`` (scipy's values, repaired where they are known to fail).
-
-    scipy computes the variance of a finite discrete law as E[X^2] - (E X)^2, which cancels:
-    a point mass can get a variance of -2e-18 and atoms far from 0 a negative or zero one.  For
-    those laws the variance is recomputed from the atoms by two passes when scipy's value is not
-    clearly accurate (relative error above ~1e-12, i.e. mean^2 > 1e4 var), and a single atom is
-    an exact point mass.  Any other law's variance is clamped at 0 (it is >= 0 exactly).
-    """
+    """Mean and variance (recomputed from the atoms where scipy's E X^2 - (E X)^2 cancels; >= 0)."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -140,12 +128,7 @@ def length_scale(dist, var: float) -> float:
 
 
 class Tail(NamedTuple):
-    """What the far tail on one side looks like.
-
-    beta: log-log slope of -log density (2 = Gaussian, 1 = exponential, ~0 = polynomial),
-    rate: asymptotic slope of -log density (the MGF is infinite beyond it when beta ~ 1),
-    s2: limit of 2K(lambda)/lambda^2 as lambda -> +-infinity (inf when heavier than Gaussian).
-    """
+    """The far tail on one side: log-log slope ``beta`` of -log f, its ``rate``, and ``s2`` = lim 2K/lam^2."""
 
     beta: float
     rate: float
@@ -153,6 +136,7 @@ class Tail(NamedTuple):
 
 
 def neg_log_density(dist, x: np.ndarray) -> np.ndarray:
+    """-log pdf (or pmf), +inf where scipy returns NaN."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if is_discrete(dist):
@@ -199,7 +183,6 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     if beta > 2.0 + TAIL_TOL:
         return Tail(beta=beta, rate=rate, s2=0.0)
     # Gaussian-like tail: the curvature of -log density gives lim 2K/lambda^2 = 1/ell''
-    xc = x[j]
     h = max(1.0, round(dist_from_mean[j] / 64.0)) if discrete else dist_from_mean[j] / 64.0
     def curvature(xc: float, h: float) -> float:
         e3 = neg_log_density(dist, np.array([xc - h, xc, xc + h]))
@@ -216,6 +199,7 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
 
 
 def both_tails(dist, mean: float, scale: float) -> dict[int, Tail | None]:
+    """The Tail of each unbounded side (+1, -1), None on a bounded side."""
     lower, upper = dist.support()
     return {
         +1: side_tail(dist, +1, mean, scale) if np.isinf(upper) else None,
@@ -224,6 +208,7 @@ def both_tails(dist, mean: float, scale: float) -> dict[int, Tail | None]:
 
 
 class Nodes(NamedTuple):
+    """A law as weighted nodes: centred ``y``, log-weights ``logw`` (summing to 1), ``mean``, ``var``."""
     y: np.ndarray  # centred nodes, x - mean (mean taken over the nodes themselves)
     logw: np.ndarray  # log probability weights, logsumexp(logw) = 0
     mean: float  # mean over the nodes (the centring used)
@@ -231,6 +216,7 @@ class Nodes(NamedTuple):
 
 
 def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
+    """Normalise the weights (warning when the quadrature misses mass) and centre the nodes."""
     keep = np.isfinite(logw) & np.isfinite(x)
     x, logw = x[keep], logw[keep]
     if x.size == 0:
@@ -259,20 +245,13 @@ def max_tilt(y: np.ndarray, lam_range: tuple[float, float]) -> np.ndarray:
 
 
 def prune(nodes: Nodes, tilt: np.ndarray) -> Nodes:
-    """Keep the nodes whose tilted log-weight ``logw + tilt`` is above -60.
-
-    With ``tilt >= lam * y`` for every lambda used, each dropped term adds less than e^-60 (1e-26) to
-    E e^{lam Y} >= 1, far below double precision even summed over thousands of nodes.
-    """
+    """Keep the nodes whose tilted log-weight ``logw + tilt`` is above -60 (the rest add < 1e-26)."""
     keep = nodes.logw + tilt > -60.0
     return nodes._replace(y=nodes.y[keep], logw=nodes.logw[keep])
 
 
 def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> float:
-    """Far end of the lattice on ``side`` where the pmf, tilted by ``e^{lam_abs |k - mean|}``, has decayed.
-
-    ``lam_abs`` is the largest |lambda| pointing into this side.
-    """
+    """Far end of the lattice on ``side`` where the pmf tilted by ``e^{lam_abs |k - mean|}`` has decayed."""
     start = math.floor(mean) if side > 0 else math.ceil(mean)
     width = 64.0 * max(scale, 1.0)
     half = MAX_LATTICE // 2 - 1  # each side gets at most half of the lattice budget
@@ -298,11 +277,7 @@ def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) ->
 
 
 def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0)) -> Nodes:
-    """Weighted nodes of ``dist``.
-
-    ``lam_range = (largest |lambda| with lambda < 0, largest lambda > 0)`` matters only for discrete
-    laws with infinite support, whose lattice must reach where the tilted pmf has decayed.
-    """
+    """Weighted nodes of ``dist`` (``lam_range`` sizes the lattice of a discrete law with infinite support)."""
     lower, upper = (float(v) for v in dist.support())
     scale = length_scale(dist, var)
     if is_discrete(dist):
@@ -354,11 +329,7 @@ def breakpoints(dist, lower: float, upper: float) -> list[float]:
 
 
 def panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Double-exponential nodes and log-weights (step times Jacobian) on one panel [lo, hi].
-
-    tanh-sinh on a finite panel, exp-sinh on a half line, sinh-sinh on the whole line; the nodes
-    reach e^-700 of the panel length from a finite end and e^600 scales into an infinite one.
-    """
+    """Double-exponential nodes and log-weights on one panel [lo, hi] (tanh-sinh, exp-sinh or sinh-sinh)."""
     half_pi = 0.5 * math.pi
     if np.isfinite(lo) and np.isfinite(hi):
         h = H_BOUNDED

@@ -22,34 +22,34 @@ __all__ = ["bootstrap_interval", "bootstrap_ratio"]
 
 
 def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
-    r"""Mean over axis 0 with a percentile bootstrap interval (resampling rows, e.g. prompts).
+    """Mean over axis 0 with a percentile bootstrap interval (resampling rows, e.g. prompts).
 
     Parameters
     ----------
     x : array_like, shape ``[n]`` or ``[n, k]``
-        One row per prompt (at least 2); columns are summarised separately but resampled
-        together.
+        One row per prompt (at least 2); columns are summarised separately, resampled together
+        (pass per-prompt differences for a paired comparison).
     level : float, default 0.95
+        Coverage of the interval, in (0, 1).
     n_boot : int, default 2000
+        Bootstrap resamples (at least 10).
     rng : None, int or numpy.random.Generator
-        Default: seed 0 (reproducible intervals).
+        Source of randomness; default seed 0 (reproducible intervals).
 
     Returns
     -------
-    (mean, lo, hi) : tuple of float or numpy.ndarray (shape ``[k]``)
+    mean : float or numpy.ndarray
+        The mean over rows (shape ``[k]`` for 2-D ``x``).
+    lo, hi : float or numpy.ndarray
+        The interval's ends, same shape.
 
     Raises
     ------
     TypeError
         If ``x`` is not real-valued or an argument has the wrong type.
     ValueError
-        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or ``level`` is
-        not in (0, 1).
-
-    Notes
-    -----
-    Paired comparisons (ablated minus baseline on the same prompts) should be passed as the
-    per-prompt differences, so that the interval is that of the difference.
+        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, ``level`` is not in (0, 1)
+        or ``n_boot < 10``.
 
     Examples
     --------
@@ -81,28 +81,33 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
     Parameters
     ----------
     num : array_like, shape ``[n_directions, n_prompts]``
+        Numerator table.
     den : array_like of the same shape, optional
-        Default all ones (then the statistic is the mean of ``num``).
+        Denominator table; default all ones (the statistic is then the mean of ``num``).
     n_boot : int, default 2000
+        Bootstrap resamples.
     seed : int, default 0
+        Seed of the resampling.
     level : float in (0, 1), default 0.95
+        Coverage of the interval.
 
     Returns
     -------
-    (estimate, low, high) : tuple of float
-        :math:`\sum num/\sum den` and the percentile interval when directions and prompts are
-        resampled independently (each with replacement).
+    estimate : float
+        :math:`\sum num/\sum den`.
+    low, high : float
+        The percentile interval, directions and prompts resampled independently (with replacement).
 
     Raises
     ------
-    TypeError, ValueError
-        For non-real or non-finite arrays, shapes that differ or are not 2-D, ``n_boot < 1``,
-        ``level`` outside (0, 1).
+    TypeError
+        For non-real arrays or arguments of the wrong type.
+    ValueError
+        For non-finite arrays, shapes that differ or are not 2-D, ``n_boot < 1``, ``level`` outside (0, 1).
 
     Examples
     --------
-    >>> est, lo, hi = bootstrap_ratio(np.ones((3, 4)))
-    >>> est, lo, hi
+    >>> bootstrap_ratio(np.ones((3, 4)))
     (1.0, 1.0, 1.0)
     """
     a = real_array("num", num, 2)

@@ -1,38 +1,20 @@
 r"""Concentration beyond one sub-Gaussian variable: sub-exponential laws, sums, maxima, norms.
 
-The chapter *Concentration* of the book uses these functions; the notation is the book's:
+Theory: chapter :doc:`/book/concentration`, whose notation this module uses.  A centred :math:`X` is
+*sub-exponential with parameters* :math:`(\nu^2, b)` when :math:`K(\lambda)\le\lambda^2\nu^2/2` for
+:math:`|\lambda|<1/b` (``b = 0``: sub-Gaussian with proxy :math:`\nu^2`);
+:math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}` is its Orlicz norm; :math:`N` counts the
+variables of a maximum, :math:`n` summands, :math:`d` coordinates.
 
-* a centred :math:`X` is *sub-exponential with parameters* :math:`(\nu^2, b)` when its centred CGF
-  :math:`K(\lambda)=\log\mathbb E\,e^{\lambda(X-\mathbb EX)}` satisfies
-  :math:`K(\lambda)\le\lambda^2\nu^2/2` for :math:`|\lambda|<1/b` (``b = 0`` is the sub-Gaussian
-  case with proxy :math:`\sigma^2=\nu^2`);
-* :math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}` is its Orlicz norm;
-* :math:`N` counts rows (the variables a maximum is taken over), :math:`n` summands, :math:`d`
-  coordinates of a vector.
+* the law of a Gaussian dot product: :func:`dot_product_law`;
+* sub-exponential laws: :func:`psi1_norm`, :func:`subexponential_nu2`;
+* sums: :func:`bernstein_bound`, :func:`hoeffding_bound`;
+* maxima: :func:`maximal_bound`, :func:`gaussian_max_expectation`, :func:`gaussian_max_lower_bound`,
+  :func:`simulate_max`;
+* norms of Gaussian vectors: :func:`norm_concentration_bound`.
 
-Public functions
-----------------
-:func:`dot_product_law`
-    The law of :math:`q\cdot k` for independent :math:`q,k\sim N(0,I_{d_k})` (scipy distribution).
-:func:`psi1_norm`
-    :math:`\|X\|_{\psi_1}` of a frozen scipy distribution or of a sample.
-:func:`subexponential_nu2`
-    The smallest :math:`\nu^2` that makes a law sub-exponential with a given :math:`b`.
-:func:`bernstein_bound`, :func:`hoeffding_bound`
-    Tail bounds for sums of :math:`n` independent terms.
-:func:`maximal_bound`, :func:`gaussian_max_expectation`, :func:`gaussian_max_lower_bound`,
-:func:`simulate_max`
-    The largest of :math:`N` variables: bound, exact Gaussian value, explicit lower bound and a
-    streamed simulation.
-:func:`norm_concentration_bound`
-    Dimension-free bounds on :math:`P(|\,\|h\|-c\,|\ge t)` for :math:`h\sim N(0,\sigma^2I_d)`.
-
-Implementation notes
---------------------
-Laws are evaluated with the node sets of :mod:`companion.theory.subgaussian` (double-exponential quadrature
-nodes in the log domain, the same tail classification), with one change: a continuous law is
-split at its mean, so that a density with an integrable singularity there (the product of two
-Gaussians has :math:`f(x)\sim-\log|x|/\pi`) is integrated to full accuracy.
+Laws are evaluated with the node sets of ``companion.theory._cgf``, a continuous law split at its
+mean so that a density singular there (the product of two Gaussians) is integrated accurately.
 """
 
 from __future__ import annotations
@@ -74,10 +56,9 @@ _NORM_METHODS = ("bernstein", "interpolation", "lipschitz")
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 
 
-# ----------------------------------------------------------------------------------------------
 # argument checking
-# ----------------------------------------------------------------------------------------------
 def _broadcast(**arrays):
+    """Broadcast the named arrays, or a ValueError naming their shapes."""
     try:
         return np.broadcast_arrays(*arrays.values())
     except ValueError:
@@ -85,20 +66,15 @@ def _broadcast(**arrays):
         raise ValueError(f"the shapes {shapes} do not broadcast together") from None
 
 
-# ----------------------------------------------------------------------------------------------
 # The law of a Gaussian dot product
-# ----------------------------------------------------------------------------------------------
 class _GaussianDot(stats.rv_continuous):
-    r"""Law of :math:`q\cdot k`, :math:`q,k\sim N(0,I_d)` independent (symmetric variance-gamma).
-
-    Density :math:`f(x)=|x|^{\nu}K_\nu(|x|)/(\sqrt\pi\,2^\nu\Gamma(d/2))`, :math:`\nu=(d-1)/2`,
-    with :math:`K_\nu` the modified Bessel function of the second kind.
-    """
+    r"""Law of :math:`q\cdot k`, :math:`q,k\sim N(0,I_d)` independent (symmetric variance-gamma)."""
 
     def _argcheck(self, d):
         return np.asarray(d) > 0
 
     def _logpdf(self, x, d):
+        """Log-density through the exponentially scaled Bessel function kve."""
         nu = (d - 1.0) / 2.0
         ax = np.abs(x)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -159,14 +135,13 @@ def dot_product_law(d_k, scaled: bool = False):
     d_k : int
         Dimension :math:`d_k\ge1` of the query and key.
     scaled : bool, default False
-        If True, the law of :math:`q\cdot k/\sqrt{d_k}` (unit variance), the logit that the
-        softmax of an attention head receives.
+        If True, the law of :math:`q\cdot k/\sqrt{d_k}` (unit variance), an attention logit.
 
     Returns
     -------
     scipy.stats frozen distribution
-        Mean 0, variance :math:`d_k` (1 if scaled), excess kurtosis :math:`6/d_k`; ``pdf``,
-        ``logpdf``, ``sf`` and ``cdf`` are exact up to quadrature error (about 1e-11 relative).
+        Mean 0, variance :math:`d_k` (1 if scaled), excess kurtosis :math:`6/d_k`; ``pdf``, ``sf``, ``cdf``
+        exact up to quadrature error (about 1e-11 relative).
 
     Raises
     ------
@@ -177,24 +152,15 @@ def dot_product_law(d_k, scaled: bool = False):
 
     Notes
     -----
-    :math:`q\cdot k=(\|u\|^2-\|v\|^2)/2` with :math:`u=(q+k)/\sqrt2`, :math:`v=(q-k)/\sqrt2`
-    independent :math:`N(0,I_{d_k})`, so :math:`q\cdot k` is half a difference of two independent
-    :math:`\chi^2_{d_k}` variables; the survival function is one quadrature over that
-    representation.  Its CGF is :math:`-\tfrac{d_k}{2}\log(1-\lambda^2)` for :math:`|\lambda|<1`;
-    the tails are exponential with rate 1 (rate :math:`\sqrt{d_k}` after scaling).  For
-    :math:`d_k=1` it is the product of two independent standard Gaussians, density
-    :math:`K_0(|x|)/\pi`; for :math:`d_k=2` it is the Laplace law :math:`e^{-|x|}/2`.  For small
-    :math:`d_k` the density is not smooth at 0 (a logarithmic singularity for :math:`d_k=1`, a kink
-    for :math:`d_k=2,3`): the functions of this module split their quadrature there, while
-    :func:`companion.theory.subgaussian.log_mgf` does not (for :math:`d_k=1` it warns that it recovers 99.87% of
-    the mass; for :math:`d_k=2,3` its relative error is about :math:`10^{-6}`).  From
-    :math:`d_k=4` on it is accurate to about :math:`10^{-8}`.
+    :math:`q\cdot k` is half a difference of two independent :math:`\chi^2_{d_k}` variables (chapter
+    :doc:`/book/concentration`).  Its density is not smooth at 0 for :math:`d_k\le3`; this module splits
+    its quadrature there, :func:`~companion.theory.subgaussian.log_mgf` does not (relative error about
+    :math:`10^{-6}` for :math:`d_k=2,3`, a warning for :math:`d_k=1`).
 
     Examples
     --------
-    >>> law = dot_product_law(1)
-    >>> round(float(law.var()), 6), round(float(law.pdf(1.0)), 6)   # K_0(1) / pi
-    (1.0, 0.134016)
+    >>> round(float(dot_product_law(1).pdf(1.0)), 6)   # K_0(1) / pi
+    0.134016
     >>> round(float(dot_product_law(64, scaled=True).sf(2.0)), 4)
     0.0232
     """
@@ -203,9 +169,7 @@ def dot_product_law(d_k, scaled: bool = False):
     return _gaussian_dot(d, scale=1.0 / math.sqrt(d) if sc else 1.0)
 
 
-# ----------------------------------------------------------------------------------------------
 # Node sets (companion.theory.subgaussian, split at the mean)
-# ----------------------------------------------------------------------------------------------
 def _split_nodes(dist, mean: float, var: float, lam_abs: float):
     """Weighted nodes of ``dist``; continuous laws get an extra panel boundary at the mean."""
     if is_discrete(dist):
@@ -237,15 +201,9 @@ def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
     return rate, heavy
 
 
-# ----------------------------------------------------------------------------------------------
 # psi_1 norm
-# ----------------------------------------------------------------------------------------------
 def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> float:
-    """Root in s of log E e^{|X|/s} = log 2 over weighted values; s > lo_edge (integrability).
-
-    The values are divided by their mean first (the norm is homogeneous), so that neither tiny
-    (subnormal) nor huge values overflow ``exp(-log s)``.
-    """
+    """Root in s of log E e^{|X|/s} = log 2 over weighted values (rescaled by E|X|); s > lo_edge."""
     w = np.exp(logw)
     mean_abs = float(np.dot(w, absx))
     if mean_abs == 0.0:
@@ -277,42 +235,32 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     Parameters
     ----------
     x : frozen scipy.stats distribution or array_like, shape (n,)
-        The law of :math:`X`, or a sample (then the empirical law is used: the plug-in
-        estimate solves :math:`\frac1n\sum_ie^{|x_i|/s}=2`).
+        The law of :math:`X`, or a sample (plug-in estimate: :math:`\frac1n\sum_ie^{|x_i|/s}=2`).
     centred : bool, default False
-        If True, compute :math:`\|X-\mathbb EX\|_{\psi_1}` (the sample mean for a sample).
+        Compute :math:`\|X-\mathbb EX\|_{\psi_1}` (the sample mean for a sample).
 
     Returns
     -------
     float
-        The norm; ``math.inf`` if the tails are heavier than exponential (log-normal,
-        Student-t...) or the mean or variance is infinite.
+        The norm; ``math.inf`` for tails heavier than exponential or an infinite mean or variance.
 
     Raises
     ------
     TypeError
-        If ``x`` is neither a frozen distribution nor real array-like, or ``centred`` is not a
-        bool.
+        If ``x`` is neither a frozen distribution nor real array-like, or ``centred`` is not a bool.
     ValueError
-        If a sample is empty, not 1-D or not finite; if a distribution has array parameters.
+        If a sample is empty, not 1-D or not finite, or a distribution has array parameters.
 
     Notes
     -----
-    :math:`s\mapsto\log\mathbb E\,e^{|X|/s}` is decreasing; its root at :math:`\log2` is bracketed
-    below by Jensen's inequality, :math:`s\ge\mathbb E|X|/\ln2`, and by the integrability edge
-    :math:`s>1/r` of an exponential tail :math:`f(x)\approx e^{-r|x|}`, and found by Brent's method
-    on :math:`\log s`.  Expectations over a law use the node sets of :mod:`companion.theory.subgaussian`
-    (split at the mean).  Exact values: :math:`\|\mathrm{Exp}(1)\|_{\psi_1}=2`,
-    :math:`\|G^2\|_{\psi_1}=\|G\|_{\psi_2}^2=8/3` for :math:`G\sim N(0,1)`, and
-    :math:`\|c\|_{\psi_1}=|c|/\ln2` for a constant (Vershynin, 2018, §2.7).
+    Root of :math:`\log\mathbb E\,e^{|X|/s}=\log2` in :math:`\log s` by Brent's method, bracketed by
+    Jensen's bound and the integrability edge of an exponential tail.
 
     Examples
     --------
     >>> from scipy import stats
     >>> round(psi1_norm(stats.expon()), 6)
     2.0
-    >>> round(psi1_norm(stats.chi2(1)), 6)            # 8/3
-    2.666667
     >>> round(psi1_norm([1.0, -1.0]), 6)              # 1 / ln 2
     1.442695
     """
@@ -334,6 +282,7 @@ def psi1_norm(x, *, centred: bool = False) -> float:
 
 
 def _psi1_dist(dist, centred: bool) -> float:
+    """:func:`psi1_norm` of a law."""
     dist = check_dist(dist, "x")
     mean, var = _cgf.moments(dist)
     if not (np.isfinite(mean) and np.isfinite(var)):
@@ -356,17 +305,14 @@ def _psi1_dist(dist, centred: bool) -> float:
     return _psi1_from_values(np.abs(vals[near]), nodes.logw[near], lo_edge)
 
 
-# ----------------------------------------------------------------------------------------------
 # sub-exponential parameters and Bernstein
-# ----------------------------------------------------------------------------------------------
 def subexponential_nu2(dist, b) -> float:
     r"""Smallest :math:`\nu^2` with :math:`K(\lambda)\le\lambda^2\nu^2/2` on :math:`|\lambda|<1/b`.
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
-        ``scipy.stats.norm``, is frozen with its defaults)
-        The law of :math:`X` (it is centred by its mean).
+    dist : frozen scipy.stats distribution
+        The law of :math:`X` (centred by its mean).
     b : float
         The range parameter :math:`b>0`.
 
@@ -374,25 +320,20 @@ def subexponential_nu2(dist, b) -> float:
     -------
     float
         :math:`\nu^2(b)=\sup_{0<|\lambda|<1/b}2K(\lambda)/\lambda^2` (at least the variance), or
-        ``math.inf`` if :math:`\mathbb E\,e^{\lambda X}` is infinite for some :math:`|\lambda|<1/b`.
+        ``math.inf`` if the MGF is infinite somewhere on :math:`|\lambda|<1/b`.
 
     Raises
     ------
     TypeError
-        If ``dist`` is not a frozen scipy.stats distribution or ``b`` is not a real number.
+        If ``dist`` is not a frozen scipy.stats distribution or ``b`` is not real.
     ValueError
         If ``b`` is not finite and positive, or ``dist`` has no finite mean.
 
     Notes
     -----
-    This is the profile :math:`2K(\lambda)/\lambda^2` of :func:`companion.theory.subgaussian.proxy_profile`
-    maximised over :math:`|\lambda|<1/b` only; as :math:`b\to0` it increases to the optimal
-    sub-Gaussian proxy (infinite for a law with exponential tails), and as :math:`b\to\infty`
-    it decreases to the variance.  An exponential tail with rate :math:`r` makes it infinite
-    for :math:`1/b\ge r`; values of :math:`1/b` within 0.1% of the measured rate count as the
-    edge.  Example: :math:`G^2-1` has :math:`K(\lambda)=-\lambda-\frac12\log(1-2\lambda)` and
-    :math:`\nu^2(4)=32(\tfrac12\ln2-\tfrac14)\approx3.09`, below the textbook pair
-    :math:`(\nu^2,b)=(4,4)` (Wainwright, 2019, §2.1.3).
+    The profile of :func:`~companion.theory.subgaussian.proxy_profile` maximised over
+    :math:`|\lambda|<1/b`; :math:`1/b` within 0.1% of an exponential tail's rate counts as the edge
+    (infinite).
 
     Examples
     --------
@@ -450,24 +391,26 @@ def subexponential_nu2(dist, b) -> float:
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     r"""Bernstein's bound: a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms.
 
+    Proof: chapter :doc:`/book/concentration` (Wainwright, 2019, Prop. 2.9).
+
     Parameters
     ----------
     t : float or array_like
-        Deviations :math:`t\ge0` of the sum :math:`S_n=\sum_{i\le n}(X_i-\mathbb EX_i)`.
+        Deviations :math:`t\ge0` of :math:`S_n=\sum_{i\le n}(X_i-\mathbb EX_i)`.
     nu2 : float or array_like
         :math:`\nu^2>0` of each term (broadcast with ``t``).
     b : float or array_like
-        :math:`b\ge0` of each term; ``b = 0`` is the sub-Gaussian (Hoeffding) case.
+        :math:`b\ge0` of each term; 0 is the sub-Gaussian case.
     n : int, default 1
-        Number of independent terms with these parameters.
+        Number of independent terms.
     two_sided : bool, default True
         Bound :math:`P(|S_n|\ge t)` (True) or :math:`P(S_n\ge t)` (False).
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`c\exp\bigl(-\min\bigl(\frac{t^2}{2n\nu^2},\frac{t}{2b}\bigr)\bigr)` with
-        :math:`c=2` (two-sided) or 1; not capped at 1.
+        :math:`c\exp\bigl(-\min\bigl(\frac{t^2}{2n\nu^2},\frac{t}{2b}\bigr)\bigr)`, :math:`c=2` or 1;
+        not capped at 1.
 
     Raises
     ------
@@ -475,21 +418,12 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
         If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
     ValueError
         If ``t`` or ``b`` is negative or NaN, ``nu2`` is not finite and positive, ``n < 1``, or
-        the shapes do not broadcast.
-
-    Notes
-    -----
-    :math:`S_n` is :math:`(n\nu^2,b)`-sub-exponential (the CGFs add); the Chernoff bound with
-    :math:`\lambda=\min(t/(n\nu^2),1/b)` gives the two regimes: Gaussian
-    :math:`e^{-t^2/(2n\nu^2)}` for :math:`t\le n\nu^2/b`, exponential :math:`e^{-t/(2b)}` beyond
-    (Wainwright, 2019, Prop. 2.9; Vershynin, 2018, §2.8).
+        shapes do not broadcast.
 
     Examples
     --------
     >>> round(bernstein_bound(10.0, 4.0, 4.0, n=100), 4)   # Gaussian part: 2 e^{-100/800}
     1.765
-    >>> float(bernstein_bound(200.0, 4.0, 4.0, n=100) / (2 * np.exp(-25.0)))  # e^{-200/8}
-    1.0
     """
     t_arr = check_t(t)
     s2 = check_sigma2(nu2, "nu2")
@@ -513,9 +447,9 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     t : float or array_like
         Deviations :math:`t\ge0` of :math:`S=\sum_i(X_i-\mathbb EX_i)`.
     lower, upper : float or array_like, shape (m,)
-        Ranges :math:`X_i\in[a_i,b_i]`, one entry per summand (or scalars).
+        Ranges :math:`X_i\in[a_i,b_i]`, one per summand (or scalars).
     n : int, default 1
-        With scalar ranges: the number of summands.  Must be 1 when ranges are given per summand.
+        With scalar ranges, the number of summands; 1 with per-summand ranges.
     two_sided : bool, default True
         Bound :math:`P(|S|\ge t)` (True) or :math:`P(S\ge t)` (False).
 
@@ -529,23 +463,18 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     TypeError
         If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
     ValueError
-        If a range is not finite or has ``upper < lower``, every range has zero width,
-        ``lower`` and ``upper`` differ in shape or are not 1-D, ``n < 1``, or ``n > 1`` with
-        per-summand ranges.
+        If a range is not finite or has ``upper < lower``, every range has zero width, the ranges are
+        not matching scalars or 1-D arrays, ``n < 1``, or ``n > 1`` with per-summand ranges.
 
     Notes
     -----
-    By Hoeffding's lemma each term is :math:`(b_i-a_i)^2/4`-sub-Gaussian
-    (:func:`companion.theory.subgaussian.hoeffding_proxy`); proxies of independent terms add
-    (:func:`companion.theory.subgaussian.linear_map_proxy`), and the Chernoff bound
-    (:func:`companion.theory.subgaussian.subgaussian_tail_bound`) finishes (Hoeffding, 1963).
+    Hoeffding's lemma (:func:`~companion.theory.subgaussian.hoeffding_proxy`) and the Chernoff bound
+    (Hoeffding, 1963).
 
     Examples
     --------
     >>> round(hoeffding_bound(10.0, 0.0, 1.0, n=100), 4)     # 2 exp(-2 * 100 / 100)
     0.2707
-    >>> round(hoeffding_bound(1.0, [0.0, -1.0], [1.0, 1.0]), 4)   # 2 exp(-2 / (1 + 4))
-    1.3406
     """
     lo = as_real_array(lower, "lower")
     hi = as_real_array(upper, "upper")
@@ -557,18 +486,20 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     nn = check_int(n, "n", 1)
     if lo.ndim == 1 and lo.size > 1 and nn != 1:
         raise ValueError("pass either one range per summand (and n = 1) or scalar ranges and n")
-    proxies = np.atleast_1d(subgaussian.hoeffding_proxy(lo, hi))
+    proxies = np.atleast_1d(subgaussian._hoeffding_proxy(lo, hi))
     total = float(proxies.sum()) * nn
     if total == 0.0:
         raise ValueError("every range has zero width: the sum is constant, no bound is needed")
-    return subgaussian.subgaussian_tail_bound(t, total, two_sided=two_sided)
+    t_arr = check_t(t)
+    s2 = np.full(t_arr.shape, check_sigma2(total))  # a sum beyond float64 is refused
+    return subgaussian._tail_bound(t_arr, s2, check_bool(two_sided, "two_sided"))
 
 
-# ----------------------------------------------------------------------------------------------
 # maxima
-# ----------------------------------------------------------------------------------------------
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     r"""Bound on the largest of :math:`N` centred sub-Gaussian or sub-exponential variables.
+
+    Proof: chapter :doc:`/book/concentration`; the exact Gaussian value is :func:`gaussian_max_expectation`.
 
     Parameters
     ----------
@@ -577,41 +508,28 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     sigma2 : float, default 1.0
         Variance proxy :math:`\sigma^2>0` of each variable (:math:`\nu^2` if ``b > 0``).
     b : float, default 0.0
-        Sub-exponential range parameter :math:`b\ge0` (0: sub-Gaussian).
+        Sub-exponential parameter :math:`b\ge0` (0: sub-Gaussian).
     two_sided : bool, default True
-        Bound :math:`\max_i|X_i|` (True, :math:`M=2N`) or :math:`\max_iX_i` (False, :math:`M=N`).
+        Bound :math:`\max_i|X_i|` (:math:`M=2N`) or :math:`\max_iX_i` (:math:`M=N`).
     delta : float or None, default None
-        None: bound on the expectation.  A level :math:`0<\delta<1`: a value :math:`u` with
-        :math:`P(\max\ge u)\le\delta`.
+        None: bound on the expectation; :math:`0<\delta<1`: a level :math:`u` with :math:`P(\max\ge u)\le\delta`.
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`\max\bigl(\sqrt{2\sigma^2L},\,2bL\bigr)` with :math:`L=\ln M` (expectation) or
-        :math:`L=\ln(M/\delta)` (tail).
+        :math:`\max\bigl(\sqrt{2\sigma^2L},\,2bL\bigr)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
 
     Raises
     ------
     TypeError
-        If ``N`` is not an integer (array), another argument is not real, or ``two_sided`` is
-        not a bool.
+        If ``N`` is not an integer (array), another argument is not real, or ``two_sided`` is not a bool.
     ValueError
         If ``N < 1``, ``sigma2 <= 0``, ``b < 0`` or ``delta`` is outside (0, 1).
-
-    Notes
-    -----
-    Expectation: Jensen's inequality gives :math:`e^{\lambda\mathbb E\max}\le\sum_i\mathbb E
-    e^{\lambda X_i}\le Me^{\lambda^2\sigma^2/2}`, so :math:`\mathbb E\max\le\ln M/\lambda+
-    \lambda\sigma^2/2` for every admissible :math:`\lambda<1/b`; optimise.  Tail: union bound
-    with Bernstein's single-variable bound.  For Gaussians the expectation bound is
-    :math:`\sigma\sqrt{2\ln2N}`; the exact value is :func:`gaussian_max_expectation`.
 
     Examples
     --------
     >>> round(maximal_bound(10**6), 4)                 # sqrt(2 ln(2e6))
     5.3868
-    >>> round(maximal_bound(10**6, 2.0, b=0.2), 4)     # sub-exponential: still the sqrt part
-    7.618
     """
     arr = row_counts("N", N).astype(np.float64)
     s2 = check_real(sigma2, "sigma2", lo=0.0, lo_open=True)
@@ -665,7 +583,7 @@ def gaussian_max_expectation(N, absolute: bool = True):
     Returns
     -------
     float or numpy.ndarray
-        The expectation (multiply by :math:`\sigma` for :math:`N(0,\sigma^2)`).
+        The expectation (times :math:`\sigma` for :math:`N(0,\sigma^2)`).
 
     Raises
     ------
@@ -676,20 +594,13 @@ def gaussian_max_expectation(N, absolute: bool = True):
 
     Notes
     -----
-    :math:`\mathbb E M=\int_0^\infty P(M>x)\,dx-\int_0^\infty P(M\le-x)\,dx` with
-    :math:`P(\max_iG_i\le x)=\Phi(x)^N` and :math:`P(\max_i|G_i|\le x)=(1-2\Phi(-x))^N`, computed
-    as :math:`\exp(N\log\Phi(x))` (``log_ndtr``, ``log1p``/``expm1``) so that it stays accurate
-    for :math:`N` up to :math:`10^{15}`; adaptive quadrature, absolute error below
-    :math:`10^{-10}`.  Known values: :math:`\mathbb E\max(G_1,G_2)=1/\sqrt\pi`,
-    :math:`\mathbb E\max_{i\le3}G_i=3/(2\sqrt\pi)`, :math:`\mathbb E|G|=\sqrt{2/\pi}`.  It grows
-    like :math:`\sqrt{2\ln N}` (book, chapter *Concentration*).
+    Adaptive quadrature of :math:`P(M>x)` computed as :math:`\exp(N\log\Phi(x))`, accurate for
+    :math:`N\le10^{15}` (absolute error below :math:`10^{-10}`).
 
     Examples
     --------
     >>> round(gaussian_max_expectation(2, absolute=False), 6)   # 1 / sqrt(pi)
     0.56419
-    >>> round(gaussian_max_expectation(1), 6)                   # sqrt(2 / pi)
-    0.797885
     """
     arr = row_counts("N", N)
     ab = check_bool(absolute, "absolute")
@@ -701,40 +612,31 @@ def gaussian_max_expectation(N, absolute: bool = True):
 def gaussian_max_lower_bound(N, a=0.0):
     r"""Explicit lower bound on :math:`\mathbb E\max_{i\le N}|G_i|`, :math:`G_i` i.i.d. N(0, 1).
 
+    Proof: chapter :doc:`/book/concentration`.
+
     Parameters
     ----------
     N : int or array_like of int
         Number of variables :math:`N\ge1`.
     a : float, default 0.0
-        Free parameter :math:`a\ge0` of the bound (larger :math:`a`: higher probability, lower
-        level).
+        Free parameter :math:`a\ge0` of the bound.
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`(1-e^{-e^a})\,t` with :math:`t=\sqrt{2\ln N-\ln(4\pi\ln N)-2a}` when
-        :math:`t\ge1`; the trivial bound 0 otherwise (small :math:`N`).
+        :math:`(1-e^{-e^a})\,t`, :math:`t=\sqrt{2\ln N-\ln(4\pi\ln N)-2a}`, when :math:`t\ge1`; 0 otherwise.
 
     Raises
     ------
     TypeError
-        If ``N`` is not an integer (array) or ``a`` is not a real number.
+        If ``N`` is not an integer (array) or ``a`` is not real.
     ValueError
         If ``N < 1`` or ``a`` is negative or not finite.
-
-    Notes
-    -----
-    :math:`\mathbb E\max|G_i|\ge t\,P(\max|G_i|\ge t)=t(1-(1-p)^N)\ge t(1-e^{-Np})` with
-    :math:`p=2\Phi(-t)`, and Mills' lower bound :math:`\Phi(-t)\ge\varphi(t)/(2t)` for :math:`t\ge1`
-    gives :math:`Np\ge e^a`.  With :math:`a=\ln\ln N` the ratio to :math:`\sqrt{2\ln N}` tends
-    to 1 (book, chapter *Concentration*).
 
     Examples
     --------
     >>> round(gaussian_max_lower_bound(10**6), 4)
     2.9967
-    >>> gaussian_max_lower_bound(5)
-    0.0
     """
     arr = row_counts("N", N).astype(np.float64)
     aa = check_real(a, "a", lo=0.0)
@@ -754,22 +656,19 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     Parameters
     ----------
     N : int or 1-D increasing sequence of int
-        Number of rows per trial; a sequence reports the maximum of the first :math:`N_k` rows
-        of one stream per trial (one pass of :math:`\max N_k` rows).
+        Rows per trial; a sequence reports the maximum of the first :math:`N_k` rows of one stream.
     n_trials : int
         Independent repetitions (:math:`\ge1`).
     rng : numpy.random.Generator or int
         Source of randomness (an int is a seed).
     loc, scale : float, default 0.0 and 1.0
-        :math:`\mu` and :math:`s>0` of :math:`X=\mu+sZ` (e.g. a channel mean and noise scale).
+        :math:`\mu` and :math:`s>0`.
     absolute : bool, default True
         Maximum of :math:`|X_i|` (True) or of :math:`X_i` (False).
     sampler : callable or None, default None
-        ``sampler(rng, shape) -> ndarray`` of i.i.d. draws of :math:`Z`; None means standard
-        Gaussian (float32 ziggurat).
+        ``sampler(rng, shape)`` drawing i.i.d. :math:`Z`; None: standard Gaussian (float32 ziggurat).
     chunk_size : int, default 2**20
-        Draws held in memory at once (at least ``n_trials``); memory is
-        :math:`O(\text{chunk\_size}+\text{n\_trials}\cdot\text{len}(N))` for any :math:`N`.
+        Draws held in memory at once (at least ``n_trials``).
 
     Returns
     -------
@@ -779,24 +678,13 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     Raises
     ------
     TypeError
-        If a count is not an integer, ``loc``/``scale`` not real, ``absolute`` not a bool,
-        ``rng`` of the wrong type or ``sampler`` not callable.
+        If an argument has the wrong type (``rng`` None included).
     ValueError
-        If a count is < 1, ``N`` is not strictly increasing, ``scale <= 0``, ``chunk_size <
-        n_trials``, or the sampler returns the wrong shape or non-finite values.
-
-    Notes
-    -----
-    Each chunk of draws has shape (rows, n_trials); only the running maximum and minimum of
-    :math:`Z` per trial are kept, and :math:`\max_i|X_i|=\max(\mu+s\max Z,\,-\mu-s\min Z)` is
-    formed at the end, so the cost is one comparison per draw.  The result does not depend on
-    ``chunk_size`` for the default sampler's stream order beyond the chunking of the draws.
+        If a count is < 1, ``N`` is not strictly increasing, ``scale <= 0``, ``chunk_size < n_trials``,
+        or the sampler returns the wrong shape or non-finite values.
 
     Examples
     --------
-    >>> m = simulate_max(1000, 200, 0)
-    >>> bool(abs(m.mean() - gaussian_max_expectation(1000)) < 0.05)
-    True
     >>> simulate_max([10, 100], 3, 0).shape
     (2, 3)
     """
@@ -847,11 +735,11 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     return out[0] if scalar_n else out
 
 
-# ----------------------------------------------------------------------------------------------
 # norms of Gaussian vectors
-# ----------------------------------------------------------------------------------------------
 def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided: bool = True):
     r"""Dimension-free bound on the deviation of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`.
+
+    Proofs: chapter :doc:`/book/concentration`.
 
     Parameters
     ----------
@@ -860,42 +748,28 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
     sigma2 : float, default 1.0
         Variance :math:`\sigma^2>0` of each coordinate.
     method : {"lipschitz", "interpolation", "bernstein"}
-        ``"bernstein"``: deviation from :math:`\sigma\sqrt d`, bound :math:`2e^{-t^2/(8\sigma^2)}`
-        (proved in the book from Bernstein's inequality for :math:`\chi^2_d`);
-        ``"interpolation"``: deviation from :math:`\mathbb E\|h\|`,
-        :math:`2e^{-2t^2/(\pi^2\sigma^2)}`
-        (proved in the book by the Maurey-Pisier interpolation);
-        ``"lipschitz"``: deviation from :math:`\mathbb E\|h\|`, :math:`2e^{-t^2/(2\sigma^2)}` (the
-        Gaussian concentration inequality of Tsirelson, Ibragimov and Sudakov; stated in the book,
-        not proved).
+        ``"bernstein"``: from :math:`\sigma\sqrt d`, :math:`2e^{-t^2/(8\sigma^2)}`; ``"interpolation"``:
+        from :math:`\mathbb E\|h\|`, :math:`2e^{-2t^2/(\pi^2\sigma^2)}`; ``"lipschitz"``: from
+        :math:`\mathbb E\|h\|`, :math:`2e^{-t^2/(2\sigma^2)}` (stated in the book, not proved).
     two_sided : bool, default True
         Two-sided (factor 2) or one-sided (factor 1) bound.
 
     Returns
     -------
     float or numpy.ndarray
-        The raw bound (not capped at 1), shape of ``t``; it does not depend on :math:`d`.
+        The raw bound (not capped at 1), shape of ``t``.
 
     Raises
     ------
     TypeError
-        If ``t`` or ``sigma2`` is not real, ``method`` is not a string or ``two_sided`` is not
-        a bool.
+        If an argument has the wrong type.
     ValueError
-        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or ``method`` is
-        unknown.
-
-    Notes
-    -----
-    :math:`\|\cdot\|` is 1-Lipschitz, so every Lipschitz concentration bound applies with
-    :math:`L=\sigma` (Boucheron, Lugosi and Massart, 2013, ch. 5; Wainwright, 2019, ch. 2).
+        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or ``method`` is unknown.
 
     Examples
     --------
     >>> round(norm_concentration_bound(2.0), 4)
     0.2707
-    >>> round(norm_concentration_bound(2.0, method="bernstein"), 4)
-    1.2131
     """
     t_arr = check_t(t)
     s2 = check_real(sigma2, "sigma2", lo=0.0, lo_open=True)

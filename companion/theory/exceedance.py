@@ -1,35 +1,18 @@
 r"""Theorems 1 and 2 of the outlier note: bounds, exact values and streamed simulations.
 
-The activation model is :math:`X_{ij} = \mu_j + Z_{ij}` (row :math:`i \le N`, channel :math:`j`),
-and the count of exceedances in channel :math:`j` is
-:math:`C_j(t) = \#\{i \le N : |X_{ij}| > t\}`.
+Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  The activation model is
+:math:`X_{ij}=\mu_j+Z_{ij}` (row :math:`i\le N`, channel :math:`j`), and the count of exceedances in
+channel :math:`j` is :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.
 
-Noise conventions
------------------
-Every noise law is centred and symmetric, and ``sigma`` fixes its scale as follows:
+Noise conventions: every law is centred and symmetric with variance :math:`\sigma^2` (``sigma`` is
+its scale):
 
-==============  ==================================  ===========================================
-``noise``       law of :math:`Z`                    role of ``sigma``
-==============  ==================================  ===========================================
-``gaussian``    :math:`\sigma G`, :math:`G\sim N(0,1)`  optimal variance proxy :math:`\sigma^2` = variance
-``uniform``     :math:`U[-\sqrt3\sigma, \sqrt3\sigma]`  optimal proxy :math:`\sigma^2` = variance
-                                                    (strictly sub-Gaussian; Hoeffding's lemma
-                                                    would only give :math:`3\sigma^2`)
-``rademacher``  :math:`\pm\sigma` with prob. 1/2     optimal proxy :math:`\sigma^2` = variance
-``laplace``     Laplace, scale :math:`\sigma/\sqrt2`  variance :math:`\sigma^2`; **not** sub-Gaussian
-                                                    (no proxy exists: the tail is only exponential)
-==============  ==================================  ===========================================
-
-So for the first three laws ``sigma`` is simultaneously the standard deviation and the
-sub-Gaussian parameter in :math:`E e^{\lambda Z} \le e^{\lambda^2\sigma^2/2}`; the Laplace law has
-the same variance and shows what breaks when the sub-Gaussian assumption fails.
-
-Public functions
-----------------
-:func:`theorem1_lower_bound`, :func:`exceedance_probability`,
-:func:`exceedance_probability_gaussian`, :func:`expected_count_gaussian`,
-:func:`theorem2_bounds`, :func:`half_exceedance_margin`, :func:`count_interval`,
-:func:`simulate_counts`.
+* ``gaussian``: :math:`\sigma G`, :math:`G\sim N(0,1)`; optimal variance proxy :math:`\sigma^2`;
+* ``uniform``: :math:`U[-\sqrt3\sigma,\sqrt3\sigma]`; optimal proxy :math:`\sigma^2` (strictly
+  sub-Gaussian; Hoeffding's lemma would only give :math:`3\sigma^2`);
+* ``rademacher``: :math:`\pm\sigma` with probability 1/2; optimal proxy :math:`\sigma^2`;
+* ``laplace``: scale :math:`\sigma/\sqrt2`; **not** sub-Gaussian (its tail is only exponential),
+  it shows what breaks without the assumption.
 """
 
 from __future__ import annotations
@@ -76,10 +59,9 @@ _SQRT_HUGE = math.sqrt(float(np.finfo(np.float64).max)) / 2.0
 _F64_MAX = float(np.finfo(np.float64).max)
 
 
-# --------------------------------------------------------------------------------------------
 # argument checking
-# --------------------------------------------------------------------------------------------
 def _positive_sigma(sigma) -> np.ndarray:
+    """sigma checked: real, finite, > 0."""
     s = real_array("sigma", sigma)
     if (s <= 0).any():
         raise ValueError(
@@ -90,6 +72,7 @@ def _positive_sigma(sigma) -> np.ndarray:
 
 
 def _nonnegative_t(t) -> np.ndarray:
+    """t checked: real, finite, >= 0."""
     tt = real_array("t", t)
     if (tt < 0).any():
         raise ValueError(
@@ -100,6 +83,7 @@ def _nonnegative_t(t) -> np.ndarray:
 
 
 def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
+    """Broadcast the named arrays, or a ValueError naming their shapes."""
     try:
         return list(np.broadcast_arrays(*arrays.values()))
     except ValueError:
@@ -111,8 +95,7 @@ def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
 
 
 def _row_counts_real(name: str, N) -> np.ndarray:
-    """``N`` as float64 for the exact formulas: any positive integer, also beyond int64
-    (rounded to 16 significant digits above 2**53)."""
+    """``N`` as float64: any positive integer, also beyond int64 (16 digits above 2**53)."""
     arr = integer_counts(name, N)
     if arr.dtype == object:
         flat = [float(v) for v in arr.ravel().tolist()]
@@ -121,8 +104,7 @@ def _row_counts_real(name: str, N) -> np.ndarray:
 
 
 def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """``u**2 / (2 s**2)`` (computed exactly so), also where ``u**2`` or ``s**2`` leaves the normal
-    float64 range: there it is ``(u/s)**2 / 2``, and 0 where ``u == 0`` (never ``0/0``)."""
+    """``u**2 / (2 s**2)``, also where a square leaves the normal float64 range (0 where u == 0)."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         r = (u * u) / (2.0 * s * s)
         au, as_ = np.abs(u), np.abs(s)
@@ -134,55 +116,41 @@ def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def _noise_name(noise) -> str:
+    """The checked noise law (case-insensitive)."""
     return check_choice(noise.lower() if isinstance(noise, str) else noise, "noise", NOISE_LAWS)
 
 
 def _scalar_or_array(x: np.ndarray):
+    """A Python scalar for a 0-d array."""
     return x.item() if x.ndim == 0 else x
 
 
-# --------------------------------------------------------------------------------------------
 # Theorem 1
-# --------------------------------------------------------------------------------------------
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
-    r"""Lower bound of Theorem 1 on :math:`P(|\mu + Z| > t)` when :math:`|\mu| > t`.
+    r"""Lower bound of Theorem 1 on :math:`P(|\mu+Z|>t)` when :math:`|\mu|>t`.
+
+    Proof: chapter :doc:`/book/theorem1`.
 
     Parameters
     ----------
-    mu : float or array_like
-        Channel mean(s) :math:`\mu`; every entry must satisfy :math:`|\mu| > t`.
-    t : float or array_like
-        Threshold(s) :math:`t \ge 0`.
-    sigma : float or array_like
-        Sub-Gaussian parameter :math:`\sigma > 0` of the noise :math:`Z`
-        (:math:`E e^{\lambda Z} \le e^{\lambda^2 \sigma^2/2}` for all real :math:`\lambda`).
+    mu, t, sigma : float or array_like
+        Channel mean(s) with :math:`|\mu|>t`, threshold(s) :math:`t\ge0`, sub-Gaussian parameter :math:`\sigma>0`.
     sharp : bool, default False
-        ``False``: the note's two-sided bound :math:`1 - 2e^{-u^2/(2\sigma^2)}`.
-        ``True``: the one-sided bound :math:`1 - e^{-u^2/(2\sigma^2)}`.
+        False: the note's bound :math:`1-2e^{-u^2/(2\sigma^2)}`; True: the one-sided :math:`1-e^{-u^2/(2\sigma^2)}`.
 
     Returns
     -------
     float or numpy.ndarray
-        The bound, with :math:`u = |\mu| - t`, broadcast over the inputs.  The note's bound is
-        returned unclipped: it is negative (vacuous) when :math:`u < \sigma\sqrt{2\ln 2}`.
+        The bound with :math:`u=|\mu|-t`, broadcast; unclipped (negative, i.e. vacuous, for
+        :math:`u<\sigma\sqrt{2\ln2}`).
 
     Raises
     ------
     TypeError
         If an input is not real-valued, or ``sharp`` is not a bool.
     ValueError
-        If an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, the shapes do not broadcast,
-        or some entry has :math:`|\mu| \le t` (the theorem does not apply there; use
-        :func:`theorem2_bounds`, which covers every regime).
-
-    Notes
-    -----
-    Write :math:`u = |\mu| - t > 0`.  The note's proof uses the reverse triangle inequality
-    :math:`|X| \ge |\mu| - |Z|` and the two-sided tail :math:`P(|Z| \ge u) \le 2e^{-u^2/(2\sigma^2)}`.
-    Only the tail pointing against :math:`\mu` matters: for :math:`\mu > t`,
-    :math:`\{|X| \le t\} \subseteq \{Z \le -u\}`, and the Chernoff bound
-    :math:`P(Z \le -u) \le e^{-u^2/(2\sigma^2)}` gives the one-sided version
-    (Vershynin 2018, section 2.5; Wainwright 2019, chapter 2).
+        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or some entry
+        has :math:`|\mu|\le t` (use :func:`theorem2_bounds` there).
 
     Examples
     --------
@@ -208,9 +176,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
 
 
-# --------------------------------------------------------------------------------------------
 # exact probabilities
-# --------------------------------------------------------------------------------------------
 def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
     """:math:`P(Z > x)` (strict) for the noise law ``noise`` with scale ``sigma``."""
     if noise == "gaussian":
@@ -227,40 +193,26 @@ def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
 
 
 def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
-    r"""Exact :math:`P(|\mu + Z| > t)` for each noise law of :data:`NOISE_LAWS`.
+    r"""Exact :math:`P(|\mu+Z|>t)` for each noise law of :data:`NOISE_LAWS`.
 
     Parameters
     ----------
-    mu : float or array_like
-        Channel mean(s).
-    t : float or array_like
-        Threshold(s) :math:`t \ge 0`.
-    sigma : float or array_like
-        Noise scale :math:`\sigma > 0` (see the module's convention table).
+    mu, t, sigma : float or array_like
+        Channel mean(s), threshold(s) :math:`t\ge0` and noise scale :math:`\sigma>0` (module docstring).
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
         Law of :math:`Z`.
 
     Returns
     -------
     float or numpy.ndarray
-        The probability, broadcast over ``mu``, ``t`` and ``sigma``.
+        :math:`S(t-\mu)+S(t+\mu)` with :math:`S(x)=P(Z>x)`, broadcast over ``mu``, ``t``, ``sigma``.
 
     Raises
     ------
     TypeError
         If an input is not real-valued or ``noise`` is not a string.
     ValueError
-        If an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, the shapes do not
-        broadcast, or ``noise`` is unknown.
-
-    Notes
-    -----
-    Every law here is symmetric, so with :math:`S(x) = P(Z > x)`,
-    :math:`P(|\mu + Z| > t) = S(t - \mu) + S(t + \mu)` (the two events are disjoint for
-    :math:`t \ge 0`).  Closed forms of :math:`S`: Gaussian :math:`\Phi(-x/\sigma)`; uniform
-    :math:`\mathrm{clip}((\sqrt3\sigma - x)/(2\sqrt3\sigma), 0, 1)`; Rademacher 1, 1/2, 0 on
-    :math:`x < -\sigma`, :math:`-\sigma \le x < \sigma`, :math:`x \ge \sigma`; Laplace
-    :math:`\tfrac12 e^{-\sqrt2 x/\sigma}` for :math:`x \ge 0`.
+        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or ``noise`` is unknown.
 
     Examples
     --------
@@ -289,19 +241,14 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
 
 
 def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
-    r"""Exact :math:`P(|\mu + \sigma G| > t)` for :math:`G \sim N(0, 1)`.
+    r"""Exact :math:`P(|\mu+\sigma G|>t)` for :math:`G\sim N(0,1)`.
 
     Parameters
     ----------
-    mu : float or array_like
-        Mean(s) :math:`\mu`.
-    t : float or array_like
-        Threshold(s) :math:`t \ge 0`.
-    sigma : float or array_like
-        Standard deviation :math:`\sigma > 0` (= the optimal sub-Gaussian parameter).
+    mu, t, sigma : float or array_like
+        Mean(s), threshold(s) :math:`t\ge0` and standard deviation(s) :math:`\sigma>0`.
     complement : bool, default False
-        Return :math:`P(|\mu + \sigma G| \le t)` instead, computed without cancellation (use it
-        on a log scale when the exceedance probability is close to 1).
+        Return :math:`P(|\mu+\sigma G|\le t)` instead, without cancellation (for log scales).
 
     Returns
     -------
@@ -313,13 +260,7 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     TypeError
         If an input is not real-valued or ``complement`` is not a bool.
     ValueError
-        If an input is NaN or infinite, ``sigma <= 0``, ``t < 0`` or the shapes do not broadcast.
-
-    Notes
-    -----
-    :math:`P(|X| > t) = \Phi((\mu - t)/\sigma) + \Phi(-(\mu + t)/\sigma)` and, with
-    :math:`m = |\mu|`, :math:`P(|X| \le t) = \Phi((t - m)/\sigma) - \Phi((-t - m)/\sigma)`,
-    where :math:`\Phi` is the standard normal CDF (``scipy.special.ndtr``).
+        If an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
 
     Examples
     --------
@@ -331,6 +272,11 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     if not isinstance(complement, (bool, np.bool_)):
         raise TypeError(f"complement must be True or False, got {type(complement).__name__}")
     m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    return _scalar_or_array(_prob_gaussian(m, tt, s, bool(complement)))
+
+
+def _prob_gaussian(m: np.ndarray, tt: np.ndarray, s: np.ndarray, complement: bool) -> np.ndarray:
+    """Compute :func:`exceedance_probability_gaussian` for checked, broadcast arrays."""
     with np.errstate(over="ignore", invalid="ignore"):
         if complement:
             a = np.abs(m)
@@ -342,52 +288,43 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
             narrow = (w * np.maximum(1.0, np.abs(c)) < 1e-2) & (tt > 0)
             if narrow.any():
                 inside = np.where(narrow, _narrow_normal_mass(w, c), inside)
-            return _scalar_or_array(inside)
+            return inside
         below, above = (m - tt) / s, -(m + tt) / s
         odd = ~(np.isfinite(m - tt) & np.isfinite(m + tt))  # m -+ t beyond 1.8e308
         if odd.any():
             below = np.where(odd, m / s - tt / s, below)
             above = np.where(odd, -(m / s) - tt / s, above)
-        return _scalar_or_array(special.ndtr(below) + special.ndtr(above))
+        return special.ndtr(below) + special.ndtr(above)
 
 
 def _narrow_normal_mass(w: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """P(c - w/2 < G <= c + w/2), G ~ N(0, 1), for w (1 + |c|) < 1e-2: the midpoint rule with its
-    Taylor corrections, truncation below 1e-17 relative."""
+    """P(c - w/2 < G <= c + w/2) for w (1 + |c|) < 1e-2: midpoint rule with Taylor corrections."""
     w2, c2 = w * w, c * c
     series = 1.0 + (c2 - 1.0) * w2 / 24.0 + (c2 * c2 - 6.0 * c2 + 3.0) * w2 * w2 / 1920.0
     return w * np.exp(-0.5 * c2) / math.sqrt(2.0 * math.pi) * series
 
 
 def expected_count_gaussian(N, mu, t, sigma):
-    r"""Exact :math:`E[C(t)] = N\,P(|\mu + \sigma G| > t)` for Gaussian noise.
+    r"""Exact :math:`E[C(t)]=N\,P(|\mu+\sigma G|>t)` for Gaussian noise (any dependence between rows).
 
     Parameters
     ----------
     N : int or array_like of int
-        Number(s) of rows, :math:`N \ge 1`; any integer, also beyond the int64 range (it is
-        used as a float64, exact up to :math:`2^{53}`).
+        Number(s) of rows :math:`N\ge1`, any size (used as float64).
     mu, t, sigma : float or array_like
         As in :func:`exceedance_probability_gaussian`.
 
     Returns
     -------
     float or numpy.ndarray
-        The expected count, broadcast over all four inputs.
+        The expected count, broadcast over the four inputs.
 
     Raises
     ------
     TypeError
         If ``N`` is not an integer (array) or another input is not real-valued.
     ValueError
-        If ``N < 1``, an input is NaN or infinite, ``sigma <= 0``, ``t < 0`` or the shapes do
-        not broadcast.
-
-    Notes
-    -----
-    By linearity of expectation, :math:`E[C(t)] = \sum_{i \le N} P(|X_i| > t)` whatever the
-    dependence between rows; independence is not needed (it matters for concentration, see
-    :func:`count_interval`).
+        If ``N < 1``, an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
 
     Examples
     --------
@@ -395,26 +332,24 @@ def expected_count_gaussian(N, mu, t, sigma):
     2699.8
     """
     n = _row_counts_real("N", N)
-    p = np.asarray(exceedance_probability_gaussian(mu, t, sigma))
-    n, p = _broadcast(N=n, probability=p)
+    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    n, p = _broadcast(N=n, probability=_prob_gaussian(m, tt, s, False))
     return _scalar_or_array(n * p)
 
 
-# --------------------------------------------------------------------------------------------
 # Theorem 2
-# --------------------------------------------------------------------------------------------
 class CountBounds(NamedTuple):
     """Bounds on :math:`E[C(t)]` returned by :func:`theorem2_bounds` (arrays or floats)."""
 
-    #: Best valid lower bound for every sigma**2-sub-Gaussian noise (one-sided Theorem 1).
+    #: Best valid lower bound for every ``sigma**2``-sub-Gaussian noise (one-sided Theorem 1).
     lower: object
-    #: Best valid upper bound for every sigma**2-sub-Gaussian noise (two Chernoff tails, <= N).
+    #: Best valid upper bound for every ``sigma**2``-sub-Gaussian noise (two Chernoff tails, <= N).
     upper: object
-    #: The note's mean-dominated bound N(1 - 2exp(-u^2/2sigma^2)), unclipped; NaN if |mu| <= t.
+    #: The note's mean-dominated bound ``N(1 - 2exp(-u^2/2sigma^2))``, unclipped; NaN if ``|mu| <= t``.
     notes_lower: object
-    #: The note's pure-variance bound 2N exp(-t^2/2sigma^2); NaN unless mu == 0.
+    #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
     notes_upper: object
-    #: "mean-dominated" (|mu| > t), "intermediate" (0 < |mu| <= t) or "pure-variance" (mu == 0).
+    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` (``0 < |mu| <= t``) or ``"pure-variance"`` (``mu == 0``).
     regime: object
 
 
@@ -424,43 +359,26 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     Parameters
     ----------
     N : int or array_like of int
-        Number(s) of rows :math:`N \ge 1`; any integer, also beyond the int64 range (it is used
-        as a float64, exact up to :math:`2^{53}`).
-    mu : float or array_like
-        Channel mean(s) :math:`\mu`.
-    t : float or array_like
-        Threshold(s) :math:`t \ge 0`.
-    sigma : float or array_like
-        Sub-Gaussian parameter :math:`\sigma > 0` of the noise.
+        Number(s) of rows :math:`N\ge1`, any size (used as float64).
+    mu, t, sigma : float or array_like
+        Channel mean(s), threshold(s) :math:`t\ge0` and sub-Gaussian parameter :math:`\sigma>0`.
 
     Returns
     -------
     CountBounds
-        Named tuple ``(lower, upper, notes_lower, notes_upper, regime)``, each broadcast over
-        the inputs (floats/str for scalar inputs).
+        ``(lower, upper, notes_lower, notes_upper, regime)``, broadcast (floats/str for scalars).
 
     Raises
     ------
     TypeError
         If ``N`` is not an integer (array) or another input is not real-valued.
     ValueError
-        If ``N < 1``, an input is NaN or infinite, ``sigma <= 0``, ``t < 0`` or the shapes do
-        not broadcast.
+        If ``N < 1``, an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
 
     Notes
     -----
-    With :math:`m = |\mu|` and :math:`(x)_+ = \max(x, 0)`, for every row whose noise is
-    :math:`\sigma^2`-sub-Gaussian (no independence needed: linearity of expectation),
-
-    .. math::
-
-        N\bigl(1 - e^{-(m - t)_+^2/(2\sigma^2)}\bigr) \;\le\; E[C(t)] \;\le\;
-        N \min\bigl(1,\; e^{-(t - m)_+^2/(2\sigma^2)} + e^{-(t + m)^2/(2\sigma^2)}\bigr).
-
-    The lower bound is the one-sided Theorem 1 (zero when :math:`m \le t`); the upper bound
-    applies the Chernoff bound to each tail and reduces to the note's :math:`2Ne^{-t^2/(2\sigma^2)}`
-    at :math:`\mu = 0`.  The lower bound 0 for :math:`m \le t` cannot be improved: Rademacher
-    noise :math:`\pm\sigma` with :math:`\sigma \le t - m` gives :math:`E[C] = 0`.
+    With :math:`m=|\mu|`: :math:`N(1-e^{-(m-t)_+^2/(2\sigma^2)})\le E[C(t)]\le
+    N\min(1,e^{-(t-m)_+^2/(2\sigma^2)}+e^{-(t+m)^2/(2\sigma^2)})`.  Proof: chapter :doc:`/book/theorem2`.
 
     Examples
     --------
@@ -496,58 +414,41 @@ _MARGIN_KINDS = ("two-sided", "one-sided", "gaussian")
 
 
 def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
-    r"""Margin :math:`u = |\mu| - t` beyond which a row exceeds :math:`t` with probability > 1/2.
+    r"""Margin :math:`u=|\mu|-t` beyond which a row exceeds :math:`t` with probability > 1/2.
 
     Parameters
     ----------
     t : float or array_like
-        Threshold(s) :math:`t \ge 0`.
+        Threshold(s) :math:`t\ge0`.
     sigma : float or array_like
-        Noise scale :math:`\sigma > 0`.
+        Noise scale :math:`\sigma>0`.
     kind : {"gaussian", "two-sided", "one-sided"}, default "gaussian"
-        ``"two-sided"``: where the note's bound :math:`1 - 2e^{-u^2/(2\sigma^2)}` exceeds 1/2,
-        :math:`u = \sigma\sqrt{2\ln 4}`.  ``"one-sided"``: where the sharp bound
-        :math:`1 - e^{-u^2/(2\sigma^2)}` exceeds 1/2, :math:`u = \sigma\sqrt{2\ln 2}` (the
-        note's number).  ``"gaussian"``: the exact point :math:`\mu_{1/2}(t) - t` where
-        :math:`P(|\mu + \sigma G| > t) = 1/2`.
+        ``"two-sided"``: the note's bound, :math:`u=\sigma\sqrt{2\ln4}`; ``"one-sided"``: the sharp bound,
+        :math:`u=\sigma\sqrt{2\ln2}`; ``"gaussian"``: the exact root of :math:`P(|\mu+\sigma G|>t)=1/2`.
 
     Returns
     -------
     float or numpy.ndarray
-        The margin, broadcast over ``t`` and ``sigma``.  For ``"gaussian"`` it lies in
-        :math:`[-t, 0]` and is negative for every :math:`t > 0` (it rounds to 0 in float64
-        once :math:`t \gtrsim 5\sigma`): the exact probability crosses 1/2 *before* the mean
-        reaches :math:`t`.
-        It equals :math:`-t` when :math:`2\Phi(-t/\sigma) \ge 1/2`, i.e.
-        :math:`t \le \sigma\,\Phi^{-1}(3/4) \approx 0.674\sigma` (then even :math:`\mu = 0`
-        exceeds 1/2).
+        The margin, broadcast.  ``"gaussian"`` gives a value in :math:`[-t,0]` (:math:`-t` when
+        :math:`t\le\sigma\Phi^{-1}(3/4)`): the probability crosses 1/2 before the mean reaches :math:`t`.
 
     Raises
     ------
     TypeError
         If an input is not real-valued or ``kind`` is not a string.
     ValueError
-        If an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, the shapes do not broadcast,
-        ``kind`` is unknown, or a ``"two-sided"``/``"one-sided"`` margin exceeds the float64
-        range.
+        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, ``kind`` is
+        unknown, or a bound's margin overflows.
 
     Notes
     -----
-    :math:`1 - 2e^{-u^2/(2\sigma^2)} > 1/2 \iff u > \sigma\sqrt{2\ln 4}` and
-    :math:`1 - e^{-u^2/(2\sigma^2)} > 1/2 \iff u > \sigma\sqrt{2\ln 2}`.  The Gaussian
-    probability is increasing in :math:`|\mu|` (Anderson's inequality for the symmetric unimodal
-    Gaussian), equals :math:`1/2 + \Phi(-2t/\sigma) > 1/2` at :math:`\mu = t`, so the root lies in
-    :math:`[0, t)` and is found by vectorised bisection to machine precision.
+    The Gaussian root lies in :math:`[0,t)` (the probability increases in :math:`|\mu|`); vectorised
+    bisection to machine precision.
 
     Examples
     --------
     >>> round(half_exceedance_margin(3.0, 1.0, "two-sided"), 4)
     1.6651
-    >>> round(half_exceedance_margin(3.0, 1.0, "one-sided"), 4)
-    1.1774
-    >>> m = half_exceedance_margin(1.0, 1.0)
-    >>> round(m, 4), round(exceedance_probability_gaussian(1.0 + m, 1.0, 1.0), 6)
-    (-0.0667, 0.5)
     >>> half_exceedance_margin(0.5, 1.0)          # 2 Phi(-0.5) > 1/2: mu = 0 already exceeds 1/2
     -0.5
     """
@@ -590,69 +491,51 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     return _scalar_or_array(root - tt)
 
 
-# --------------------------------------------------------------------------------------------
 # concentration of C(t)
-# --------------------------------------------------------------------------------------------
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
 
 
 def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """kl(q || p) of two Bernoulli laws."""
     return special.rel_entr(q, p) + special.rel_entr(1.0 - q, 1.0 - p)
 
 
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
-    r"""Interval that contains :math:`C(t) \sim \mathrm{Binomial}(N, p)` with probability :math:`\ge 1-\delta`.
+    r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
-    Valid when the :math:`N` rows are independent (each exceeds :math:`t` with probability
-    :math:`p`).  With dependent rows :math:`C(t)` need not concentrate at all.
+    Proofs: chapter :doc:`/book/theorem2` (Boucheron, Lugosi and Massart 2013, §2.2).
+
+    Valid for independent rows; with dependent rows :math:`C(t)` need not concentrate.
 
     Parameters
     ----------
     N : int or array_like of int
-        Number(s) of rows, :math:`N \ge 1`; any integer, also beyond the int64 range (it is
-        used as a float64, exact up to :math:`2^{53}`).
+        Number(s) of rows :math:`N\ge1`, any size (used as float64).
     p : float or array_like
-        Exceedance probability per row, in :math:`[0, 1]` (e.g. from
-        :func:`exceedance_probability`).
+        Exceedance probability per row, in :math:`[0,1]`.
     delta : float, default 0.05
-        Total miss probability, :math:`0 < \delta < 1`, split equally between the two tails.
+        Total miss probability in :math:`(0,1)`, split equally between the tails.
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
-        ``"hoeffding"``: :math:`Np \pm \sqrt{N\ln(2/\delta)/2}`.
-        ``"chernoff"``: :math:`[Nq_-, Nq_+]` with :math:`N\,\mathrm{kl}(q_\pm\,\|\,p) = \ln(2/\delta)`
-        (relative-entropy Chernoff bound; much tighter than Hoeffding when :math:`p` is small).
-        ``"exact"``: binomial quantiles, the smallest integers with
-        :math:`P(C < \mathrm{lower}) \le \delta/2` and :math:`P(C > \mathrm{upper}) \le \delta/2`.
+        ``"hoeffding"``: :math:`Np\pm\sqrt{N\ln(2/\delta)/2}`; ``"chernoff"``: :math:`[Nq_-,Nq_+]` with
+        :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial quantiles.
 
     Returns
     -------
-    (lower, upper) : tuple of float or numpy.ndarray
-        Interval ends, broadcast over ``N`` and ``p``.  Hoeffding's ends are returned as the
-        formula gives them (a negative lower end or an upper end above :math:`N` shows that the
-        bound says nothing there); the other two lie in :math:`[0, N]`.
+    lower : float or numpy.ndarray
+        Lower end, broadcast over ``N`` and ``p`` (Hoeffding's unclipped, the others in :math:`[0,N]`).
+    upper : float or numpy.ndarray
+        Upper end, likewise.
 
     Raises
     ------
     TypeError
-        If ``N`` is not an integer (array), ``p`` or ``delta`` is not real, or ``method`` is not
-        a string.
+        If ``N`` is not an integer (array), ``p`` or ``delta`` is not real, or ``method`` is not a string.
     ValueError
-        If ``N < 1``, ``p`` is outside :math:`[0, 1]` or not finite, ``delta`` is outside
-        :math:`(0, 1)`, the shapes do not broadcast, or ``method`` is unknown.
-
-    Notes
-    -----
-    Hoeffding (1963): :math:`P(|C - Np| \ge s) \le 2e^{-2s^2/N}`.  Chernoff (1952), in the
-    relative-entropy form: :math:`P(C \ge Nq) \le e^{-N\,\mathrm{kl}(q\|p)}` for :math:`q \ge p`
-    and :math:`P(C \le Nq) \le e^{-N\,\mathrm{kl}(q\|p)}` for :math:`q \le p`, where
-    :math:`\mathrm{kl}(q\|p) = q\ln\frac qp + (1-q)\ln\frac{1-q}{1-p}`.  Pinsker's inequality
-    :math:`\mathrm{kl}(q\|p) \ge 2(q-p)^2` shows the Chernoff interval lies inside Hoeffding's
-    (Boucheron, Lugosi and Massart 2013, section 2.2).
+        If ``N < 1``, ``p`` is outside :math:`[0,1]`, ``delta`` is outside :math:`(0,1)`, shapes do not
+        broadcast, or ``method`` is unknown.
 
     Examples
     --------
-    >>> lo, hi = count_interval(10**6, 1e-3, delta=0.01, method="hoeffding")
-    >>> round(lo), round(hi)
-    (-628, 2628)
     >>> lo, hi = count_interval(10**6, 1e-3, delta=0.01, method="chernoff")
     >>> round(lo), round(hi)
     (899, 1105)
@@ -702,23 +585,19 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     return _scalar_or_array(np.asarray(lo, dtype=np.float64)), _scalar_or_array(np.asarray(hi, dtype=np.float64))
 
 
-# --------------------------------------------------------------------------------------------
 # streamed simulation
-# --------------------------------------------------------------------------------------------
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
+    """Clip to +-1e30, then cast to float32."""
     return np.clip(x, -_F32_CLIP, _F32_CLIP).astype(np.float32)
 
 
 class _BlockCounter:
     """Counts, for a block of ``m`` channels, draws above ``hi`` and below ``lo`` (in draw space).
 
-    ``hi`` and ``lo`` have shape (m, thresholds).  Draw space is the space in which the
-    generator samples: standard normal (gaussian), U[0, 1) (uniform), standard Laplace with
-    density exp(-|x|)/2 (laplace); rademacher is counted from random bits.  A chunk of draws
-    has shape (rows, m): row-major, so the comparisons of one row of channels are contiguous
-    and the reduction over rows is vectorised across channels.
+    Draw space: standard normal, U[0, 1), standard Laplace, or random bits (rademacher).  A chunk has
+    shape (rows, m), so the reduction over rows is vectorised across channels.
     """
 
     def __init__(self, noise: str, rng: np.random.Generator, chunk_size: int):
@@ -728,6 +607,7 @@ class _BlockCounter:
         self.mask = np.empty(chunk_size, dtype=bool)
 
     def _draw(self, n: int) -> np.ndarray:
+        """n draws in draw space, in the reused float32 buffer."""
         z = self.buf[:n]
         if self.noise == "gaussian":
             self.rng.standard_normal(dtype=np.float32, out=z)
@@ -741,6 +621,7 @@ class _BlockCounter:
         return z
 
     def count(self, m: int, rows: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """Counts of shape (m, thresholds) for ``rows`` new rows of each of the ``m`` channels."""
         if self.noise == "rademacher":
             return self._count_rademacher(m, rows, hi, lo)
         n = m * rows
@@ -769,6 +650,7 @@ class _BlockCounter:
         return out
 
     def _count_rademacher(self, m: int, rows: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The same counts for Rademacher rows, from random bits."""
         words = (rows + 63) // 64
         bits = self.rng.bit_generator.random_raw(m * words).reshape(m, words)
         rem = rows % 64
@@ -792,65 +674,48 @@ def simulate_counts(
     rho: float = 0.0,
     chunk_size: int = _DEFAULT_CHUNK,
 ):
-    r"""Monte-Carlo counts :math:`C_j(t) = \#\{i \le N : |\mu_j + Z_{ij}| > t\}`, streamed in chunks.
+    r"""Monte-Carlo counts :math:`C_j(t)=\#\{i\le N:|\mu_j+Z_{ij}|>t\}`, streamed in chunks.
 
     Parameters
     ----------
     N : int or 1-D sequence of int
-        Number of rows per channel.  A strictly increasing sequence ``[N_1, ..., N_K]`` returns
-        the counts of the first :math:`N_k` rows of one stream per channel (so counts against
-        :math:`N` cost one pass of :math:`\max N_k` draws).
-    mu : float or array_like
-        Channel means; together with ``sigma`` it defines the channel shape.
+        Rows per channel; a strictly increasing sequence returns the counts of the first :math:`N_k`
+        rows of one stream.
+    mu, sigma : float or array_like
+        Channel means and noise scales (module docstring), broadcast together: the channel shape.
     t : float or array_like
-        Thresholds :math:`t \ge 0`; every threshold is applied to the same draws.
-    sigma : float or array_like
-        Noise scale per channel (broadcast with ``mu``), see the module's convention table.
+        Thresholds :math:`t\ge0`, all applied to the same draws.
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
         Law of the noise.
     rng : None, int or numpy.random.Generator, optional
-        Source of randomness (an int is a seed; None draws fresh entropy).
+        Source of randomness (an int is a seed; None: fresh entropy).
     rho : float, default 0.0
-        Correlation between the rows of a channel, :math:`0 \le \rho < 1`, Gaussian noise only:
-        :math:`Z_{ij} = \sigma(\sqrt\rho\,W_j + \sqrt{1-\rho}\,G_{ij})` with one shared
-        :math:`W_j \sim N(0,1)` per channel.  Every row keeps the law :math:`N(\mu_j, \sigma_j^2)`,
-        so :math:`E[C_j]` is unchanged, but the rows are dependent.
+        Correlation :math:`0\le\rho<1` between the rows of a channel (Gaussian noise only): one shared
+        :math:`W_j` per channel, same marginal law, dependent rows.
     chunk_size : int, default 65536
-        Number of draws held in memory at once.
+        Draws held in memory at once.
 
     Returns
     -------
     int or numpy.ndarray of int64
-        Counts of shape ``channels + t.shape`` where ``channels`` is the broadcast shape of
-        ``mu`` and ``sigma``; with a sequence ``N`` a leading axis of length ``len(N)`` is added.
-        An int when every input is a scalar.
+        Counts of shape ``channels + t.shape`` (a leading ``len(N)`` axis for a sequence ``N``); an
+        int when every input is a scalar.
 
     Raises
     ------
     TypeError
-        If ``N`` or ``chunk_size`` is not an integer, another input is not real-valued,
-        ``noise`` is not a string or ``rng`` is of the wrong type.
+        If a count is not an integer, another input is not real-valued, ``noise`` is not a string or
+        ``rng`` has the wrong type.
     ValueError
-        If ``N < 1``, ``N`` exceeds the int64 range, or a sequence ``N`` is not strictly
-        increasing, an input is NaN or infinite, ``sigma <= 0``, ``t < 0``, ``mu`` and ``sigma``
-        do not broadcast, ``noise`` is unknown, ``rho`` is outside :math:`[0, 1)` or non-zero
-        with non-Gaussian noise, or ``chunk_size < 1``.
+        If ``N`` is < 1, beyond int64 or not strictly increasing, an input is not finite, ``sigma <= 0``,
+        ``t < 0``, ``mu`` and ``sigma`` do not broadcast, ``noise`` is unknown, ``rho`` is outside
+        :math:`[0,1)` or non-zero with non-Gaussian noise, or ``chunk_size < 1``.
 
     Notes
     -----
-    Memory is :math:`O(\text{chunk\_size} + \text{channels} \times \text{thresholds})` for any
-    :math:`N`.  Instead of forming :math:`|X|`, each threshold is mapped into the space where
-    the generator samples, :math:`|X| > t \iff Z > (t-\mu)/\sigma \text{ or } Z < (-t-\mu)/\sigma`,
-    and counted by two comparisons on a reused float32 buffer (or, for many thresholds, by one
-    sort of the chunk and binary searches).  Gaussian draws come from NumPy's float32 ziggurat;
-    uniform draws are compared in :math:`[0, 1)` (resolution :math:`2^{-24}`); Laplace draws are
-    float32 exponentials with a random sign bit; Rademacher rows are random bits counted with a
-    population count.  Only the float32 rounding of thresholds (relative :math:`6\cdot10^{-8}`)
-    and draws that tie a threshold exactly in float32 (not counted; probability of order
-    :math:`10^{-7}` per draw, relevant only at :math:`t = |\mu|`) separate the counts from exact
-    ones.  For independent rows
-    :math:`C_j(t) \sim \mathrm{Binomial}(N, p_j)` with :math:`p_j` from
-    :func:`exceedance_probability`.
+    Thresholds are mapped into the generator's draw space and counted by comparisons on a reused
+    float32 buffer (or one sort and binary searches); only float32 rounding (relative
+    :math:`6\cdot10^{-8}`) separates the counts from exact ones.
 
     Examples
     --------

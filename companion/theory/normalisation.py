@@ -1,22 +1,19 @@
 """LayerNorm and RMSNorm as plain functions, with their analytic Jacobians.
 
-The functions here are the mathematical objects of the chapter *LayerNorm geometry*:
+The mathematical objects of the chapter :doc:`/book/layernorm_geometry`:
 
 * :func:`layernorm` and :func:`rmsnorm` normalise the last axis of an array (NumPy, float64);
-* :func:`layernorm_jacobian` and :func:`rmsnorm_jacobian` return the exact ``d x d`` Jacobian
-  of the normalisation at a 1-D input, without affine parameters or with a gain ``gamma``;
-* :func:`gain_jacobian_norm_bounds` brackets the spectral norm of that Jacobian with a gain,
-  ``gamma_(m+1) / s <= ||J|| <= max|gamma| / s``, for one input or a batch of rows;
-* :func:`autograd_jacobian` computes the same matrices (for one vector or a batch) by
-  differentiating PyTorch's own ``torch.nn.functional.layer_norm`` / ``rms_norm``, an
-  independent implementation used to check the formulas.
+* :func:`layernorm_jacobian` and :func:`rmsnorm_jacobian`: the exact ``d x d`` Jacobian at a 1-D
+  input, optionally with a gain ``gamma``;
+* :func:`gain_jacobian_norm_bounds`: ``gamma_(m+1) / s <= ||J|| <= max|gamma| / s``;
+* :func:`autograd_jacobian`: the same matrices by differentiating PyTorch's own
+  ``layer_norm`` / ``rms_norm``, an independent check of the formulas.
 
-Conventions follow PyTorch: the variance is the population variance (divide by ``d``) and
-``eps`` is added to it inside the square root.
+Conventions follow PyTorch: the population variance (divide by ``d``), ``eps`` added inside the
+square root.
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 
@@ -32,8 +29,8 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- validation
 def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
+    """``x`` as a finite float64 array with a non-empty feature axis (1-D if ``one_d``)."""
     try:
         arr = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -53,6 +50,7 @@ def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
 
 
 def _check_affine(param, d: int, name: str) -> np.ndarray | None:
+    """``None`` or the real array of shape (d,)."""
     return None if param is None else real_array(name, param, shape=(d,))
 
 
@@ -69,46 +67,36 @@ def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray,
     return y, np.sqrt(s2)
 
 
-# --------------------------------------------------------------------------- functions
 def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
-    r"""Layer normalisation over the last axis.
+    r"""Layer normalisation over the last axis: :math:`\gamma\odot(x-\bar x)/\sqrt{\mathrm{var}(x)+\epsilon}+\beta`.
 
     Parameters
     ----------
     x : array_like, shape (..., d)
         Input; every row (last axis) is normalised separately.
     eps : float, default 1e-5
-        Added to the population variance inside the square root (PyTorch's convention).
+        Added to the population variance inside the square root.
     gamma : array_like of shape (d,), optional
-        Gain (elementwise scale); ``None`` means 1.
+        Gain; ``None`` means 1.
     beta : array_like of shape (d,), optional
         Bias; ``None`` means 0.
 
     Returns
     -------
     numpy.ndarray, shape (..., d), float64
+        The normalised rows (mean 0, norm :math:`\sqrt d` without affine parameters and ``eps`` = 0).
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is a scalar or contains NaN/inf, ``eps`` < 0, ``gamma``/``beta`` do not have
-        shape ``(d,)``, or a row is constant while ``eps`` = 0.
-
-    Notes
-    -----
-    .. math:: \mathrm{LN}(x) = \gamma \odot \frac{x - \bar x \mathbf 1}{\sqrt{\tfrac1d\|x - \bar x\mathbf 1\|^2 + \epsilon}} + \beta,
-
-    as in :cite:t:`ba2016layernorm` and ``torch.nn.functional.layer_norm``.  Without affine
-    parameters and with ``eps`` = 0 every output row has mean 0 and Euclidean norm
-    :math:`\sqrt d`.
+        If ``x`` is a scalar or not finite, ``eps`` < 0, ``gamma``/``beta`` do not have shape ``(d,)``,
+        or a row is constant while ``eps`` = 0.
 
     Examples
     --------
     >>> y = layernorm([1.0, 2.0, 3.0, 6.0], eps=0.0)
-    >>> [round(float(v), 4) for v in y]
-    [-1.069, -0.5345, 0.0, 1.6036]
     >>> round(float(np.linalg.norm(y) ** 2), 6)
     4.0
     """
@@ -127,40 +115,33 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
 
 
 def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
-    r"""Root-mean-square normalisation over the last axis.
+    r"""Root-mean-square normalisation over the last axis: :math:`\gamma\odot x/\sqrt{\|x\|^2/d+\epsilon}`.
 
     Parameters
     ----------
     x : array_like, shape (..., d)
         Input; every row (last axis) is normalised separately.
     eps : float, default 1e-5
-        Added to the mean square inside the square root (``torch.nn.functional.rms_norm``).
+        Added to the mean square inside the square root.
     gamma : array_like of shape (d,), optional
-        Gain (elementwise scale); ``None`` means 1.
+        Gain; ``None`` means 1.
 
     Returns
     -------
     numpy.ndarray, shape (..., d), float64
+        The normalised rows (norm :math:`\sqrt d` with ``eps`` = 0; no centring).
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is a scalar or contains NaN/inf, ``eps`` < 0, ``gamma`` does not have shape
-        ``(d,)``, or a row is all zero while ``eps`` = 0.
-
-    Notes
-    -----
-    .. math:: \mathrm{RMS}(x) = \gamma \odot \frac{x}{\sqrt{\tfrac1d\|x\|^2 + \epsilon}}
-       \qquad\text{(no centring, no bias; } :cite:t:`zhang2019rmsnorm` \text{).}
-
-    With ``eps`` = 0 every output row has norm :math:`\sqrt d`, but its mean is not zero.
+        If ``x`` is a scalar or not finite, ``eps`` < 0, ``gamma`` does not have shape ``(d,)``, or a
+        row is all zero while ``eps`` = 0.
 
     Examples
     --------
-    >>> y = rmsnorm([3.0, 4.0], eps=0.0)
-    >>> [round(float(v), 4) for v in y]
+    >>> [round(float(v), 4) for v in rmsnorm([3.0, 4.0], eps=0.0)]
     [0.8485, 1.1314]
     """
     eps = check_real(eps, "eps", lo=0.0)
@@ -174,6 +155,8 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
 def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     r"""Exact Jacobian of LayerNorm at a 1-D input, without affine parameters or with a gain.
 
+    Derivation and spectrum (:math:`\|J\|_2=\sqrt d/\|y\|` for :math:`\epsilon=0`): chapter :doc:`/book/layernorm_geometry`.
+
     Parameters
     ----------
     x : array_like, shape (d,)
@@ -181,40 +164,24 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     eps : float, default 0.0
         Variance epsilon, as in :func:`layernorm`.
     gamma : array_like of shape (d,), optional
-        Gain; the Jacobian is then :math:`\operatorname{diag}(\gamma)\,J` (a bias does not
-        change it). ``None`` means no gain.
+        Gain: the Jacobian becomes :math:`\operatorname{diag}(\gamma)J` (a bias does not change it).
 
     Returns
     -------
     numpy.ndarray, shape (d, d), float64
-        ``J[i, j] = d LN(x)_i / d x_j``.
+        ``J[i, j] = d LN(x)_i / d x_j`` :math:`=\frac1s(P-\frac{yy^\top}{ds^2})`, :math:`y=Px`.
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is not 1-D, contains NaN/inf, is constant while ``eps`` = 0, ``eps`` < 0, or
-        ``gamma`` does not have shape ``(d,)``.
-
-    Notes
-    -----
-    With :math:`P = I - \tfrac1d \mathbf 1\mathbf 1^\top`, :math:`y = Px`,
-    :math:`s = \sqrt{\|y\|^2/d + \epsilon}`:
-
-    .. math:: J = \frac1s\Big(P - \frac{y y^\top}{d\, s^2}\Big).
-
-    It is symmetric; :math:`J\mathbf 1 = 0`; on the remaining :math:`d-2` directions
-    orthogonal to :math:`\mathbf 1` and :math:`y` it multiplies by :math:`1/s`; along
-    :math:`y` it multiplies by :math:`\epsilon / s^3` (0 when :math:`\epsilon = 0`).  Hence
-    :math:`\|J\|_2 = 1/s = \sqrt d/\|y\|` for :math:`\epsilon = 0` (Xiong et al. 2020,
-    supplement to Lemma 3).
+        If ``x`` is not 1-D or not finite, is constant while ``eps`` = 0, ``eps`` < 0, or ``gamma`` does
+        not have shape ``(d,)``.
 
     Examples
     --------
     >>> J = layernorm_jacobian([1.0, 2.0, 3.0, 6.0])
-    >>> np.allclose(J.sum(axis=1), 0.0)
-    True
     >>> round(float(np.linalg.norm(J, 2)), 4)   # 1 / std(x) = 1 / 1.8708
     0.5345
     """
@@ -239,30 +206,20 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     eps : float, default 0.0
         Epsilon added to the mean square, as in :func:`rmsnorm`.
     gamma : array_like of shape (d,), optional
-        Gain; the Jacobian is then :math:`\operatorname{diag}(\gamma)\,J`. ``None`` means no
-        gain.
+        Gain: the Jacobian becomes :math:`\operatorname{diag}(\gamma)J`.
 
     Returns
     -------
     numpy.ndarray, shape (d, d), float64
+        :math:`J=\frac1r(I-\frac{xx^\top}{dr^2})`, :math:`r=\sqrt{\|x\|^2/d+\epsilon}`.
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is not 1-D, contains NaN/inf, is all zero while ``eps`` = 0, ``eps`` < 0, or
-        ``gamma`` does not have shape ``(d,)``.
-
-    Notes
-    -----
-    With :math:`r = \sqrt{\|x\|^2/d + \epsilon}`:
-
-    .. math:: J = \frac1r\Big(I - \frac{x x^\top}{d\, r^2}\Big).
-
-    Eigenvalue :math:`1/r` on the :math:`d-1` directions orthogonal to :math:`x`, and
-    :math:`\epsilon/r^3` along :math:`x`.  There is no centring, so :math:`J\mathbf 1 \neq 0`
-    in general.
+        If ``x`` is not 1-D or not finite, is all zero while ``eps`` = 0, ``eps`` < 0, or ``gamma`` does
+        not have shape ``(d,)``.
 
     Examples
     --------
@@ -282,54 +239,42 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
 def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
                               eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    r"""Bounds on the spectral norm of a normalisation's Jacobian with a learned gain.
+    """Bounds on the spectral norm of a normalisation's Jacobian with a learned gain.
+
+    Proof (Cauchy interlacing): chapter :doc:`/book/layernorm_geometry`.
 
     Parameters
     ----------
     x : array_like, shape (d,) or (n, d)
-        The input (one token) or a batch of inputs, one per row.
+        One input or a batch of rows.
     gamma : array_like, shape (d,)
         The gain of the normalisation.
     kind : {"rmsnorm", "layernorm"}
-        Which normalisation; a LayerNorm bias does not change the Jacobian.
+        Which normalisation (a LayerNorm bias does not change the Jacobian).
     eps : float, default 0.0
-        Epsilon inside the square root, as in :func:`rmsnorm` / :func:`layernorm`.
+        Epsilon inside the square root.
 
     Returns
     -------
-    (lower, upper) : tuple of numpy.ndarray
-        Arrays of the shape of ``x`` without its last axis (0-d for one input):
-        ``lower = g_(m+1) / s`` and ``upper = g_(1) / s``, where ``g_(1) >= g_(2) >= ...`` are
-        the sorted ``|gamma_j|``, ``s`` is the normaliser of the row
-        (:math:`\sqrt{\|x\|^2/d + \epsilon}` for RMSNorm, :math:`\sqrt{\mathrm{std}(x)^2 + \epsilon}`
-        for LayerNorm) and ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
+    lower : numpy.ndarray
+        ``g_(m+1) / s`` per row (0-d for one input): ``g_(k)`` are the sorted ``|gamma_j|``, ``s`` the
+        row's normaliser, ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
+    upper : numpy.ndarray
+        ``g_(1) / s``, same shape.
 
     Raises
     ------
     TypeError
-        If ``x`` or ``gamma`` is not numeric or ``eps`` is not a real number.
+        If ``x`` or ``gamma`` is not numeric (or None), or ``eps`` is not real.
     ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D or 2-D, ``gamma`` does not have shape ``(d,)``,
-        ``d <= m``, an input contains NaN/inf, ``eps`` < 0, or a row is degenerate (zero for
-        RMSNorm, constant for LayerNorm) while ``eps`` = 0.
-
-    Notes
-    -----
-    The Jacobian is :math:`J = \Gamma J_0` with :math:`\Gamma = \operatorname{diag}(\gamma)` and
-    :math:`J_0` the Jacobian without gain, which is :math:`1/s` times the identity on a subspace
-    :math:`U` of codimension :math:`m` (the complement of :math:`x`, or of :math:`\mathbf 1` and
-    the centred :math:`x`) and at most :math:`1/s` on its complement. Hence
-    :math:`\|J\| \le \|\Gamma\|\,\|J_0\| = g_{(1)}/s`, and, restricting to :math:`U`,
-    :math:`\|J\| \ge \|\Gamma P_U\|/s \ge g_{(m+1)}/s` by Cauchy's interlacing theorem
-    (:math:`P_U \Gamma^2 P_U` is a compression of :math:`\Gamma^2` to codimension :math:`m`).
-    So :math:`\|J\| = \max_j|\gamma_j|/s` up to the gap between the largest gains.
+        If ``kind`` is unknown, ``x`` is not 1-D/2-D or not finite, ``gamma`` does not have shape
+        ``(d,)``, ``d <= m``, ``eps`` < 0, or a row is degenerate while ``eps`` = 0.
 
     Examples
     --------
     >>> x, g = np.array([3.0, -1.0, 2.0, 0.5]), np.array([2.0, 1.5, 0.5, 1.0])
     >>> lo, hi = gain_jacobian_norm_bounds(x, g)
-    >>> exact = np.linalg.norm(rmsnorm_jacobian(x, gamma=g), 2)
-    >>> bool(lo <= exact <= hi)
+    >>> bool(lo <= np.linalg.norm(rmsnorm_jacobian(x, gamma=g), 2) <= hi)
     True
     """
     if kind not in ("rmsnorm", "layernorm"):
@@ -356,38 +301,30 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
     Parameters
     ----------
     x : array_like, shape (d,) or (n, d)
-        The point (or ``n`` points, one per row) at which to differentiate; float64.
+        One point or ``n`` points (rows); float64.
     kind : {"layernorm", "rmsnorm"}
-        ``torch.nn.functional.layer_norm`` or ``torch.nn.functional.rms_norm``, no affine.
+        ``torch.nn.functional.layer_norm`` or ``rms_norm``, no affine parameters.
     eps : float, default 0.0
+        Epsilon inside the square root.
 
     Returns
     -------
     numpy.ndarray, shape (d, d) or (n, d, d), float64
-        ``J[..., i, j] = d f(x)_i / d x_j``.
+        ``J[..., i, j] = d f(x)_i / d x_j`` (one backward pass per point).
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D or 2-D, contains NaN/inf, ``eps`` < 0, or a
-        row is degenerate (constant for LayerNorm, zero for RMSNorm) while ``eps`` = 0.
-
-    Notes
-    -----
-    Reverse-mode autograd through PyTorch's kernels: the input is copied ``d`` times and one
-    backward pass with the identity as output gradient returns all rows of the Jacobian at
-    once.  This is an implementation independent of the closed forms in
-    :func:`layernorm_jacobian` and :func:`rmsnorm_jacobian`, which the tests compare.
+        If ``kind`` is unknown, ``x`` is not 1-D/2-D or not finite, ``eps`` < 0, or a row is degenerate
+        while ``eps`` = 0.
 
     Examples
     --------
     >>> x = [1.0, 2.0, 3.0, 6.0]
     >>> np.allclose(autograd_jacobian(x), layernorm_jacobian(x))
     True
-    >>> autograd_jacobian(np.random.default_rng(0).normal(size=(5, 4)), "rmsnorm").shape
-    (5, 4, 4)
     """
     import torch
 

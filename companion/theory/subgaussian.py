@@ -1,43 +1,33 @@
 r"""Sub-Gaussian tails: optimal variance proxies, Chernoff bounds, :math:`\psi_2` norms.
 
-A real random variable :math:`X` with mean :math:`\mu` is :math:`\sigma^2`-sub-Gaussian when its
-centred cumulant generating function (CGF)
+:math:`X` with mean :math:`\mu` is :math:`\sigma^2`-sub-Gaussian when its centred cumulant generating
+function :math:`K(\lambda)=\log\mathbb E\,e^{\lambda(X-\mu)}` satisfies :math:`K(\lambda)\le\lambda^2\sigma^2/2`
+for every real :math:`\lambda`; the smallest such :math:`\sigma^2` is the *optimal variance proxy*
+:math:`\sigma^2_{\rm opt}=\sup_{\lambda\ne0}2K(\lambda)/\lambda^2\ge\operatorname{Var}X` (Arbel, Marchal and
+Nguyen, 2020).  Theory: chapter :doc:`/book/subgaussian_tails`.
 
-.. math:: K(\lambda) = \log \mathbb E\, e^{\lambda (X-\mu)}
-
-satisfies :math:`K(\lambda) \le \lambda^2\sigma^2/2` for every real :math:`\lambda`.  The smallest such
-:math:`\sigma^2` is the *optimal variance proxy*
-
-.. math:: \sigma^2_{\mathrm{opt}} = \sup_{\lambda\neq 0} \frac{2K(\lambda)}{\lambda^2} \;\ge\; \operatorname{Var}X,
-
-and :math:`X` is *strictly* sub-Gaussian when equality holds (Arbel, Marchal and Nguyen, 2020).
-
-Every function that takes a law takes a frozen ``scipy.stats`` distribution (``stats.norm(0, 1)``,
-``stats.bernoulli(0.1)``, ``stats.rv_discrete(values=(xk, pk))()``...).  Numerically, a law is
-replaced by a weighted node set that is built once per call and reused for every :math:`\lambda`:
-exact atoms for finite discrete laws, double-exponential (tanh-sinh, exp-sinh, sinh-sinh) quadrature
-nodes for continuous laws, and an adaptively truncated lattice for discrete laws with infinite support.
-All sums are done in the log domain (log-sum-exp), and :math:`\mathbb E\,e^{\lambda Y}-1` is summed as
-:math:`\mathbb E[e^{\lambda Y}-1-\lambda Y]` so that :math:`K(\lambda)` keeps its relative accuracy as
-:math:`\lambda\to 0`.
-
-Whether a tail is heavier than Gaussian is decided from the log-density far in the tail; the rule is
-documented in :func:`optimal_variance_proxy` (Notes).
+A law is a frozen ``scipy.stats`` distribution (an unfrozen one without shape parameters is frozen
+with its defaults).  Numerically it becomes a weighted node set built once per call (exact atoms,
+double-exponential quadrature, or a truncated lattice; ``companion.theory._cgf``), summed in the
+log domain with :math:`\mathbb E[e^{\lambda Y}-1-\lambda Y]` so that :math:`K` stays accurate as
+:math:`\lambda\to0`.  Laws whose spread (interquartile range, width of the atoms) lies outside
+:math:`[10^{-150},10^{150}]`, or continuous laws whose mean lies more than :math:`10^8` spreads from 0
+when quadrature is needed, are refused with a ``ValueError`` (rescale, or centre the law).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from typing import NamedTuple
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 from companion.theory import _cgf
+from companion.theory.empirical import empirical_tail, monte_carlo_tail
 from companion._validation import (
-    as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, freeze, is_discrete,
+    as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, is_discrete,
 )
 
 __all__ = [
@@ -55,10 +45,7 @@ __all__ = [
     "subgaussian_tail_bound",
 ]
 
-# ----------------------------------------------------------------------------------------------
-# Numerical settings (module constants, documented in the Notes of the public functions;
-# the settings of the quadrature and the lambda search live in companion.theory._cgf)
-# ----------------------------------------------------------------------------------------------
+# Numerical settings (those of the quadrature and the lambda search live in _cgf)
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
 _LAM_CAP = 1e153
 
@@ -70,19 +57,16 @@ _METHODS = ("auto", "numeric", "closed_form")
 
 
 class ProxyResult(NamedTuple):
-    """Full output of :func:`optimal_variance_proxy`.
+    r"""Full output of :func:`optimal_variance_proxy`.
 
     Attributes
     ----------
     proxy : float
-        The optimal variance proxy :math:`\\sigma^2_{\\rm opt}` (``math.inf`` if none is finite).
+        :math:`\sigma^2_{\rm opt}` (``math.inf`` if none is finite).
     variance : float
-        :math:`\\operatorname{Var} X`, the limit of :math:`2K(\\lambda)/\\lambda^2` as
-        :math:`\\lambda\\to 0`.
+        :math:`\operatorname{Var}X`, the limit of :math:`2K(\lambda)/\lambda^2` at 0.
     argmax : float
-        Where the supremum is attained: ``0.0`` for the limit :math:`\\lambda\\to 0` (then the
-        proxy equals the variance), ``+-inf`` for the limits :math:`\\lambda\\to\\pm\\infty`, a finite
-        value otherwise, ``nan`` when the proxy is infinite.
+        Maximiser: ``0.0`` (proxy = variance), ``+-inf`` (a limit), finite, or ``nan`` (infinite proxy).
     method : str
         ``"closed_form"`` or ``"numeric"``.
     """
@@ -93,17 +77,11 @@ class ProxyResult(NamedTuple):
     method: str
 
 
-# ----------------------------------------------------------------------------------------------
 # Argument checking
-# ----------------------------------------------------------------------------------------------
 
 
 def _check_no_overflow(out: np.ndarray, what: str) -> None:
-    """ValueError if a result computed from finite inputs left the float64 range.
-
-    An infinite proxy means "no finite proxy exists" in this module, so an overflow must not be
-    returned as one.  Results below the range round to 0 or a subnormal, as IEEE arithmetic does.
-    """
+    """ValueError if a result computed from finite inputs left the float64 range."""
     if not np.isfinite(out).all():
         raise ValueError(
             f"{what} exceeds the float64 range (1.8e308); rescale the inputs (a proxy scales "
@@ -111,10 +89,7 @@ def _check_no_overflow(out: np.ndarray, what: str) -> None:
         )
 
 
-# ----------------------------------------------------------------------------------------------
 # Elementary stable functions
-# ----------------------------------------------------------------------------------------------
-# Taylor coefficients of (e^z - 1 - z) / (z^2/2) = sum_k 2 z^k / (k+2)!  (used for |z| < 0.1)
 
 
 def _log_sinhc(z: np.ndarray) -> np.ndarray:
@@ -135,9 +110,7 @@ def _log_sinhc(z: np.ndarray) -> np.ndarray:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # Describing a law: support, moments, tails
-# ----------------------------------------------------------------------------------------------
 
 
 #: Spreads (IQR of a continuous law, width of the atoms of a finite one) handled by the numerics:
@@ -165,10 +138,7 @@ def _spread(dist, var: float) -> float:
 
 
 def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) -> None:
-    """ValueError when float64 cannot carry the law's second-order quantities.
-
-    ``centred_nodes``: the caller builds quadrature nodes and needs ``x - mean`` accurately.
-    """
+    """ValueError when float64 cannot carry the law's second-order quantities."""
     spread = _spread(dist, var)
     lo, hi = _SPREAD_RANGE
     if spread != 0 and not lo <= spread <= hi:
@@ -192,19 +162,14 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
         )
 
 
-# ----------------------------------------------------------------------------------------------
-# Node sets: a law as weighted points (built once, reused for every lambda)
-# ----------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------
 # Closed forms
-# ----------------------------------------------------------------------------------------------
 def _bernoulli_proxy_scalar(p: float) -> float:
-    return float(bernoulli_optimal_proxy(p))
+    """The Bernoulli proxy of one checked p."""
+    return float(_bernoulli_proxy(np.asarray(p, dtype=float)))
 
 
 def _bernoulli_argmax(p: float) -> float:
+    """Maximiser 2 ln((1 - p)/p) of the Bernoulli proxy profile (0 at p in {0, 1/2, 1})."""
     if p in (0.0, 1.0) or p == 0.5:
         return 0.0
     if p < 1e-300:  # (1 - p)/p overflows below 5.6e-309
@@ -213,6 +178,7 @@ def _bernoulli_argmax(p: float) -> float:
 
 
 def _closed_form_proxy(dist) -> ProxyResult | None:
+    """The proxy of a family with a closed form, or None."""
     fam = _cgf.family(dist)
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
@@ -260,11 +226,7 @@ def _log1p_minus(a: np.ndarray) -> np.ndarray:
 
 
 def _bernoulli_cgf(p: float, lam: np.ndarray) -> np.ndarray:
-    """log(1 - p + p e^lam) - p lam without cancellation for small lam.
-
-    With a = p (e^lam - 1): K = log1p(a) - p lam = p phi(lam) - (a - log1p(a)), phi(z) = e^z - 1 - z;
-    both terms are O(lam^2), so no digits are lost when lam -> 0.
-    """
+    """log(1 - p + p e^lam) - p lam without cancellation for small lam."""
     lam = np.asarray(lam, dtype=float)
     small = np.abs(lam) < 1.0
     out = np.logaddexp(math.log1p(-p), math.log(p) + lam) - p * lam
@@ -275,6 +237,7 @@ def _bernoulli_cgf(p: float, lam: np.ndarray) -> np.ndarray:
 
 
 def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
+    """K(lam) of a family with a closed form, or None."""
     fam = _cgf.family(dist)
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
@@ -309,53 +272,38 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------------
 # Public API: the CGF and the optimal variance proxy
-# ----------------------------------------------------------------------------------------------
 def log_mgf(dist, lam, *, method: str = "auto"):
     r"""Centred cumulant generating function :math:`K(\lambda)=\log\mathbb E\,e^{\lambda(X-\mathbb EX)}`.
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
-        ``scipy.stats.norm``, is frozen with its defaults)
-        The law of :math:`X` (continuous or discrete, including ``rv_discrete(values=...)``).
+    dist : frozen scipy.stats distribution
+        The law of :math:`X` (continuous or discrete).
     lam : float or array_like
-        Values of :math:`\lambda` (finite reals); any shape.
+        Finite values of :math:`\lambda`, any shape.
     method : {"auto", "numeric", "closed_form"}, default "auto"
-        ``"auto"`` uses a closed form when one is implemented (normal, uniform, Laplace, exponential,
-        Bernoulli, binomial, Poisson, Student-t) and quadrature otherwise; ``"numeric"`` always uses
-        quadrature/exact sums; ``"closed_form"`` raises if none is implemented.
+        ``"auto"``: a closed form where implemented (normal, uniform, Laplace, exponential, Bernoulli,
+        binomial, Poisson, Student-t), quadrature otherwise; ``"closed_form"`` raises if none exists.
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`K(\lambda)`, same shape as ``lam``; ``inf`` where :math:`\mathbb E\,e^{\lambda X}=\infty`.
+        :math:`K(\lambda)`, shape of ``lam``; ``inf`` where the MGF is infinite.
 
     Raises
     ------
     TypeError
-        If ``dist`` is not a frozen scipy.stats distribution, ``lam`` is not real, or ``method`` is
-        not a string.
+        If ``dist``, ``lam`` or ``method`` has the wrong type.
     ValueError
-        If ``lam`` contains NaN or infinities, ``dist`` has array parameters or no finite mean, or
-        ``method`` is unknown / has no closed form for this family; if ``dist`` has a spread
-        (interquartile range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its
-        variance is not representable: rescale :math:`X`), or the quadrature is needed for a
-        continuous law whose mean lies more than :math:`10^8` spreads from 0 (pass the centred
-        law).
+        If ``lam`` is not finite, ``dist`` has no finite mean or is not representable (module
+        docstring), or ``method`` is unknown or has no closed form for this family.
 
     Notes
     -----
-    Numerically, :math:`K(\lambda)=\log\bigl(1+\mathbb E[e^{\lambda Y}-1-\lambda Y]\bigr)` with
-    :math:`Y=X-\mathbb EX`, summed in the log domain over a node set built once (exact atoms,
-    double-exponential quadrature nodes, or a lattice truncated where the tilted mass has decayed).
-    Whether :math:`\mathbb E\,e^{\lambda X}` is finite is decided from the tail on the side
-    :math:`\operatorname{sign}\lambda`: a log-log slope :math:`\beta` of :math:`-\log f` below
-    :math:`1-0.02` (polynomial, log-normal tails) means infinite for every such :math:`\lambda`;
-    :math:`|\beta-1|\le 0.02` (exponential tails) means infinite for :math:`|\lambda|\ge` the tail rate
-    measured at :math:`2^{14}` standard deviations.  Quadrature is accurate to about :math:`10^{-8}`
-    relative for :math:`|\lambda|\,\mathrm{sd}\lesssim 20`.
+    The MGF is declared infinite on a side whose log-density has log-log slope below 0.98 (for every
+    :math:`\lambda` there), or within 0.02 of 1 (from the tail rate on).  Quadrature is accurate to
+    about :math:`10^{-8}` relative for :math:`|\lambda|\,\mathrm{sd}\lesssim20`.
 
     Examples
     --------
@@ -366,12 +314,21 @@ def log_mgf(dist, lam, *, method: str = "auto"):
     array([0.2877,    inf])
     """
     dist = check_dist(dist)
-    method = check_choice(method, "method", _METHODS)
+    return _log_mgf(dist, _check_lam(lam), check_choice(method, "method", _METHODS))
+
+
+def _check_lam(lam) -> np.ndarray:
+    """The checked array of finite real lambdas."""
     lam_arr = as_real_array(lam, "lam")
     if np.isnan(lam_arr).any():
         raise ValueError("lam contains NaN; pass finite real values of lambda")
     if not np.isfinite(lam_arr).all():
         raise ValueError("lam must be finite; K(lambda) is only defined for real lambda")
+    return lam_arr
+
+
+def _log_mgf(dist, lam_arr: np.ndarray, method: str):
+    """Compute :func:`log_mgf` for checked arguments."""
     mean, var = _cgf.moments(dist)
     if not np.isfinite(mean):
         raise ValueError(
@@ -419,19 +376,17 @@ def proxy_profile(dist, lam, *, method: str = "auto"):
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
-        ``scipy.stats.norm``, is frozen with its defaults)
+    dist : frozen scipy.stats distribution
         The law of :math:`X`.
     lam : float or array_like
-        Values of :math:`\lambda` (finite reals); at :math:`\lambda=0` the limit
-        :math:`\operatorname{Var}X` is returned.
+        Finite values of :math:`\lambda`; at 0 the limit :math:`\operatorname{Var}X` is returned.
     method : {"auto", "numeric", "closed_form"}, default "auto"
-        Passed to :func:`log_mgf`.
+        As in :func:`log_mgf`.
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`2K(\lambda)/\lambda^2`, same shape as ``lam`` (``inf`` where the MGF is infinite).
+        :math:`2K(\lambda)/\lambda^2`, shape of ``lam`` (``inf`` where the MGF is infinite).
 
     Raises
     ------
@@ -440,9 +395,7 @@ def proxy_profile(dist, lam, *, method: str = "auto"):
 
     Notes
     -----
-    :math:`2K(\lambda)/\lambda^2 = \operatorname{Var}X + \kappa_3\lambda/3 + O(\lambda^2)`, so the
-    profile leaves the variance with slope :math:`\kappa_3/3` (the third cumulant): a skewed law always
-    has a proxy strictly larger than its variance.
+    The profile leaves the variance with slope :math:`\kappa_3/3`: a skewed law has a proxy above its variance.
 
     Examples
     --------
@@ -451,8 +404,8 @@ def proxy_profile(dist, lam, *, method: str = "auto"):
     array([0.0833, 0.067 ])
     """
     dist = check_dist(dist)
-    k = log_mgf(dist, lam, method=method)
-    lam_arr = np.asarray(lam, dtype=float)
+    lam_arr = _check_lam(lam)
+    k = _log_mgf(dist, lam_arr, check_choice(method, "method", _METHODS))
     _, var = _cgf.moments(dist)
     with np.errstate(divide="ignore", invalid="ignore"):
         prof = np.where(lam_arr == 0, var, 2.0 * np.asarray(k) / np.where(lam_arr == 0, 1.0, lam_arr) ** 2)
@@ -464,19 +417,14 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
-        ``scipy.stats.norm``, is frozen with its defaults)
-        The law of :math:`X`: continuous (``stats.norm(0, 1)``, ``stats.beta(2, 5)``...) or discrete
-        (``stats.bernoulli(0.1)``, ``stats.rv_discrete(values=(xk, pk))()``...).
+    dist : frozen scipy.stats distribution
+        The law of :math:`X`, continuous or discrete.
     method : {"auto", "numeric", "closed_form"}, default "auto"
-        ``"auto"``: a closed form where one is known (normal :math:`\sigma^2`, uniform
-        :math:`(b-a)^2/12`, discrete uniform on :math:`n` points :math:`(n^2-1)/12`, Bernoulli(p)
-        and binomial(n, p) through :func:`bernoulli_optimal_proxy`, two-point laws, and ``inf`` for
-        Laplace, Student-t, exponential, logistic, Poisson, Cauchy); numerical maximisation otherwise.
-        ``"numeric"`` always maximises numerically (used by the tests to check the closed forms).
-        ``"closed_form"`` raises if no closed form is implemented.
+        ``"auto"``: a closed form where known (normal, uniform, discrete uniform, Bernoulli, binomial,
+        two-point laws; ``inf`` for Laplace, Student-t, exponential, logistic, Poisson, Cauchy), numerical
+        maximisation otherwise; ``"numeric"`` always maximises; ``"closed_form"`` raises if none exists.
     full_output : bool, default False
-        Return a :class:`ProxyResult` (proxy, variance, argmax, method) instead of a float.
+        Return a :class:`ProxyResult` instead of a float.
 
     Returns
     -------
@@ -486,53 +434,19 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     Raises
     ------
     TypeError
-        If ``dist`` is not a frozen scipy.stats distribution or ``method``/``full_output`` have the
-        wrong type.
+        If ``dist``, ``method`` or ``full_output`` has the wrong type.
     ValueError
-        If ``dist`` has array-valued or invalid parameters, or ``method`` is unknown (or
-        ``"closed_form"`` for a family without one); if ``dist`` has a spread (interquartile
-        range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its variance is not
-        representable: rescale :math:`X`); if the numerical maximisation is asked of a
-        continuous law whose mean lies more than :math:`10^8` spreads from 0 (float64 nodes
-        ``mean + y`` lose the digits of ``y``: pass the centred law).
+        If ``dist`` has invalid parameters or is not representable (module docstring), or ``method`` is
+        unknown or has no closed form for this family.
 
     Notes
     -----
-    *Numerical maximisation.* The law is turned once into weighted nodes (see :func:`log_mgf`);
-    :math:`R(\lambda)=2K(\lambda)/\lambda^2` is evaluated on 256 log-spaced points for each sign of
-    :math:`\lambda` from :math:`10^{-4}/\mathrm{sd}` upwards, the best point is refined by bounded
-    Brent search, and the two limits are added exactly: :math:`R(0^\pm)=\operatorname{Var}X` and
-    :math:`R(\pm\infty)`.  On a side where the support is bounded by :math:`b` the search stops at
-    :math:`\lambda=2(b-\mu)/\operatorname{Var}X`, which is rigorous: :math:`K(\lambda)\le\lambda(b-\mu)`
-    gives :math:`R(\lambda)\le 2(b-\mu)/\lambda<\operatorname{Var}X` beyond it, and
-    :math:`R(\infty)=0`.  There the grid starts at :math:`\min(10^{-4}/\mathrm{sd},
-    10^{-2}/(b-\mu))`, so that a skewed law with :math:`b-\mu\gg\mathrm{sd}` (Bernoulli(:math:`p`),
-    :math:`p\to0`, whose maximiser :math:`2\ln((1-p)/p)` is far below :math:`10^{-4}/\sqrt p`)
-    is still searched from :math:`\lambda(b-\mu)\ll1`, and it ends at most at
-    :math:`10^{153}/\max(1, b-\mu)` (float64 range; a ``RuntimeWarning`` says if the rigorous end
-    was not reached).  On an unbounded side the search stops at :math:`20/\mathrm{sd}` and
-    :math:`R(\pm\infty)=1/\ell''(x)` is read from the curvature of :math:`\ell=-\log f` far in the tail.
-
-    *Range.*  Laws whose spread (interquartile range, or width of the atoms of a finite law) lies
-    outside :math:`[10^{-150}, 10^{150}]` are refused with a ``ValueError``: their variance is not a
-    normal float64 number.  Rescale first: :math:`\sigma^2_{\rm opt}(cX)=c^2\sigma^2_{\rm opt}(X)`.
-    For finite discrete laws the variance is recomputed from the atoms when scipy's
-    :math:`E X^2-(E X)^2` cancels (mean :math:`^2>10^4` variance).
-
-    *When is the proxy infinite?*  It is infinite if the mean or the variance is infinite.  Otherwise,
-    on each side with unbounded support, the log-log slope
-    :math:`\beta=\Delta\log(\ell(x)-\ell(\mu))/\Delta\log|x-\mu|` is measured between
-    :math:`2^{13}` and :math:`2^{14}` standard deviations from the mean.  A sub-Gaussian law needs
-    :math:`\ell(x)\gtrsim x^2/(2\sigma^2)`, so :math:`\beta<2-0.02` (exponential tails
-    :math:`\beta=1`: Laplace, exponential, logistic; polynomial :math:`\beta\to0`: Student-t;
-    :math:`\beta=1+o(1)`: Poisson; generalised normal with shape :math:`<1.98`) is declared heavier than
-    Gaussian and the proxy is ``inf``.  For :math:`|\beta-2|\le0.02` the tail is Gaussian-like with
-    :math:`R(\pm\infty)=1/\ell''`, and :math:`\beta>2.02` gives :math:`R(\pm\infty)=0`.  This rule can
-    only be fooled by tails that change character beyond :math:`2^{14}` standard deviations or whose
-    exponent lies within 0.02 of 2.
-
-    Accuracy: about :math:`10^{-9}` relative on the standard cases (see ``tests/test_tails.py``).
-    References: Arbel, Marchal & Nguyen (2020); Kearns & Saul (1998) for Bernoulli.
+    :math:`R(\lambda)=2K(\lambda)/\lambda^2` is maximised on 256 log-spaced points per sign of
+    :math:`\lambda`, refined by Brent's method, with the limits :math:`R(0)=\operatorname{Var}X` and
+    :math:`R(\pm\infty)` added exactly; a side bounded by :math:`b` needs :math:`\lambda\le2(b-\mu)/\operatorname{Var}X`
+    only (a ``RuntimeWarning`` if float64 stops the search earlier).  A side whose log-density has
+    log-log slope below 1.98 (measured at :math:`2^{13}`-:math:`2^{14}` sd) gives ``inf``.
+    Accuracy about :math:`10^{-9}` relative (``tests/test_tails.py``).
 
     Examples
     --------
@@ -561,6 +475,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
 
 def _numeric_proxy(dist) -> ProxyResult:
+    """The proxy by numerical maximisation of 2K(lam)/lam^2 (Notes of :func:`optimal_variance_proxy`)."""
     mean, var = _cgf.moments(dist)
     if not (np.isfinite(mean) and np.isfinite(var)):
         return ProxyResult(math.inf, var, math.nan, "numeric")
@@ -632,7 +547,7 @@ def bernoulli_optimal_proxy(p):
     Returns
     -------
     float or numpy.ndarray
-        The proxy; :math:`1/4` at :math:`p=1/2` (the limit), :math:`0` at :math:`p\in\{0,1\}`.
+        The proxy; :math:`1/4` at :math:`p=1/2`, 0 at :math:`p\in\{0,1\}`.
 
     Raises
     ------
@@ -643,10 +558,7 @@ def bernoulli_optimal_proxy(p):
 
     Notes
     -----
-    The supremum of :math:`2K(\lambda)/\lambda^2`, :math:`K(\lambda)=\log(1-p+pe^\lambda)-p\lambda`, is
-    attained at :math:`\lambda^\star=2\ln((1-p)/p)` (Kearns & Saul, 1998; Berend & Kontorovich, 2013).
-    It exceeds the variance :math:`p(1-p)` unless :math:`p\in\{0,\tfrac12,1\}`.  Evaluated with
-    ``log1p`` so that it stays accurate near :math:`p=1/2`.
+    Attained at :math:`\lambda^\star=2\ln((1-p)/p)` (Kearns & Saul, 1998); proof: chapter :doc:`/book/subgaussian_tails`.
 
     Examples
     --------
@@ -660,6 +572,11 @@ def bernoulli_optimal_proxy(p):
         raise ValueError("p contains NaN; pass probabilities in [0, 1]")
     if ((arr < 0) | (arr > 1)).any():
         raise ValueError(f"p must lie in [0, 1]; got values in [{arr.min():.4g}, {arr.max():.4g}]")
+    return _bernoulli_proxy(arr)
+
+
+def _bernoulli_proxy(arr: np.ndarray):
+    """Compute :func:`bernoulli_optimal_proxy` for checked probabilities."""
     out = np.full(arr.shape, 0.25)
     inner = (arr > 0) & (arr < 1) & (arr != 0.5)
     q = arr[inner]
@@ -674,9 +591,7 @@ def bernoulli_optimal_proxy(p):
     return _cgf.scalar_or_array(out)
 
 
-# ----------------------------------------------------------------------------------------------
 # Chernoff bounds and Hoeffding
-# ----------------------------------------------------------------------------------------------
 def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
     r"""Chernoff tail bound of a centred :math:`\sigma^2`-sub-Gaussian variable.
 
@@ -685,30 +600,21 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
     t : float or array_like
         Thresholds :math:`t\ge0`.
     sigma2 : float or array_like
-        Variance proxy :math:`\sigma^2>0` (broadcast against ``t``).
+        Variance proxy :math:`\sigma^2>0`, broadcast against ``t``.
     two_sided : bool, default True
-        ``True``: bound on :math:`P(|X|\ge t)`, :math:`2e^{-t^2/(2\sigma^2)}`; ``False``: bound on
-        :math:`P(X\ge t)` (and on :math:`P(X\le -t)`), :math:`e^{-t^2/(2\sigma^2)}`.
+        Bound :math:`2e^{-t^2/(2\sigma^2)}` on :math:`P(|X|\ge t)`, or :math:`e^{-t^2/(2\sigma^2)}` on one tail.
 
     Returns
     -------
     float or numpy.ndarray
-        The raw bound, broadcast shape of ``t`` and ``sigma2``.  It is **not** capped at 1: the
-        two-sided bound exceeds 1 for :math:`t<\sigma\sqrt{2\ln2}`, where it says nothing; plot
-        ``np.minimum(1, bound)`` if a probability scale is wanted.
+        The raw bound (not capped at 1), broadcast shape of ``t`` and ``sigma2``.
 
     Raises
     ------
     TypeError
-        If ``t`` or ``sigma2`` is not real, or ``two_sided`` is not a bool.
+        If an argument has the wrong type.
     ValueError
-        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or the shapes do not
-        broadcast.
-
-    Notes
-    -----
-    Markov's inequality on :math:`e^{\lambda X}` with :math:`\lambda=t/\sigma^2`
-    (:func:`chernoff_lambda`) and a union bound for the two tails (Chernoff, 1952; Vershynin 2018, §2.5).
+        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or shapes do not broadcast.
 
     Examples
     --------
@@ -726,6 +632,11 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
         raise ValueError(
             f"t (shape {t_arr.shape}) and sigma2 (shape {s2.shape}) do not broadcast together"
         ) from None
+    return _tail_bound(t_b, s_b, two)
+
+
+def _tail_bound(t_b: np.ndarray, s_b: np.ndarray, two: bool):
+    """Compute :func:`subgaussian_tail_bound` for checked, broadcast arguments."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         expo = t_b**2 / (2.0 * s_b)
         # t^2 or 2 sigma2 outside the normal float64 range (t > 1.3e154, t < 1.5e-154,
@@ -759,12 +670,7 @@ def chernoff_lambda(t, sigma2):
         If an argument is not real.
     ValueError
         If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, shapes do not broadcast,
-        or :math:`t/\sigma^2` exceeds the float64 range.
-
-    Notes
-    -----
-    :math:`P(X\ge t)\le e^{-\lambda t}\mathbb E e^{\lambda X}\le\exp(\lambda^2\sigma^2/2-\lambda t)`;
-    the exponent is minimal at :math:`\lambda^\star=t/\sigma^2` with value :math:`-t^2/(2\sigma^2)`.
+        or :math:`t/\sigma^2` overflows.
 
     Examples
     --------
@@ -790,7 +696,7 @@ def hoeffding_proxy(a, b):
     Parameters
     ----------
     a, b : float or array_like
-        Ends of the range, finite, :math:`a\le b` (broadcast together).
+        Finite ends of the range, :math:`a\le b`, broadcast together.
 
     Returns
     -------
@@ -802,22 +708,18 @@ def hoeffding_proxy(a, b):
     TypeError
         If ``a`` or ``b`` is not real.
     ValueError
-        If an end is NaN or infinite, ``b < a``, the shapes do not broadcast, or :math:`(b-a)^2/4`
-        exceeds the float64 range (an infinite value would read as "no finite proxy").
-
-    Notes
-    -----
-    Hoeffding's lemma (Hoeffding, 1963): :math:`\mathbb E e^{\lambda(X-\mathbb EX)}\le
-    e^{\lambda^2(b-a)^2/8}`.  The constant is attained by the symmetric two-point law on
-    :math:`\{a,b\}`; for most other laws the optimal proxy is smaller (uniform: three times smaller).
+        If an end is not finite, ``b < a``, shapes do not broadcast, or the proxy overflows.
 
     Examples
     --------
     >>> hoeffding_proxy(0.0, 1.0)
     0.25
     """
-    a_arr = as_real_array(a, "a")
-    b_arr = as_real_array(b, "b")
+    return _hoeffding_proxy(as_real_array(a, "a"), as_real_array(b, "b"))
+
+
+def _hoeffding_proxy(a_arr: np.ndarray, b_arr: np.ndarray):
+    """Check the finite range [a, b] and compute :func:`hoeffding_proxy`."""
     for name, arr in (("a", a_arr), ("b", b_arr)):
         if np.isnan(arr).any():
             raise ValueError(f"{name} contains NaN; pass the finite ends of the range")
@@ -835,20 +737,16 @@ def hoeffding_proxy(a, b):
     return _cgf.scalar_or_array(out)
 
 
-# ----------------------------------------------------------------------------------------------
 # psi_2 norm
-# ----------------------------------------------------------------------------------------------
 def psi2_norm(dist, *, centred: bool = False) -> float:
     r"""Orlicz norm :math:`\|X\|_{\psi_2}=\inf\{s>0:\mathbb E\,e^{X^2/s^2}\le2\}`.
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution (an unfrozen one without shape parameters, e.g.
-        ``scipy.stats.norm``, is frozen with its defaults)
+    dist : frozen scipy.stats distribution
         The law of :math:`X`.
     centred : bool, default False
-        If True, compute :math:`\|X-\mathbb EX\|_{\psi_2}` (the quantity compared with the variance
-        proxy, which is defined for the centred variable).
+        Compute :math:`\|X-\mathbb EX\|_{\psi_2}` instead.
 
     Returns
     -------
@@ -858,23 +756,15 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     Raises
     ------
     TypeError
-        If ``dist`` is not a frozen scipy.stats distribution or ``centred`` is not a bool.
+        If ``dist`` or ``centred`` has the wrong type.
     ValueError
-        If ``dist`` has array-valued or invalid parameters, if ``dist`` has a spread
-        (interquartile range, width of its atoms) outside :math:`[10^{-150}, 10^{150}]` (its
-        variance is not representable: rescale :math:`X`), if ``dist`` is continuous with its
-        mean more than :math:`10^8` spreads from 0, or if ``centred`` is False and the mean of a
-        law that is not a point mass exceeds :math:`10^{150}` in magnitude.
+        If ``dist`` has invalid parameters or is not representable (module docstring), or ``centred`` is
+        False and the mean exceeds :math:`10^{150}` in magnitude.
 
     Notes
     -----
-    :math:`s\mapsto\log\mathbb E\,e^{X^2/s^2}` is decreasing; it is evaluated by log-sum-exp over the
-    node set of :func:`log_mgf` and its root at :math:`\log2` is bracketed below by Jensen's bound
-    :math:`s^2\ge\mathbb EX^2/\ln2` and by the integrability limit :math:`s^2>2\,s^2_{\rm tail}`
-    (Gaussian-like tails :math:`f\approx e^{-x^2/(2s^2_{\rm tail})}`), then solved by Brent's method.
-    Tails are classified as in :func:`optimal_variance_proxy`.  Exact values:
-    :math:`\|N(0,\sigma^2)\|_{\psi_2}=\sigma\sqrt{8/3}`, :math:`\|\pm1\|_{\psi_2}=1/\sqrt{\ln2}`
-    (Vershynin, 2018, §2.5).
+    Root of :math:`\log\mathbb E\,e^{X^2/s^2}=\log2` in :math:`\log s` by Brent's method, bracketed by
+    Jensen's bound and the tail's integrability limit.  :math:`\|N(0,\sigma^2)\|_{\psi_2}=\sigma\sqrt{8/3}`.
 
     Examples
     --------
@@ -939,42 +829,32 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     return math.exp(optimize.brentq(excess, lo, hi, xtol=1e-14, rtol=1e-13))
 
 
-# ----------------------------------------------------------------------------------------------
 # Linear maps
-# ----------------------------------------------------------------------------------------------
 def linear_map_proxy(w, sigma2, dependent: bool = False):
     r"""Variance proxy of :math:`w^\top Z` (or of every coordinate of :math:`W^\top Z`).
 
     Parameters
     ----------
     w : array_like, shape (n,) or (n, m)
-        Weights; a matrix gives one proxy per column, i.e. per coordinate of :math:`W^\top Z`.
+        Weights; a matrix gives one proxy per column.
     sigma2 : float or array_like, shape (n,)
         Variance proxies :math:`\sigma_i^2>0` of the centred coordinates :math:`Z_i`.
     dependent : bool, default False
-        False: independent coordinates, proxy :math:`\sum_i w_i^2\sigma_i^2`.  True: arbitrary
-        dependence, proxy :math:`(\sum_i|w_i|\sigma_i)^2`.
+        False: independent coordinates, :math:`\sum_i w_i^2\sigma_i^2`; True: any dependence,
+        :math:`(\sum_i|w_i|\sigma_i)^2` (Hölder; attained by :math:`Z_i=\sigma_i\operatorname{sign}(w_i)G`).
 
     Returns
     -------
     float or numpy.ndarray
-        A float for 1-D ``w``, an array of shape (m,) for 2-D ``w``.
+        A float for 1-D ``w``, shape (m,) for 2-D ``w``.
 
     Raises
     ------
     TypeError
         If ``w`` or ``sigma2`` is not real or ``dependent`` is not a bool.
     ValueError
-        If ``w`` is not 1-D/2-D, is empty or not finite; ``sigma2`` is not finite and positive or its
-        length differs from ``w.shape[0]``; or the proxy exceeds the float64 range.
-
-    Notes
-    -----
-    Independent: :math:`\mathbb E e^{\lambda w^\top Z}=\prod_i\mathbb E e^{\lambda w_iZ_i}`.
-    Dependent: Hölder's inequality with exponents :math:`1/\theta_i`,
-    :math:`\theta_i=|w_i|\sigma_i/\sum_j|w_j|\sigma_j`.  The dependent value is attained by
-    :math:`Z_i=\sigma_i\operatorname{sign}(w_i)G`, :math:`G\sim N(0,1)`, and is at most :math:`n` times
-    the independent one (Cauchy-Schwarz).  A bias :math:`b` shifts the mean, not the proxy.
+        If ``w`` is not a finite non-empty 1-D/2-D array, ``sigma2`` is not finite and positive or does
+        not match ``w.shape[0]``, or the proxy overflows.
 
     Examples
     --------
@@ -1005,155 +885,3 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
             out = (col**2 * s2[:, None]).sum(axis=0)
     _check_no_overflow(out, "the proxy of w'Z")
     return float(out[0]) if w_arr.ndim == 1 else out
-
-
-# ----------------------------------------------------------------------------------------------
-# Empirical tails
-# ----------------------------------------------------------------------------------------------
-def _count_at_least(values_sorted: np.ndarray, t: np.ndarray) -> np.ndarray:
-    return values_sorted.size - np.searchsorted(values_sorted, t, side="left")
-
-
-def empirical_tail(samples, t, *, two_sided: bool = True):
-    r"""Empirical tail :math:`\frac1n\#\{i:|x_i|\ge t\}` (or :math:`x_i\ge t`), vectorised in ``t``.
-
-    Parameters
-    ----------
-    samples : array_like, shape (n,)
-        Finite samples (centre them first if the tail of :math:`X-\mathbb EX` is wanted).
-    t : float or array_like
-        Thresholds :math:`t\ge0`, any shape.
-    two_sided : bool, default True
-        Count :math:`|x_i|\ge t` (True) or :math:`x_i\ge t` (False).
-
-    Returns
-    -------
-    float or numpy.ndarray
-        Fractions, same shape as ``t``.
-
-    Raises
-    ------
-    TypeError
-        If an argument is not real or ``two_sided`` is not a bool.
-    ValueError
-        If ``samples`` is not a non-empty finite 1-D array, or ``t`` is negative or NaN.
-
-    Notes
-    -----
-    One sort (:math:`O(n\log n)`) and one binary search per threshold.  The standard error of a
-    fraction :math:`\hat p` is :math:`\sqrt{\hat p(1-\hat p)/n}`.
-
-    Examples
-    --------
-    >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
-    array([1. , 0.6, 0.2])
-    """
-    x = as_real_array(samples, "samples")
-    if x.ndim != 1 or x.size == 0:
-        raise ValueError(f"samples must be a non-empty 1-D array; got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("samples contain NaN or infinite values")
-    t_arr = check_t(t)
-    two = check_bool(two_sided, "two_sided")
-    v = np.sort(np.abs(x) if two else x)
-    return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
-
-
-def monte_carlo_tail(
-    sampler,
-    t,
-    n_samples: int,
-    rng: np.random.Generator,
-    *,
-    two_sided: bool = True,
-    chunk_size: int = 1 << 18,
-):
-    r"""Streamed Monte Carlo estimate of :math:`P(|X-\mathbb EX|\ge t)` with bounded memory.
-
-    Parameters
-    ----------
-    sampler : frozen scipy.stats distribution or callable
-        A distribution (its samples are centred at its mean), or ``sampler(rng, size) -> ndarray`` that
-        returns samples of an already centred variable.
-    t : float or array_like
-        Thresholds :math:`t\ge0`.
-    n_samples : int
-        Total number of samples (> 0).
-    rng : numpy.random.Generator
-        Source of randomness (the draws are reproducible given its state).
-    two_sided : bool, default True
-        Two-sided (:math:`|X|\ge t`) or upper (:math:`X\ge t`) tail.
-    chunk_size : int, default 262144
-        Samples drawn and counted at a time; memory is :math:`O(\text{chunk\_size}+\text{len}(t))`.
-
-    Returns
-    -------
-    float or numpy.ndarray
-        Estimated tail probabilities, same shape as ``t``.
-
-    Raises
-    ------
-    TypeError
-        If ``sampler`` is neither a frozen distribution nor callable, ``rng`` is not a
-        ``numpy.random.Generator``, or a count is not an integer.
-    ValueError
-        If ``n_samples``/``chunk_size`` < 1, ``t`` is negative or NaN, the distribution has no finite
-        mean, or the sampler returns the wrong number of values or non-finite values.
-
-    Notes
-    -----
-    Each chunk is sorted once and counted against every threshold by binary search; counts are summed
-    over chunks, so the result does not depend on ``chunk_size`` beyond the order of the draws.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from scipy import stats
-    >>> p = monte_carlo_tail(stats.norm(), [1.0], 100_000, np.random.default_rng(0))
-    >>> bool(abs(p[0] - 0.3173) < 0.005)
-    True
-    """
-    sampler = freeze(sampler, "sampler")
-    is_dist = hasattr(sampler, "dist") and isinstance(
-        getattr(sampler, "dist", None), (stats.rv_continuous, stats.rv_discrete)
-    )
-    if not is_dist and not callable(sampler):
-        raise TypeError(
-            f"sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> array; "
-            f"got {type(sampler).__name__}"
-        )
-    if is_dist:
-        sampler = check_dist(sampler, "sampler")
-    for name, val in (("n_samples", n_samples), ("chunk_size", chunk_size)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
-            raise TypeError(f"{name} must be an integer; got {val!r}")
-        if val < 1:
-            raise ValueError(f"{name} must be >= 1; got {val}")
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(
-            f"rng must be a numpy.random.Generator (np.random.default_rng(seed)); got {type(rng).__name__}"
-        )
-    t_arr = check_t(t)
-    two = check_bool(two_sided, "two_sided")
-    shift = 0.0
-    if is_dist:
-        shift, _ = _cgf.moments(sampler)
-        if not np.isfinite(shift):
-            raise ValueError("sampler has no finite mean; its centred tail is undefined")
-    flat_t = t_arr.ravel()
-    counts = np.zeros(flat_t.shape, dtype=np.int64)
-    done = 0
-    while done < n_samples:
-        m = min(chunk_size, n_samples - done)
-        if is_dist:
-            x = np.asarray(sampler.rvs(size=m, random_state=rng), dtype=float) - shift
-        else:
-            x = np.asarray(sampler(rng, m), dtype=float)
-            if x.shape != (m,):
-                raise ValueError(f"sampler(rng, {m}) returned shape {x.shape}, expected ({m},)")
-        if not np.isfinite(x).all():
-            raise ValueError("the sampler returned NaN or infinite values")
-        v = np.sort(np.abs(x) if two else x)
-        counts += _count_at_least(v, flat_t)
-        done += m
-    return _cgf.scalar_or_array((counts / n_samples).reshape(t_arr.shape))

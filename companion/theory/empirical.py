@@ -1,0 +1,153 @@
+r"""Empirical and Monte Carlo tails, the measured side of every tail bound.
+
+Chapter :doc:`/book/subgaussian_tails` compares these with :func:`~companion.theory.subgaussian.subgaussian_tail_bound`;
+both functions are re-exported by :mod:`companion.theory.subgaussian`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from scipy import stats
+
+from companion.theory import _cgf
+from companion._validation import as_real_array, check_bool, check_dist, check_t, freeze
+
+__all__ = ["empirical_tail", "monte_carlo_tail"]
+
+
+def _count_at_least(values_sorted: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Number of sorted values >= each t."""
+    return values_sorted.size - np.searchsorted(values_sorted, t, side="left")
+
+
+def empirical_tail(samples, t, *, two_sided: bool = True):
+    r"""Empirical tail :math:`\frac1n\#\{i:|x_i|\ge t\}` (or :math:`x_i\ge t`), vectorised in ``t``.
+
+    Parameters
+    ----------
+    samples : array_like, shape (n,)
+        Finite samples (centre them first for the tail of :math:`X-\mathbb EX`).
+    t : float or array_like
+        Thresholds :math:`t\ge0`, any shape.
+    two_sided : bool, default True
+        Count :math:`|x_i|\ge t` (True) or :math:`x_i\ge t` (False).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        Fractions, shape of ``t``.
+
+    Raises
+    ------
+    TypeError
+        If an argument has the wrong type.
+    ValueError
+        If ``samples`` is not a non-empty finite 1-D array, or ``t`` is negative or NaN.
+
+    Examples
+    --------
+    >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
+    array([1. , 0.6, 0.2])
+    """
+    x = as_real_array(samples, "samples")
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"samples must be a non-empty 1-D array; got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("samples contain NaN or infinite values")
+    t_arr = check_t(t)
+    two = check_bool(two_sided, "two_sided")
+    v = np.sort(np.abs(x) if two else x)
+    return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
+
+
+def monte_carlo_tail(
+    sampler,
+    t,
+    n_samples: int,
+    rng: np.random.Generator,
+    *,
+    two_sided: bool = True,
+    chunk_size: int = 1 << 18,
+):
+    r"""Streamed Monte Carlo estimate of :math:`P(|X-\mathbb EX|\ge t)` with bounded memory.
+
+    Parameters
+    ----------
+    sampler : frozen scipy.stats distribution or callable
+        A law (its samples are centred at its mean) or ``sampler(rng, size)`` returning centred samples.
+    t : float or array_like
+        Thresholds :math:`t\ge0`.
+    n_samples : int
+        Total number of samples (> 0).
+    rng : numpy.random.Generator
+        Source of randomness.
+    two_sided : bool, default True
+        Two-sided (:math:`|X|\ge t`) or upper (:math:`X\ge t`) tail.
+    chunk_size : int, default 262144
+        Samples drawn and counted at a time (memory bound).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        Estimated tail probabilities, shape of ``t``.
+
+    Raises
+    ------
+    TypeError
+        If ``sampler``, ``rng`` or a count has the wrong type.
+    ValueError
+        If a count is < 1, ``t`` is negative or NaN, the law has no finite mean, or the sampler returns
+        the wrong number of values or non-finite values.
+
+    Examples
+    --------
+    >>> p = monte_carlo_tail(stats.norm(), [1.0], 100_000, np.random.default_rng(0))
+    >>> bool(abs(p[0] - 0.3173) < 0.005)
+    True
+    """
+    sampler = freeze(sampler, "sampler")
+    is_dist = hasattr(sampler, "dist") and isinstance(
+        getattr(sampler, "dist", None), (stats.rv_continuous, stats.rv_discrete)
+    )
+    if not is_dist and not callable(sampler):
+        raise TypeError(
+            f"sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> array; "
+            f"got {type(sampler).__name__}"
+        )
+    if is_dist:
+        sampler = check_dist(sampler, "sampler")
+    for name, val in (("n_samples", n_samples), ("chunk_size", chunk_size)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
+            raise TypeError(f"{name} must be an integer; got {val!r}")
+        if val < 1:
+            raise ValueError(f"{name} must be >= 1; got {val}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator (np.random.default_rng(seed)); got {type(rng).__name__}"
+        )
+    t_arr = check_t(t)
+    two = check_bool(two_sided, "two_sided")
+    shift = 0.0
+    if is_dist:
+        shift, _ = _cgf.moments(sampler)
+        if not np.isfinite(shift):
+            raise ValueError("sampler has no finite mean; its centred tail is undefined")
+    flat_t = t_arr.ravel()
+    counts = np.zeros(flat_t.shape, dtype=np.int64)
+    done = 0
+    while done < n_samples:
+        m = min(chunk_size, n_samples - done)
+        if is_dist:
+            x = np.asarray(sampler.rvs(size=m, random_state=rng), dtype=float) - shift
+        else:
+            x = np.asarray(sampler(rng, m), dtype=float)
+            if x.shape != (m,):
+                raise ValueError(f"sampler(rng, {m}) returned shape {x.shape}, expected ({m},)")
+        if not np.isfinite(x).all():
+            raise ValueError("the sampler returned NaN or infinite values")
+        v = np.sort(np.abs(x) if two else x)
+        counts += _count_at_least(v, flat_t)
+        done += m
+    return _cgf.scalar_or_array((counts / n_samples).reshape(t_arr.shape))
