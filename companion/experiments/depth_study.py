@@ -1,45 +1,18 @@
 """The depth study: trained Pre-LN, Post-LN and DSLM Post-LN language models from 4 to 64 layers.
 
-One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models is trained on the committed
-corpus -- the same width, tokenizer, data order, optimiser, learning rate and warm-up for every
-member -- at every depth of ``depths`` and for every placement of ``placements``:
-
-``"pre"``   Pre-LN, ``h <- h + F(Norm(h))``;
-``"post"``  Post-LN, ``h <- Norm(h + F(h))``;
-``"dslm"``  Post-LN with DSLM scales ``h <- Norm(lam h + beta F(h))``,
-            ``(lam, beta) = dslm_scales(L)`` (:func:`companion.stacks.residual.dslm_scales`).
-
-Each trained model is measured (:func:`measure_model`):
-
-(a) **The injection window under an absolute success criterion.**  At stream index ``l`` (a
-    grid of at most ``max_inject_layers + 1`` layers from 0 to ``L``) the vector
-    ``alpha * s_l * v`` is added at the last token of each evaluation prompt, where ``s_l`` is
-    the *centred spread* of the baseline stream (RMS over tokens of ``||h_l - mean h_l||``) and
-    ``v`` a unit direction orthogonal to the all-ones vector.  Target directions: the centred
-    unembedding rows of ``n_targets`` frequent byte tokens (the "concept" is that byte).  The
-    readout is the model's own output at the injected token (the final norm and unembedding:
-    the logit lens of a TinyLM): the change of the target's log-probability.  An injection
-    *succeeds* for a (prompt, target) pair if that change exceeds the change of the same
-    target's log-probability under every one of ``n_random`` random directions of the same
-    size, so the chance level of a direction unrelated to the target is ``1/(n_random + 1)``
-    exactly; ``n_heldout`` further random directions, scored as if they were targets, measure it.
-    The window is the set of injection layers whose success rate exceeds the 99% binomial
-    quantile of chance; its first and last layer, centre and coverage (fraction of the grid in
-    the window), as fractions of depth, get bootstrap intervals over prompts and targets.
-(b) **Stream growth and the framework's laws.**  ``E||h_l||^2 / d`` per layer and its Pre-LN
-    growth slope (:func:`companion.injection.metrics.fit_norm_growth`); for random directions injected
-    at ``l0 = L // 4``, the measured projection on ``v`` at every later layer beside the
-    Pre-LN dilution law (:func:`companion.injection.metrics.dilution_factor`) and the Post-LN product
-    rule (:func:`companion.injection.metrics.postln_contraction_factors` with the learned gains).
-(c) **Outliers per layer.**  Per channel, ``max |x| / rms`` (rms over all entries of the
-    layer), ``|mu| / sigma``; the number of mean-dominated channels (``|mu|/sigma > 3``); and
-    Theorem 2's exceedance counts at ``t = 4 rms`` and ``6 rms`` beside the Gaussian expectation
-    with each channel's own mean and standard deviation
-    (:func:`companion.theory.exceedance.expected_count_gaussian`).
-
-Training curves (loss per step) and the evaluation loss at initialisation and after training
-are stored too.  The CPU-size default config is what the chapter *The depth study* renders;
-:data:`GPU_CONFIG` is the GPU size run by ``scripts/gpu_depth_study.py`` (``make gpu-results``).
+One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models (same width, data
+order, optimiser and schedule) is trained at every depth of ``depths`` and placement of
+``placements`` (``"pre"``, ``"post"``, ``"dslm"``: Post-LN with
+:func:`~companion.stacks.residual.dslm_scales`), and each is measured (:func:`measure_model`):
+(a) the injection window under an absolute criterion -- a target byte's centred unembedding
+row, injected at the last token with ``alpha`` times the centred spread, must raise that byte's
+log-probability more than every one of ``n_random`` random directions (chance
+``1/(n_random + 1)``, checked with ``n_heldout`` held-out directions); the window is the set of
+layers above the 99% binomial quantile of chance, with bootstrap intervals; (b) the stream's
+growth and the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) the
+outlier statistics per layer and Theorem 2's exceedance counts.  The default config is what the
+chapter *The depth study* renders; :data:`GPU_CONFIG` is the GPU size
+(``scripts/gpu_depth_study.py``).
 """
 
 from __future__ import annotations
@@ -90,43 +63,31 @@ class DepthStudy:
 
     Parameters
     ----------
-    depths : tuple of int, default (4, 8, 16, 32, 64)
-    placements : tuple of str, default ("pre", "post", "dslm")
+    depths : tuple of int
+    placements : tuple of str
         Subset of :data:`PLACEMENTS`.
-    d_model, n_heads : int, default 32, 4
-    steps, batch_size, seq_len : int, default 300, 8, 64
-        Training of every member (:func:`companion.stacks.tinylm.train_tiny_lm`): same data order
-        (``seed``), AdamW, ``lr`` with ``warmup`` linear warm-up steps then cosine decay.
-    lr : float, default 1e-3
-    warmup : int, default 150
-    dtype : {"float64", "float32"}, default "float64"
-        Training and measuring precision (float64: the numbers do not depend on the CPU's
-        kernels beyond the last digits).
-    dslm_k : float, default 2.0
-        Budget of the DSLM scales (:func:`companion.stacks.residual.dslm_scales`).
-    n_prompts, prompt_len : int, default 16, 16
-        Evaluation prompts: windows evenly spaced through the corpus; the injection is at the
-        last token.
-    n_targets, n_random, n_heldout : int, default 8, 16, 8
-        Target tokens (their centred unembedding rows are the injected concepts), random
-        directions defining the chance level, held-out random directions that measure it.
-    scales : tuple of float, default (1.0, 4.0)
-        ``alpha``: injected norm in units of the centred spread of the stream at that layer.
-    max_inject_layers : int, default 8
-        Injection grid: every layer if ``L <= max_inject_layers``, else
-        ``max_inject_layers + 1`` evenly spaced ones (always 0 and ``L``).
-    n_outlier_prompts : int, default 32
-        Prompts of ``seq_len`` bytes for the outlier statistics.
-    n_boot : int, default 400
-        Bootstrap resamples (prompts and targets) for the window intervals.
-    seed : int, default 0
-        Weights, data order, directions, bootstrap.
+    d_model, n_heads, steps, batch_size, seq_len, warmup : int
+        Width and training of every member (:func:`~companion.stacks.tinylm.train_tiny_lm`).
+    lr : float
+    dtype : {"float64", "float32"}
+        Training and measuring precision.
+    dslm_k : float
+        Budget of the DSLM scales.
+    n_prompts, prompt_len : int
+        Evaluation prompts (corpus windows; injection at the last token).
+    n_targets, n_random, n_heldout : int
+        Target tokens, random directions defining chance, held-out directions measuring it.
+    scales : tuple of float
+        Injected norm in units of the layer's centred spread.
+    max_inject_layers : int
+        Injection grid size (every layer when ``L <= max_inject_layers``).
+    n_outlier_prompts, n_boot, seed : int
+        Outlier prompts, bootstrap resamples, seed of everything.
 
     Raises
     ------
     ValueError
-        For an unknown placement, a non-positive count, ``prompt_len > seq_len``,
-        ``n_heads`` not dividing ``d_model``, or an unknown dtype.
+        An unknown placement or dtype, a non-positive count, inconsistent sizes.
 
     Examples
     --------
@@ -273,9 +234,7 @@ def _directions(config: DepthStudy, model: TinyLM, targets: np.ndarray) -> np.nd
 
 
 def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
-    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance.
-
-    Chance is ``1/(n_random + 1)`` per (prompt, target) pair.
+    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance ``1/(n_random + 1)``.
 
     Examples
     --------
@@ -287,10 +246,7 @@ def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
 
 
 def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
-    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``.
-
-    ``coverage`` is the fraction of the injection grid in the window; all NaN (coverage 0) if
-    no layer qualifies.
+    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``; NaN if none.
 
     Examples
     --------
@@ -411,7 +367,7 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
     model = model.to(device).eval()
     dtype = next(model.parameters()).dtype
     L = model.config.n_layers
-    K, R, H = config.n_targets, config.n_random, config.n_heldout
+    K, R = config.n_targets, config.n_random
     targets = target_tokens(K)
     ids = evaluation_prompts(config.n_prompts, config.prompt_len).to(device)
     P, T = ids.shape
