@@ -10,6 +10,13 @@ it recomputes (and says so), never silently reusing a stale file.
 Where Results are stored, and how they are checked and written, is :mod:`companion.experiments.store`;
 the registry and the config hash are :mod:`companion.experiments.registry`.
 
+Every config's defaults are the CPU size a chapter runs (CI runs only those); an experiment's
+``GPU_*`` config is the GPU size: ``python -m companion run NAME --device cuda --set key=value``
+or ``run_cached(GPU_CONFIG, device="cuda")``, then copy ``<hash>.json`` + ``.npz`` into
+``companion/data/results/NAME/``, where chapters read every stored Result
+(:func:`~companion.experiments.store.stored_results`).  Seeds are config fields, so a config
+determines its Result.
+
 Adding an experiment
 --------------------
 Drop a module into ``companion/experiments/`` (it is discovered automatically with
