@@ -65,11 +65,6 @@ def training_hash(config: "TrainedWindowsConfig") -> str:
     -------
     str
 
-    Raises
-    ------
-    AttributeError
-        If ``config`` lacks one of :data:`TRAINING_FIELDS`.
-
     Examples
     --------
     >>> a, b = TrainedWindowsConfig(), TrainedWindowsConfig(scale=1.0)
@@ -186,12 +181,7 @@ def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, dep
     Returns
     -------
     companion.stacks.residual.StackConfig
-        Attention and MLP in every block, byte vocabulary (256), ``max_len = seq_len``.
-
-    Raises
-    ------
-    ValueError
-        If ``StackConfig`` rejects the values (e.g. ``n_heads`` does not divide ``width``).
+        Attention and MLP in every block, byte vocabulary.
 
     Examples
     --------
@@ -227,19 +217,15 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`TrainedWindowsConfig`.
-    ValueError
-        If ``only`` names a model that is not in ``config``.
+    TypeError, ValueError
+        Not a :class:`TrainedWindowsConfig`; ``only`` names a model not in ``config``.
 
     Examples
     --------
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
-    ...                            steps=2, batch_size=2, seq_len=16, warmup=1,
-    ...                            inject_start=4, inject_stop=8)
-    >>> models = train_models(cfg)
-    >>> list(models), models[("pre", 8, 1)][1].shape
-    ([('pre', 8, 1)], (2,))
+    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2, steps=2,
+    ...                            batch_size=2, seq_len=16, warmup=1, inject_start=4, inject_stop=8)
+    >>> list(train_models(cfg))
+    [('pre', 8, 1)]
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
@@ -275,11 +261,6 @@ def evaluation_ids(config: TrainedWindowsConfig) -> torch.Tensor:
     -------
     torch.LongTensor
 
-    Raises
-    ------
-    ValueError
-        If the corpus is missing (see :mod:`companion.corpus`).
-
     Examples
     --------
     >>> evaluation_ids(TrainedWindowsConfig(eval_sequences=2)).shape
@@ -311,19 +292,12 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`TrainedWindowsConfig`.
-    ValueError
-        If a model key is not part of ``config``.
+    TypeError, ValueError
+        Not a :class:`TrainedWindowsConfig`; a model key not in ``config``.
 
     Examples
     --------
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(2,), placements=("post",), n_heads=2,
-    ...                            seq_len=16, eval_sequences=2, inject_start=4, inject_stop=8,
-    ...                            n_directions=1)
-    >>> out = sweep_trained({("post", 8, 2): TinyLM(tiny_lm_config(cfg, "post", 8, 2))}, cfg)
-    >>> out["effect_kl_later"].shape, out["window_kl_later"].shape
-    ((1, 1, 1, 2), (1, 1, 1, 4))
+    >>> out = sweep_trained(load_models(), TrainedWindowsConfig())   # doctest: +SKIP
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
@@ -383,12 +357,7 @@ def run_trained_windows(config: TrainedWindowsConfig, device: str | torch.device
 
     Examples
     --------
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
-    ...                            steps=2, batch_size=2, seq_len=16, warmup=1, eval_sequences=2,
-    ...                            inject_start=4, inject_stop=8, n_directions=1)
-    >>> out = run_trained_windows(cfg)
-    >>> out["train_loss"].shape, "init_eval_loss" in out
-    ((1, 1, 1, 2), True)
+    >>> out = run_trained_windows(TrainedWindowsConfig())   # doctest: +SKIP
     """
     models = train_models(config, device, progress)
     out = sweep_trained(models, config, device)
@@ -444,14 +413,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
 
     Examples
     --------
-    >>> import tempfile
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
-    ...                            steps=2, batch_size=2, seq_len=16, warmup=1,
-    ...                            inject_start=4, inject_stop=8)
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     path = save_models(train_models(cfg), cfg, Path(tmp) / "m.npz")
-    ...     sorted(load_models(path, cfg))
-    [('pre', 8, 1)]
+    >>> save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())   # doctest: +SKIP
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
