@@ -38,12 +38,9 @@ __all__ = [
     "PLACEMENTS",
     "member_config",
     "inject_layers",
-    "target_tokens",
-    "evaluation_prompts",
     "train_member",
     "measure_model",
     "window_from_success",
-    "bootstrap_window",
     "chance_threshold",
 ]
 
@@ -167,6 +164,16 @@ GPU_CONFIG = DepthStudy(d_model=128, steps=1000, batch_size=32, seq_len=128, war
 def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig:
     """The :class:`~companion.stacks.residual.StackConfig` of one member.
 
+    Parameters
+    ----------
+    config : DepthStudy
+    placement : {"pre", "post", "dslm"}
+    depth : int
+
+    Returns
+    -------
+    companion.stacks.residual.StackConfig
+
     Examples
     --------
     >>> c = member_config(DepthStudy(), "dslm", 8)
@@ -183,7 +190,20 @@ def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig
 
 
 def train_member(config: DepthStudy, placement: str, depth: int, device="cpu"):
-    """Train one member on the committed corpus; return ``(TinyLM on the CPU, losses)``."""
+    """Train one member on the committed corpus.
+
+    Parameters
+    ----------
+    config : DepthStudy
+    placement : {"pre", "post", "dslm"}
+    depth : int
+    device : str or torch.device
+
+    Returns
+    -------
+    tuple
+        ``(TinyLM in eval mode on the CPU, losses)``.
+    """
     model, losses = train_tiny_lm(member_config(config, placement, depth), load_corpus(),
                                   steps=config.steps, batch_size=config.batch_size,
                                   seq_len=config.seq_len, lr=config.lr, seed=config.seed,
@@ -195,6 +215,14 @@ def train_member(config: DepthStudy, placement: str, depth: int, device="cpu"):
 def inject_layers(depth: int, max_layers: int) -> np.ndarray:
     """Injection grid: every stream index ``0..L`` or ``max_layers + 1`` evenly spaced ones.
 
+    Parameters
+    ----------
+    depth, max_layers : int
+
+    Returns
+    -------
+    numpy.ndarray of int
+
     Examples
     --------
     >>> inject_layers(4, 8).tolist(), inject_layers(64, 8)[:4].tolist()
@@ -205,7 +233,7 @@ def inject_layers(depth: int, max_layers: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, depth, max_layers + 1)).astype(np.int64))
 
 
-def target_tokens(n: int) -> np.ndarray:
+def _target_tokens(n: int) -> np.ndarray:
     """The ``n`` most frequent byte values of the corpus that are letters (ties by value)."""
     ids = byte_tokenize(load_corpus()).numpy()
     counts = np.bincount(ids, minlength=256)
@@ -214,7 +242,7 @@ def target_tokens(n: int) -> np.ndarray:
     return order[:n]
 
 
-def evaluation_prompts(n: int, length: int, offset: float = 0.5) -> torch.Tensor:
+def _evaluation_prompts(n: int, length: int, offset: float = 0.5) -> torch.Tensor:
     """``[n, length]`` byte windows evenly spaced through the corpus (shifted by ``offset``)."""
     ids = byte_tokenize(load_corpus())
     span = ids.numel() - length - 1
@@ -234,7 +262,19 @@ def _directions(config: DepthStudy, model: TinyLM, targets: np.ndarray) -> np.nd
 
 
 def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
-    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance ``1/(n_random + 1)``.
+    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance.
+
+    Parameters
+    ----------
+    n_pairs : int
+        (prompt, target) pairs.
+    n_random : int
+        Random directions (chance ``1/(n_random + 1)``).
+    q : float
+
+    Returns
+    -------
+    float
 
     Examples
     --------
@@ -246,7 +286,19 @@ def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
 
 
 def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
-    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``; NaN if none.
+    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``.
+
+    Parameters
+    ----------
+    rate, layers : numpy.ndarray
+        Success rate per grid layer, and the grid.
+    depth : int
+    threshold : float
+
+    Returns
+    -------
+    numpy.ndarray
+        NaN (coverage 0) if no layer qualifies.
 
     Examples
     --------
@@ -260,18 +312,9 @@ def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, thresh
     return np.array([frac.min(), frac.max(), frac.mean(), inside.mean()])
 
 
-def bootstrap_window(success: np.ndarray, layers, depth: int, threshold: float, n_boot: int,
+def _bootstrap_window(success: np.ndarray, layers, depth: int, threshold: float, n_boot: int,
                      seed: int = 0) -> np.ndarray:
-    """Percentile intervals (2.5%, 97.5%) of the window over prompts and targets.
-
-    Parameters
-    ----------
-    success : bool array ``[n_layers, n_targets, n_prompts]``
-
-    Returns
-    -------
-    numpy.ndarray ``[4, 2]``: rows first, last, centre, coverage.
-    """
+    """Percentile intervals (2.5%, 97.5%) ``[4, 2]`` of the window over prompts and targets of ``success`` ``[G, K, P]``."""
     rng = np.random.default_rng([seed, 11])
     _, K, P = success.shape
     rows = np.empty((n_boot, 4))
@@ -355,6 +398,12 @@ def _outliers(out_stream: torch.Tensor) -> dict:
 def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
     """All measurements (a), (b), (c) of one model; see the module docstring.
 
+    Parameters
+    ----------
+    model : TinyLM
+    config : DepthStudy
+    device : str or torch.device
+
     Returns
     -------
     dict
@@ -368,8 +417,8 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
     dtype = next(model.parameters()).dtype
     L = model.config.n_layers
     K, R = config.n_targets, config.n_random
-    targets = target_tokens(K)
-    ids = evaluation_prompts(config.n_prompts, config.prompt_len).to(device)
+    targets = _target_tokens(K)
+    ids = _evaluation_prompts(config.n_prompts, config.prompt_len).to(device)
     P, T = ids.shape
     dirs = _directions(config, model, targets)                              # [K+R+H, d]
     N = dirs.shape[0]
@@ -401,7 +450,7 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
         null_success = held > null.max(axis=2)[:, :, None]
         l0 = L // 4
         growth = _stream_growth_laws(model, config, ids, dirs[K:K + R], spread, l0, device)
-        out_ids = evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25).to(device)
+        out_ids = _evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25).to(device)
         logits, o = model(out_ids)
         eval_loss = float(F.cross_entropy(logits[:, :-1].reshape(-1, 256).double(),
                                           out_ids[:, 1:].reshape(-1)))
@@ -414,12 +463,19 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
 
 # =========================================================================== the study
 def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
-    """Train and measure every member; return the arrays of the Result.
+    """Train and measure every member.
 
-    Axes: ``P`` placements, ``D`` depths, ``M = max(depths)``, ``G`` = at most
-    ``max_inject_layers + 1`` grid layers, ``S`` scales, ``W = 4`` window columns
-    (first, last, centre, coverage as fractions of depth), ``C`` count thresholds.
-    Entries beyond a member's depth or grid are NaN.
+    Parameters
+    ----------
+    config : DepthStudy
+    device : str or torch.device
+    progress : bool
+
+    Returns
+    -------
+    dict
+        The Result's arrays (axes placements, depths, scales, grid or stream layers; NaN beyond
+        a member's depth) and scalars.
     """
     if not isinstance(config, DepthStudy):
         raise TypeError(f"config must be a DepthStudy, got {type(config).__name__}")
@@ -452,7 +508,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     for pi, placement in enumerate(config.placements):
         for di, depth in enumerate(config.depths):
             init = TinyLM(member_config(config, placement, depth)).to(_DTYPES[config.dtype])
-            ids = evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25)
+            ids = _evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25)
             with torch.no_grad():
                 lg, _ = init(ids)
                 out["init_eval_loss"][pi, di] = float(F.cross_entropy(
@@ -473,7 +529,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 out["top1_rate"][pi, di, si, :g] = m["top1"][si].mean(axis=(1, 2))
                 out["dlogp_target"][pi, di, si, :g] = m["dlogp_target"][si].mean(axis=(1, 2))
                 out["window"][pi, di, si] = window_from_success(rate, m["layers"], depth, threshold)
-                ci = bootstrap_window(succ, m["layers"], depth, threshold, config.n_boot, config.seed)
+                ci = _bootstrap_window(succ, m["layers"], depth, threshold, config.n_boot, config.seed)
                 out["window_lo"][pi, di, si], out["window_hi"][pi, di, si] = ci[:, 0], ci[:, 1]
                 rng = np.random.default_rng([config.seed, 13])
                 boots = np.stack([succ[:, rng.integers(0, K, K)][:, :, rng.integers(0, succ.shape[2],
@@ -505,7 +561,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     out.update(placements=list(config.placements), depths=list(config.depths),
                chance=1.0 / (config.n_random + 1), window_threshold=threshold,
                count_thresholds=list(COUNT_THRESHOLDS), mean_dominated=MEAN_DOMINATED,
-               targets=[chr(int(t)) for t in target_tokens(K)],
+               targets=[chr(int(t)) for t in _target_tokens(K)],
                train_tokens=config.steps * config.batch_size * config.seq_len)
     return out
 

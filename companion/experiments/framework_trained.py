@@ -35,7 +35,6 @@ __all__ = [
     "GPU_TRAINED",
     "tiny_lm_config",
     "train_models",
-    "evaluation_ids",
     "sweep_trained",
     "run_trained_windows",
     "training_hash",
@@ -250,22 +249,8 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
     return models
 
 
-def evaluation_ids(config: TrainedWindowsConfig) -> torch.Tensor:
-    """``[eval_sequences, seq_len]`` byte ids: windows evenly spaced through the corpus.
-
-    Parameters
-    ----------
-    config : TrainedWindowsConfig
-
-    Returns
-    -------
-    torch.LongTensor
-
-    Examples
-    --------
-    >>> evaluation_ids(TrainedWindowsConfig(eval_sequences=2)).shape
-    torch.Size([2, 64])
-    """
+def _evaluation_ids(config: TrainedWindowsConfig) -> torch.Tensor:
+    """``[eval_sequences, seq_len]`` byte ids: windows evenly spaced through the corpus."""
     ids = byte_tokenize(load_corpus())
     n, T = config.eval_sequences, config.seq_len
     starts = np.linspace(0, ids.numel() - T - 1, n).astype(np.int64)
@@ -306,7 +291,7 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     out = {f"effect_{k}": np.full((P, W, D, M), np.nan) for k in WINDOW_KINDS_TRAINED}
     out.update({f"window_{k}": np.full((P, W, D, 4), np.nan) for k in WINDOW_KINDS_TRAINED})
     out["eval_loss"] = np.full((P, W, D), np.nan)
-    ids = evaluation_ids(config).to(device)
+    ids = _evaluation_ids(config).to(device)
     span = list(range(config.inject_start, config.inject_stop))
     for key, value in models.items():
         if tuple(key) not in _model_keys(config):
