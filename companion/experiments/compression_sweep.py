@@ -26,7 +26,17 @@ SITES = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("g
 
 
 def quantization_schemes(alphas) -> list[str]:
-    """Names of the whole-model schemes the sweep measures, in table order."""
+    """Names of the whole-model schemes the sweep measures, in table order.
+
+    Parameters
+    ----------
+    alphas : sequence of float
+        SmoothQuant migration strengths.
+
+    Returns
+    -------
+    list of str
+    """
     names = ["A8 tensor dynamic", "A8 tensor dynamic, centred on mean", "A8 tensor static",
              "A8 tensor static, act bias corr", "A8 tensor static asym", "A8 token dynamic",
              "A8 token dynamic asym", "A4 token dynamic", "A4 token dynamic, centred on mean",

@@ -567,7 +567,17 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
 
 
 def tiny(**overrides) -> DepthStudy:
-    """A seconds-sized config for tests (depths 2 and 4, width 8)."""
+    """A seconds-sized config for tests (depths 2 and 4, width 8).
+
+    Parameters
+    ----------
+    **overrides
+        Fields to change.
+
+    Returns
+    -------
+    DepthStudy
+    """
     base = DepthStudy(depths=(2, 4), d_model=8, n_heads=2, steps=6, batch_size=2, seq_len=16,
                       warmup=2, n_prompts=4, prompt_len=8, n_targets=2, n_random=4, n_heldout=2,
                       scales=(1.0,), max_inject_layers=2, n_outlier_prompts=2, n_boot=20)

@@ -316,7 +316,17 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
 
 
 def tiny(**overrides) -> TrainingControlsStudy:
-    """A seconds-sized config for tests (two arms, two seeds, width 8)."""
+    """A seconds-sized config for tests (two arms, two seeds, width 8).
+
+    Parameters
+    ----------
+    **overrides
+        Fields to change.
+
+    Returns
+    -------
+    TrainingControlsStudy
+    """
     base = TrainingControlsStudy(arms=("none", "colmean_mlp"), seeds=(0, 1), d_model=8, n_layers=2,
                                  n_heads=2, steps=6, batch_size=2, seq_len=16, warmup=2,
                                  eval_windows=4, probe_every=3, probe_windows=2)
