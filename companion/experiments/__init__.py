@@ -10,6 +10,13 @@ it recomputes (and says so), never silently reusing a stale file.
 Where Results are stored, and how they are checked and written, is :mod:`companion.experiments.store`;
 the registry and the config hash are :mod:`companion.experiments.registry`.
 
+Every config's defaults are the CPU size a chapter runs (CI runs only those); an experiment's
+``GPU_*`` config is the GPU size: ``python -m companion run NAME --device cuda --set key=value``
+or ``run_cached(GPU_CONFIG, device="cuda")``, then copy ``<hash>.json`` + ``.npz`` into
+``companion/data/results/NAME/``, where chapters read every stored Result
+(:func:`~companion.experiments.store.stored_results`).  Seeds are config fields, so a config
+determines its Result.
+
 Adding an experiment
 --------------------
 Drop a module into ``companion/experiments/`` (it is discovered automatically with
@@ -30,14 +37,10 @@ Drop a module into ``companion/experiments/`` (it is discovered automatically wi
             # ... load, measure ...
             return {"counts": counts_array, "n_tokens": 1234}
 
-* Fields must be JSON-serialisable: ``int``, ``float``, ``str``, ``bool`` or tuples of them
-  (tuples, not lists: the dataclass is frozen and hashable).  Every field needs a default, so
-  that ``MyExperiment()`` is the small CPU configuration used by the chapter.
-* ``compute(device, progress)`` returns a dict: numpy arrays (or torch tensors) go into
-  ``Result.arrays``, numbers/strings/lists into ``Result.scalars``.  ``device`` is a
-  ``torch.device``; ``progress`` says whether to show a tqdm bar.
-* Bump ``schema`` whenever ``compute`` changes what it returns or how: stored Results with
-  another schema are then recomputed.
+Fields are ``int``, ``float``, ``str``, ``bool`` or tuples of them, each with a default (the
+small CPU configuration).  ``compute(device, progress)`` returns a dict: arrays (numpy or
+torch) go into ``Result.arrays``, JSON values into ``Result.scalars``.  Bump ``schema`` when
+``compute`` changes what it returns: stored Results of another schema are then recomputed.
 """
 
 from __future__ import annotations
@@ -201,8 +204,18 @@ def run(config, device=None, progress: bool = False) -> Result:
 
 
 def progress_bar(total: int, progress: bool, desc: str):
-    """The tqdm bar of a ``compute`` (``total`` steps, label ``desc``), or ``None`` without
-    ``progress``; callers update it with ``bar.update()`` when there is one."""
+    """The tqdm bar of a ``compute`` (``total`` steps, label ``desc``), or ``None`` without ``progress``.
+
+    Parameters
+    ----------
+    total : int
+    progress : bool
+    desc : str
+
+    Returns
+    -------
+    tqdm.tqdm or None
+    """
     if not progress:
         return None
     from tqdm.auto import tqdm
@@ -265,26 +278,18 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a registered experiment config.
-    ValueError
-        If the Result has to be computed but the folder it would be saved to cannot be written
-        (checked before computing).
+    TypeError, ValueError
+        Not a registered config; a save folder that cannot be written (checked before computing).
 
     Warns
     -----
     StaleResultWarning
-        When a stored Result exists but its hash or schema does not match; it is recomputed
-        and overwritten (in the folder it is saved to).
-    CorruptResultWarning
-        (a StaleResultWarning) When a stored Result's files are damaged
-        (:class:`CorruptResultError`); it is recomputed likewise.
+        A stored Result whose hash or schema does not match (or, as
+        :class:`CorruptResultWarning`, whose files are damaged) is recomputed and overwritten.
 
     Notes
     -----
-    The key is the config hash (:func:`config_hash`); the device is not part of it, so a
-    Result computed on a GPU is used by a chapter running on a CPU.  Its ``device`` field
-    says where it was computed.
+    The key is the config hash, not the device: a GPU Result serves a CPU chapter.
 
     Examples
     --------

@@ -1,10 +1,7 @@
 """The ``channel_statistics`` experiment: residual-stream channel statistics of a real model.
 
-Reads English text from :mod:`companion.corpus` and streams :func:`companion.outliers.channel_statistics.channel_statistics`
-over it, on any model :func:`companion.transformers.models.load` knows.  The defaults are the small CPU
-configuration used in the chapters; the CLI runs larger ones, e.g.::
-
-    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 --device cuda
+Streams :func:`~companion.outliers.channel_statistics.channel_statistics` over corpus sentences
+for any model :func:`~companion.transformers.models.load` knows.
 """
 
 from __future__ import annotations
@@ -36,13 +33,7 @@ class ChannelStatisticsExperiment:
     skip_first : bool
         Exclude the first token of each text (where massive activations sit).
     dtype : str
-        Weights' floating-point type (``"float32"``; ``"bfloat16"`` for large models on a GPU).
-
-    Notes
-    -----
-    Result arrays: ``mean``, ``var``, ``min``, ``max``, ``max_abs`` ``[L+1, d]``; ``counts``
-    ``[L+1, len(thresholds), d]``; ``thresholds``.  Scalars: ``n_tokens``, ``n_texts`` and the
-    model's description (``n_layers``, ``d_model``, ``placement``, ``norm`` ...).
+        Weights' floating-point type.
     """
 
     model: str = "smollm2-135m"
@@ -56,6 +47,7 @@ class ChannelStatisticsExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
+        """Stream the statistics; returns the Result's arrays and scalars."""
         from companion.corpus import corpus_sentences
         from companion.outliers.channel_statistics import channel_statistics
         from companion.transformers import models
@@ -70,26 +62,22 @@ class ChannelStatisticsExperiment:
 
 
 def statistics_of(result):
-    """The :class:`companion.outliers.channel_statistics.ChannelStatistics` stored in a ``channel_statistics`` Result.
+    """The :class:`~companion.outliers.channel_statistics.ChannelStatistics` stored in a Result.
 
     Parameters
     ----------
     result : companion.experiments.Result
-        A Result of this experiment (e.g. from :func:`companion.experiments.run_cached`).
+        A Result of this experiment.
 
     Returns
     -------
     companion.outliers.channel_statistics.ChannelStatistics
-        The same object the experiment computed: ``mean``, ``var``, ``min``, ``max``,
-        ``max_abs``, ``counts``, ``thresholds``, ``n_tokens``, ``n_texts``, ``skip_first`` and the
-        model name, so that a chapter reads a stored pass exactly as a live one.
+        The object the experiment computed, so a chapter reads a stored pass as a live one.
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of the ``channel_statistics`` experiment.
-    ValueError
-        If an array or scalar is missing.
+    TypeError, ValueError
+        Another experiment's Result; a missing array or scalar.
 
     Examples
     --------

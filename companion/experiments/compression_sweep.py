@@ -1,20 +1,11 @@
 """The ``compression_sweep`` experiment: quantisation schemes and pruning on a causal LM.
 
-Every scheme is applied to the 210 linear layers inside SmolLM2-135M's blocks (the head and the
-embeddings stay in floating point) and measured on held-out text against the float model:
-the paired next-token loss increase per text, the KL divergence of the next-token
-distributions, and the relative mean squared error of the residual stream after every block.
-Calibration (ranges, means, SmoothQuant scales, bias corrections, sensitivities, pruning scores)
-uses one split of the corpus, evaluation another.
-
-The chapter ``applications`` renders the stored Result and re-measures a few schemes live
-(:class:`CompressionBench` is the code both use).  Run it with::
-
-    python -m companion run compression_sweep --out companion/data/results
-
-SmolLM2-135M's offline weights are the 4-bit Q4_1 GGUF checkpoint, dequantised: every weight
-already lies on a 4-bit grid of its block of 32, which the weight-quantisation rows must be read
-against.
+Every scheme is applied to the 210 linear layers in SmolLM2-135M's blocks (head and embeddings
+stay float) and measured on held-out text against the float model (paired loss increase per
+text, next-token KL, relative MSE of the stream after every block); calibration uses another
+corpus split.  The chapter *Applications* renders the stored Result and re-measures a few
+schemes live with :class:`CompressionBench`.  SmolLM2-135M's offline weights are a dequantised
+Q4_1 checkpoint (already on a 4-bit grid per block of 32): read the weight rows against that.
 """
 
 from __future__ import annotations
@@ -35,7 +26,17 @@ SITES = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("g
 
 
 def quantization_schemes(alphas) -> list[str]:
-    """Names of the whole-model schemes the sweep measures, in table order."""
+    """Names of the whole-model schemes the sweep measures, in table order.
+
+    Parameters
+    ----------
+    alphas : sequence of float
+        SmoothQuant migration strengths.
+
+    Returns
+    -------
+    list of str
+    """
     names = ["A8 tensor dynamic", "A8 tensor dynamic, centred on mean", "A8 tensor static",
              "A8 tensor static, act bias corr", "A8 tensor static asym", "A8 token dynamic",
              "A8 token dynamic asym", "A4 token dynamic", "A4 token dynamic, centred on mean",
@@ -53,20 +54,18 @@ class CompressionBench:
     Parameters
     ----------
     m : companion.transformers.models.LoadedModel
-        A causal LM (float64 recommended: fake quantisation amplifies last-bit differences).
+        A causal LM (float64 recommended).
     calib_texts, eval_texts : list of str
-        Each at least ``seq_len`` tokens long (no padding inside a batch).
+        Each at least ``seq_len`` tokens long.
     seq_len : int
     stats : dict name -> LinearInputStatistics, optional
-        Statistics of the calibration split (:func:`companion.applications.pruning.linear_input_statistics`
-        over the one calibration batch), if already computed; else they are computed here.
+        Calibration statistics (:func:`~companion.applications.pruning.linear_input_statistics`)
+        if already computed.
 
-    Notes
-    -----
-    ``measure(ctx)`` runs the evaluation batch inside the context ``ctx`` and returns the loss
-    increase per text (paired with the float run), the mean KL(p_float ‖ p_scheme) per text
-    and the relative MSE of the residual stream after each block (all positions but the first,
-    where SmolLM2 keeps its massive activations, so that the first token does not dominate).
+    Raises
+    ------
+    ValueError
+        If a text is shorter than ``seq_len`` tokens.
     """
 
     def __init__(self, m, calib_texts, eval_texts, seq_len: int = 64, stats=None):
@@ -101,7 +100,7 @@ class CompressionBench:
         return logp, loss.numpy(), hidden
 
     def measure(self, ctx=None, split: str = "eval") -> dict:
-        """Loss increase and KL per text, relative MSE per block, with ``ctx`` applied."""
+        """Loss increase and KL per text, relative MSE per block (first token excluded), with ``ctx`` applied."""
         if split not in self._base:
             self._base[split] = self._run(self.calib)
         logp0, loss0, h0 = self._base[split]
@@ -222,14 +221,12 @@ class CompressionSweepExperiment:
     Attributes
     ----------
     model : str
-        A causal LM for :func:`companion.transformers.models.load` (SmolLM2-135M: Q4_1 weights dequantised).
+        A causal LM for :func:`~companion.transformers.models.load`.
     n_calib, n_eval : int
-        Texts in the calibration and the evaluation split: the first corpus paragraphs (of the
-        first 40) with at least ``seq_len`` tokens, in order.
+        Texts in the calibration and evaluation splits (corpus paragraphs of >= ``seq_len`` tokens).
     seq_len : int
     dtype : str
-        Compute type (float64: fake quantisation flips roundings between CPU kernel sets in
-        float32).
+        Compute type (float64: float32 roundings differ between CPU kernels).
     alphas : tuple of float
         SmoothQuant migration strengths.
     low_bits, high_bits : int
@@ -242,12 +239,10 @@ class CompressionSweepExperiment:
 
     Notes
     -----
-    Arrays: ``schemes_summary [n_schemes, 5]`` (loss increase, its s.e., KL, its s.e., relative
-    MSE after the last block), ``schemes_loss``/``schemes_kl [n_schemes, n_eval]``,
-    ``schemes_rel_mse [n_schemes, L]``; ``site_summary [4, 5]``; ``layer_kl [L]`` (calibration
-    split: only layer ``l`` at ``low_bits`` per token), ``layer_mean_share``/``layer_range`` [L];
-    ``mixed_summary [n_rules, 5]``; ``prune_summary [n_scores, 2, n_fractions, 5]`` (without /
-    with mean compensation).  Scalars: the names of the rows.
+    Summary rows hold (loss increase, s.e., KL, s.e., relative MSE after the last block):
+    ``schemes_summary``, ``site_summary``, ``mixed_summary``, ``prune_summary [n_scores, 2,
+    n_fractions, 5]`` (without / with mean compensation); per layer ``layer_kl``,
+    ``layer_mean_share``, ``layer_range``.
     """
 
     model: str = "smollm2-135m"
@@ -262,6 +257,7 @@ class CompressionSweepExperiment:
     prune_fractions: tuple[float, ...] = (0.1, 0.3)
 
     def compute(self, device, progress):
+        """Run the sweep; returns the Result's arrays and scalars."""
         from companion.transformers import models
         from companion.applications import pruning
         from companion.corpus import load_corpus

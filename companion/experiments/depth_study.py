@@ -1,45 +1,18 @@
 """The depth study: trained Pre-LN, Post-LN and DSLM Post-LN language models from 4 to 64 layers.
 
-One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models is trained on the committed
-corpus -- the same width, tokenizer, data order, optimiser, learning rate and warm-up for every
-member -- at every depth of ``depths`` and for every placement of ``placements``:
-
-``"pre"``   Pre-LN, ``h <- h + F(Norm(h))``;
-``"post"``  Post-LN, ``h <- Norm(h + F(h))``;
-``"dslm"``  Post-LN with DSLM scales ``h <- Norm(lam h + beta F(h))``,
-            ``(lam, beta) = dslm_scales(L)`` (:func:`companion.stacks.residual.dslm_scales`).
-
-Each trained model is measured (:func:`measure_model`):
-
-(a) **The injection window under an absolute success criterion.**  At stream index ``l`` (a
-    grid of at most ``max_inject_layers + 1`` layers from 0 to ``L``) the vector
-    ``alpha * s_l * v`` is added at the last token of each evaluation prompt, where ``s_l`` is
-    the *centred spread* of the baseline stream (RMS over tokens of ``||h_l - mean h_l||``) and
-    ``v`` a unit direction orthogonal to the all-ones vector.  Target directions: the centred
-    unembedding rows of ``n_targets`` frequent byte tokens (the "concept" is that byte).  The
-    readout is the model's own output at the injected token (the final norm and unembedding:
-    the logit lens of a TinyLM): the change of the target's log-probability.  An injection
-    *succeeds* for a (prompt, target) pair if that change exceeds the change of the same
-    target's log-probability under every one of ``n_random`` random directions of the same
-    size, so the chance level of a direction unrelated to the target is ``1/(n_random + 1)``
-    exactly; ``n_heldout`` further random directions, scored as if they were targets, measure it.
-    The window is the set of injection layers whose success rate exceeds the 99% binomial
-    quantile of chance; its first and last layer, centre and coverage (fraction of the grid in
-    the window), as fractions of depth, get bootstrap intervals over prompts and targets.
-(b) **Stream growth and the framework's laws.**  ``E||h_l||^2 / d`` per layer and its Pre-LN
-    growth slope (:func:`companion.injection.metrics.fit_norm_growth`); for random directions injected
-    at ``l0 = L // 4``, the measured projection on ``v`` at every later layer beside the
-    Pre-LN dilution law (:func:`companion.injection.metrics.dilution_factor`) and the Post-LN product
-    rule (:func:`companion.injection.metrics.postln_contraction_factors` with the learned gains).
-(c) **Outliers per layer.**  Per channel, ``max |x| / rms`` (rms over all entries of the
-    layer), ``|mu| / sigma``; the number of mean-dominated channels (``|mu|/sigma > 3``); and
-    Theorem 2's exceedance counts at ``t = 4 rms`` and ``6 rms`` beside the Gaussian expectation
-    with each channel's own mean and standard deviation
-    (:func:`companion.theory.exceedance.expected_count_gaussian`).
-
-Training curves (loss per step) and the evaluation loss at initialisation and after training
-are stored too.  The CPU-size default config is what the chapter *The depth study* renders;
-:data:`GPU_CONFIG` is the GPU size run by ``scripts/gpu_depth_study.py`` (``make gpu-results``).
+One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models (same width, data
+order, optimiser and schedule) is trained at every depth of ``depths`` and placement of
+``placements`` (``"pre"``, ``"post"``, ``"dslm"``: Post-LN with
+:func:`~companion.stacks.residual.dslm_scales`), and each is measured (:func:`measure_model`):
+(a) the injection window under an absolute criterion -- a target byte's centred unembedding
+row, injected at the last token with ``alpha`` times the centred spread, must raise that byte's
+log-probability more than every one of ``n_random`` random directions (chance
+``1/(n_random + 1)``, checked with ``n_heldout`` held-out directions); the window is the set of
+layers above the 99% binomial quantile of chance, with bootstrap intervals; (b) the stream's
+growth and the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) the
+outlier statistics per layer and Theorem 2's exceedance counts.  The default config is what the
+chapter *The depth study* renders; :data:`GPU_CONFIG` is the GPU size
+(``scripts/gpu_depth_study.py``).
 """
 
 from __future__ import annotations
@@ -65,12 +38,9 @@ __all__ = [
     "PLACEMENTS",
     "member_config",
     "inject_layers",
-    "target_tokens",
-    "evaluation_prompts",
     "train_member",
     "measure_model",
     "window_from_success",
-    "bootstrap_window",
     "chance_threshold",
 ]
 
@@ -90,43 +60,31 @@ class DepthStudy:
 
     Parameters
     ----------
-    depths : tuple of int, default (4, 8, 16, 32, 64)
-    placements : tuple of str, default ("pre", "post", "dslm")
+    depths : tuple of int
+    placements : tuple of str
         Subset of :data:`PLACEMENTS`.
-    d_model, n_heads : int, default 32, 4
-    steps, batch_size, seq_len : int, default 300, 8, 64
-        Training of every member (:func:`companion.stacks.tinylm.train_tiny_lm`): same data order
-        (``seed``), AdamW, ``lr`` with ``warmup`` linear warm-up steps then cosine decay.
-    lr : float, default 1e-3
-    warmup : int, default 150
-    dtype : {"float64", "float32"}, default "float64"
-        Training and measuring precision (float64: the numbers do not depend on the CPU's
-        kernels beyond the last digits).
-    dslm_k : float, default 2.0
-        Budget of the DSLM scales (:func:`companion.stacks.residual.dslm_scales`).
-    n_prompts, prompt_len : int, default 16, 16
-        Evaluation prompts: windows evenly spaced through the corpus; the injection is at the
-        last token.
-    n_targets, n_random, n_heldout : int, default 8, 16, 8
-        Target tokens (their centred unembedding rows are the injected concepts), random
-        directions defining the chance level, held-out random directions that measure it.
-    scales : tuple of float, default (1.0, 4.0)
-        ``alpha``: injected norm in units of the centred spread of the stream at that layer.
-    max_inject_layers : int, default 8
-        Injection grid: every layer if ``L <= max_inject_layers``, else
-        ``max_inject_layers + 1`` evenly spaced ones (always 0 and ``L``).
-    n_outlier_prompts : int, default 32
-        Prompts of ``seq_len`` bytes for the outlier statistics.
-    n_boot : int, default 400
-        Bootstrap resamples (prompts and targets) for the window intervals.
-    seed : int, default 0
-        Weights, data order, directions, bootstrap.
+    d_model, n_heads, steps, batch_size, seq_len, warmup : int
+        Width and training of every member (:func:`~companion.stacks.tinylm.train_tiny_lm`).
+    lr : float
+    dtype : {"float64", "float32"}
+        Training and measuring precision.
+    dslm_k : float
+        Budget of the DSLM scales.
+    n_prompts, prompt_len : int
+        Evaluation prompts (corpus windows; injection at the last token).
+    n_targets, n_random, n_heldout : int
+        Target tokens, random directions defining chance, held-out directions measuring it.
+    scales : tuple of float
+        Injected norm in units of the layer's centred spread.
+    max_inject_layers : int
+        Injection grid size (every layer when ``L <= max_inject_layers``).
+    n_outlier_prompts, n_boot, seed : int
+        Outlier prompts, bootstrap resamples, seed of everything.
 
     Raises
     ------
     ValueError
-        For an unknown placement, a non-positive count, ``prompt_len > seq_len``,
-        ``n_heads`` not dividing ``d_model``, or an unknown dtype.
+        An unknown placement or dtype, a non-positive count, inconsistent sizes.
 
     Examples
     --------
@@ -206,6 +164,16 @@ GPU_CONFIG = DepthStudy(d_model=128, steps=1000, batch_size=32, seq_len=128, war
 def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig:
     """The :class:`~companion.stacks.residual.StackConfig` of one member.
 
+    Parameters
+    ----------
+    config : DepthStudy
+    placement : {"pre", "post", "dslm"}
+    depth : int
+
+    Returns
+    -------
+    companion.stacks.residual.StackConfig
+
     Examples
     --------
     >>> c = member_config(DepthStudy(), "dslm", 8)
@@ -222,7 +190,20 @@ def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig
 
 
 def train_member(config: DepthStudy, placement: str, depth: int, device="cpu"):
-    """Train one member on the committed corpus; return ``(TinyLM on the CPU, losses)``."""
+    """Train one member on the committed corpus.
+
+    Parameters
+    ----------
+    config : DepthStudy
+    placement : {"pre", "post", "dslm"}
+    depth : int
+    device : str or torch.device
+
+    Returns
+    -------
+    tuple
+        ``(TinyLM in eval mode on the CPU, losses)``.
+    """
     model, losses = train_tiny_lm(member_config(config, placement, depth), load_corpus(),
                                   steps=config.steps, batch_size=config.batch_size,
                                   seq_len=config.seq_len, lr=config.lr, seed=config.seed,
@@ -234,6 +215,14 @@ def train_member(config: DepthStudy, placement: str, depth: int, device="cpu"):
 def inject_layers(depth: int, max_layers: int) -> np.ndarray:
     """Injection grid: every stream index ``0..L`` or ``max_layers + 1`` evenly spaced ones.
 
+    Parameters
+    ----------
+    depth, max_layers : int
+
+    Returns
+    -------
+    numpy.ndarray of int
+
     Examples
     --------
     >>> inject_layers(4, 8).tolist(), inject_layers(64, 8)[:4].tolist()
@@ -244,7 +233,7 @@ def inject_layers(depth: int, max_layers: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, depth, max_layers + 1)).astype(np.int64))
 
 
-def target_tokens(n: int) -> np.ndarray:
+def _target_tokens(n: int) -> np.ndarray:
     """The ``n`` most frequent byte values of the corpus that are letters (ties by value)."""
     ids = byte_tokenize(load_corpus()).numpy()
     counts = np.bincount(ids, minlength=256)
@@ -253,7 +242,7 @@ def target_tokens(n: int) -> np.ndarray:
     return order[:n]
 
 
-def evaluation_prompts(n: int, length: int, offset: float = 0.5) -> torch.Tensor:
+def _evaluation_prompts(n: int, length: int, offset: float = 0.5) -> torch.Tensor:
     """``[n, length]`` byte windows evenly spaced through the corpus (shifted by ``offset``)."""
     ids = byte_tokenize(load_corpus())
     span = ids.numel() - length - 1
@@ -275,7 +264,17 @@ def _directions(config: DepthStudy, model: TinyLM, targets: np.ndarray) -> np.nd
 def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
     """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance.
 
-    Chance is ``1/(n_random + 1)`` per (prompt, target) pair.
+    Parameters
+    ----------
+    n_pairs : int
+        (prompt, target) pairs.
+    n_random : int
+        Random directions (chance ``1/(n_random + 1)``).
+    q : float
+
+    Returns
+    -------
+    float
 
     Examples
     --------
@@ -289,8 +288,17 @@ def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
 def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
     """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``.
 
-    ``coverage`` is the fraction of the injection grid in the window; all NaN (coverage 0) if
-    no layer qualifies.
+    Parameters
+    ----------
+    rate, layers : numpy.ndarray
+        Success rate per grid layer, and the grid.
+    depth : int
+    threshold : float
+
+    Returns
+    -------
+    numpy.ndarray
+        NaN (coverage 0) if no layer qualifies.
 
     Examples
     --------
@@ -304,18 +312,9 @@ def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, thresh
     return np.array([frac.min(), frac.max(), frac.mean(), inside.mean()])
 
 
-def bootstrap_window(success: np.ndarray, layers, depth: int, threshold: float, n_boot: int,
+def _bootstrap_window(success: np.ndarray, layers, depth: int, threshold: float, n_boot: int,
                      seed: int = 0) -> np.ndarray:
-    """Percentile intervals (2.5%, 97.5%) of the window over prompts and targets.
-
-    Parameters
-    ----------
-    success : bool array ``[n_layers, n_targets, n_prompts]``
-
-    Returns
-    -------
-    numpy.ndarray ``[4, 2]``: rows first, last, centre, coverage.
-    """
+    """Percentile intervals (2.5%, 97.5%) ``[4, 2]`` of the window over prompts and targets of ``success`` ``[G, K, P]``."""
     rng = np.random.default_rng([seed, 11])
     _, K, P = success.shape
     rows = np.empty((n_boot, 4))
@@ -399,6 +398,12 @@ def _outliers(out_stream: torch.Tensor) -> dict:
 def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
     """All measurements (a), (b), (c) of one model; see the module docstring.
 
+    Parameters
+    ----------
+    model : TinyLM
+    config : DepthStudy
+    device : str or torch.device
+
     Returns
     -------
     dict
@@ -411,9 +416,9 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
     model = model.to(device).eval()
     dtype = next(model.parameters()).dtype
     L = model.config.n_layers
-    K, R, H = config.n_targets, config.n_random, config.n_heldout
-    targets = target_tokens(K)
-    ids = evaluation_prompts(config.n_prompts, config.prompt_len).to(device)
+    K, R = config.n_targets, config.n_random
+    targets = _target_tokens(K)
+    ids = _evaluation_prompts(config.n_prompts, config.prompt_len).to(device)
     P, T = ids.shape
     dirs = _directions(config, model, targets)                              # [K+R+H, d]
     N = dirs.shape[0]
@@ -445,7 +450,7 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
         null_success = held > null.max(axis=2)[:, :, None]
         l0 = L // 4
         growth = _stream_growth_laws(model, config, ids, dirs[K:K + R], spread, l0, device)
-        out_ids = evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25).to(device)
+        out_ids = _evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25).to(device)
         logits, o = model(out_ids)
         eval_loss = float(F.cross_entropy(logits[:, :-1].reshape(-1, 256).double(),
                                           out_ids[:, 1:].reshape(-1)))
@@ -458,12 +463,19 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
 
 # =========================================================================== the study
 def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
-    """Train and measure every member; return the arrays of the Result.
+    """Train and measure every member.
 
-    Axes: ``P`` placements, ``D`` depths, ``M = max(depths)``, ``G`` = at most
-    ``max_inject_layers + 1`` grid layers, ``S`` scales, ``W = 4`` window columns
-    (first, last, centre, coverage as fractions of depth), ``C`` count thresholds.
-    Entries beyond a member's depth or grid are NaN.
+    Parameters
+    ----------
+    config : DepthStudy
+    device : str or torch.device
+    progress : bool
+
+    Returns
+    -------
+    dict
+        The Result's arrays (axes placements, depths, scales, grid or stream layers; NaN beyond
+        a member's depth) and scalars.
     """
     if not isinstance(config, DepthStudy):
         raise TypeError(f"config must be a DepthStudy, got {type(config).__name__}")
@@ -496,7 +508,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     for pi, placement in enumerate(config.placements):
         for di, depth in enumerate(config.depths):
             init = TinyLM(member_config(config, placement, depth)).to(_DTYPES[config.dtype])
-            ids = evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25)
+            ids = _evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25)
             with torch.no_grad():
                 lg, _ = init(ids)
                 out["init_eval_loss"][pi, di] = float(F.cross_entropy(
@@ -517,7 +529,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 out["top1_rate"][pi, di, si, :g] = m["top1"][si].mean(axis=(1, 2))
                 out["dlogp_target"][pi, di, si, :g] = m["dlogp_target"][si].mean(axis=(1, 2))
                 out["window"][pi, di, si] = window_from_success(rate, m["layers"], depth, threshold)
-                ci = bootstrap_window(succ, m["layers"], depth, threshold, config.n_boot, config.seed)
+                ci = _bootstrap_window(succ, m["layers"], depth, threshold, config.n_boot, config.seed)
                 out["window_lo"][pi, di, si], out["window_hi"][pi, di, si] = ci[:, 0], ci[:, 1]
                 rng = np.random.default_rng([config.seed, 13])
                 boots = np.stack([succ[:, rng.integers(0, K, K)][:, :, rng.integers(0, succ.shape[2],
@@ -549,13 +561,23 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     out.update(placements=list(config.placements), depths=list(config.depths),
                chance=1.0 / (config.n_random + 1), window_threshold=threshold,
                count_thresholds=list(COUNT_THRESHOLDS), mean_dominated=MEAN_DOMINATED,
-               targets=[chr(int(t)) for t in target_tokens(K)],
+               targets=[chr(int(t)) for t in _target_tokens(K)],
                train_tokens=config.steps * config.batch_size * config.seq_len)
     return out
 
 
 def tiny(**overrides) -> DepthStudy:
-    """A seconds-sized config for tests (depths 2 and 4, width 8)."""
+    """A seconds-sized config for tests (depths 2 and 4, width 8).
+
+    Parameters
+    ----------
+    **overrides
+        Fields to change.
+
+    Returns
+    -------
+    DepthStudy
+    """
     base = DepthStudy(depths=(2, 4), d_model=8, n_heads=2, steps=6, batch_size=2, seq_len=16,
                       warmup=2, n_prompts=4, prompt_len=8, n_targets=2, n_random=4, n_heldout=2,
                       scales=(1.0,), max_inject_layers=2, n_outlier_prompts=2, n_boot=20)

@@ -1,24 +1,12 @@
 """Experiment ``framework_random``: injection windows of random-initialised stacks.
 
-:class:`RandomWindowsConfig` / :func:`run_random_windows`: random-initialised
-:class:`~companion.stacks.residual.ResidualStack` s of one maximal depth, for every placement x block
-type x block-output gain (chapter *The three-effect framework*).  One injection sweep per stack
-(every injection layer, :func:`companion.injection.engine.sweep_stack_injections`) is read at stream index
-``L`` for each depth ``L`` of ``depths``: the first ``L`` blocks of a stack are the depth-``L``
-stack (the stacks seed every block from ``(seed, layer)``), so one sweep serves every depth.
-The trained counterpart is :mod:`companion.experiments.framework_trained`.
-
-The defaults are CPU-sized; :data:`GPU_RANDOM` is the GPU-scale configuration.  On any CUDA
-machine::
-
-    python -m companion run framework_random --device cuda \
-        --set d_model=512 --set max_depth=128 --set depths=8,16,32,64,128 --set batch=8 --set tokens=64
-
-or, from Python, ``companion.experiments.run_cached(GPU_RANDOM, device="cuda")``.  Copy the
-resulting ``results/cache/framework_random/<hash>.json`` + ``.npz`` into
-``companion/data/results/framework_random/``: the chapter renders every stored Result
-(:func:`companion.experiments.stored_results`) with the hardware and the versions recorded in
-it.  CI runs only the CPU-sized defaults.
+:class:`RandomWindowsConfig` / :func:`run_random_windows`: random
+:class:`~companion.stacks.residual.ResidualStack` s of one maximal depth, for every placement x
+block type x block-output gain (chapter *The three-effect framework*).  One injection sweep per
+stack is read at stream index ``L`` for each depth of ``depths`` (the first ``L`` blocks are the
+depth-``L`` stack, each block seeded from ``(seed, layer)``).  :data:`GPU_RANDOM` is the GPU
+size (see :mod:`companion.experiments`); the trained counterpart is
+:mod:`companion.experiments.framework_trained`.
 """
 
 from __future__ import annotations
@@ -60,27 +48,23 @@ class RandomWindowsConfig:
 
     Parameters
     ----------
-    d_model : int, default 64
-        Width.
-    max_depth : int, default 32
-        Depth of the stack that is swept; every entry of ``depths`` must be <= it.
-    depths : tuple of int, default (4, 8, 16, 32)
-        Depths at which the window is read.
-    gains : tuple of float, default (0.5, 1.0, 2.0, 4.0)
+    d_model, max_depth : int
+        Width and depth of the swept stack.
+    depths : tuple of int
+        Depths (<= ``max_depth``) at which the window is read.
+    gains : tuple of float
         Block-output gains (``StackConfig.gain``).
-    blocks : tuple of str, default :data:`BLOCK_TYPES`
-        Block types.
-    placements : tuple of str, default ("pre", "post")
-    batch, tokens : int, default 4, 16
+    blocks, placements : tuple of str
+        Subsets of :data:`BLOCK_TYPES` and ``("pre", "post")``.
+    batch, tokens : int
         Input: ``batch`` sequences of ``tokens`` i.i.d. ``N(0, I_d)`` vectors.
-    scale : float, default 0.1
+    scale : float
         Injected norm relative to the baseline's RMS stream norm at the injection layer.
-    threshold : float, default 0.5
-        Relative window threshold :math:`\\tau`.
-    sharp_logit_std : float, default 16.0
+    threshold : float
+        Relative window threshold.
+    sharp_logit_std : float
         Logit spread of ``"sharp_attention"`` blocks.
-    seed : int, default 0
-        Seed of the stacks, the input and the direction.
+    seed : int
 
     Raises
     ------
@@ -190,29 +174,15 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
     Returns
     -------
     dict of str to numpy.ndarray
-        Axes ``P`` placements, ``K`` blocks, ``G`` gains, ``D`` depths, ``M = max_depth``:
-
-        ``"effect_<kind>"`` ``[P, K, G, D, M]``
-            Effect of an injection at layer ``l`` (last axis) read at depth ``L``; NaN for
-            ``l >= L``.  ``<kind>`` in :data:`WINDOW_KINDS_RANDOM`.
-        ``"window_<kind>"`` ``[P, K, G, D, 4]``
-            ``best / L``, ``first / L``, ``last / L`` and the window's size / ``L``.
-        ``"growth_c"`` ``[P, K, G]``
-            :func:`companion.injection.metrics.fit_norm_growth` of the baseline stream.
-        ``"postln_factor"`` ``[P, K, G]``
-            Geometric mean over layers and positions of the skip-path factor (Post-LN
-            :math:`\\prod_s \\lambda/s`, Pre-LN :math:`\\lambda^S`).
+        For each kind of :data:`WINDOW_KINDS_RANDOM`, ``"effect_<kind>"``
+        ``[P, K, G, D, M]`` (NaN for ``l >= L``) and ``"window_<kind>"`` ``[P, K, G, D, 4]``
+        (fractions of depth); ``"growth_c"`` and ``"postln_factor"`` ``[P, K, G]`` (the
+        baseline's norm growth and geometric-mean skip-path factor).
 
     Raises
     ------
     TypeError
         If ``config`` is not a :class:`RandomWindowsConfig`.
-
-    Notes
-    -----
-    The readable projection is :meth:`companion.injection.engine.SweepResult.effect_at` with
-    ``"relative_projection"``; the predicted windows are
-    :func:`companion.injection.metrics.predicted_window` of ``growth_c`` and ``postln_factor``.
 
     Examples
     --------
@@ -265,8 +235,7 @@ def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.nd
     Returns
     -------
     numpy.ndarray, shape ``[P, K, G, D]``
-        ``first / L`` of :func:`companion.injection.metrics.predicted_window`: Post-LN from
-        ``postln_factor``, Pre-LN from ``growth_c``; compare with ``window_<kind>[..., 1]``.
+        ``first / L`` of :func:`~companion.injection.metrics.predicted_window`.
 
     Raises
     ------
@@ -294,7 +263,6 @@ def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.nd
 
 
 # ============================================================================ GPU-scale preset
-#: Random stacks at GPU scale: width 512, depths up to 128.
 #: Random stacks at GPU scale: width 512, depths up to 128.
 GPU_RANDOM = RandomWindowsConfig(d_model=512, max_depth=128, depths=(8, 16, 32, 64, 128),
                                  batch=8, tokens=64)

@@ -1,35 +1,14 @@
 """Experiment ``framework_trained``: injection windows of small trained language models.
 
-:class:`TrainedWindowsConfig` / :func:`run_trained_windows`: :class:`~companion.stacks.tinylm.TinyLM` s
-of several widths and depths, trained on the committed corpus (:func:`train_models`), then swept
-(:func:`sweep_trained`, through :func:`companion.injection.engine.sweep_stack_injections`): next-byte KL
-divergence at the injected and at later positions, the projection readable at the output, and
-the windows; the same architectures at initialisation are swept for comparison (chapter *The
-three-effect framework*).  The random-stack counterpart is
-:mod:`companion.experiments.framework_random`.
-
-Sizes
------
-The defaults are CPU-sized; :data:`GPU_TRAINED` is the GPU-scale configuration.  On any CUDA
-machine::
-
-    python -m companion run framework_trained --device cuda \
-        --set widths=128,256,512 --set depths=2,4,8,16,32 --set steps=3000 \
-        --set batch_size=64 --set seq_len=256 --set warmup=600 --set lr=0.001 \
-        --set eval_sequences=32 --set inject_start=64 --set inject_stop=128 --set n_directions=8
-
-or, from Python, ``companion.experiments.run_cached(GPU_TRAINED, device="cuda")``.  Copy the
-resulting ``results/cache/framework_trained/<hash>.json`` + ``.npz`` into
-``companion/data/results/framework_trained/``: the chapter renders every stored Result
-(:func:`companion.experiments.stored_results`).  CI runs only the CPU-sized defaults.
-
-Stored weights
---------------
-The chapter does not train: it loads the CPU-sized models from
-``companion/data/results/framework_tiny_lms.npz`` (float16 weights, about 1 MB) written by
-:func:`save_models` from :func:`train_models` with the default :class:`TrainedWindowsConfig`
-(one torch thread).  ``tests/test_experiments_framework.py`` retrains the depth-2 models and
-checks that they reproduce the stored weights.
+:class:`TrainedWindowsConfig` / :func:`run_trained_windows`: byte-level
+:class:`~companion.stacks.tinylm.TinyLM` s of several widths and depths, trained on the committed
+corpus (:func:`train_models`) and swept (:func:`sweep_trained`): next-byte KL at the injected and
+later positions, the projection readable at the output, and the windows; the same architectures
+at initialisation are swept for comparison (chapter *The three-effect framework*; the random
+counterpart is :mod:`companion.experiments.framework_random`).  :data:`GPU_TRAINED` is the GPU
+size (see :mod:`companion.experiments` for running and storing it).  The chapter does not train:
+it loads the CPU-sized float16 weights ``framework_tiny_lms.npz`` (:func:`save_models`,
+:func:`load_models`), which ``tests/test_experiments_framework.py`` checks by retraining.
 """
 
 from __future__ import annotations
@@ -56,7 +35,6 @@ __all__ = [
     "GPU_TRAINED",
     "tiny_lm_config",
     "train_models",
-    "evaluation_ids",
     "sweep_trained",
     "run_trained_windows",
     "training_hash",
@@ -68,8 +46,6 @@ __all__ = [
 
 #: Output effects of the trained-stack windows.
 WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
-
-
 
 #: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others only
 #: change how the models are swept).
@@ -88,16 +64,6 @@ def training_hash(config: "TrainedWindowsConfig") -> str:
     -------
     str
 
-    Raises
-    ------
-    AttributeError
-        If ``config`` lacks one of :data:`TRAINING_FIELDS`.
-
-    Notes
-    -----
-    Sorted JSON of the :data:`TRAINING_FIELDS`; sweep settings (``scale``, ``n_directions``,
-    ...) do not enter it.
-
     Examples
     --------
     >>> a, b = TrainedWindowsConfig(), TrainedWindowsConfig(scale=1.0)
@@ -115,29 +81,23 @@ class TrainedWindowsConfig:
 
     Parameters
     ----------
-    widths : tuple of int, default (32,)
-        ``d_model`` of the models.
-    depths : tuple of int, default (2, 4, 8)
-    placements : tuple of str, default ("pre", "post")
-    n_heads : int, default 4
-    steps, batch_size, seq_len : int, default 300, 16, 64
-        Training (see :func:`companion.stacks.tinylm.train_tiny_lm`).
-    lr : float, default 3e-3
-    warmup : int, default 150
-        Linear warm-up steps (Post-LN at depth 8 does not train with a short warm-up).
-    eval_sequences : int, default 8
+    widths, depths : tuple of int
+        ``d_model`` and number of layers of the models.
+    placements : tuple of str
+    n_heads, steps, batch_size, seq_len, warmup : int
+        Training (:func:`~companion.stacks.tinylm.train_tiny_lm`).
+    lr : float
+    eval_sequences : int
         Evaluation windows of ``seq_len`` bytes, evenly spaced through the corpus.
-    inject_start, inject_stop : int, default 16, 32
-        The injected token span ``[inject_start, inject_stop)``; tokens after it are the
-        "later" positions (the protocol of Hahami et al.: read where nothing was injected).
-    scale : float, default 0.5
+    inject_start, inject_stop : int
+        The injected span; tokens after it are the "later" positions.
+    scale : float
         Injected norm relative to the RMS stream norm at the injection layer.
-    n_directions : int, default 4
-        Random directions (seeds ``seed .. seed + n_directions - 1``) whose effects are averaged.
-    threshold : float, default 0.5
+    n_directions : int
+        Random directions (seeds ``seed ..``) whose effects are averaged.
+    threshold : float
         Relative window threshold.
-    seed : int, default 0
-        Seed of the weights, the training windows and the first direction.
+    seed : int
 
     Raises
     ------
@@ -146,8 +106,7 @@ class TrainedWindowsConfig:
 
     Notes
     -----
-    Only the fields in :data:`TRAINING_FIELDS` determine the weights; the stored models are
-    keyed by :func:`training_hash`, so the sweep settings can change without retraining.
+    Only :data:`TRAINING_FIELDS` determine the weights (keyed by :func:`training_hash`).
 
     Examples
     --------
@@ -221,12 +180,7 @@ def tiny_lm_config(config: TrainedWindowsConfig, placement: str, width: int, dep
     Returns
     -------
     companion.stacks.residual.StackConfig
-        Attention and MLP in every block, byte vocabulary (256), ``max_len = seq_len``.
-
-    Raises
-    ------
-    ValueError
-        If ``StackConfig`` rejects the values (e.g. ``n_heads`` does not divide ``width``).
+        Attention and MLP in every block, byte vocabulary.
 
     Examples
     --------
@@ -262,25 +216,15 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`TrainedWindowsConfig`.
-    ValueError
-        If ``only`` names a model that is not in ``config``.
-
-    Notes
-    -----
-    Each model is trained by :func:`companion.stacks.tinylm.train_tiny_lm` on
-    :func:`companion.corpus.load_corpus` (AdamW, warm-up then cosine decay); deterministic on a
-    CPU for a fixed number of threads.
+    TypeError, ValueError
+        Not a :class:`TrainedWindowsConfig`; ``only`` names a model not in ``config``.
 
     Examples
     --------
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
-    ...                            steps=2, batch_size=2, seq_len=16, warmup=1,
-    ...                            inject_start=4, inject_stop=8)
-    >>> models = train_models(cfg)
-    >>> list(models), models[("pre", 8, 1)][1].shape
-    ([('pre', 8, 1)], (2,))
+    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2, steps=2,
+    ...                            batch_size=2, seq_len=16, warmup=1, inject_start=4, inject_stop=8)
+    >>> list(train_models(cfg))
+    [('pre', 8, 1)]
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
@@ -305,27 +249,8 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
     return models
 
 
-def evaluation_ids(config: TrainedWindowsConfig) -> torch.Tensor:
-    """``[eval_sequences, seq_len]`` byte ids: windows evenly spaced through the corpus.
-
-    Parameters
-    ----------
-    config : TrainedWindowsConfig
-
-    Returns
-    -------
-    torch.LongTensor
-
-    Raises
-    ------
-    ValueError
-        If the corpus is missing (see :mod:`companion.corpus`).
-
-    Examples
-    --------
-    >>> evaluation_ids(TrainedWindowsConfig(eval_sequences=2)).shape
-    torch.Size([2, 64])
-    """
+def _evaluation_ids(config: TrainedWindowsConfig) -> torch.Tensor:
+    """``[eval_sequences, seq_len]`` byte ids: windows evenly spaced through the corpus."""
     ids = byte_tokenize(load_corpus())
     n, T = config.eval_sequences, config.seq_len
     starts = np.linspace(0, ids.numel() - T - 1, n).astype(np.int64)
@@ -346,38 +271,18 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     Returns
     -------
     dict of str to numpy.ndarray
-        Axes ``P`` placements, ``W`` widths, ``D`` depths, ``M = max(depths)``; NaN where a
-        model is absent or ``l >= L``.  For ``<kind>`` in :data:`WINDOW_KINDS_TRAINED`
-        (``kl_later``: next-byte KL divergence at the tokens after the injected span;
-        ``kl_injected``: at the injected tokens; ``relative_projection``:
-        :math:`|\operatorname{mean}((y_{inj}-y_{base})\cdot\hat v)|/\|y_{base}\|` at the
-        injected tokens, ``y`` the final normalised output), averaged over
-        ``n_directions`` random directions:
-
-        ``"effect_<kind>"`` ``[P, W, D, M]``, ``"window_<kind>"`` ``[P, W, D, 4]`` (best,
-        first and last injection layer and window size, as fractions of depth), and
-        ``"eval_loss"`` ``[P, W, D]`` (next-byte loss on the evaluation windows, nats).
+        For each kind of :data:`WINDOW_KINDS_TRAINED`, ``"effect_<kind>"`` ``[P, W, D, M]``
+        and ``"window_<kind>"`` ``[P, W, D, 4]`` (fractions of depth), averaged over the
+        directions; ``"eval_loss"`` ``[P, W, D]`` (nats).  NaN where a model is absent.
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`TrainedWindowsConfig`.
-    ValueError
-        If a model key is not part of ``config``.
-
-    Notes
-    -----
-    One :func:`companion.injection.engine.sweep_stack_injections` per model and direction; the
-    windows are :func:`companion.injection.metrics.effect_window` of the averaged effects.
+    TypeError, ValueError
+        Not a :class:`TrainedWindowsConfig`; a model key not in ``config``.
 
     Examples
     --------
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(2,), placements=("post",), n_heads=2,
-    ...                            seq_len=16, eval_sequences=2, inject_start=4, inject_stop=8,
-    ...                            n_directions=1)
-    >>> out = sweep_trained({("post", 8, 2): TinyLM(tiny_lm_config(cfg, "post", 8, 2))}, cfg)
-    >>> out["effect_kl_later"].shape, out["window_kl_later"].shape
-    ((1, 1, 1, 2), (1, 1, 1, 4))
+    >>> out = sweep_trained(load_models(), TrainedWindowsConfig())   # doctest: +SKIP
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
@@ -386,7 +291,7 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     out = {f"effect_{k}": np.full((P, W, D, M), np.nan) for k in WINDOW_KINDS_TRAINED}
     out.update({f"window_{k}": np.full((P, W, D, 4), np.nan) for k in WINDOW_KINDS_TRAINED})
     out["eval_loss"] = np.full((P, W, D), np.nan)
-    ids = evaluation_ids(config).to(device)
+    ids = _evaluation_ids(config).to(device)
     span = list(range(config.inject_start, config.inject_stop))
     for key, value in models.items():
         if tuple(key) not in _model_keys(config):
@@ -416,11 +321,9 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
 
 def run_trained_windows(config: TrainedWindowsConfig, device: str | torch.device = "cpu",
                         progress=None) -> dict[str, np.ndarray]:
-    """Train the models of ``config`` (:func:`train_models`) and sweep them (:func:`sweep_trained`).
+    """Train the models of ``config`` and sweep them, and the same architectures at initialisation.
 
-    Also sweeps the same architectures at initialisation (keys prefixed ``"init_"``) so that
-    what training changed can be read off, and stores the training losses
-    (``"train_loss"`` ``[P, W, D, steps]``).
+    The initial sweeps are keys prefixed ``"init_"``; ``"train_loss"`` is ``[P, W, D, steps]``.
 
     Parameters
     ----------
@@ -437,19 +340,9 @@ def run_trained_windows(config: TrainedWindowsConfig, device: str | torch.device
     TypeError
         If ``config`` is not a :class:`TrainedWindowsConfig`.
 
-    Notes
-    -----
-    This is what the ``framework_trained`` experiment computes; see the module docstring
-    for the GPU-scale command.
-
     Examples
     --------
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
-    ...                            steps=2, batch_size=2, seq_len=16, warmup=1, eval_sequences=2,
-    ...                            inject_start=4, inject_stop=8, n_directions=1)
-    >>> out = run_trained_windows(cfg)
-    >>> out["train_loss"].shape, "init_eval_loss" in out
-    ((1, 1, 1, 2), True)
+    >>> out = run_trained_windows(TrainedWindowsConfig())   # doctest: +SKIP
     """
     models = train_models(config, device, progress)
     out = sweep_trained(models, config, device)
@@ -470,8 +363,7 @@ def stored_models_path() -> Path:
     Returns
     -------
     pathlib.Path
-        ``framework_tiny_lms.npz`` in :func:`companion.experiments.stored_root` (the
-        package data folder ``companion/data/results``, or ``$COMPANION_RESULTS/stored``).
+        ``framework_tiny_lms.npz`` in :func:`~companion.experiments.stored_root`.
 
     Examples
     --------
@@ -491,10 +383,8 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     config : TrainedWindowsConfig
         The config they were trained with.
     path : str or Path, optional
-        ``.npz`` file; the sidecar is ``.json`` beside it.  Default :func:`stored_models_path`
-        in a clone of the repository (or under ``$COMPANION_RESULTS/stored``); an installed
-        package writes ``framework_tiny_lms.npz`` into
-        :func:`companion.experiments.cache_root` instead, never into site-packages.
+        ``.npz`` file (JSON sidecar beside it); default in
+        :func:`~companion.experiments.stored_target`.
 
     Returns
     -------
@@ -506,21 +396,9 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     TypeError
         If ``config`` is not a :class:`TrainedWindowsConfig`.
 
-    Notes
-    -----
-    float16 halves the file; the chapter uses the rounded weights (cast back to float32), so
-    what it measures is exactly the stored model.
-
     Examples
     --------
-    >>> import tempfile
-    >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2,
-    ...                            steps=2, batch_size=2, seq_len=16, warmup=1,
-    ...                            inject_start=4, inject_stop=8)
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     path = save_models(train_models(cfg), cfg, Path(tmp) / "m.npz")
-    ...     sorted(load_models(path, cfg))
-    [('pre', 8, 1)]
+    >>> save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())   # doctest: +SKIP
     """
     if not isinstance(config, TrainedWindowsConfig):
         raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
@@ -566,10 +444,6 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     ------
     ValueError
         If the file or its sidecar is missing, or the stored training settings differ.
-
-    Notes
-    -----
-    The weights are stored as float16 and loaded as float32 (see :func:`save_models`).
 
     Examples
     --------

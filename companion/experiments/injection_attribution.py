@@ -1,17 +1,9 @@
 """The ``injection_attribution`` experiment: an injected projection, sublayer by sublayer.
 
-For corpus prompts (:func:`companion.injection.directions.make_prompts`, first sentence injected), concept
-directions (:data:`companion.injection.directions.CONCEPTS`, read at the injection layer) and seeded
-random directions, runs :func:`companion.injection.attribution.attribute_injection` at every layer of
-``layers`` at a relative size ``alpha`` -- and, with ``half_check``, again at ``alpha / 2`` to
-show that the response is linear -- and stores the per-stage projections::
-
-    python -m companion run injection_attribution --set model=smollm2-135m --set layers=3,15 \\
-        --device cpu --out companion/data/results
-
-:data:`CONFIGS` holds the two configurations the chapter *Injection in real Transformers*
-reads; :func:`attributions_of` turns a Result back into :class:`~companion.injection.attribution.Attribution`
-objects, :func:`half_streams_of` the projections of the run at ``alpha / 2``.
+Runs :func:`~companion.injection.attribution.attribute_injection` for concept and seeded random
+directions on corpus prompts at every layer of ``layers`` at relative size ``alpha`` (and, with
+``half_check``, at ``alpha / 2``: the linearity check).  :data:`CONFIGS` holds the chapter's two
+configurations; :func:`attributions_of` and :func:`half_streams_of` read a Result back.
 """
 
 from __future__ import annotations
@@ -54,11 +46,9 @@ class InjectionAttributionExperiment:
 
     Notes
     -----
-    Result arrays, per injection layer ``l``: ``l{l}_stream``, ``l{l}_writes`` (and for a
-    post-norm model ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``), and
-    ``half_l{l}_stream`` for the run at ``alpha / 2``; ``scale`` and ``typical_norm``
-    ``[n_layers_run]``; ``directions`` ``[n_layers_run, n, d]``.  Scalars: ``direction_names``,
-    ``identity_error`` (largest over runs) and the model's description.
+    Result arrays per injection layer ``l``: ``l{l}_stream``, ``l{l}_writes`` (post-norm models
+    also ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``), ``half_l{l}_stream``; and
+    ``scale``, ``typical_norm``, ``directions``.
     """
 
     model: str = "minilm-l6"
@@ -76,6 +66,7 @@ class InjectionAttributionExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
+        """Run the attributions; returns the Result's arrays and scalars."""
         from companion.injection import attribution as at
         from companion.injection import directions as dr
         from companion.transformers import models
@@ -134,12 +125,18 @@ CONFIGS = {
 def attributions_of(result) -> dict:
     """``{layer: Attribution}`` rebuilt from a Result of ``injection_attribution``.
 
+    Parameters
+    ----------
+    result : Result
+
+    Returns
+    -------
+    dict of int to companion.injection.attribution.Attribution
+
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``injection_attribution``.
-    ValueError
-        If an array is missing.
+    TypeError, ValueError
+        Another experiment's Result; a missing array.
     """
     from companion.injection.attribution import STAGES, Attribution
 
@@ -163,14 +160,19 @@ def attributions_of(result) -> dict:
 def half_streams_of(result) -> dict:
     """``{layer: (c / 2, stream)}`` of the run at ``alpha / 2`` (the linearity check).
 
-    ``stream`` is ``[n, batch, 3, L - l + 1]`` as :attr:`Attribution.stream`.
+    Parameters
+    ----------
+    result : Result
+
+    Returns
+    -------
+    dict
+        ``stream`` is ``[n, batch, 3, L - l + 1]`` as in ``Attribution.stream``.
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``injection_attribution``.
-    ValueError
-        If the Result was computed without ``half_check``.
+    TypeError, ValueError
+        Another experiment's Result; a Result run without ``half_check``.
     """
     a = check_result(result, "injection_attribution").arrays
     out = {}

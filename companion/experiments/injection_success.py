@@ -1,51 +1,21 @@
 """Experiment ``injection_success``: does an injected concept reach the output, above chance?
 
-One config -> one :class:`~companion.experiments.Result`.  The default config is SmolLM2-135M
-(32 two-sentence prompts, 14 injection layers, four word concepts, 16 random directions, 8
-split and 8 subspace nulls); :data:`CONFIGS` adds MiniLM-L6 (an encoder, every layer).
+Default config: SmolLM2-135M (32 two-sentence prompts, 14 injection layers, four word
+concepts, 16 random directions, 8 split and 8 subspace nulls); :data:`CONFIGS` adds MiniLM-L6.
+One run: per layer, the typical norm, centred spread :math:`s_\\ell` and mean state over the
+injected (first-sentence) positions; four direction *groups* (``concept`` vectors, ``random``
+unit vectors, ``split`` nulls from random halves of a concept's word pool, ``subspace`` nulls in
+the top-``subspace_k`` principal subspace); each direction injected at every layer with
+:math:`\\alpha\\, s_\\ell\\, \\hat v_\\ell` (:func:`readout_sweep`), measuring the output *effect*
+(next-token KL at the last token, or :math:`1-\\cos` of an encoder's sentence embedding) and
+each concept's *readout* (the change of :math:`\\log P(\\text{concept})` at the last token and
+over the later positions, or of the cosine to the concept's mean embedding).
 
-What one run does
------------------
-1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
-   (:func:`companion.injection.directions.make_prompts`); the first sentence is injected.
-2. Per layer, over the injected positions: the typical norm :math:`n_\\ell`
-   (:func:`~companion.injection.directions.typical_norms`), the centred spread :math:`s_\\ell`
-   (:func:`~companion.injection.directions.typical_spreads`) and the mean state :math:`\\mu_\\ell`.
-3. Directions, in four *groups*: ``concept`` (one concept vector per name in ``concepts``, read
-   at every layer), ``random`` (``n_random`` directions uniform on the sphere), ``split``
-   (``n_split`` differences of means between random halves of a concept's word pool,
-   :func:`~companion.injection.directions.split_null_vectors`, the pools taken in turn) and ``subspace``
-   (``n_subspace`` random directions inside the top-``subspace_k`` principal subspace of the
-   centred stream, :func:`~companion.injection.directions.subspace_random_vectors`).
-4. Every direction is injected at every layer of ``layers`` with the vector
-   :math:`\\alpha\\, s_\\ell\\, \\hat v_\\ell` -- magnitudes in units of the centred spread --
-   for every :math:`\\alpha` in ``scales`` (concept and random groups) or ``null_scale`` (split
-   and subspace groups), through one :func:`companion.injection.engine.sweep_injections` per direction
-   whose ``measure`` works only at the last layer (:func:`readout_sweep`).
-5. Measured per run and prompt: the output *effect* (causal LM: next-token KL at the last
-   token; encoder: :math:`1-\\cos` of the mean-pooled sentence embedding) and, for each
-   concept ``k``, the *readout* of that concept at the output: causal LM, the change of
-   :math:`\\log P(\\text{concept } k) = \\operatorname{logsumexp}_{w} \\log p(w)` over
-   :func:`~companion.injection.directions.concept_token_ids`, at the last token and averaged over the
-   later (never injected) positions; encoder, the change of
-   :math:`\\cos(e, \\bar e_k)` with :math:`\\bar e_k` the mean embedding of concept ``k``'s
-   positive texts.
-
-Result arrays (``G`` a group with ``n_dir`` directions, ``n_inj`` layers, ``S`` magnitudes,
-``C`` concepts, ``P`` readout positions, ``B`` prompts): ``<G>_effect`` ``[n_dir, n_inj, S, B]``,
-``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd`` ``[n_dir, L+1]`` (the spread
-:math:`\\sigma_\\ell(\\hat v)` of the token states along the direction), ``<G>_scales``;
-``layers``, ``typical_norm``, ``typical_spread``, ``stream_mean`` ``[L+1, d]``,
-``concept_norm`` ``[C, L+1]``, ``split_pool`` (the concept index of each split null).
-Scalars: ``groups``, ``concepts``, ``readout_positions`` (``["last", "later"]`` or
-``["embedding"]``), ``effect_name``, ``n_prompts`` and the model's description.
-
-Reading the Result
-------------------
-:func:`success_table` (the success test of :func:`success_test` per concept, layer and
-magnitude), :func:`success_window` (the layers where it succeeds, with bootstrap intervals on
-the edges), :func:`effect_curve` (the disruption curve with bootstrap bands) and
-:func:`regimes` (linear or saturated, from the quadratic law).
+Result arrays (group ``G``): ``<G>_effect`` ``[n_dir, n_inj, S, B]``, ``<G>_readout``
+``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd`` ``[n_dir, L+1]``, ``<G>_scales``; ``layers``,
+``typical_norm``, ``typical_spread``, ``stream_mean``, ``concept_norm``, ``split_pool``.
+Read it with :func:`success_table`, :func:`success_window`, :func:`effect_curve` and
+:func:`regimes`.
 """
 
 from __future__ import annotations
@@ -255,10 +225,8 @@ def concept_targets(m, concepts, max_length: int | None = None) -> dict:
     Returns
     -------
     dict
-        Causal LM: ``{"kind": "tokens", "ids": [array of token ids per concept]}``
-        (:func:`companion.injection.directions.concept_token_ids`).  Encoder: ``{"kind": "embedding",
-        "centres": [C, d] array}``, the mean over each concept's positive texts of the
-        mean-pooled final state (the sentence embedding up to normalisation).
+        Causal LM: ``{"kind": "tokens", "ids": [token ids per concept]}``; encoder:
+        ``{"kind": "embedding", "centres": [C, d]}`` (mean-pooled final states of the positive texts).
 
     Raises
     ------
@@ -313,26 +281,13 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
     Returns
     -------
     dict
-        ``effect`` ``[n_inj, S, B]`` (next-token KL at the last token for a causal LM,
-        :math:`1 - \cos` of the mean-pooled embedding for an encoder), ``readout``
-        ``[n_inj, S, C, P, B]`` (per concept: the change of :math:`\log P(\text{concept})` at
-        the last token and averaged over the later positions, ``P = 2``; encoder: the change of
-        :math:`\cos(e, \bar e_k)`, ``P = 1``), ``effect_name``, ``readout_positions``.
+        ``effect`` ``[n_inj, S, B]``, ``readout`` ``[n_inj, S, C, P, B]`` (see the module
+        docstring), ``effect_name``, ``readout_positions``.
 
     Raises
     ------
-    TypeError
-        Wrong argument types.
-    ValueError
-        Shapes that do not match the model, non-positive scales or units, or targets of the
-        other model kind.
-
-    Notes
-    -----
-    One :func:`companion.injection.engine.sweep_injections` with a four-argument ``measure`` that returns
-    zeros below the last layer and computes the readouts only at :math:`h_L`, run by run (the
-    logits of every later position of one run at a time), so memory stays
-    O(later positions x vocabulary).
+    TypeError, ValueError
+        Wrong types; shapes that do not fit the model, non-positive scales or units, wrong targets.
 
     Examples
     --------
@@ -490,29 +445,18 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     Returns
     -------
     dict
-        ``concept_mean`` (prompt mean :math:`\bar x_c`), ``null_mean`` (mean of the null prompt
-        means :math:`\bar x_j`), ``null_q`` (their ``quantile``), ``diff`` (mean over prompts
-        of :math:`x_c[b] - \operatorname{mean}_j x_j[b]`), ``diff_lo``, ``diff_hi`` (its
-        percentile bootstrap interval over prompts) and ``success``.
+        ``concept_mean``, ``null_mean``, ``null_q`` (the null means' ``quantile``), ``diff`` (the
+        paired mean difference), ``diff_lo``, ``diff_hi`` (its bootstrap interval), ``success``.
 
     Raises
     ------
-    TypeError
-        Non-real inputs or wrong argument types.
-    ValueError
-        Shapes that do not match, fewer than 2 prompts or nulls, NaN/inf, ``level`` or
-        ``quantile`` outside (0, 1).
+    TypeError, ValueError
+        Non-real inputs; mismatched shapes, fewer than 2 prompts or nulls, NaN, a level outside (0, 1).
 
     Notes
     -----
-    The rule: **success** if and only if (i) :math:`\bar x_c` is above the ``quantile`` (95th
-    percentile, linear interpolation, ``numpy.quantile``) of the null prompt means
-    :math:`\{\bar x_j\}`, and (ii) the percentile bootstrap interval (``n_boot`` resamples of
-    the prompts, seed ``seed``, at ``level``) of the paired difference
-    :math:`x_c[b] - \operatorname{mean}_j x_j[b]` lies entirely above 0.  (i) says the concept
-    vector does better than almost every direction of the null; (ii) that the advantage over
-    the null's mean is not an accident of the prompts.  The test is one-sided: a concept whose
-    readout falls fails.
+    Success iff (i) the concept's prompt mean exceeds the ``quantile`` of the null prompt means
+    and (ii) the bootstrap interval of the paired difference lies above 0 (one-sided).
 
     Examples
     --------
@@ -570,11 +514,8 @@ def success_table(result, null: str = "random", position: str | None = None,
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``injection_success``.
-    ValueError
-        An unknown null group or position, a null group with
-        fewer than two directions.
+    TypeError, ValueError
+        Another experiment's Result; an unknown null group or position.
 
     Examples
     --------
@@ -661,14 +602,9 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
 
     Notes
     -----
-    The window is the *set* of tested injection layers where :func:`success_test` succeeds
-    (not forced to be contiguous); ``first`` and ``last`` are its edges.  Their intervals:
-    ``n_boot`` resamples of the prompts (seed ``seed``; the same resample for the concept and
-    every null, so the comparison stays paired); in each resample a layer succeeds when the
-    concept's prompt mean exceeds the null's 95th percentile (criterion (i) of
-    :func:`success_test`; (ii), a bootstrap inside the bootstrap, is left out of the
-    resamples), and the edges of that resample's set are recorded; the interval is their
-    ``(1 - level)/2`` and ``(1 + level)/2`` percentiles over the resamples with a non-empty set.
+    The window is the (not necessarily contiguous) set of layers that pass
+    :func:`success_test`; the edge intervals come from paired prompt resamples using criterion
+    (i) only.
 
     Examples
     --------
@@ -791,26 +727,19 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
     Returns
     -------
     dict
-        ``layers``, ``scales``, ``ratio`` ``[n_inj, S - 1]`` (mean effect at ``scales[i+1]``
-        over mean effect at ``scales[i]``, means over directions and prompts), ``expected``
-        ``[S - 1]`` (the quadratic law's ratio), ``regime`` ``[n_inj, S]`` of str: for
-        ``scales[i+1]``, ``"linear"`` if the ratio is at least ``high``, ``"saturated"``
-        below ``low``, ``"transition"`` in between; for ``scales[0]``, ``"linear"`` if the
-        first ratio is at least ``high`` and ``"undetermined"`` otherwise; ``"no effect"``
-        where the effect is 0 (an injection at the last layer of a causal model).
+        ``layers``, ``scales``, ``ratio`` ``[n_inj, S - 1]`` (consecutive mean effects),
+        ``expected`` (the quadratic law's ratios) and ``regime`` ``[n_inj, S]``: ``"linear"``
+        (ratio >= high), ``"saturated"`` (< low), ``"transition"``, ``"undetermined"`` (first
+        magnitude, not linear) or ``"no effect"`` (effect 0).
 
     Raises
     ------
     TypeError, ValueError
-        Another experiment's Result (TypeError), an unknown group, a group with one magnitude,
-        thresholds that are not ``0 < low <= high``.
+        Another experiment's Result; an unknown group, one magnitude, not ``0 < low <= high``.
 
     Notes
     -----
-    For small perturbations the KL divergence and :math:`1 - \cos` are quadratic in the
-    injected size (the chapter's quadratic law), so multiplying :math:`\alpha` by 4 multiplies
-    the effect by 16.  A ratio of 10 means a local exponent :math:`\log_4 10 = 1.66`, a ratio
-    of 6 an exponent of 1.29: the effect grows clearly slower than quadratically.
+    The quadratic law of the chapter predicts a ratio ``k**2`` (16 for a step of 4).
 
     Examples
     --------

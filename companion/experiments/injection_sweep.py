@@ -1,11 +1,8 @@
 """The ``injection_sweep`` experiment: inject ``c v`` at every layer of a real model.
 
-Reads English text from :mod:`companion.corpus` and runs :func:`companion.injection.engine.sweep_injections`
-on any model :func:`companion.transformers.models.load` knows, measuring every layer with the metric
-vocabulary of :mod:`companion.injection.metrics`.  The defaults are the small CPU configuration
-used in the chapters; the CLI runs larger ones, e.g.::
-
-    python -m companion run injection_sweep --model EleutherAI/pythia-1.4b --set n_texts=64
+Runs :func:`~companion.injection.engine.sweep_injections` on corpus sentences for any model
+:func:`~companion.transformers.models.load` knows, measuring every layer with the metrics of
+:mod:`companion.injection.metrics`.
 """
 
 from __future__ import annotations
@@ -64,36 +61,23 @@ class InjectionSweepExperiment:
     layers : tuple of int
         Injection layers (``h_layer``, 0 = embeddings); empty = every layer ``0 .. L``.
     scales : tuple of float
-        Magnitudes.  With ``relative=True`` the injected vector at layer ``l`` has norm
-        ``scale × median ‖h_l‖`` (median over the corpus tokens, first tokens excluded), so a
-        scale means the same *relative* push at every depth; otherwise norm ``scale``.
+        Magnitudes: norm ``scale × median ‖h_l‖`` (first tokens excluded) if ``relative``,
+        else ``scale``.
     relative : bool
     positions : {"prefix", "all", "last"}
-        Where to inject: every real token except the last (``"prefix"``: the last token is then a
-        downstream reader, as in :cite:t:`hahami2025disturbance`), every real token, or the last
-        token only.
+        Every real token but the last (a downstream reader, as in
+        :cite:t:`hahami2025disturbance`), every real token, or the last only.
     seed : int
         Seed of the random unit direction ``v``.
     dtype : str
 
     Notes
     -----
-    Result arrays, with ``n_l = len(layers)``, ``n_s = len(scales)``, ``G = 2`` token groups
-    (:data:`TOKEN_GROUPS`: mean over the injected tokens; the last token) and ``n`` texts:
-
-    * one array per name of :data:`companion.injection.metrics.METRIC_NAMES` (``projection``,
-      ``cos_delta_v``, ``delta_norm``, ``relative_size``, ``cos_inj_base``, ``norm_ratio``;
-      definitions in :func:`companion.injection.metrics.perturbation_metrics`), each
-      ``[n_l, n_s, L+1, G, n]`` float32; the mean over the injected tokens ignores undefined
-      (NaN) values.  For layers before the injection layer the runs coincide (``delta = 0``).
-    * ``magnitude`` ``[n_l, n_s]`` -- the injected norm ``c``; ``projection / c`` is 1 at injection.
-    * ``median_norm`` ``[L+1]``; ``layers``; ``scales``.
-    * causal LMs only: ``kl_last`` ``[n_l, n_s, n]`` --
-      :func:`companion.injection.metrics.next_token_kl` at the last token (nats), and
-      ``top1_changed`` (0/1) the same shape.
-
-    Schema 2 (this version) names the metrics as above; schema 1 called four of them ``proj``,
-    ``dist``, ``rel`` and ``cos`` and computed them in float32.
+    Result arrays: one per name of :data:`~companion.injection.metrics.METRIC_NAMES`, each
+    ``[n_layers, n_scales, L+1, 2, n_texts]`` float32 (groups :data:`TOKEN_GROUPS`; NaN-aware
+    mean over the injected tokens); ``magnitude`` ``[n_layers, n_scales]``, ``median_norm``,
+    ``layers``, ``scales``; causal LMs: ``kl_last`` and ``top1_changed``
+    ``[n_layers, n_scales, n_texts]``.
     """
 
     model: str = "smollm2-135m"
@@ -110,6 +94,7 @@ class InjectionSweepExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
+        """Run the sweep; returns the Result's arrays and scalars."""
         from companion.corpus import corpus_sentences
         from companion.transformers import models, readout
         from companion.injection.engine import sweep_injections

@@ -1,40 +1,20 @@
 """Experiment ``injection_window``: concept and random injections into a real model, per layer.
 
-One config -> one :class:`~companion.experiments.Result`.  The default config is the CPU-sized
-SmolLM2-135M run of the chapter *Injection in real Transformers*; :data:`CPU_CONFIGS` adds the
-MiniLM-L6 run, and :data:`GPU_CONFIGS` holds the same experiment for hub models of several
-depths (GPT-2 small -> xl, Pythia 70m -> 1.4b, two Llama-family models), for any CUDA machine
-with network access to the Hugging Face hub::
+The default config is the CPU-sized SmolLM2-135M run of the chapter *Injection in real
+Transformers*; :data:`CPU_CONFIGS` adds MiniLM-L6, and :data:`GPU_CONFIGS` holds hub models of
+several depths (``python -m companion run-suite injection-gpu``, or :func:`cli_command` per
+config; the chapter renders every stored one, :func:`gpu_results`).  One run builds
+``n_prompts`` two-sentence prompts (the first sentence injected), measures the typical norm
+``n_l`` per layer, and runs :func:`~companion.injection.engine.track_injection` for each concept
+vector and ``n_random`` random directions at ``layers``, with relative magnitudes
+``alpha * n_l`` and, if ``abs_scales``, absolute ones ``beta * n_ref`` (``n_ref`` the typical
+norm at ``abs_reference_fraction`` of the depth).
 
-    python -m companion run injection_window --model gpt2-xl --set n_prompts=32 ... \\
-        --device cuda --out companion/data/results
-
-(from a clone of the repository; :func:`cli_command` prints the exact command of each stored config, and
-``python -m companion run-suite injection-gpu`` runs them all, skipping those already stored.)  The chapter renders every stored GPU Result
-it finds (:func:`gpu_results`), labelled with the hardware and versions it ran on.
-
-What one run does
------------------
-1. ``n_prompts`` pairs of consecutive corpus sentences become two-segment prompts
-   (:func:`companion.injection.directions.make_prompts`): the first sentence is injected, the second is
-   never injected and ends with the last token.
-2. The typical residual norm ``n_l`` (median over the injected positions) is measured per layer.
-3. Directions: one concept vector per name in ``concepts`` (:data:`companion.injection.directions.CONCEPTS`,
-   read at every layer) and ``n_random`` random unit vectors.
-4. For every direction, :func:`companion.injection.engine.track_injection` at the injection layers
-   ``layers`` with relative magnitudes ``rel_scales`` (the added vector is ``alpha * n_l * v``)
-   and, if ``abs_scales`` is not empty, with absolute magnitudes ``c = beta * n_ref`` equal at
-   every layer (``n_ref`` the typical norm at ``abs_reference_fraction`` of the depth, the way a
-   fixed coefficient is used in the literature).
-
-Result arrays (``D`` directions, ``n_inj`` layers, ``S`` magnitudes, ``B`` prompts, 3 position
-groups, 6 metrics in the order of :data:`companion.injection.metrics.METRIC_NAMES`):
-``<direction>_<rel|abs>_metrics`` ``[n_inj, S, L+1, B, 3, 6]`` (float32),
-``<direction>_<rel|abs>_effect`` ``[n_inj, S, B]``, ``<direction>_<rel|abs>_coefficient``
-``[n_inj, S]``, ``layers``, ``typical_norm`` ``[L+1]``, ``concept_norm`` ``[len(concepts), L+1]``
-(length of the raw difference of means), ``concept_cos_random`` ``[len(concepts), L+1]``
-(cosine between each concept vector and the first random direction).  Scalars: ``directions``,
-``modes``, ``effect_name``, ``abs_reference_layer``, ``n_prompts`` and the model's description.
+Result arrays: ``<direction>_<rel|abs>_metrics`` ``[n_inj, S, L+1, B, 3, 6]`` (metrics of
+:data:`~companion.injection.metrics.METRIC_NAMES`), ``<direction>_<rel|abs>_effect``
+``[n_inj, S, B]``, ``<direction>_<rel|abs>_coefficient`` ``[n_inj, S]``, ``layers``,
+``typical_norm``, ``concept_norm``, ``concept_cos_random``; read them with :func:`tracks`,
+:func:`window_summary` and :func:`mean_window`.
 """
 
 from __future__ import annotations
@@ -71,12 +51,20 @@ __all__ = [
 
 
 def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
-    """The field checks the injection configs share (``injection_window``, ``injection_success``).
+    """Field checks shared by the injection configs: counts >= ``minimum``, known distinct concepts, layers.
 
-    ValueError unless every field named in ``minimum`` (and ``min_words``, ``max_words``,
-    ``max_length``, ``max_batch_tokens``) is at least its value, ``max_words >= min_words``,
-    ``concepts`` are distinct names of :data:`companion.injection.directions.CONCEPTS` (word concepts if
-    ``word_concepts``) and ``layers`` is a valid layer list.
+    Parameters
+    ----------
+    config : InjectionWindowExperiment or InjectionSuccessExperiment
+    minimum : dict of str to int
+        Lower bounds of extra fields.
+    word_concepts : bool
+        Only word concepts are allowed.
+
+    Raises
+    ------
+    ValueError
+        If a check fails.
     """
     from companion.injection.directions import CONCEPTS
 
@@ -97,10 +85,19 @@ def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
 
 
 def model_and_prompts(config, device) -> tuple:
-    """What both injection experiments start from: ``config`` validated, its model loaded, its
-    prompts built (:func:`companion.injection.directions.make_prompts` from ``2 * n_prompts`` corpus
-    sentences): ``(model, layers, prompts, base)``, ``layers`` the injection layers (all if
-    ``config.layers`` is empty) and ``base`` the baseline residual stream ``[L+1, B, T, d]``."""
+    """Validate ``config``, load its model and build its prompts (both injection experiments).
+
+    Parameters
+    ----------
+    config : InjectionWindowExperiment or InjectionSuccessExperiment
+    device : str or torch.device
+
+    Returns
+    -------
+    tuple
+        ``(model, layers, prompts, base)``: the injection layers (all if empty) and the baseline
+        stream ``[L+1, B, T, d]``.
+    """
     from companion.injection import directions as dr
     from companion.transformers import models
     from companion.transformers import stream
@@ -147,8 +144,7 @@ class InjectionWindowExperiment:
     seed : int
         Seed of the random directions.
     dtype : str
-        Weights' type (``"float32"``; half precision would add noise at the level of small
-        perturbations, so it is not recommended here).
+        Weights' type.
     max_batch_tokens : int
         Memory bound of the sweep (:func:`companion.injection.engine.sweep_injections`).
     """
@@ -174,8 +170,7 @@ class InjectionWindowExperiment:
         Raises
         ------
         ValueError
-            For non-positive counts, scales or fractions outside ``[0, 1]``, unknown concepts,
-            repeated or negative layers, or no direction at all.
+            Invalid counts, scales, fraction, concepts or layers, or no direction at all.
         """
         check_fields(self, {"n_prompts": 1, "n_random": 0})
         if not self.rel_scales:
@@ -246,14 +241,10 @@ class InjectionWindowExperiment:
         return out
 
 
-#: Hahami et al.'s released last-token measurement (Llama-3.1-8B-Instruct, 32 pre-norm blocks;
-#: concept "Dust" added with coefficient 6 to the output of decoder layer 2 over one sentence;
-#: 15 trials; ``exp4_residual_tracking.pt`` of github.com/elyhahami18/llama-introspection-new,
-#: read for the book's literature notes): ``layer`` is their decoder-layer index ``k`` (the
-#: output of block ``k``, stream ``k + 1`` here), ``fraction`` is ``(k + 1) / 32``; ``cos`` is
-#: cos(h~, h) at the last token (the value at layer 19 stands for "about 0.50 at layers 17-21");
-#: ``norm_ratio`` and ``projection`` are the ranges over layers (the projection in the units of
-#: the stream, for a coefficient 6).
+#: Hahami et al.'s released last-token measurement (Llama-3.1-8B-Instruct, concept "Dust",
+#: coefficient 6 at decoder layer 2; ``exp4_residual_tracking.pt`` of
+#: github.com/elyhahami18/llama-introspection-new): ``layer`` their decoder index ``k`` (stream
+#: ``k + 1`` here), ``cos`` at the last token, ``norm_ratio`` and ``projection`` ranges over layers.
 HAHAMI_LAST_TOKEN: dict = {
     "model": "Llama-3.1-8B-Instruct",
     "n_layers": 32,
@@ -287,9 +278,8 @@ def _gpu(model: str) -> InjectionWindowExperiment:
     )
 
 
-#: The GPU-scale runs: every layer, 32 prompts, two concepts and two random directions, for hub
-#: models of several depths.  Run them with ``python -m companion run-suite injection-gpu`` (or :func:`cli_command`) on a CUDA
-#: machine that can reach the Hugging Face hub; commit ``companion/data/results/injection_window/``.
+#: The GPU-scale runs (every layer, 32 prompts, two concepts, two random directions) of hub
+#: models of several depths: ``python -m companion run-suite injection-gpu``.
 GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
     name: _gpu(name)
     for name in (
@@ -306,8 +296,23 @@ GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
 # reading Results
 # ============================================================================================
 def scale_index(result, key: str, scale) -> int:
-    """The index of ``scale`` in the array ``<key>_scales`` of a Result (``injection_window``:
-    ``key`` a mode; ``injection_success``: a group); ValueError if it was not run."""
+    """Index of ``scale`` in the Result's ``<key>_scales`` (a mode or a group).
+
+    Parameters
+    ----------
+    result : Result
+    key : str
+    scale : float
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        If ``scale`` was not run.
+    """
     scale = check_real(scale, "scale", lo=0.0, lo_open=True)
     given = np.asarray(result.arrays[f"{key}_scales"], dtype=np.float64)
     hit = np.nonzero(np.isclose(given, scale, rtol=1e-12, atol=0.0))[0]
@@ -341,10 +346,8 @@ def tracks(result) -> dict:
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``injection_window``.
-    ValueError
-        If it lacks an array.
+    TypeError, ValueError
+        Another experiment's Result; a missing array.
 
     Examples
     --------
@@ -387,30 +390,24 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     result : Result
         Of the ``injection_window`` experiment.
     scale : float, default 0.5
-        The relative magnitude ``alpha`` (``mode="rel"``) or the multiple ``beta`` of ``n_ref``
-        (``mode="abs"``) whose effects define the window; must be one of the config's.
+        A magnitude the config ran (``alpha`` or ``beta``, by ``mode``).
     threshold : float, default 0.5
-        Relative threshold :math:`\tau` of :func:`companion.injection.metrics.effect_window`
-        (contiguous run around the best layer).
+        Relative threshold of :func:`~companion.injection.metrics.effect_window`.
     mode : {"rel", "abs"}
     contiguous : bool, default True
-        Passed to :func:`companion.injection.metrics.effect_window`: the run of consecutive tested
-        layers around the best one, or (``False``) every layer that reaches the threshold.
+        As in :func:`~companion.injection.metrics.effect_window`.
 
     Returns
     -------
     list of dict
-        Keys ``model``, ``placement``, ``norm``, ``n_layers``, ``direction``, ``layers`` (the
-        window's injection layers), ``best``, ``first``, ``last``, ``best_fraction``,
-        ``first_fraction``, ``last_fraction``, ``size_fraction``, ``max_effect``, ``effect_name``,
+        The model's description, ``direction``, the window (``layers``, ``best``, ``first``,
+        ``last`` and their fractions, ``size_fraction``), ``max_effect``, ``effect_name``,
         ``device``, ``versions``.
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``injection_window`` or ``contiguous`` is not a bool.
-    ValueError
-        For an unknown mode, or a scale the config did not run.
+    TypeError, ValueError
+        Another experiment's Result, a non-bool ``contiguous``; an unknown mode or scale.
 
     Examples
     --------
@@ -449,18 +446,12 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
     Returns
     -------
     companion.injection.metrics.Window
-        :func:`companion.injection.metrics.effect_window` (contiguous, relative threshold) of
-        :math:`\bar E(\ell)`, the mean over directions of the prompt-averaged effect.
+        The window of the mean effect over directions (less prompt noise at the edges).
 
     Raises
     ------
     TypeError, ValueError
         As :func:`window_summary`.
-
-    Notes
-    -----
-    Averaging over directions (concept and random) before thresholding reduces the prompt noise
-    that makes the edges of a flat effect curve jump from one direction to the next.
 
     Examples
     --------
@@ -482,13 +473,12 @@ def gpu_results(configs: dict | None = None, folder=None) -> dict:
     configs : dict of str to InjectionWindowExperiment, optional
         Default :data:`GPU_CONFIGS`.
     folder : path, optional
-        Default :func:`companion.experiments.stored_root` (``companion/data/results``).
+        Default :func:`~companion.experiments.stored_root`.
 
     Returns
     -------
     dict of str to Result
-        Only configs whose stored Result exists and matches the config hash and schema; a
-        stale file is skipped (the chapter never shows numbers computed by other code).
+        Only configs with a stored Result of matching hash and schema.
 
     Raises
     ------
@@ -511,13 +501,12 @@ def cli_command(config, device: str = "cuda", out: str = "companion/data/results
     config : InjectionWindowExperiment
     device : str, default "cuda"
     out : str, default "companion/data/results"
-        The stored Results folder of a clone of the repository, where the chapter finds them.
+        The stored Results folder of a clone.
 
     Returns
     -------
     str
-        One command line; every field that differs from the default is passed with ``--set``,
-        so the CLI builds a config with the same hash.
+        One command line; every non-default field is passed with ``--set`` (same config hash).
 
     Raises
     ------

@@ -1,13 +1,10 @@
 """The ``massive_ablation`` experiment: Sun et al.'s zero-versus-mean ablation of a massive activation.
 
-For corpus sentences, reads one channel at the first token at every layer
-(:func:`companion.outliers.massive_activations.first_token_profile`), then runs the model three times --
-untouched, with :math:`h_\\ell[0, j] = 0`, and with :math:`h_\\ell[0, j]` set to its mean over a
-disjoint calibration set of sentences -- and stores the per-prompt next-token loss and the
-per-prompt, per-block attention weight on the first token
-(:func:`companion.outliers.massive_activations.ablate_activation`)::
-
-    python -m companion run massive_ablation --model smollm2-135m --out companion/data/results
+Reads one channel at the first token at every layer
+(:func:`~companion.outliers.massive_activations.first_token_profile`), then runs the model
+untouched, with :math:`h_\\ell[0, j] = 0`, and with it set to its mean over calibration sentences
+(:func:`~companion.outliers.massive_activations.ablate_activation`): per-prompt loss and
+attention on the first token.
 """
 
 from __future__ import annotations
@@ -38,18 +35,14 @@ class MassiveAblationExperiment:
     layer : int
         Residual-stream layer :math:`h_\\ell` edited (the output of block :math:`\\ell - 1`).
     n_texts, n_calibration : int
-        Evaluation prompts (the first ``n_texts`` corpus sentences of ``min_words``-``max_words``
-        words) and the following ``n_calibration`` sentences, whose mean first-token value is
-        the "mean" arm.
+        Evaluation sentences, and the following calibration sentences (the "mean" arm's value).
     min_words, max_words, max_length, batch_size : int
     dtype : str
 
     Notes
     -----
-    Result arrays: ``first_values`` ``[L+1, n_texts]``, ``median_abs`` ``[L+1]``,
-    ``calibration_values`` ``[n_calibration]`` (at ``layer``), ``loss_none``, ``loss_zero``,
-    ``loss_mean`` ``[n_texts]``, ``sink_none``, ``sink_zero``, ``sink_mean`` ``[n_texts, L]``.
-    Scalars: ``mean_value``, ``emergence_layer`` (-1 if none) and the model's description.
+    Result arrays: ``first_values`` ``[L+1, n_texts]``, ``median_abs``, ``calibration_values``,
+    ``loss_<arm>`` ``[n_texts]`` and ``sink_<arm>`` ``[n_texts, L]`` per arm.
     """
 
     model: str = "smollm2-135m"
@@ -64,6 +57,7 @@ class MassiveAblationExperiment:
     dtype: str = "float32"
 
     def compute(self, device, progress):
+        """Run the three arms; returns the Result's arrays and scalars."""
         from companion.outliers import massive_activations as ma
         from companion.transformers import models
         from companion.corpus import corpus_sentences
@@ -89,14 +83,20 @@ class MassiveAblationExperiment:
 
 
 def profile_of(result):
-    """The :class:`companion.outliers.massive_activations.FirstTokenProfile` stored in a Result.
+    """The :class:`~companion.outliers.massive_activations.FirstTokenProfile` stored in a Result.
+
+    Parameters
+    ----------
+    result : Result
+
+    Returns
+    -------
+    companion.outliers.massive_activations.FirstTokenProfile
 
     Raises
     ------
-    TypeError
-        If ``result`` is not a Result of ``massive_ablation``.
-    ValueError
-        If an array is missing.
+    TypeError, ValueError
+        Another experiment's Result; a missing array.
     """
     from companion.outliers.massive_activations import FirstTokenProfile
 
@@ -106,7 +106,16 @@ def profile_of(result):
 
 
 def runs_of(result) -> dict:
-    """The three runs of a Result, ``{"none", "zero", "mean"} -> AblationRun``.
+    """The three runs of a Result.
+
+    Parameters
+    ----------
+    result : Result
+
+    Returns
+    -------
+    dict
+        ``{"none", "zero", "mean"} -> AblationRun``.
 
     Raises
     ------

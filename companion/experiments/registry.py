@@ -50,16 +50,12 @@ def register(name: str, schema: int = 1):
     Returns
     -------
     callable
-        The decorator; it returns the class unchanged, with ``experiment_name`` and
-        ``schema`` class attributes set.
+        The decorator; it sets the class attributes ``experiment_name`` and ``schema``.
 
     Raises
     ------
-    TypeError
-        If the class is not a frozen dataclass with a ``compute`` method, a field has no default,
-        or a field's type is not JSON-serialisable.
-    ValueError
-        If ``name`` is malformed or already registered to another class.
+    TypeError, ValueError
+        Not a frozen dataclass with ``compute`` and typed, defaulted fields; a malformed or taken name.
 
     Examples
     --------

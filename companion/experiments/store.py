@@ -1,31 +1,19 @@
 """The Result store: a Result is a JSON file and an ``.npz`` file, checksummed and written atomically.
 
-Where Results live
-------------------
-:func:`stored_root`: ``companion/data/results/``
-    Stored Results that chapters read (committed GPU runs, trained weights), installed with the
-    package as package data and found with :mod:`importlib.resources`.  Searched first.
-:func:`cache_root`: ``results/cache/`` (in a clone) or ``~/.cache/companion/results/cache/``
-    Everything computed locally (git-ignored).  New Results go here by default; never into
-    site-packages.
-Set ``$COMPANION_RESULTS`` to use another root folder: ``$COMPANION_RESULTS/stored`` and
-``$COMPANION_RESULTS/cache`` then replace both.
+Stored Results that chapters read live in :func:`stored_root` (``companion/data/results/``,
+package data, searched first); everything computed locally goes to :func:`cache_root`
+(``results/cache/`` in a clone, else ``~/.cache/companion/results/cache/``; never
+site-packages).  ``$COMPANION_RESULTS`` replaces both by its ``stored/`` and ``cache/``.
 
-Integrity
----------
-The JSON names the SHA-256 of the bytes of its ``.npz`` (``npz_sha256``) and, per array, a
-SHA-256 of its dtype, shape and values (``arrays.<key>.sha256``); :func:`load_result` checks
-both, and the declared shape and dtype, and raises :class:`CorruptResultError` for a truncated,
-empty, edited or mismatched file, or for a JSON that is not a Result.
-:func:`companion.experiments.run_cached` turns that into a recompute with a
-:class:`CorruptResultWarning`; ``python -m companion show`` into an error message.  A JSON without
-checksums (written before they existed) is still read, with the shape and dtype checks only;
-:func:`add_checksums` adds them without touching the arrays.  :func:`save_result` writes both files
-under unique temporary names in the target folder and publishes them (``.npz`` first, JSON last)
-under a per-Result lock file (``<hash>.lock``, removed when done), so that concurrent writers of
-one config, processes or threads, leave the complete pair of the last of them.  Readers create no
-lock: a pair replaced while it was being read fails its checksum, and :func:`load_result` waits for
-the writer and reads it again.
+Integrity: the JSON names the SHA-256 of its ``.npz`` bytes and of each array (dtype, shape,
+values); :func:`load_result` checks them and the declared shapes and dtypes, and raises
+:class:`CorruptResultError` for a damaged or mismatched pair (which
+:func:`~companion.experiments.run_cached` turns into a recompute with a
+:class:`CorruptResultWarning`).  A JSON without checksums is read with the other checks;
+:func:`add_checksums` adds them.  :func:`save_result` writes both files under unique temporary
+names and publishes them (``.npz`` first, JSON last) under a per-Result lock
+(``<hash>.lock``), so concurrent writers of one config leave the complete pair of the last;
+readers take no lock and re-read a pair replaced during the read.
 """
 
 from __future__ import annotations
@@ -65,17 +53,11 @@ class StaleResultWarning(UserWarning):
 
 
 class CorruptResultWarning(StaleResultWarning):
-    """A stored Result's files were damaged (unreadable, truncated, edited) and it was recomputed.
-
-    A subclass of :class:`StaleResultWarning`, so that a filter on that also covers this.
-    """
+    """A stored Result's files were damaged (unreadable, truncated, edited) and it was recomputed."""
 
 
 class CorruptResultError(ValueError):
     """The files at a Result path do not form a valid Result (see :func:`load_result`).
-
-    A subclass of ``ValueError``; the message names the file, what is wrong with it, and what
-    to do (delete both files, or recompute with ``force=True`` / ``--force``).
 
     Attributes
     ----------
@@ -148,10 +130,8 @@ def results_root() -> Path:
     Returns
     -------
     pathlib.Path
-        ``$COMPANION_RESULTS`` if set; else ``<repository>/results`` when the package runs from a
-        clone; else ``~/.cache/companion/results`` (an installed package never writes into
-        site-packages).  The stored Results are not below it unless ``$COMPANION_RESULTS`` is
-        set: use :func:`stored_root`.
+        ``$COMPANION_RESULTS`` if set; else ``<repository>/results`` in a clone; else
+        ``~/.cache/companion/results``.
     """
     env = os.environ.get("COMPANION_RESULTS")
     if env:
@@ -168,22 +148,19 @@ def cache_root() -> Path:
     Returns
     -------
     pathlib.Path
-        ``<results root>/cache`` (:func:`results_root`): ``results/cache`` in a clone (ignored
-        by git), ``~/.cache/companion/results/cache`` for an installed package, or
-        ``$COMPANION_RESULTS/cache``.
+        ``<results root>/cache`` (:func:`results_root`).
     """
     return results_root() / "cache"
 
 
 def stored_root() -> Path:
-    """Folder of the stored Results that chapters read; :func:`run_cached` looks here first.
+    """Folder of the stored Results that chapters read; :func:`~companion.experiments.run_cached` looks here first.
 
     Returns
     -------
     pathlib.Path
-        ``$COMPANION_RESULTS/stored`` if ``$COMPANION_RESULTS`` is set, else the package data
-        folder ``companion/data/results`` (installed with the package; in a clone, the folder
-        to which GPU runs are written with ``--out companion/data/results`` and committed).
+        ``$COMPANION_RESULTS/stored`` if set, else the package data folder
+        ``companion/data/results``.
     """
     if os.environ.get("COMPANION_RESULTS"):
         return results_root() / "stored"
@@ -207,7 +184,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     Parameters
     ----------
     name : str
-        A registered experiment name (:func:`experiment_names`).
+        A registered experiment name (:func:`~companion.experiments.registry.experiment_names`).
     root : path, optional
         Folder holding ``<name>/<hash>.json`` files (default :func:`stored_root`,
         ``companion/data/results``).
@@ -216,7 +193,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     -------
     list of Result
         Results of ``name`` whose schema matches the current code; others are skipped (they
-        would be recomputed by :func:`run_cached`, never shown).
+        would be recomputed by :func:`~companion.experiments.run_cached`, never shown).
 
     Raises
     ------
@@ -276,11 +253,7 @@ def _file_digest(path: Path) -> str:
 
 
 def _write_npz(fh, arrays: dict) -> None:
-    """Write ``arrays`` to ``fh`` as an ``.npz`` (deflated ``.npy`` members, no pickles).
-
-    Unlike :func:`numpy.savez_compressed` the bytes depend only on the arrays (fixed member
-    timestamps), and any identifier is a valid key (``file`` included).
-    """
+    """Write ``arrays`` to ``fh`` as an ``.npz`` whose bytes depend only on the arrays (no pickles)."""
     with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
         for key, value in arrays.items():
             info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -290,11 +263,7 @@ def _write_npz(fh, arrays: dict) -> None:
 
 
 def _temp_write(folder: Path, stem: str, suffix: str, write) -> Path:
-    """Write a new file with a unique name in ``folder`` via ``write(fh)``, flushed to disk.
-
-    The name is unique across processes and threads (a UUID); the permissions follow the umask
-    like any new file (``tempfile.mkstemp`` would make them private).
-    """
+    """Write a new file with a unique (UUID) name in ``folder`` via ``write(fh)``, flushed to disk."""
     tmp = folder / f".{stem}.{uuid.uuid4().hex}{suffix}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -332,13 +301,7 @@ def _acquire(lock: Path) -> int | None:
 
 @contextlib.contextmanager
 def _pair_lock(json_path: Path):
-    """Hold the write lock of one Result (``<hash>.lock`` beside it) while its pair is published.
-
-    Writers create the lock file, publish, and delete it before unlocking, so that none is left
-    behind; whoever locks a file checks that it is still the one at the path (a deleted lock is
-    never trusted).  Readers take no lock: when a read fails its checks, :func:`load_result`
-    waits for a writer that holds the lock, or sees that the files changed, and reads again.
-    """
+    """Hold the write lock of one Result (``<hash>.lock``, deleted before unlocking) while publishing."""
     if fcntl is None:  # pragma: no cover - Windows
         with _THREAD_LOCK:
             yield
@@ -369,14 +332,9 @@ def check_writable(folder: Path) -> None:
 
 
 def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
-    """Write ``result`` as JSON (metadata, config, scalars, checksums) + ``.npz`` (arrays).
+    """Write ``result`` as JSON (metadata, config, scalars, checksums) + ``.npz`` (arrays), atomically.
 
-    Both files are written under unique temporary names in the target folder, then published
-    with :func:`os.replace`, the ``.npz`` first and the JSON last (which names the SHA-256 of its
-    ``.npz``), while holding the Result's lock (``fcntl.flock``; where that is missing, only
-    threads of one process are serialised).  Of concurrent writers of one config (processes or
-    threads) the last leaves a complete pair; a reader that meets a half-published pair sees a
-    checksum mismatch and :func:`load_result` reads again.
+    See the module docstring for the publication order and the lock.
 
     Parameters
     ----------
@@ -397,7 +355,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     ValueError
         If an array name is not an identifier.
     OSError
-        If the folder cannot be written (:func:`run_cached` checks this before computing).
+        If the folder cannot be written (:func:`~companion.experiments.run_cached` checks this before computing).
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -517,13 +475,8 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
 def load_result(path: str | Path) -> Result:
     """Read and verify a Result written by :func:`save_result` (no pickles are loaded).
 
-    Checks that the JSON is a Result (fields present, with their types), that the ``.npz``
-    holds exactly the declared arrays with the declared shapes and dtypes, and -- when the JSON
-    records them (every Result saved since they were introduced) -- the SHA-256 of the ``.npz``
-    bytes and of each array.  A JSON without checksums is read with the other checks only
-    (see :func:`add_checksums`).  If a check fails while a writer is replacing the pair (its
-    lock file exists, or the files changed during the read), the pair is read again; readers
-    never create files, so read-only folders work.
+    Checks the JSON's fields and types, the declared arrays, shapes and dtypes, and the
+    checksums when recorded.  A pair that a writer replaces during the read is read again.
 
     Parameters
     ----------
@@ -570,10 +523,7 @@ _READ_ATTEMPTS = 50
 
 
 def _wait_for_writer(path: Path) -> bool:
-    """Wait until no writer holds the Result's lock; return whether one was there.
-
-    Only opens an existing lock file (read-only) and never creates one.
-    """
+    """Wait until no writer holds the Result's lock (never created here); return whether one was there."""
     if fcntl is None:  # pragma: no cover - Windows
         return False
     try:
@@ -604,9 +554,7 @@ def _pair_signature(path: Path) -> tuple:
 def add_checksums(path: str | Path) -> bool:
     """One-off migration: record the checksums in a Result JSON written before they existed.
 
-    Adds ``npz_sha256`` and the per-array ``sha256`` to the JSON (rewritten atomically, in the
-    format of :func:`save_result`); the ``.npz``, the config, its hash and every other field are
-    unchanged.  The arrays are first checked against the declared names, shapes and dtypes.
+    Only the JSON changes (rewritten atomically); the arrays are checked first.
 
     Parameters
     ----------

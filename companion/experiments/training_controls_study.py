@@ -1,32 +1,15 @@
 """Clipping and the mean-and-Frobenius regulariser, several seeds per arm, on trained TinyLMs.
 
-One byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed corpus (all
-paragraphs but the last 5%, which are held out) once per *arm* and *seed*.  An arm is one
-setting of :class:`companion.applications.training_controls.TrainingControls` (:data:`ARMS`):
-
-``"none"``         no clipping, no regulariser (the reference every other arm differs from in
-                   one control);
-``"fixed"``        the global gradient norm clipped at ``tau = 1``;
-``"tail"``         clipped at the sub-Gaussian tail threshold ``m + s sqrt(2 ln(1/delta))`` of
-                   the last 50 norms, ``delta = 0.01`` (:class:`~companion.applications.training_controls.TailClipper`);
-``"reg_vo"``       the note's regulariser on the attention value and output matrices,
-                   ``lambda_F = 1e-3``, ``lambda_mu = 10``;
-``"colmean_mlp"``  the column-mean penalty (``lambda_mu = 10``) on the MLP output matrices.
-
-Seed ``s`` sets both the initialisation (``StackConfig.seed``) and the order of the training
-windows, and is shared by all arms, so arms can be compared seed by seed (paired differences).
-Every run is measured on the held-out bytes: the loss, the clipping record, the column means of
-the regularised matrices, and the residual stream at every layer (:func:`~companion.
-training_controls.stream_drift`: channel means and standard deviations, the relative mean drift,
-and the per-channel peak ``max_t |x_tj| / rms_l``); during training, every ``probe_every`` steps,
-the largest channel peak of each layer on ``probe_windows`` held-out windows.  At step 0 (before
-training) the drift of each seed's initialisation is also recorded, with the column means of the
-MLP output matrices (and, separately, of the value and output matrices) set to zero.
-
-The chapter *Training controls* renders two regimes: :data:`SHORT` (100 steps at a peak rate of
-3e-3, the set-up of the applications chapter before this study) and the default (600 steps at
-1e-2: Adam without weight decay at a larger rate and longer, where channels with large peaks
-appear), stored as two Results :data:`LONG_CLIP` and :data:`LONG_REG` that :func:`merge_arms` joins.
+One byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed
+corpus (the last 5% of paragraphs held out) once per *arm* of :data:`ARMS` (``"none"``, the
+reference; ``"fixed"`` clipping at 1; ``"tail"`` sub-Gaussian tail clipping; ``"reg_vo"``, the
+regulariser on the attention value and output matrices; ``"colmean_mlp"``, the column-mean
+penalty on the MLP outputs) and *seed* (shared by all arms: paired differences).  Each run is
+measured on the held-out bytes (loss, clipping record, column means, the stream's channel
+statistics by :func:`~companion.applications.training_controls.stream_drift`, channel peaks
+every ``probe_every`` steps); each seed's initialisation is measured too.  The chapter
+*Training controls* renders :data:`SHORT` and the default regime, stored as :data:`LONG_CLIP`
+and :data:`LONG_REG`, joined by :func:`merge_arms`.
 """
 
 from __future__ import annotations
@@ -68,31 +51,27 @@ class TrainingControlsStudy:
 
     Parameters
     ----------
-    arms : tuple of str, default all of :data:`ARMS`
-    seeds : tuple of int, default (0, 1, 2, 3, 4)
-    d_model, n_layers, n_heads : int, default 48, 4, 4
-        Pre-LN TinyLM, LayerNorm, attention then ReLU MLP (width ``4 d``) in every block.
-    steps, batch_size, seq_len : int, default 600, 16, 64
-    lr : float, default 1e-2
-        Peak rate of Adam (``betas = (0.9, 0.95)``, no weight decay), linear warm-up over
-        ``warmup`` steps then cosine decay to a tenth.
-    warmup : int, default 60
-    dtype : {"float32", "float64"}, default "float32"
-        Training precision.  float64 costs about 2.5 times as much on a CPU; the long regime is
-        stored in float32 (a recomputation elsewhere differs in the last digits, far below the
-        spread between seeds), the short one in float64.
-    held_out : int, default 20
-        The last ``len(paragraphs) // held_out`` paragraphs are the held-out text.
-    eval_windows : int, default 64
-        Held-out windows of ``seq_len`` bytes for the stream statistics after training.
-    probe_every, probe_windows : int, default 50, 16
+    arms : tuple of str
+        Keys of :data:`ARMS`.
+    seeds : tuple of int
+    d_model, n_layers, n_heads : int
+        The Pre-LN TinyLM.
+    steps, batch_size, seq_len, warmup : int
+    lr : float
+        Peak rate of Adam (no weight decay), warm-up then cosine decay.
+    dtype : {"float32", "float64"}
+        Training precision.
+    held_out : int
+        The last ``len(paragraphs) // held_out`` paragraphs are held out.
+    eval_windows : int
+        Held-out windows for the stream statistics after training.
+    probe_every, probe_windows : int
         Channel peaks during training.
 
     Raises
     ------
     TypeError, ValueError
-        For an unknown arm, repeated arms or seeds, fewer than 2 seeds, non-positive sizes, a
-        bad rate or dtype.
+        Unknown or repeated arms, fewer than 2 distinct seeds, bad sizes, rate or dtype.
 
     Examples
     --------
@@ -174,16 +153,12 @@ def merge_arms(*results) -> tuple[list[str], dict]:
     arms : list of str
         The arms, in the order of the Results.
     arrays : dict
-        The per-(arm, seed) arrays of :data:`PER_ARM` concatenated along the arm axis; the
-        per-seed arrays (initialisation) and ``probe_steps`` from the first Result, after checking
-        that every Result agrees on them.
+        The :data:`PER_ARM` arrays concatenated along the arm axis; the others, checked equal.
 
     Raises
     ------
-    TypeError
-        If an argument is not a Result of this experiment.
-    ValueError
-        If no Result is given, the configs differ in anything but ``arms``, or an arm repeats.
+    TypeError, ValueError
+        Not a Result of this experiment; none given, configs differing beyond ``arms``, a repeated arm.
     """
     from companion.experiments import Result
 
@@ -341,7 +316,17 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
 
 
 def tiny(**overrides) -> TrainingControlsStudy:
-    """A seconds-sized config for tests (two arms, two seeds, width 8)."""
+    """A seconds-sized config for tests (two arms, two seeds, width 8).
+
+    Parameters
+    ----------
+    **overrides
+        Fields to change.
+
+    Returns
+    -------
+    TrainingControlsStudy
+    """
     base = TrainingControlsStudy(arms=("none", "colmean_mlp"), seeds=(0, 1), d_model=8, n_layers=2,
                                  n_heads=2, steps=6, batch_size=2, seq_len=16, warmup=2,
                                  eval_windows=4, probe_every=3, probe_windows=2)
