@@ -510,16 +510,7 @@ def typical_norms(stream, mask) -> np.ndarray:
     >>> typical_norms(h, np.ones((1, 3), bool)).tolist()
     [2.0, 4.0]
     """
-    h = _to_numpy(stream, "stream")
-    mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
-    if mk.dtype != np.bool_:
-        raise TypeError(f"mask must be boolean, got dtype {mk.dtype}")
-    if h.ndim != 4 or mk.shape != h.shape[1:3]:
-        raise ValueError(f"stream must be [L+1, batch, tokens, d] and mask [batch, tokens]; got {h.shape} and {mk.shape}")
-    if not mk.any():
-        raise ValueError("mask selects no position")
-    norms = np.linalg.norm(h[:, mk], axis=-1)  # [L+1, n_selected]
-    return np.median(norms, axis=1)
+    return np.median(np.linalg.norm(_stream_and_mask(stream, mask)[0], axis=-1), axis=1)
 
 
 def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarray:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -43,8 +43,7 @@ from companion.injection import metrics as pt
 from companion._validation import check_bool, check_int, check_layer, check_real, is_int, is_real, real_array
 from companion.injection.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
 from companion.transformers.models import LoadedModel, check_model
-from companion.transformers.readout import logits_from_residual
-from companion.transformers.stream import ModelAdapter, residual_stream
+from companion.transformers.stream import ModelAdapter
 from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
@@ -500,8 +499,16 @@ def sweep_injections(
     check_int(max_batch_tokens, "max_batch_tokens", 1)
     if measure is not None and not callable(measure):
         raise TypeError("measure must be a callable measure(h_injected, h_base) or None")
+    sw = _sweep(ad, layers, vec, scales, ad.position_mask(positions), measure, max_batch_tokens)
+    if scalar:
+        return replace(sw, injected=sw.injected[:, 0], scales=scales[0])
+    return sw
 
-    sel = ad.position_mask(positions)
+
+def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tensor, measure,
+           max_batch_tokens: int) -> SweepResult:
+    """The engine of :func:`sweep_injections` on checked arguments (runs ``[layer, scale]``)."""
+    L = ad.n_layers
     base = ad.baseline
     batch, tokens = sel.shape
     selmask = sel.unsqueeze(-1).to(ad.dtype)
@@ -555,10 +562,9 @@ def sweep_injections(
                 if i < L and active:
                     h = ad.block(i, h, len(active))
 
-    shape = (len(layers),) if scalar else (len(layers), len(scales))
-    injected = out.reshape(*shape, *out.shape[1:])
+    injected = out.reshape(len(layers), len(scales), *out.shape[1:])
     return SweepResult(
-        layers=np.asarray(layers), scales=scales[0] if scalar else np.asarray(scales), n_layers=L,
+        layers=np.asarray(layers), scales=np.asarray(scales), n_layers=L,
         baseline=torch.stack(base), injected=injected, attention_mask=ad.attention_mask,
         injected_mask=sel,
     )
@@ -709,8 +715,7 @@ def sweep_stack_injections(
         return torch.from_numpy(np.stack([m[name][0] for name in pt.METRIC_NAMES]))[None]
 
     vectors = torch.stack([float(a) * v_t for a in amps])
-    sw = sweep_injections(ad, None, lay.tolist(), vectors, scale=[1.0], positions=positions,
-                         measure=measure)
+    sw = _sweep(ad, tuple(lay.tolist()), vectors, (1.0,), ad.position_mask(positions), measure, 1)
     got = sw.injected[:, 0].numpy()                       # [K, L+1, n_metric, B, T]
     metrics = {name: np.ascontiguousarray(got[:, :, i]) for i, name in enumerate(pt.METRIC_NAMES)}
     predicted = np.stack([pt.predicted_projection(factors, ell, amps[k] * mask_np[None, :])
@@ -823,18 +828,17 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     >>> tr.mean("relative_size", "last").shape                                                # doctest: +SKIP
     (3, 2, 31)
     """
-    check_model(m)
     if not isinstance(prompts, InjectionPrompts):
+        check_model(m)
         raise TypeError(f"prompts must come from companion.injection.directions.make_prompts, got {type(prompts).__name__}")
+    ad = ModelAdapter(m, prompts.encoding)  # the one check of the model
     relative = check_bool(relative, "relative")
     L, d = m.n_layers, m.d_model
     lay = list(_injection_layers(layers, L, m.name, increasing=True))
     unit = _unit_directions(directions, d, len(lay))
     sc = _check_scales(scales)
     if norms is None:
-        base = residual_stream(m, prompts.encoding)
-        norms = typical_norms(base, prompts.injected)
-        del base
+        norms = typical_norms(torch.stack(ad.baseline), prompts.injected)
     norms = real_array("norms", norms)
     if norms.shape != (L + 1,) or np.any(norms <= 0):
         raise ValueError(f"norms must be {L + 1} positive numbers (one per layer), got shape {norms.shape}")
@@ -855,6 +859,8 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     n_inj, n_sc = len(lay), len(sc)
     rows = torch.zeros(n_inj, n_sc, B, d, dtype=torch.float64)  # output rows at layer L
 
+    v_hat = pt.unit_vectors(unit)[0]  # as perturbation_metrics normalises a direction
+
     def measure(h_inj, h_base, layer, conditions):
         # conditions[k] = (index into lay, index into sc) of run k: each run is measured
         # against the direction it was injected along
@@ -862,10 +868,10 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         hi64 = hi.numpy()[None]  # one "layer" axis of K runs for perturbation_metrics
         hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]
         cond = conditions.cpu()
-        v = unit[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
-        met = pt.perturbation_metrics(hb64, hi64, v)
+        v = v_hat[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
+        met = pt._perturbation_metrics(hb64, hi64, v)
         if centre is not None:  # the same runs measured on h - mu_l
-            cen = pt.perturbation_metrics(hb64, hi64, v, centre[layer][None])
+            cen = pt._perturbation_metrics(hb64, hi64, v, centre[layer][None])
             met.update({k + "_centred": cen[k] for k in centred})
         if layer == L:
             row = hi[:, last] if causal else (hi * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
@@ -873,22 +879,23 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         return torch.from_numpy(np.stack([_group_means(met[name][0], groups)
                                           for name in names], -1))  # [K, B, 3, n_metric]
 
-    vecs = torch.from_numpy(factor[:, None] * unit)
-    sw = sweep_injections(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
-                                measure=measure, max_batch_tokens=max_batch_tokens)
+    vecs = ad.check_vector(torch.from_numpy(factor[:, None] * unit), len(lay), tuple(sc))
+    max_batch_tokens = check_int(max_batch_tokens, "max_batch_tokens", 1)
+    sw = _sweep(ad, tuple(lay), vecs, tuple(float(x) for x in sc), ad.position_mask(prompts.injected),
+                measure, max_batch_tokens)
     grouped = sw.injected.to(torch.float64).numpy()  # [n_inj, n_sc, L+1, B, 3, n_metric]
     hb = sw.baseline[L].detach().to("cpu", torch.float64)
     base_row = hb[last] if causal else (hb * mask[..., None]).sum(1) / mask.sum(1)[:, None]
     metrics = {name: np.ascontiguousarray(grouped[..., i]) for i, name in enumerate(names)}
     if causal:
-        lb = logits_from_residual(m, base_row.to(torch.float32))
+        lb = ad.logits(base_row.to(torch.float32))
         effect = np.empty((n_inj, n_sc, B))
         for j in range(n_inj):
-            li = logits_from_residual(m, rows[j].to(torch.float32))  # [n_sc, B, vocab]
-            effect[j] = pt.next_token_kl(lb.expand_as(li), li)
+            li = ad.logits(rows[j].to(torch.float32))  # [n_sc, B, vocab]
+            effect[j] = pt._next_token_kl(lb.expand_as(li).detach().cpu().double(), li.detach().cpu().double())
         name = "kl_last"
     else:
-        effect = pt.embedding_change(base_row.expand_as(rows), rows)
+        effect = pt._embedding_change(base_row.expand_as(rows).numpy(), rows.numpy())
         name = "embedding_change"
     return SweepResult(
         layers=np.asarray(lay), scales=sc, n_layers=L, baseline=sw.baseline,

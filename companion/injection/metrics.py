@@ -220,7 +220,12 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
         if mu.shape != (shape[0], shape[-1]):
             raise ValueError(f"centre must have shape [L+1, d] = {(shape[0], shape[-1])}, got {mu.shape}")
         check_finite(mu, "centre")
+    return _perturbation_metrics(base, inj, v_hat, mu)
 
+
+def _perturbation_metrics(base, inj, v_hat: np.ndarray, mu: np.ndarray | None = None) -> dict:
+    """:func:`perturbation_metrics` of checked inputs (``v_hat`` unit, ``mu`` float64 or None)."""
+    shape = tuple(base.shape)
     out = {k: np.empty(shape[:-1], dtype=np.float64) for k in METRIC_NAMES}
     with np.errstate(invalid="ignore", divide="ignore"):
         for layer in range(shape[0]):  # one layer at a time: bounded float64 temporaries
@@ -902,6 +907,13 @@ def next_token_kl(logits_base, logits_inj) -> np.ndarray:
         raise ValueError(f"logits_base has shape {tuple(a.shape)} but logits_inj has {tuple(b.shape)}")
     if a.ndim == 0 or a.shape[-1] == 0:
         raise ValueError("logits must have a non-empty last (vocabulary) axis")
+    return _next_token_kl(a, b)
+
+
+def _next_token_kl(a, b) -> np.ndarray:
+    """:func:`next_token_kl` of two float64 CPU tensors of one shape."""
+    import torch
+
     la = torch.log_softmax(a, dim=-1)
     lb = torch.log_softmax(b, dim=-1)
     terms = la.exp() * (la - lb)
@@ -949,6 +961,11 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
         raise ValueError(f"e_base has shape {a.shape} but e_inj has {b.shape}")
     if a.ndim == 0 or a.shape[-1] == 0:
         raise ValueError("embeddings must have a non-empty last axis")
+    return _embedding_change(a, b)
+
+
+def _embedding_change(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`embedding_change` of two float64 arrays of one shape."""
     # divide each vector by a power of two near its largest entry (exact): the norms neither
     # overflow (entries near 1e200 gave cos = 0) nor underflow (near 1e-200: "zero vector")
     a, b = (np.ldexp(x, -np.frexp(np.max(np.abs(x), axis=-1, keepdims=True))[1]) for x in (a, b))
