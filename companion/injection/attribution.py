@@ -50,9 +50,7 @@ __all__ = [
 STAGES = {"pre": ("attn", "mlp"), "post": ("attn", "ln1", "mlp", "ln2")}
 
 
-# --------------------------------------------------------------------------------------------
-# LayerNorm's first-order response along a direction
-# --------------------------------------------------------------------------------------------
+# --- LayerNorm's first-order response along a direction
 def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     r"""First-order response of a LayerNorm, read along :math:`\hat v`.
 
@@ -143,9 +141,7 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     return factor, response
 
 
-# --------------------------------------------------------------------------------------------
-# the result
-# --------------------------------------------------------------------------------------------
+# --- the result
 @dataclass(frozen=True)
 class Attribution:
     r"""The projection of an injected direction, stage by stage, per direction, prompt and group.
@@ -256,9 +252,7 @@ class Attribution:
                     "jacobian": self.ln_jacobian[idx, :, g].sum(axis=(0, 1)) / den}
 
 
-# --------------------------------------------------------------------------------------------
-# the computation
-# --------------------------------------------------------------------------------------------
+# --- the computation
 def _sublayers(m):
     """Per block, the modules to hook: pre -> (attn, mlp); post -> (LN1, LN2)."""
     out = []
@@ -351,10 +345,11 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     >>> a = attribute_injection(m, p, 3, V, alpha=0.1)                       # doctest: +SKIP
     >>> a.totals("injected")["mlp"].mean()                                   # doctest: +SKIP
     """
-    check_model(m)
     if not isinstance(prompts, InjectionPrompts):
+        check_model(m)
         raise TypeError(f"prompts must be InjectionPrompts from directions.make_prompts, got "
                         f"{type(prompts).__name__}")
+    ad = ModelAdapter(m, prompts.encoding)  # the one check of the model
     L = m.n_layers
     layer = check_layer(layer, L, m.name)
     if layer == L:
@@ -367,7 +362,6 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     B = prompts.batch
     if batch_rows < 2 * B:
         raise ValueError(f"batch_rows must be >= 2 * batch = {2 * B} (baseline + one direction)")
-    ad = ModelAdapter(m, prompts.encoding)
     if tuple(ad.attention_mask.shape) != tuple(prompts.injected.shape):
         raise ValueError("prompts do not match the model's encoding; build them with "
                          "make_prompts(m, ...)")

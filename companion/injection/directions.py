@@ -79,9 +79,7 @@ __all__ = [
 GROUPS = ("injected", "later", "last")
 
 
-# --------------------------------------------------------------------------------------------
-# concept sets
-# --------------------------------------------------------------------------------------------
+# --- concept sets
 @dataclass(frozen=True)
 class ConceptSet:
     """Two sets of texts whose difference of mean activations defines a concept direction.
@@ -164,9 +162,7 @@ CONCEPTS: dict[str, ConceptSet] = {
 }
 
 
-# --------------------------------------------------------------------------------------------
-# argument checks
-# --------------------------------------------------------------------------------------------
+# --- argument checks
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -211,9 +207,7 @@ def _default_skip_first(m) -> bool:
     return m.kind == "causal-lm"
 
 
-# --------------------------------------------------------------------------------------------
-# prompts
-# --------------------------------------------------------------------------------------------
+# --- prompts
 @dataclass(frozen=True)
 class InjectionPrompts:
     """Tokenised two-segment prompts and the position groups of the injection protocol.
@@ -325,9 +319,7 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
                             later=later, last=last)
 
 
-# --------------------------------------------------------------------------------------------
-# directions
-# --------------------------------------------------------------------------------------------
+# --- directions
 @dataclass(frozen=True)
 class ConceptVectors:
     """A concept direction read at every layer.
@@ -558,9 +550,7 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
     return v / np.linalg.norm(v)
 
 
-# --------------------------------------------------------------------------------------------
-# centred magnitudes, output readouts and null directions (the injection_success experiment)
-# --------------------------------------------------------------------------------------------
+# --- centred magnitudes, output readouts and null directions (the injection_success experiment)
 def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
     h = _to_numpy(stream, "stream")
     mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)

@@ -142,9 +142,7 @@ def _arity(fn) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-# --------------------------------------------------------------------------------------------
-# the one result type
-# --------------------------------------------------------------------------------------------
+# --- the one result type
 @dataclass(frozen=True)
 class SweepResult:
     """What every injection sweep returns: the streams, or the measurements you asked for.
@@ -570,9 +568,7 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
     )
 
 
-# --------------------------------------------------------------------------------------------
-# stacks: every metric per layer and position
-# --------------------------------------------------------------------------------------------
+# --- stacks: every metric per layer and position
 def sweep_stack_injections(
     model,
     inputs,
@@ -732,9 +728,7 @@ def sweep_stack_injections(
     )
 
 
-# --------------------------------------------------------------------------------------------
-# real models: metrics per position group, output effects
-# --------------------------------------------------------------------------------------------
+# --- real models: metrics per position group, output effects
 def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
     ok = groups[None] & np.isfinite(values)[:, None]  # [K, G, B, T]
