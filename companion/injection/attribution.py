@@ -23,12 +23,7 @@ from companion.transformers.hooks import hooks
 from companion.transformers.models import check_model
 from companion.transformers.stream import ModelAdapter
 
-__all__ = [
-    "STAGES",
-    "Attribution",
-    "attribute_injection",
-    "layernorm_response",
-]
+__all__ = ["STAGES", "Attribution", "attribute_injection", "layernorm_response"]
 
 #: Stage names per placement, in the order they act inside a block.
 STAGES = {"pre": ("attn", "mlp"), "post": ("attn", "ln1", "mlp", "ln2")}
@@ -85,13 +80,11 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     if d < 2:
         raise ValueError(f"x must have a last axis of length d >= 2, got shape {x.shape}")
     if dl.shape[-1] != d or vv.shape != (d,):
-        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); "
-                         f"got {dl.shape}, {vv.shape}")
+        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); got {dl.shape}, {vv.shape}")
     try:
         np.broadcast_shapes(x.shape, dl.shape)
     except ValueError:
-        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape "
-                         f"{x.shape}") from None
+        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape {x.shape}") from None
     nv = np.linalg.norm(vv)
     if nv == 0:
         raise ValueError("v must be a non-zero vector")
@@ -101,8 +94,7 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
         raise ValueError(f"weight must have shape ({d},), got {g.shape}")
     sigma = np.sqrt(np.var(x, axis=-1) + eps)
     if np.any(sigma == 0):
-        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable "
-                         "there")
+        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable there")
     z = (x - x.mean(-1, keepdims=True)) / sigma[..., None]
     gv = g * vv
     factor = (gv @ vv - gv.sum() * vv.sum() / d) / sigma
@@ -236,8 +228,7 @@ def _sublayers(m):
     out = []
     for i, b in enumerate(m.blocks):
         if m.placement == "pre":
-            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention")
-                         if hasattr(b, n)), None)
+            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention") if hasattr(b, n)), None)
             mlp = getattr(b, "mlp", None)
         else:
             self_out = getattr(getattr(b, "attention", None), "output", None)
@@ -320,8 +311,7 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     L = m.n_layers
     layer = check_layer(layer, L, m.name)
     if layer == L:
-        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes "
-                         "no block")
+        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes no block")
     V = _check_directions(directions, m.d_model, L, layer)
     if (scale is None) == (alpha is None):
         raise ValueError("give exactly one of scale (absolute c) and alpha (c = alpha * n_l)")
@@ -330,8 +320,7 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     if batch_rows < 2 * B:
         raise ValueError(f"batch_rows must be >= 2 * batch = {2 * B} (baseline + one direction)")
     if tuple(ad.attention_mask.shape) != tuple(prompts.injected.shape):
-        raise ValueError("prompts do not match the model's encoding; build them with "
-                         "make_prompts(m, ...)")
+        raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
     base = ad.baseline
     stack = torch.stack(base).to("cpu", torch.float64)
     n_ell = float(typical_norms(stack, prompts.injected.cpu())[layer])

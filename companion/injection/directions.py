@@ -270,8 +270,7 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
             )
     last = torch.zeros_like(content)
     last[torch.arange(content.shape[0]), last_idx] = True
-    return InjectionPrompts(texts=tuple(texts), encoding=dict(enc), injected=injected,
-                            later=later, last=last)
+    return InjectionPrompts(texts=tuple(texts), encoding=dict(enc), injected=injected, later=later, last=last)
 
 
 # --- directions

@@ -112,7 +112,7 @@ def _unit_directions(directions, d: int, n: int | None = None) -> np.ndarray:
     if dirs.shape != ((d,) if n is None else (n, d)):
         shapes = f"({d},)" + ("" if n is None else f" or ({n}, {d})")
         raise ValueError(f"{name} must have shape {shapes}, got {dirs.shape}")
-    unit, zero = pt.unit_vectors(dirs, flat=n is None)
+    unit, zero = pt._unit_vectors(dirs, flat=n is None)
     if np.any(zero):
         raise ValueError(f"{name} must be non-zero: a zero vector has no direction")
     return unit
@@ -382,17 +382,10 @@ class SweepResult:
             vals = self.metrics["relative_size"][keep, m]
             return lay[keep], vals[:, :, pos].mean(axis=(1, 2))
         raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
-def sweep_injections(
-    model,
-    inputs,
-    layers,
-    vector,
-    scale=1.0,
-    positions=None,
-    measure: Callable | None = None,
-    max_batch_tokens: int = 16384,
-    max_length: int | None = None,
-) -> SweepResult:
+
+
+def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, measure: Callable | None = None,
+                     max_batch_tokens: int = 16384, max_length: int | None = None) -> SweepResult:
     """Baseline run and one injected run per (layer, scale), sharing all common computation.
 
     Parameters
@@ -527,16 +520,8 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
 
 
 # --- stacks: every metric per layer and position
-def sweep_stack_injections(
-    model,
-    inputs,
-    layers=None,
-    scale: float = 0.1,
-    relative: bool = True,
-    direction=None,
-    positions=None,
-    seed: int = 0,
-) -> SweepResult:
+def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relative: bool = True, direction=None,
+                           positions=None, seed: int = 0) -> SweepResult:
     r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
 
     Parameters
@@ -770,7 +755,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     n_inj, n_sc = len(lay), len(sc)
     rows = torch.zeros(n_inj, n_sc, B, d, dtype=torch.float64)  # output rows at layer L
 
-    v_hat = pt.unit_vectors(unit)[0]  # as perturbation_metrics normalises a direction
+    v_hat = pt._unit_vectors(unit)[0]  # as perturbation_metrics normalises a direction
 
     def measure(h_inj, h_base, layer, conditions):
         # conditions[k] = (index into lay, index into sc) of run k: each run is measured

@@ -37,37 +37,16 @@ __all__ = [
     "Window",
     "effect_window",
     "predicted_window",
-    "unit_vectors",
 ]
 
 #: Keys of the dictionary returned by :func:`perturbation_metrics`, in a stable order: the
 #: metric vocabulary of every injection measurement (stacks, real models, experiments).
-METRIC_NAMES = (
-    "projection",
-    "cos_delta_v",
-    "delta_norm",
-    "relative_size",
-    "cos_inj_base",
-    "norm_ratio",
-)
+METRIC_NAMES = ("projection", "cos_delta_v", "delta_norm", "relative_size", "cos_inj_base", "norm_ratio")
 
 
 
-def unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``(v / ||v||, ||v|| == 0)`` along the last axis, safe for any magnitude (``flat``: one vector).
-
-    Parameters
-    ----------
-    v : numpy.ndarray, shape ``[..., d]``
-        The vectors.
-    flat : bool, default False
-        Treat ``v`` as one vector (``np.linalg.norm(v)``; may differ in the last bit).
-
-    Returns
-    -------
-    (numpy.ndarray, numpy.ndarray of bool)
-        The unit vectors and where the norm is zero.
-    """
+def _unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(v / ||v||, ||v|| == 0)`` along the last axis for any magnitude (``flat``: ``v`` is one vector)."""
     _, e = np.frexp(np.max(np.abs(v), axis=-1, keepdims=True))
     scaled = np.ldexp(v, -e)
     norm = np.linalg.norm(scaled) if flat else np.linalg.norm(scaled, axis=-1, keepdims=True)
@@ -137,9 +116,7 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     shape, ishape = tuple(base.shape), tuple(inj.shape)
     vv = as_float64(v, "v")
     if len(shape) < 2:
-        raise ValueError(
-            f"base must have shape [L+1, ..., d] (at least 2 dimensions), got shape {shape}"
-        )
+        raise ValueError(f"base must have shape [L+1, ..., d] (at least 2 dimensions), got shape {shape}")
     if ishape != shape:
         raise ValueError(f"inj has shape {ishape} but base has shape {shape}; they must match")
     if vv.ndim == 0 or vv.shape[-1] != shape[-1]:
@@ -160,7 +137,7 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
             f"shape {shape[1:]}; pass shape [d] or a per-position shape ending in d"
         ) from None
     check_finite(vv, "v")
-    v_hat, zero = unit_vectors(vv)
+    v_hat, zero = _unit_vectors(vv)
     if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
     mu = None
@@ -239,9 +216,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     if norm not in ("layernorm", "rmsnorm"):
         raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
     if arr.ndim == 0 or arr.shape[-1] < 2:
-        raise ValueError(
-            f"x must have a last axis of length d >= 2 (the features), got shape {arr.shape}"
-        )
+        raise ValueError(f"x must have a last axis of length d >= 2 (the features), got shape {arr.shape}")
     check_finite(arr, "x")
     with np.errstate(over="ignore", under="ignore"):
         if norm == "rmsnorm":
@@ -263,14 +238,8 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     return s
 
 
-def postln_contraction_factors(
-    ln_inputs,
-    eps: float = 0.0,
-    residual_scale: float = 1.0,
-    ln_weight=None,
-    v=None,
-    norm: str = "layernorm",
-) -> np.ndarray:
+def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: float = 1.0, ln_weight=None, v=None,
+                               norm: str = "layernorm") -> np.ndarray:
     r"""Per-layer factors by which Post-LN multiplies the component of a perturbation along ``v``.
 
     Parameters
@@ -313,9 +282,7 @@ def postln_contraction_factors(
     """
     u = as_float64(ln_inputs, "ln_inputs")
     if u.ndim < 2:
-        raise ValueError(
-            f"ln_inputs must have shape [L, ..., d] (at least 2 dimensions), got {u.shape}"
-        )
+        raise ValueError(f"ln_inputs must have shape [L, ..., d] (at least 2 dimensions), got {u.shape}")
     lam = check_real(residual_scale, "residual_scale")
     if lam <= 0:
         raise ValueError(f"residual_scale (lambda) must be > 0, got {lam}")
@@ -343,7 +310,7 @@ def postln_contraction_factors(
             f"ln_weight of shape {g.shape} does not broadcast to ln_inputs of shape {u.shape}; "
             "give it singleton axes for batch and tokens, e.g. [L, 1, 1, d]"
         ) from None
-    v_hat, zero = unit_vectors(vv, flat=True)
+    v_hat, zero = _unit_vectors(vv, flat=True)
     if zero:
         raise ValueError("v must be a non-zero vector")
     gain = np.sum(g * v_hat**2, axis=-1)  # v_hat' diag(gamma) v_hat, shape g.shape[:-1]
@@ -553,14 +520,8 @@ class Window:
         return [self.best_fraction, self.first_fraction, self.last_fraction, self.size_fraction]
 
 
-def effect_window(
-    effect,
-    layers=None,
-    n_layers: int | None = None,
-    threshold: float = 0.5,
-    relative: bool = True,
-    contiguous: bool = True,
-) -> Window:
+def effect_window(effect, layers=None, n_layers: int | None = None, threshold: float = 0.5, relative: bool = True,
+                  contiguous: bool = True) -> Window:
     r"""The window: injection layers whose output effect reaches a threshold.
 
     Parameters
@@ -652,10 +613,8 @@ def effect_window(
     )
 
 
-def predicted_window(
-    placement: str, n_layers: int, threshold: float = 0.5, factor: float | None = None,
-    c: float | None = None,
-) -> tuple[int, int]:
+def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, factor: float | None = None,
+                     c: float | None = None) -> tuple[int, int]:
     r"""Window of the readable projection predicted by the first-order laws, ``(first, last)``.
 
     Parameters
