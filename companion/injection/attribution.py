@@ -172,17 +172,47 @@ class Attribution:
         return idx
 
     def totals(self, group: str = "injected") -> dict:
-        """Sum over blocks of each stage's write, divided by :math:`c`: ``stage -> [n, batch]``.
+        """Sum over blocks of each stage's write divided by :math:`c` (negative values erase the direction).
 
-        Together with the start they telescope: ``stream[..., -1]/c = stream[..., 0]/c +
-        sum(totals)``.  Negative values erase the direction.
+        Parameters
+        ----------
+        group : str, default "injected"
+            A position group.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            ``stage -> [n, batch]``; with the start they telescope to the end projection.
+
+        Raises
+        ------
+        ValueError
+            For an unknown group.
         """
         g = self._g(group)
         w = self.writes[:, :, g].sum(axis=2) / self.scale
         return {s: w[..., k] for k, s in enumerate(self.stages)}
 
     def block_ratios(self, group: str = "injected", directions=None) -> np.ndarray:
-        """Measured :math:`p_{m+1}/p_m` per block, ratio of means over directions and prompts."""
+        """Measured :math:`p_{m+1}/p_m` per block, ratio of means over directions and prompts.
+
+        Parameters
+        ----------
+        group : str, default "injected"
+            A position group.
+        directions : int or sequence of int, optional
+            Direction indices (default all).
+
+        Returns
+        -------
+        numpy.ndarray, shape ``[L - ell]``
+            The ratios.
+
+        Raises
+        ------
+        ValueError
+            For an unknown group or bad indices.
+        """
         g, idx = self._g(group), self._dirs(directions)
         p = self.stream[idx, :, g].sum(axis=(0, 1))
         with np.errstate(divide="ignore", invalid="ignore"):

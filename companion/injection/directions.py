@@ -73,7 +73,13 @@ class ConceptSet:
     pool: str = "mean"
 
     def texts(self) -> tuple[list[str], list[str]]:
-        """The two lists of texts (words inserted into the template)."""
+        """The two lists of texts (words inserted into the template).
+
+        Returns
+        -------
+        (list of str, list of str)
+            The positive and the negative texts.
+        """
         if self.template is None:
             return list(self.positive), list(self.negative)
         return ([self.template.format(w) for w in self.positive],
@@ -622,8 +628,10 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
         Number of null vectors, >= 1.
     rng : None, int or numpy.random.Generator
         The random halves (default seed 0).
-    skip_first, max_length
-        As in :func:`concept_vectors`.
+    skip_first : bool or None
+        As in :func:`make_prompts`.
+    max_length : int or None
+        Truncation length.
 
     Returns
     -------

@@ -81,9 +81,7 @@ def adapt(model, inputs, max_length: int | None = None):
 
 
 def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> tuple:
-    """``layers`` (``"all"``, an integer or a sequence of integers in ``[0, L]``) as a tuple of
-    int: TypeError for a wrong type, ValueError if empty, out of range, repeated or (with
-    ``increasing``) not strictly increasing."""
+    """``layers`` (``"all"``, an int or ints in ``[0, L]``, distinct, with ``increasing`` increasing) as a tuple."""
     if isinstance(layers, str):
         if layers != "all":
             raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
@@ -103,8 +101,7 @@ def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> t
 
 
 def _unit_directions(directions, d: int, n: int | None = None) -> np.ndarray:
-    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all when ``n`` is given) divided by
-    their norms; ValueError for another shape, NaN/inf entries or a zero vector."""
+    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all) divided by their norms (non-zero)."""
     name = "direction" if n is None else "directions"
     dirs = real_array(name, directions)
     if n is not None and dirs.shape == (d,):
@@ -312,10 +309,14 @@ class SweepResult:
 
         Parameters
         ----------
-        threshold, relative, contiguous
+        threshold : float, default 0.5
             As in :func:`~companion.injection.metrics.effect_window`.
-        kind, positions
+        kind : str, optional
             As in :meth:`effect`.
+        positions : str, default "all"
+            As in :meth:`effect`.
+        relative, contiguous : bool, default True
+            As in :func:`~companion.injection.metrics.effect_window`.
         scale_index : int, default 0
             Which magnitude, when the sweep ran several.
 
@@ -400,7 +401,7 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
         One vector for every layer, or one per injection layer.
     scale : float or sequence of float
         Magnitude(s) ``c`` of the injected ``c * v``.
-    positions : None, sequence of int, or boolean ``[batch, tokens]``
+    positions : None, sequence of int, or bool array ``[batch, tokens]``
         Positions that receive the vector (:func:`companion.transformers.stream.position_mask`).
     measure : callable, optional
         ``measure(h_injected [K, batch, tokens, d], h_base) -> [K, ...]``, applied at every layer

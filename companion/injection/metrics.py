@@ -373,7 +373,7 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
 
 # --- the Pre-LN dilution law
 def fit_norm_growth(sq_norms) -> float:
-    r"""Least-squares slope :math:`c` of :math:`\|h_l\|^2/\|h_0\|^2 \approx 1 + c\,l` (through 1 at 0).
+    r"""Fit the slope :math:`c` of :math:`\|h_l\|^2/\|h_0\|^2 \approx 1 + c\,l` by least squares (through 1 at 0).
 
     Parameters
     ----------
