@@ -270,10 +270,8 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
         empty = ~mask.any(dim=1)
         if empty.any():
             row = int(torch.nonzero(empty)[0, 0])
-            raise ValueError(
-                f"prompt {row} has no {name} token after tokenisation/truncation "
-                f"({texts[row]!r}); use longer segments or a larger max_length"
-            )
+            raise ValueError(f"prompt {row} has no {name} token after tokenisation/truncation "
+                             f"({texts[row]!r}); use longer segments or a larger max_length")
     last = torch.zeros_like(content)
     last[torch.arange(content.shape[0]), last_idx] = True
     return InjectionPrompts(texts=tuple(texts), encoding=dict(enc), injected=injected, later=later, last=last)

@@ -591,10 +591,8 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     amps = scale * np.sqrt(sq[lay]) if relative else np.full(lay.size, scale)
     top = float(torch.finfo(ad.dtype).max)
     if not np.all(amps * float(v_t.abs().max()) <= top):
-        raise ValueError(
-            f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
-            f"of the stack's dtype {ad.dtype} (max {top:.4g}); use a smaller scale"
-        )
+        raise ValueError(f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
+                         f"of the stack's dtype {ad.dtype} (max {top:.4g}); use a smaller scale")
 
     # skip-path factors of the baseline: [L, B, T]
     lam = cfg.residual_scale

@@ -120,22 +120,16 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     if ishape != shape:
         raise ValueError(f"inj has shape {ishape} but base has shape {shape}; they must match")
     if vv.ndim == 0 or vv.shape[-1] != shape[-1]:
-        raise ValueError(
-            f"v must have last dimension d = {shape[-1]} (the width of the stream), "
-            f"got shape {vv.shape}"
-        )
+        raise ValueError(f"v must have last dimension d = {shape[-1]} (the width of the stream), "
+                         f"got shape {vv.shape}")
     if vv.ndim > len(shape) - 1:
-        raise ValueError(
-            f"v has {vv.ndim} dimensions but one layer of the stream has {len(shape) - 1}; "
-            "v must not add dimensions"
-        )
+        raise ValueError(f"v has {vv.ndim} dimensions but one layer of the stream has {len(shape) - 1}; "
+                         "v must not add dimensions")
     try:
         np.broadcast_shapes(vv.shape, shape[1:])
     except ValueError:
-        raise ValueError(
-            f"v of shape {vv.shape} does not broadcast to one layer of the stream, "
-            f"shape {shape[1:]}; pass shape [d] or a per-position shape ending in d"
-        ) from None
+        raise ValueError(f"v of shape {vv.shape} does not broadcast to one layer of the stream, "
+                         f"shape {shape[1:]}; pass shape [d] or a per-position shape ending in d") from None
     check_finite(vv, "v")
     v_hat, zero = _unit_vectors(vv)
     if np.any(zero):
@@ -299,17 +293,13 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     check_finite(vv, "v")
     check_finite(g, "ln_weight")
     if g.ndim == 0 or g.shape[-1] != d or g.ndim not in (1, u.ndim):
-        raise ValueError(
-            f"ln_weight must have shape [d] or as many axes as ln_inputs ({u.ndim}), ending "
-            f"in d = {d}, e.g. [L, 1, 1, d]; got {g.shape}"
-        )
+        raise ValueError(f"ln_weight must have shape [d] or as many axes as ln_inputs ({u.ndim}), ending "
+                         f"in d = {d}, e.g. [L, 1, 1, d]; got {g.shape}")
     try:
         np.broadcast_shapes(g.shape, u.shape)
     except ValueError:
-        raise ValueError(
-            f"ln_weight of shape {g.shape} does not broadcast to ln_inputs of shape {u.shape}; "
-            "give it singleton axes for batch and tokens, e.g. [L, 1, 1, d]"
-        ) from None
+        raise ValueError(f"ln_weight of shape {g.shape} does not broadcast to ln_inputs of shape {u.shape}; "
+                         "give it singleton axes for batch and tokens, e.g. [L, 1, 1, d]") from None
     v_hat, zero = _unit_vectors(vv, flat=True)
     if zero:
         raise ValueError("v must be a non-zero vector")
@@ -360,10 +350,8 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     try:
         p0 = np.broadcast_to(p0, f.shape[1:])
     except ValueError:
-        raise ValueError(
-            f"initial of shape {np.shape(p0)} does not broadcast to the per-layer shape "
-            f"{f.shape[1:]}"
-        ) from None
+        raise ValueError(f"initial of shape {np.shape(p0)} does not broadcast to the per-layer shape "
+                         f"{f.shape[1:]}") from None
     out = np.zeros((n_layers + 1,) + f.shape[1:], dtype=np.float64)
     out[ell] = p0
     if ell < n_layers:
@@ -413,10 +401,8 @@ def fit_norm_growth(sq_norms) -> float:
     with np.errstate(over="ignore", invalid="ignore"):
         c = float(np.sum(layers * (r / r[0] - 1.0)) / np.sum(layers**2))
     if not np.isfinite(c):
-        raise ValueError(
-            f"the growth slope exceeds the float64 range (sq_norms[0] = {r[0]:.4g}, max "
-            f"{r.max():.4g}); the ratios ||h_l||^2/||h_0||^2 overflow"
-        )
+        raise ValueError(f"the growth slope exceeds the float64 range (sq_norms[0] = {r[0]:.4g}, max "
+                         f"{r.max():.4g}); the ratios ||h_l||^2/||h_0||^2 overflow")
     return c
 
 
