@@ -5,7 +5,7 @@ rest of the model and keeps the injected streams, or with a ``measure`` only wha
 The model is seen through an adapter (:func:`adapt`):
 :class:`companion.stacks.tinylm.StackAdapter` for a stack,
 :class:`companion.transformers.stream.ModelAdapter` for a real Transformer; the adapter checks
-the model once, and every function here accepts it.  A run injected at ``l`` starts from the
+the model once (validate once), and :func:`sweep_injections` takes it as it is.  A run injected at ``l`` starts from the
 baseline's ``h_l`` and replays only blocks ``l .. L-1`` (about half a forward per layer,
 ``benchmarks/bench_probes.py``).
 
