@@ -4,10 +4,10 @@
 rest of the model and keeps the injected streams, or with a ``measure`` only what you ask for.
 The model is seen through an adapter (:func:`adapt`):
 :class:`companion.stacks.tinylm.StackAdapter` for a stack,
-:class:`companion.transformers.stream.ModelAdapter` for a real Transformer; the adapter checks
-the model once (validate once), and :func:`sweep_injections` takes it as it is.  A run injected at ``l`` starts from the
-baseline's ``h_l`` and replays only blocks ``l .. L-1`` (about half a forward per layer,
-``benchmarks/bench_probes.py``).
+:class:`companion.transformers.stream.ModelAdapter` for a real Transformer.  The adapter checks
+the model once (validate once) and :func:`sweep_injections` takes it as it is.  A run injected
+at ``l`` starts from the baseline's ``h_l`` and replays only blocks ``l .. L-1`` (about half a
+forward per layer, ``benchmarks/bench_probes.py``).
 
 * :func:`sweep_injections`, :func:`adapt`: the engine.
 * :func:`sweep_stack_injections`: every metric of a stack per layer and position, the output
