@@ -1,29 +1,13 @@
 r"""Where an injected direction goes: its projection split over the sublayers of every block.
 
-An injection adds :math:`c\hat v` to :math:`h_\ell` at the injected tokens
-(:mod:`companion.injection.directions`); :func:`attribute_injection` runs the baseline and the injected
-model together (one batch, the blocks before :math:`\ell` never recomputed:
-:class:`companion.transformers.stream.ModelAdapter`) with hooks (:func:`companion.transformers.hooks.hooks`) on the
-sublayers of every block :math:`m\ge\ell`, and records, per position group
-(:data:`companion.injection.directions.GROUPS`), the projection on :math:`\hat v` of the change
-:math:`\delta` after every *stage* of the block.
-
-Pre-norm (Llama, GPT-2, ...)
-    :math:`h_{m+1} = h_m + a_m + f_m` with :math:`a_m` the attention output and :math:`f_m`
-    the MLP output, so :math:`p_{m+1} - p_m = \hat v\cdot\Delta a_m + \hat v\cdot\Delta f_m`
-    exactly; stages ``("attn", "mlp")``.
-Post-norm (BERT, MiniLM)
-    :math:`u_1 = h_m + a_m`, :math:`x_1 = \mathrm{LN}_1(u_1)`, :math:`u_2 = x_1 + f_m`,
-    :math:`h_{m+1} = \mathrm{LN}_2(u_2)`; stages ``("attn", "ln1", "mlp", "ln2")``: attention
-    write, LN1 rescale, MLP write, LN2 rescale.  For each LayerNorm stage the result also holds
-    two predictions of its output projection from its input (:func:`layernorm_response`): the
-    *product rule* (the leading factor :math:`\hat v^\top\operatorname{diag}(\gamma)P\hat v/
-    \sigma` times the input projection, token by token) and the *first-order* response
-    :math:`\hat v^\top J\delta` to the whole measured input change.
-
-The identity :math:`p_{m+1} - p_m = \sum_{\text{stages}} w_{m,s}` is checked on every run
-(:attr:`Attribution.identity_error`).  :func:`companion.theory.bootstrap.bootstrap_ratio` gives intervals
-over directions and prompts.
+:func:`attribute_injection` runs the baseline and the injected model in one batch (blocks
+before :math:`\ell` never recomputed, :class:`companion.transformers.stream.ModelAdapter`)
+with hooks on the sublayers of every block :math:`m \ge \ell`, and records per position group
+the projection on :math:`\hat v` of the change after every *stage* (:data:`STAGES`):
+``("attn", "mlp")`` for a pre-norm block, ``("attn", "ln1", "mlp", "ln2")`` for a post-norm
+block, whose LayerNorm stages also get two predictions (:func:`layernorm_response`).  The
+identity :math:`p_{m+1} - p_m = \sum_s w_{m,s}` is checked on every run.  Chapter
+:doc:`/book/injection_real_models`.
 """
 
 from __future__ import annotations
@@ -39,71 +23,50 @@ from companion.transformers.hooks import hooks
 from companion.transformers.models import check_model
 from companion.transformers.stream import ModelAdapter
 
-__all__ = [
-    "STAGES",
-    "Attribution",
-    "attribute_injection",
-    "layernorm_response",
-]
+__all__ = ["STAGES", "Attribution", "attribute_injection", "layernorm_response"]
 
 #: Stage names per placement, in the order they act inside a block.
 STAGES = {"pre": ("attn", "mlp"), "post": ("attn", "ln1", "mlp", "ln2")}
 
 
-# --------------------------------------------------------------------------------------------
-# LayerNorm's first-order response along a direction
-# --------------------------------------------------------------------------------------------
+# --- LayerNorm's first-order response along a direction
 def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     r"""First-order response of a LayerNorm, read along :math:`\hat v`.
 
     Parameters
     ----------
     x : array_like or torch.Tensor, shape ``[..., d]``
-        LayerNorm inputs of the baseline run (``d >= 2``).
-    delta : array_like or torch.Tensor, shape ``[..., d]`` (broadcast with ``x``)
-        Changes of the inputs.
+        Baseline LayerNorm inputs, ``d >= 2``.
+    delta : array_like or torch.Tensor, shape ``[..., d]``
+        Changes of the inputs (broadcast with ``x``).
     v : array_like, shape ``[d]``
         The direction (normalised here).
     weight : array_like, shape ``[d]``, optional
-        The gain :math:`\gamma` (default all ones).
+        The gain :math:`\gamma` (default ones).
     eps : float, default 0.0
+        The LayerNorm ``eps``.
 
     Returns
     -------
     factor : numpy.ndarray, shape ``x.shape[:-1]``
-        The product-rule factor :math:`f = \hat v^\top\operatorname{diag}(\gamma)P\hat v/\sigma`.
-    response : numpy.ndarray, shape ``broadcast(x, delta).shape[:-1]``
-        :math:`\hat v^\top J\delta`, the first-order change of the output along :math:`\hat v`.
+        Product-rule factor :math:`\hat v^\top\operatorname{diag}(\gamma)P\hat v/\sigma`.
+    response : numpy.ndarray
+        :math:`\hat v^\top J\delta`, the first-order output change along :math:`\hat v`.
 
     Raises
     ------
     TypeError
-        Non-real inputs.
+        For non-real inputs.
     ValueError
-        Shapes that do not match, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
+        For mismatched shapes, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
 
     Notes
     -----
-    With :math:`\mu = \mathbf 1^\top x/d`,
-    :math:`\sigma = \sqrt{\operatorname{Var}(x)+\varepsilon}`,
-    :math:`P = I - \mathbf 1\mathbf 1^\top/d` and :math:`z = Px/\sigma`, LayerNorm
-    :math:`y = \gamma\odot z + \beta` has, since :math:`\partial\sigma/\partial x = Px/(d\sigma)`,
-
-    .. math:: J\delta = \frac{\gamma}{\sigma}\odot\Bigl(P\delta - \frac{z\,(z^\top\delta)}{d}\Bigr),
-
-    so :math:`\hat v^\top J\delta = \sigma^{-1}\bigl[(\gamma\odot\hat v)^\top P\delta -
-    (\gamma\odot\hat v)^\top z\;z^\top\delta/d\bigr]`.  For :math:`\delta = p\hat v` the first
-    term is :math:`p\,\hat v^\top\operatorname{diag}(\gamma)P\hat v/\sigma = p f`; the second is
-    of relative size :math:`|\hat v^\top z|^2/d` when :math:`\gamma` is constant (about
-    :math:`1/d` for a direction unrelated to the token).  The part of :math:`\delta` orthogonal
-    to :math:`\hat v` enters through :math:`\gamma\odot\hat v`: it vanishes for a constant
-    :math:`\gamma` (then :math:`\hat v^\top P\delta_\perp = -\bar\delta_\perp\,\mathbf
-    1^\top\hat v`, small) and is what breaks the product rule when :math:`\gamma` is uneven.
+    Derivation of the LayerNorm Jacobian: chapter :doc:`/book/layernorm_geometry`.
 
     Examples
     --------
-    >>> f, r = layernorm_response([1.0, -1.0, 1.0, -1.0], [0.1, -0.1, -0.1, 0.1],
-    ...                           [1.0, -1.0, -1.0, 1.0])
+    >>> f, r = layernorm_response([1.0, -1.0, 1.0, -1.0], [0.1, -0.1, -0.1, 0.1], [1.0, -1.0, -1.0, 1.0])
     >>> round(float(f), 6), round(float(r), 6)
     (1.0, 0.2)
     """
@@ -117,13 +80,11 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     if d < 2:
         raise ValueError(f"x must have a last axis of length d >= 2, got shape {x.shape}")
     if dl.shape[-1] != d or vv.shape != (d,):
-        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); "
-                         f"got {dl.shape}, {vv.shape}")
+        raise ValueError(f"delta must end in d = {d} and v have shape ({d},); got {dl.shape}, {vv.shape}")
     try:
         np.broadcast_shapes(x.shape, dl.shape)
     except ValueError:
-        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape "
-                         f"{x.shape}") from None
+        raise ValueError(f"delta of shape {dl.shape} does not broadcast to x of shape {x.shape}") from None
     nv = np.linalg.norm(vv)
     if nv == 0:
         raise ValueError("v must be a non-zero vector")
@@ -133,8 +94,7 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
         raise ValueError(f"weight must have shape ({d},), got {g.shape}")
     sigma = np.sqrt(np.var(x, axis=-1) + eps)
     if np.any(sigma == 0):
-        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable "
-                         "there")
+        raise ValueError("a row of x is constant and eps = 0: LayerNorm is not differentiable there")
     z = (x - x.mean(-1, keepdims=True)) / sigma[..., None]
     gv = g * vv
     factor = (gv @ vv - gv.sum() * vv.sum() / d) / sigma
@@ -143,9 +103,7 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     return factor, response
 
 
-# --------------------------------------------------------------------------------------------
-# the result
-# --------------------------------------------------------------------------------------------
+# --- the result
 @dataclass(frozen=True)
 class Attribution:
     r"""The projection of an injected direction, stage by stage, per direction, prompt and group.
@@ -153,31 +111,29 @@ class Attribution:
     Attributes
     ----------
     model : str
+        Model name.
     placement : {"pre", "post"}
-    layer : int
-        The injection layer :math:`\ell`; blocks :math:`m = \ell, \dots, L-1` are attributed.
-    n_layers : int
+        Norm placement.
+    layer, n_layers : int
+        Injection layer :math:`\ell` (blocks :math:`\ell .. L-1` are attributed) and depth ``L``.
     stages : tuple of str
         :data:`STAGES` of the placement.
     scale : float
-        :math:`c`, the size of the injected vector.
+        Size :math:`c` of the injected vector.
     alpha : float or None
-        :math:`c / n_\ell` when the magnitude was given relative to the typical norm.
+        :math:`c / n_\ell` for a relative magnitude.
     typical_norm : float
-        :math:`n_\ell` (median norm of :math:`h_\ell` at the injected tokens).
+        :math:`n_\ell`.
     directions : numpy.ndarray, shape ``[n, d]``
-        The unit directions injected (row :math:`\ell` of per-layer directions).
+        The unit directions injected.
     stream : numpy.ndarray, shape ``[n, batch, 3, L - ell + 1]``
-        :math:`p_m`, the mean over a group's tokens of :math:`\hat v\cdot\delta_m`, for
-        :math:`m = \ell, \dots, L`.
+        :math:`p_m`, group mean of :math:`\hat v\cdot\delta_m`.
     writes : numpy.ndarray, shape ``[n, batch, 3, L - ell, n_stages]``
-        The change of the projection made by each stage of each block.
+        The change of the projection made by each stage.
     ln_input, ln_rule, ln_jacobian : numpy.ndarray or None, shape ``[n, batch, 3, L - ell, 2]``
-        Post-norm only: per LayerNorm (LN1, LN2) the mean input projection, the product-rule
-        prediction of the output projection (mean over tokens of :math:`f_t p_t`) and the
-        first-order prediction (mean of :math:`\hat v^\top J\delta_t`).
+        Post-norm: per LayerNorm, input projection, product-rule and first-order predictions.
     identity_error : float
-        :math:`\max|p_{m+1} - p_m - \sum_s w_{m,s}|/c`; rounding only.
+        :math:`\max|p_{m+1} - p_m - \sum_s w_{m,s}|/c` (rounding only).
     """
 
     model: str
@@ -216,33 +172,73 @@ class Attribution:
         return idx
 
     def totals(self, group: str = "injected") -> dict:
-        """Sum over blocks of each stage's write, divided by :math:`c`: ``stage -> [n, batch]``.
+        """Sum over blocks of each stage's write divided by :math:`c` (negative values erase the direction).
 
-        Together with the start they telescope: ``stream[..., -1]/c = stream[..., 0]/c +
-        sum(totals)``.  Negative values erase the direction.
+        Parameters
+        ----------
+        group : str, default "injected"
+            A position group.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            ``stage -> [n, batch]``; with the start they telescope to the end projection.
+
+        Raises
+        ------
+        ValueError
+            For an unknown group.
         """
         g = self._g(group)
         w = self.writes[:, :, g].sum(axis=2) / self.scale
         return {s: w[..., k] for k, s in enumerate(self.stages)}
 
     def block_ratios(self, group: str = "injected", directions=None) -> np.ndarray:
-        """Measured :math:`p_{m+1}/p_m` per block, ratio of means over directions and prompts."""
+        """Measured :math:`p_{m+1}/p_m` per block, ratio of means over directions and prompts.
+
+        Parameters
+        ----------
+        group : str, default "injected"
+            A position group.
+        directions : int or sequence of int, optional
+            Direction indices (default all).
+
+        Returns
+        -------
+        numpy.ndarray, shape ``[L - ell]``
+            The ratios.
+
+        Raises
+        ------
+        ValueError
+            For an unknown group or bad indices.
+        """
         g, idx = self._g(group), self._dirs(directions)
         p = self.stream[idx, :, g].sum(axis=(0, 1))
         with np.errstate(divide="ignore", invalid="ignore"):
             return p[1:] / p[:-1]
 
     def ln_ratios(self, group: str = "injected", directions=None) -> dict:
-        """Post-norm: per LayerNorm, ``"measured"``, ``"rule"`` and ``"jacobian"`` ratios.
+        """Post-norm: per LayerNorm, ``"measured"``, ``"rule"`` and ``"jacobian"`` ratios ``[L - ell, 2]``.
 
-        Each is ``[L - ell, 2]`` (blocks x LN1/LN2): output projection over input projection,
-        ratio of means over the chosen directions and all prompts (NaN/inf where the input
-        projection is 0, e.g. at later tokens before attention has reached them).
+        Output over input projection, ratio of means over the chosen directions and all prompts.
+
+        Parameters
+        ----------
+        group : str, default "injected"
+            A position group.
+        directions : int or sequence of int, optional
+            Direction indices (default all).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            The three ratios (NaN/inf where the input projection is 0).
 
         Raises
         ------
         ValueError
-            For a pre-norm result (its residual stream is never normalised).
+            For a pre-norm result, an unknown group or bad indices.
         """
         if self.placement != "post":
             raise ValueError("ln_ratios exist for post-norm models only")
@@ -256,16 +252,13 @@ class Attribution:
                     "jacobian": self.ln_jacobian[idx, :, g].sum(axis=(0, 1)) / den}
 
 
-# --------------------------------------------------------------------------------------------
-# the computation
-# --------------------------------------------------------------------------------------------
+# --- the computation
 def _sublayers(m):
     """Per block, the modules to hook: pre -> (attn, mlp); post -> (LN1, LN2)."""
     out = []
     for i, b in enumerate(m.blocks):
         if m.placement == "pre":
-            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention")
-                         if hasattr(b, n)), None)
+            attn = next((getattr(b, n) for n in ("self_attn", "attn", "attention") if hasattr(b, n)), None)
             mlp = getattr(b, "mlp", None)
         else:
             self_out = getattr(getattr(b, "attention", None), "output", None)
@@ -310,56 +303,45 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     Parameters
     ----------
     m : LoadedModel
-        A pre-norm model with ``self_attn``/``attn``/``attention`` and ``mlp`` sublayers, or a
-        BERT-like post-norm model (``attention.output.LayerNorm``, ``output.LayerNorm``).
+        A pre-norm model (``self_attn``/``attn``/``attention`` and ``mlp``) or a BERT-like post-norm model.
     prompts : InjectionPrompts
         From :func:`companion.injection.directions.make_prompts` for ``m``.
-    layer : int in ``[0, L - 1]``
-        :math:`\ell`: :math:`c\hat v` is added to :math:`h_\ell` at ``prompts.injected``.
+    layer : int
+        :math:`\ell \in [0, L-1]`; :math:`c\hat v` is added at ``prompts.injected``.
     directions : array_like, shape ``[n, d]`` or ``[n, L+1, d]``
-        Directions (normalised here); per-layer ones contribute row :math:`\ell`.
+        Directions (normalised here; per-layer ones give row :math:`\ell`).
     scale, alpha : float
-        Exactly one: the absolute size :math:`c`, or :math:`\alpha` with :math:`c = \alpha
-        n_\ell` (:func:`companion.injection.directions.typical_norms` at the injected tokens).
+        Exactly one: :math:`c`, or :math:`\alpha` with :math:`c = \alpha n_\ell` (typical norm).
     batch_rows : int, default 256
-        At most this many sequences per forward: the baseline and
-        ``batch_rows // batch - 1`` directions run together.
+        Most sequences per forward (the baseline and ``batch_rows // batch - 1`` directions).
 
     Returns
     -------
     Attribution
+        The attribution; baseline and injected runs share each forward, projections in float64.
 
     Raises
     ------
     TypeError
         For arguments of the wrong type.
     ValueError
-        For a layer outside ``[0, L - 1]``, directions of the wrong shape or zero, both or
-        neither of ``scale`` and ``alpha``, a zero or non-finite magnitude, prompts of another
-        model, ``batch_rows < 2 * batch``, or an unsupported block.
-
-    Notes
-    -----
-    Baseline and injected runs share each forward (stacked along the batch axis), so every
-    difference is taken between two rows of the same computation.  Projections are formed in
-    float64 from the float32 activations.
+        For a layer outside ``[0, L-1]``, bad or zero directions, both or neither of
+        ``scale``/``alpha``, a bad magnitude, prompts of another model, ``batch_rows < 2 * batch``,
+        or an unsupported block.
 
     Examples
     --------
-    >>> p = make_prompts(m, first, second)                                   # doctest: +SKIP
-    >>> V = random_unit_vectors(m.d_model, 4)                                # doctest: +SKIP
-    >>> a = attribute_injection(m, p, 3, V, alpha=0.1)                       # doctest: +SKIP
-    >>> a.totals("injected")["mlp"].mean()                                   # doctest: +SKIP
+    >>> a = attribute_injection(m, p, 3, random_unit_vectors(m.d_model, 4), alpha=0.1)  # doctest: +SKIP
     """
-    check_model(m)
     if not isinstance(prompts, InjectionPrompts):
+        check_model(m)
         raise TypeError(f"prompts must be InjectionPrompts from directions.make_prompts, got "
                         f"{type(prompts).__name__}")
+    ad = ModelAdapter(m, prompts.encoding)  # the one check of the model
     L = m.n_layers
     layer = check_layer(layer, L, m.name)
     if layer == L:
-        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes "
-                         "no block")
+        raise ValueError(f"layer must be in [0, {L - 1}]: an injection at l = L = {L} passes no block")
     V = _check_directions(directions, m.d_model, L, layer)
     if (scale is None) == (alpha is None):
         raise ValueError("give exactly one of scale (absolute c) and alpha (c = alpha * n_l)")
@@ -367,10 +349,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     B = prompts.batch
     if batch_rows < 2 * B:
         raise ValueError(f"batch_rows must be >= 2 * batch = {2 * B} (baseline + one direction)")
-    ad = ModelAdapter(m, prompts.encoding)
     if tuple(ad.attention_mask.shape) != tuple(prompts.injected.shape):
-        raise ValueError("prompts do not match the model's encoding; build them with "
-                         "make_prompts(m, ...)")
+        raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
     base = ad.baseline
     stack = torch.stack(base).to("cpu", torch.float64)
     n_ell = float(typical_norms(stack, prompts.injected.cpu())[layer])

@@ -1,49 +1,19 @@
 """Directions to inject and the prompts to inject them into.
 
-What an injection experiment adds to the residual stream, and where: the concept sets and the
-concept vectors read from a real model (difference of mean activations), seeded random
-directions (the control), the two-segment prompts with their position groups, and the typical
-residual norms that scale a relative injection.  The injection itself and its measurement are
-:mod:`companion.injection.engine`; the metrics are :mod:`companion.injection.metrics`.
+Concept sets and concept vectors read from a real model (difference of mean activations),
+seeded random directions (the control), two-segment prompts with their position groups, and
+the typical norms that scale a relative injection.  The injection is
+:mod:`companion.injection.engine`; the metrics :mod:`companion.injection.metrics`.
 
-Indexing
---------
-As in :mod:`companion.transformers.stream`: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the
-output of block ``l - 1``.  *Injecting at layer* ``l`` adds ``c * v`` to ``h_l`` at the selected
-token positions, so every later block sees it.  :cite:t:`hahami2025disturbance` add the vector
-to the output of decoder layer ``L_H`` -- stream index ``L_H + 1`` here.
+Indexing as :mod:`companion.transformers.stream`: injecting at layer ``l`` adds ``c * v`` to
+``h_l`` (the output of block ``l - 1``); :cite:t:`hahami2025disturbance` add to the output of
+decoder layer ``L_H``, stream index ``L_H + 1`` here.
 
-Protocol
---------
-A prompt is two segments of text, ``first + " " + second``.  The vector is added at the tokens
-of ``first`` (the *injected* positions; the first token of a causal model, which acts as an
-attention sink with a residual norm far above the others' -- over a hundred times in the middle
-layers of SmolLM2 -- and the special tokens of an encoder are left out), and the perturbation is
-measured at three groups of positions: the injected ones, the *later* ones (tokens of
-``second``, never injected), and the *last* token (the position at which a causal model
-predicts the next token; the literature measures there).
-
-Public functions
-----------------
-CONCEPTS, ConceptSet
-    The word and sentence sets from which concept vectors are read.
-make_prompts, InjectionPrompts, GROUPS
-    Tokenised two-segment prompts with their position groups.
-concept_vectors, ConceptVectors
-    Difference of mean activations between two sets of texts, at every layer.
-random_unit_vectors, random_direction
-    Random directions (the control): uniform on the sphere, or one seeded unit vector
-    orthogonal to the all-ones vector (for the stacks' LayerNorm analysis).
-typical_norms
-    Median residual norm per layer over chosen positions (to scale injections relatively).
-typical_spreads, stream_means
-    The centred spread sqrt(mean ||h_l - mu_l||^2) and the mean mu_l of the stream per layer
-    (a magnitude unit and a centre that the few mean-dominated channels do not dominate).
-concept_token_ids
-    The first token of each positive word of a word concept (its output readout).
-split_null_vectors, subspace_random_vectors
-    Null directions for concept vectors: differences of means between random halves of one
-    word pool; random directions inside the top principal subspace of the stream.
+Protocol: a prompt is ``first + " " + second``.  The vector is added at the tokens of ``first``
+(*injected*; without the first token of a causal LM, an attention sink, and without special
+tokens) and the perturbation is measured at three groups (:data:`GROUPS`): the injected
+tokens, the *later* tokens of ``second``, and the *last* token (where a causal LM predicts).
+Chapter :doc:`/book/injection_real_models`.
 """
 
 from __future__ import annotations
@@ -79,9 +49,7 @@ __all__ = [
 GROUPS = ("injected", "later", "last")
 
 
-# --------------------------------------------------------------------------------------------
-# concept sets
-# --------------------------------------------------------------------------------------------
+# --- concept sets
 @dataclass(frozen=True)
 class ConceptSet:
     """Two sets of texts whose difference of mean activations defines a concept direction.
@@ -89,13 +57,13 @@ class ConceptSet:
     Attributes
     ----------
     name : str
+        Label.
     positive, negative : tuple of str
-        The two sets.  Words are placed in ``template``; sentences are used as they are.
+        The two sets (words are placed in ``template``; sentences used as they are).
     template : str or None
-        A format string with one ``{}`` for words (``None`` for sentences).
+        Format string with one ``{}`` for words, ``None`` for sentences.
     pool : {"last", "mean"}
-        Read the activation at the last content token of each text (words in a template) or
-        average it over the content tokens (sentences).
+        Read the last content token (words) or average the content tokens (sentences).
     """
 
     name: str
@@ -105,7 +73,13 @@ class ConceptSet:
     pool: str = "mean"
 
     def texts(self) -> tuple[list[str], list[str]]:
-        """The two lists of texts (words inserted into the template)."""
+        """The two lists of texts (words inserted into the template).
+
+        Returns
+        -------
+        (list of str, list of str)
+            The positive and the negative texts.
+        """
         if self.template is None:
             return list(self.positive), list(self.negative)
         return ([self.template.format(w) for w in self.positive],
@@ -164,9 +138,7 @@ CONCEPTS: dict[str, ConceptSet] = {
 }
 
 
-# --------------------------------------------------------------------------------------------
-# argument checks
-# --------------------------------------------------------------------------------------------
+# --- argument checks
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -211,9 +183,7 @@ def _default_skip_first(m) -> bool:
     return m.kind == "causal-lm"
 
 
-# --------------------------------------------------------------------------------------------
-# prompts
-# --------------------------------------------------------------------------------------------
+# --- prompts
 @dataclass(frozen=True)
 class InjectionPrompts:
     """Tokenised two-segment prompts and the position groups of the injection protocol.
@@ -223,11 +193,9 @@ class InjectionPrompts:
     texts : tuple of str
         ``first[i] + " " + second[i]``.
     encoding : dict of str to torch.Tensor
-        ``input_ids``, ``attention_mask`` (and ``token_type_ids`` for BERT), as
-        :func:`companion.transformers.models.tokenize` returns them; pass it to the probes as ``texts``.
+        As :func:`companion.transformers.models.tokenize` returns it (pass it as ``texts``).
     injected, later, last : torch.Tensor of bool, shape ``[batch, tokens]``
-        The injected positions (tokens of ``first``), the later non-injected positions (tokens
-        of ``second``) and the last content token of each prompt.
+        Tokens of ``first``, tokens of ``second``, and the last content token.
     """
 
     texts: tuple
@@ -254,44 +222,31 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     Parameters
     ----------
     m : LoadedModel
-        From :func:`companion.transformers.models.load`.
+        The model whose tokenizer is used.
     first : sequence of str
-        The segments that receive the injection.
-    second : sequence of str, same length
-        The segments that follow them (never injected).
+        Segments that receive the injection.
+    second : sequence of str
+        Segments that follow them (never injected), same length.
     skip_first : bool or None
-        Leave the first token out of every group.  Default: ``True`` for a causal LM (its first
-        token is an attention sink whose residual norm is far above every other token's) and
-        ``False`` for an encoder (whose first token, ``[CLS]``, is special and left out anyway).
+        Leave the first token out of every group (default: ``True`` for a causal LM).
     max_length : int or None
         Truncation length (default ``m.max_length``).
 
     Returns
     -------
     InjectionPrompts
+        The prompts; a token belongs to ``first`` when its character span starts inside it.
 
     Raises
     ------
     TypeError
-        If ``m`` is not a LoadedModel, the segments are not lists of strings, or
-        ``skip_first`` is not a bool.
+        If ``m`` is not a LoadedModel, a segment list is not text, or ``skip_first`` is not a bool.
     ValueError
-        If the lists are empty or of different lengths, a segment is empty, or truncation
-        leaves a prompt without an injected or a later token (raise ``max_length``).
-
-    Notes
-    -----
-    A token belongs to ``first`` when its character span starts inside ``first`` (tokenizer
-    offsets), so a word-piece split across the boundary cannot occur: the boundary is a space.
-    Special tokens (``[CLS]``, ``[SEP]``) belong to no group.  The *last* group is the last
-    content token: for a causal LM the position whose next-token distribution is the model's
-    output, as in the last-token measurements of :cite:t:`hahami2025disturbance`.
+        For empty or unequal lists, or a prompt left without an injected or later token.
 
     Examples
     --------
     >>> p = make_prompts(m, ["The sea was calm."], ["We went home."])   # doctest: +SKIP
-    >>> p.injected.sum().item(), p.later.sum().item()                   # doctest: +SKIP
-    (4, 4)
     """
     models.check_model(m)
     first = check_texts(first, "first")
@@ -315,19 +270,14 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
         empty = ~mask.any(dim=1)
         if empty.any():
             row = int(torch.nonzero(empty)[0, 0])
-            raise ValueError(
-                f"prompt {row} has no {name} token after tokenisation/truncation "
-                f"({texts[row]!r}); use longer segments or a larger max_length"
-            )
+            raise ValueError(f"prompt {row} has no {name} token after tokenisation/truncation "
+                             f"({texts[row]!r}); use longer segments or a larger max_length")
     last = torch.zeros_like(content)
     last[torch.arange(content.shape[0]), last_idx] = True
-    return InjectionPrompts(texts=tuple(texts), encoding=dict(enc), injected=injected,
-                            later=later, last=last)
+    return InjectionPrompts(texts=tuple(texts), encoding=dict(enc), injected=injected, later=later, last=last)
 
 
-# --------------------------------------------------------------------------------------------
-# directions
-# --------------------------------------------------------------------------------------------
+# --- directions
 @dataclass(frozen=True)
 class ConceptVectors:
     """A concept direction read at every layer.
@@ -335,11 +285,13 @@ class ConceptVectors:
     Attributes
     ----------
     name : str
+        Label.
     unit : numpy.ndarray, shape ``[L+1, d]``
-        ``v_l / ||v_l||``: the direction injected at layer ``l``.
+        ``v_l / ||v_l||``, the direction injected at layer ``l``.
     norm : numpy.ndarray, shape ``[L+1]``
-        ``||v_l||``, the length of the raw difference of means.
+        ``||v_l||``.
     pool : str
+        The pooling used.
     """
 
     name: str
@@ -366,49 +318,42 @@ def _pooled(m, texts, pool, skip_first, max_length) -> torch.Tensor:
 
 def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "concept",
                     skip_first: bool | None = None, max_length: int | None = None) -> ConceptVectors:
-    r"""Difference of mean activations between two sets of texts, at every layer.
+    """Difference of mean activations between two sets of texts, at every layer.
 
     Parameters
     ----------
     m : LoadedModel
+        The model.
     positive, negative : sequence of str
         The two sets (e.g. ``ConceptSet.texts()``).
     pool : {"mean", "last"}, default "mean"
-        Per text, average the residual stream over its content tokens or take its last content
-        token (content = real, non-special tokens, without the first token if ``skip_first``).
+        Average each text's content tokens, or take its last content token.
     name : str
-        Label stored with the result.
+        Label of the result.
     skip_first : bool or None
-        As in :func:`make_prompts` (default: ``True`` for a causal LM).
+        As in :func:`make_prompts`.
     max_length : int or None
+        Truncation length.
 
     Returns
     -------
     ConceptVectors
-        ``unit[l] = v_l/||v_l||`` and ``norm[l] = ||v_l||`` with
-        :math:`v_l = \frac{1}{|P|}\sum_{x\in P} \bar h_l(x) - \frac{1}{|N|}\sum_{x\in N} \bar h_l(x)`.
+        :math:`v_l` = mean over ``positive`` minus mean over ``negative`` of the pooled ``h_l``.
 
     Raises
     ------
     TypeError
-        Wrong argument types.
+        For wrong argument types.
     ValueError
-        Empty sets, an unknown ``pool``, a text without content tokens, or a layer at which the
-        two means coincide (the direction is undefined).
+        For empty sets, an unknown ``pool``, a text without content, or equal means at a layer.
 
     Notes
     -----
-    This is the construction of :cite:t:`hahami2025disturbance` (mean of positive minus mean
-    of negative sentences; a concept word against baseline words) and of activation addition
-    :cite:p:`turner2023activation`.  Reading :math:`v_l` at the layer where it is injected
-    avoids the off-by-one of reading ``hidden_states[l]`` but injecting after block ``l``.
+    The construction of :cite:t:`hahami2025disturbance` and :cite:t:`turner2023activation`.
 
     Examples
     --------
-    >>> pos, neg = CONCEPTS["joy"].texts()                         # doctest: +SKIP
-    >>> cv = concept_vectors(m, pos, neg, pool="mean")             # doctest: +SKIP
-    >>> cv.unit.shape                                              # doctest: +SKIP
-    (31, 576)
+    >>> cv = concept_vectors(m, *CONCEPTS["joy"].texts())   # doctest: +SKIP
     """
     models.check_model(m)
     if pool not in ("mean", "last"):
@@ -430,40 +375,33 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
 
 
 def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = None) -> np.ndarray:
-    """``n`` independent directions drawn uniformly from the unit sphere in :math:`\\mathbb{R}^d`.
+    r"""``n`` directions drawn uniformly from the unit sphere in :math:`\mathbb{R}^d`.
 
     Parameters
     ----------
     d : int
-        Dimension (>= 1).
+        Dimension, >= 1.
     n : int, default 1
-        Number of vectors (>= 1).
+        Number of vectors, >= 1.
     rng : numpy.random.Generator or None
-        Source of randomness (default ``np.random.default_rng(0)``, so the call is reproducible).
+        Randomness (default ``np.random.default_rng(0)``).
 
     Returns
     -------
     numpy.ndarray, shape ``[n, d]``
-        Rows of unit Euclidean norm.
+        Unit rows (normalised Gaussian vectors).
 
     Raises
     ------
     TypeError
-        If ``d`` or ``n`` is not an integer or ``rng`` is not a Generator.
+        If ``d``/``n`` are not integers or ``rng`` is not a Generator.
     ValueError
         If ``d < 1`` or ``n < 1``.
 
-    Notes
-    -----
-    A standard Gaussian vector divided by its norm is uniform on the sphere (rotation
-    invariance of the Gaussian); in high dimension such a vector is nearly orthogonal to any
-    fixed direction, :math:`|\\cos| \\approx 1/\\sqrt d` :cite:p:`vershynin2018hdp`.
-
     Examples
     --------
-    >>> v = random_unit_vectors(4, 2, np.random.default_rng(0))
-    >>> np.round(np.linalg.norm(v, axis=1), 12).tolist()
-    [1.0, 1.0]
+    >>> random_unit_vectors(4, 2).shape
+    (2, 4)
     """
     d = check_int(d, "d", 1)
     n = check_int(n, "n", 1)
@@ -476,19 +414,19 @@ def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = No
 
 
 def typical_norms(stream, mask) -> np.ndarray:
-    """Median residual norm per layer over the selected token positions.
+    """Median residual norm per layer over the selected positions, the unit of a relative injection.
 
     Parameters
     ----------
     stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
-        A residual stream (:func:`companion.transformers.stream.residual_stream`).
+        A residual stream.
     mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
         Positions to include (e.g. ``InjectionPrompts.injected``).
 
     Returns
     -------
     numpy.ndarray, shape ``[L+1]``
-        :math:`n_l = \\operatorname{median}_{(b,t)\\in\\text{mask}} \\|h_l[b,t]\\|`.
+        :math:`n_l`; the median, because a few tokens carry massive activations :cite:p:`sun2024massive`.
 
     Raises
     ------
@@ -497,29 +435,13 @@ def typical_norms(stream, mask) -> np.ndarray:
     ValueError
         If the shapes do not match, the mask selects nothing, or the stream is not finite.
 
-    Notes
-    -----
-    Injections are scaled by :math:`n_l` so that a *relative* magnitude
-    :math:`\\alpha = c/n_l` means the same at every depth.  The median, not the mean, because a
-    few tokens (the first token of a causal LM, delimiters) carry massive activations
-    :cite:p:`sun2024massive` that would dominate a mean.
-
     Examples
     --------
     >>> h = np.ones((2, 1, 3, 4)); h[1] *= 2
     >>> typical_norms(h, np.ones((1, 3), bool)).tolist()
     [2.0, 4.0]
     """
-    h = _to_numpy(stream, "stream")
-    mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
-    if mk.dtype != np.bool_:
-        raise TypeError(f"mask must be boolean, got dtype {mk.dtype}")
-    if h.ndim != 4 or mk.shape != h.shape[1:3]:
-        raise ValueError(f"stream must be [L+1, batch, tokens, d] and mask [batch, tokens]; got {h.shape} and {mk.shape}")
-    if not mk.any():
-        raise ValueError("mask selects no position")
-    norms = np.linalg.norm(h[:, mk], axis=-1)  # [L+1, n_selected]
-    return np.median(norms, axis=1)
+    return np.median(np.linalg.norm(_stream_and_mask(stream, mask)[0], axis=-1), axis=1)
 
 
 def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarray:
@@ -528,34 +450,28 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
     Parameters
     ----------
     d : int
-        Dimension, ``d >= 2``.
+        Dimension, >= 2.
     seed : int, default 0
         Seed of ``numpy.random.default_rng``.
     mean_zero : bool, default True
-        Remove the component along the all-ones vector (so LayerNorm's mean removal does not
-        act on it: assumption (i) of the Post-LN proposition).
+        Remove the component along the all-ones vector (LayerNorm's mean removal then ignores it).
 
     Returns
     -------
-    numpy.ndarray, shape ``[d]``, unit Euclidean norm.
+    numpy.ndarray, shape ``[d]``
+        A unit vector.
 
     Raises
     ------
     TypeError
-        If ``d`` or ``seed`` is not an integer, or ``mean_zero`` is not a bool.
+        If ``d``/``seed`` are not integers or ``mean_zero`` is not a bool.
     ValueError
-        If ``d`` < 2 or ``seed`` < 0.
-
-    Notes
-    -----
-    A standard Gaussian vector, centred if asked, divided by its norm: uniform on the unit
-    sphere (of the mean-zero hyperplane when ``mean_zero``).
+        If ``d < 2`` or ``seed < 0``.
 
     Examples
     --------
-    >>> v = random_direction(8, seed=1)
-    >>> round(float(v @ v), 12), abs(float(v.sum())) < 1e-12
-    (1.0, True)
+    >>> round(float(random_direction(8, seed=1) @ random_direction(8, seed=1)), 12)
+    1.0
     """
     d = check_int(d, "d", 2)
     seed = check_int(seed, "seed", 0)
@@ -567,9 +483,7 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
     return v / np.linalg.norm(v)
 
 
-# --------------------------------------------------------------------------------------------
-# centred magnitudes, output readouts and null directions (the injection_success experiment)
-# --------------------------------------------------------------------------------------------
+# --- centred magnitudes, output readouts and null directions (the injection_success experiment)
 def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
     h = _to_numpy(stream, "stream")
     mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
@@ -589,66 +503,51 @@ def stream_means(stream, mask) -> np.ndarray:
     Parameters
     ----------
     stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+        A residual stream.
     mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
+        Positions to include.
 
     Returns
     -------
     numpy.ndarray, shape ``[L+1, d]``
-        The centre of :func:`typical_spreads` and of the centred metrics of
-        :func:`companion.injection.engine.track_injection` (``centre=``).
+        The centre of :func:`typical_spreads` and of ``track_injection(centre=...)``.
 
     Raises
     ------
     TypeError, ValueError
         As :func:`typical_norms`.
-
-    Examples
-    --------
-    >>> h = np.zeros((1, 1, 2, 2)); h[0, 0, :, 0] = [1.0, 3.0]
-    >>> stream_means(h, np.ones((1, 2), bool)).tolist()
-    [[2.0, 0.0]]
     """
     sel, _ = _stream_and_mask(stream, mask)
     return sel.mean(axis=1)
 
 
 def typical_spreads(stream, mask) -> np.ndarray:
-    r"""Centred spread of the stream per layer: :math:`s_\ell = \sqrt{\operatorname{mean}_i
-    \|h_\ell[i] - \mu_\ell\|^2}` over the selected positions.
+    r"""Centred spread per layer, :math:`s_\ell = \sqrt{\operatorname{mean}_i \|h_\ell[i] - \mu_\ell\|^2}`.
+
+    A magnitude unit that the few mean-dominated channels of a real model do not dominate.
 
     Parameters
     ----------
     stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+        A residual stream.
     mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
-        Positions to include (e.g. ``InjectionPrompts.injected``); at least two.
+        At least two positions to include.
 
     Returns
     -------
     numpy.ndarray, shape ``[L+1]``
-        :math:`s_\ell`, with :math:`\mu_\ell` the mean over the same positions
-        (:func:`stream_means`).
+        :math:`s_\ell` with :math:`\mu_\ell` = :func:`stream_means`.
 
     Raises
     ------
     TypeError
         If ``mask`` is not boolean or the stream is not real.
     ValueError
-        If the shapes do not match, the mask selects fewer than two positions, the stream is
-        not finite, or a layer has zero spread (all selected states equal).
-
-    Notes
-    -----
-    In SmolLM2 the typical norm :math:`n_\ell` of :func:`typical_norms` is dominated by a few
-    channels whose value is nearly the same at every token (their mean is large, their spread
-    small), so :math:`\alpha n_\ell` says little about how far an injection moves a token
-    compared with how far tokens differ from one another.  :math:`s_\ell` removes the shared
-    mean: it is the root-mean-square distance of a token's state from the average state, the
-    unit in which ``c = alpha * s_l`` compares an injection with the natural variation of the
-    stream.
+        For mismatched shapes, fewer than two positions, a non-finite stream, or zero spread.
 
     Examples
     --------
-    >>> h = np.zeros((1, 1, 2, 2)); h[0, 0, :, 0] = [1.0, 3.0]; h[0, 0, :, 1] = 100.0
+    >>> h = np.zeros((1, 1, 2, 2)); h[0, 0, :, 0] = [1.0, 3.0]
     >>> typical_spreads(h, np.ones((1, 2), bool)).tolist()
     [1.0]
     """
@@ -688,27 +587,14 @@ def concept_token_ids(m, concept) -> np.ndarray:
     Returns
     -------
     numpy.ndarray of int
-        The first token id of ``" " + word`` for each positive word, deduplicated, in the
-        order of the words.
+        The first token of ``" " + word`` for each positive word, deduplicated, in order.
 
     Raises
     ------
     TypeError
         If ``m`` is not a LoadedModel or ``concept`` not a name or ConceptSet.
     ValueError
-        If ``m`` is an encoder without a next-token head, the concept is unknown or a
-        sentence concept.
-
-    Notes
-    -----
-    ``log P(concept) = logsumexp_w log p(w)`` over these ids is the readout of the
-    injection_success experiment.  A word split into several tokens contributes its first
-    token (e.g. a prefix shared with other words), which is the token whose probability the
-    model must raise to start the word.
-
-    Examples
-    --------
-    >>> ids = concept_token_ids(models.load("smollm2-135m"), "sea")   # doctest: +SKIP
+        For an encoder, an unknown concept or a sentence concept.
     """
     models.check_model(m)
     if m.kind != "causal-lm":
@@ -725,47 +611,37 @@ def concept_token_ids(m, concept) -> np.ndarray:
 
 def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = None,
                        max_length: int | None = None) -> np.ndarray:
-    r"""Null concept vectors: difference of means between two random halves of one word pool.
+    """Null concept vectors: difference of means between two random halves of one word pool.
+
+    Same construction and token statistics as a concept vector, but no concept: the level a
+    concept vector's readout must beat.
 
     Parameters
     ----------
     m : LoadedModel
+        The model.
     concept : str or ConceptSet
-        A word concept; its pool is ``positive + negative`` (24 words for ``"sea"``).
+        A word concept; its pool is ``positive + negative``.
     n : int
-        Number of null vectors (>= 1).
+        Number of null vectors, >= 1.
     rng : None, int or numpy.random.Generator
         The random halves (default seed 0).
-    skip_first, max_length
-        As in :func:`concept_vectors`.
+    skip_first : bool or None
+        As in :func:`make_prompts`.
+    max_length : int or None
+        Truncation length.
 
     Returns
     -------
     numpy.ndarray, shape ``[L+1, n, d]``
-        Unit vectors: null ``j`` at layer ``l`` is
-        :math:`(ar h_\ell(A_j) - ar h_\ell(B_j))/\|\cdot\|` for a random split
-        :math:`A_j \cup B_j` of the pool into halves, read like :func:`concept_vectors`.
+        Unit vectors, read like :func:`concept_vectors`.
 
     Raises
     ------
     TypeError
-        Wrong argument types.
+        For wrong argument types.
     ValueError
-        ``n < 1``, an unknown or sentence concept, or a split with equal means.
-
-    Notes
-    -----
-    A concept vector is a difference of two means of 12 words each; part of it is sampling
-    noise of that construction (which words were chosen), and part of it the direction along
-    which "a specific noun follows 'Tell me about the'" differs from average.  A split of the
-    same pool into random halves has the same construction and the same token statistics but
-    no concept: its readout is the level a concept vector must beat.
-
-    Examples
-    --------
-    >>> null = split_null_vectors(m, "sea", 8, np.random.default_rng(1))   # doctest: +SKIP
-    >>> null.shape                                                        # doctest: +SKIP
-    (31, 8, 576)
+        For ``n < 1``, an unknown or sentence concept, or a split with equal means.
     """
     models.check_model(m)
     c = _word_concept(concept)
@@ -793,38 +669,32 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
 def subspace_random_vectors(stream, mask, k: int, n: int, rng=None) -> np.ndarray:
     r"""Random unit directions inside the top-``k`` principal subspace of the centred stream.
 
+    A null that, like a concept vector, lies where real states vary.
+
     Parameters
     ----------
     stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+        A residual stream.
     mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
-        The positions whose states define the subspace (e.g. the injected ones).
+        Positions whose states define the subspace.
     k : int
-        Dimension of the subspace, ``1 <= k <= min(d, number of selected positions - 1)``.
+        Subspace dimension, ``1 <= k <= min(d, positions - 1)``.
     n : int
-        Number of vectors (>= 1).
+        Number of vectors, >= 1.
     rng : None, int or numpy.random.Generator
         Default seed 0.
 
     Returns
     -------
     numpy.ndarray, shape ``[L+1, n, d]``
-        At each layer, ``n`` unit vectors :math:`U_k g / \|g\|` with :math:`U_k` the top-``k``
-        right singular vectors of the centred states :math:`h_\ell[i] - \mu_\ell` and ``g``
-        standard Gaussian in :math:`\mathbb R^k` (uniform on the unit sphere of the subspace).
+        :math:`U_k g / \|g\|` per layer, :math:`U_k` the top right singular vectors.
 
     Raises
     ------
     TypeError
-        If ``mask`` is not boolean, ``k``/``n`` are not integers or ``rng`` is invalid.
+        If ``mask`` is not boolean, ``k``/``n`` not integers or ``rng`` invalid.
     ValueError
-        Shapes that do not match, ``k`` out of range, ``n < 1``, a stream that is not finite.
-
-    Notes
-    -----
-    A direction uniform on the sphere of :math:`\mathbb R^d` is almost orthogonal to the few
-    directions along which real states vary, so the model may simply ignore it; a concept
-    vector lies partly in that subspace.  Random directions inside the top principal subspace
-    are the null that shares this property without carrying a concept.
+        For mismatched shapes, ``k`` out of range, ``n < 1`` or a non-finite stream.
 
     Examples
     --------

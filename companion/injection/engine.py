@@ -1,40 +1,30 @@
 """The one injection and measurement engine: random stacks, trained stacks and real models.
 
-Every injection experiment of the book goes through :func:`sweep_injections`: add ``c * v`` to
-the residual stream ``h_l`` at chosen token positions, run the rest of the model, and keep the
-injected stream -- or, with a ``measure``, only what you ask for at every layer.  The model is
-seen through an *adapter* with one interface: :class:`companion.stacks.tinylm.StackAdapter` for a
-:class:`~companion.stacks.residual.ResidualStack` or :class:`~companion.stacks.tinylm.TinyLM`,
-:class:`companion.transformers.stream.ModelAdapter` for a real Transformer (hooks on its own modules): the
-baseline stream ``h_0 .. h_L``, a call of block ``i``, the final norm and the next-token
-logits.  A run injected at ``l`` starts from the baseline's ``h_l`` and replays only blocks
-``l .. L-1`` (prefix replay), so a sweep over all layers costs about half of one forward per
-layer (``benchmarks/bench_probes.py``).
+:func:`sweep_injections` adds ``c * v`` to the stream ``h_l`` at chosen positions, runs the
+rest of the model and keeps the injected streams, or with a ``measure`` only what you ask for.
+The model is seen through an adapter (:func:`adapt`):
+:class:`companion.stacks.tinylm.StackAdapter` for a stack,
+:class:`companion.transformers.stream.ModelAdapter` for a real Transformer.  The adapter checks
+the model once (validate once) and :func:`sweep_injections` takes it as it is.  A run injected
+at ``l`` starts from the baseline's ``h_l`` and replays only blocks ``l .. L-1`` (about half a
+forward per layer, ``benchmarks/bench_probes.py``).
 
-The measurements use one vocabulary, :mod:`companion.injection.metrics`
-(:data:`~companion.injection.metrics.METRIC_NAMES`, :func:`~companion.injection.metrics.next_token_kl`):
+* :func:`sweep_injections`, :func:`adapt`: the engine.
+* :func:`sweep_stack_injections`: every metric of a stack per layer and position, the output
+  change, the KL of a language model, and the skip-path prediction.
+* :func:`track_injection`: a real model with two-segment prompts, metrics per position group
+  and the output effect.
+* :class:`SweepResult`, :data:`EFFECT_KINDS`: the one result type and its output effects.
 
-sweep_injections, adapt
-    The engine: streams or measurements of every (layer, scale) injection.
-sweep_stack_injections
-    On a stack: every metric per layer and position, the output change, the next-token KL of
-    a language model, and the skip-path prediction of the projection.
-track_injection
-    On a real model with two-segment prompts (:func:`companion.injection.directions.make_prompts`):
-    the metrics averaged over each position group, and the output effect of every run.
-SweepResult, EFFECT_KINDS
-    The one result type of all three, with the accessors ``mean``, ``effect``, ``window`` and
-    ``effect_at``; the output effects it can hold.
-
-Indexing: ``h_0`` is the input of block 0, ``h_l`` (``1 <= l <= L``) the output of block
-``l - 1``; injecting at layer ``l`` perturbs ``h_l`` and every later block sees it.
+Indexing: ``h_0`` is the input of block 0, ``h_l`` the output of block ``l - 1``.  Metrics:
+:mod:`companion.injection.metrics`.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -43,8 +33,7 @@ from companion.injection import metrics as pt
 from companion._validation import check_bool, check_int, check_layer, check_real, is_int, is_real, real_array
 from companion.injection.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
 from companion.transformers.models import LoadedModel, check_model
-from companion.transformers.readout import logits_from_residual
-from companion.transformers.stream import ModelAdapter, residual_stream
+from companion.transformers.stream import ModelAdapter
 from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
@@ -56,33 +45,30 @@ __all__ = [
     "track_injection",
 ]
 
-#: Output effects a :class:`SweepResult` can hold (see :meth:`SweepResult.effect`).
-#: Per token: ``output_change`` :math:`\|y_{inj} - y_{base}\| / \|y_{base}\|` of a stack's final
-#: output ``y`` (after the final norm, if any); ``output_projection``
-#: :math:`(y_{inj} - y_{base})\cdot\hat v / \|y_{base}\|`; ``kl``
-#: :math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of a language model's next-token distributions
-#: (:func:`companion.injection.metrics.next_token_kl`, nats).  Per sequence (real models): ``kl_last``,
-#: the KL at the last token of a causal LM; ``embedding_change``, ``1 - cos`` of an encoder's
-#: mean-pooled final state (:func:`companion.injection.metrics.embedding_change`).
+#: Output effects a :class:`SweepResult` can hold.  Per token: ``output_change``
+#: ``||y_inj - y_base|| / ||y_base||`` and ``output_projection`` ``(y_inj - y_base)·v / ||y_base||``
+#: of a stack's final output, ``kl`` (:func:`~companion.injection.metrics.next_token_kl`); per
+#: sequence: ``kl_last`` (last token of a causal LM), ``embedding_change`` (mean-pooled encoder state).
 EFFECT_KINDS = ("output_change", "output_projection", "kl", "kl_last", "embedding_change")
 _PER_SEQUENCE = ("kl_last", "embedding_change")
 
 
 def adapt(model, inputs, max_length: int | None = None):
-    """The adapter through which the engine runs ``model`` on ``inputs``.
+    """The adapter through which the engine runs ``model`` on ``inputs`` (checks the model).
 
     Parameters
     ----------
-    model : companion.transformers.models.LoadedModel, companion.stacks.residual.ResidualStack or TinyLM
-    inputs
-        Texts or an encoding (real model), a ``[B, T, d]`` stream (ResidualStack) or
-        ``[B, T]`` token ids (TinyLM).
+    model : LoadedModel, ResidualStack or TinyLM
+        A real model or a stack.
+    inputs : texts, encoding, ``[B, T, d]`` stream or ``[B, T]`` token ids
+        As ``model`` takes them.
     max_length : int or None
         Truncation length of a real model's texts.
 
     Returns
     -------
     companion.transformers.stream.ModelAdapter or companion.stacks.tinylm.StackAdapter
+        The adapter.
 
     Raises
     ------
@@ -95,9 +81,7 @@ def adapt(model, inputs, max_length: int | None = None):
 
 
 def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> tuple:
-    """``layers`` (``"all"``, an integer or a sequence of integers in ``[0, L]``) as a tuple of
-    int: TypeError for a wrong type, ValueError if empty, out of range, repeated or (with
-    ``increasing``) not strictly increasing."""
+    """``layers`` (``"all"``, an int or ints in ``[0, L]``, distinct, with ``increasing`` increasing) as a tuple."""
     if isinstance(layers, str):
         if layers != "all":
             raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
@@ -117,8 +101,7 @@ def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> t
 
 
 def _unit_directions(directions, d: int, n: int | None = None) -> np.ndarray:
-    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all when ``n`` is given) divided by
-    their norms; ValueError for another shape, NaN/inf entries or a zero vector."""
+    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all) divided by their norms (non-zero)."""
     name = "direction" if n is None else "directions"
     dirs = real_array(name, directions)
     if n is not None and dirs.shape == (d,):
@@ -126,7 +109,7 @@ def _unit_directions(directions, d: int, n: int | None = None) -> np.ndarray:
     if dirs.shape != ((d,) if n is None else (n, d)):
         shapes = f"({d},)" + ("" if n is None else f" or ({n}, {d})")
         raise ValueError(f"{name} must have shape {shapes}, got {dirs.shape}")
-    unit, zero = pt.unit_vectors(dirs, flat=n is None)
+    unit, zero = pt._unit_vectors(dirs, flat=n is None)
     if np.any(zero):
         raise ValueError(f"{name} must be non-zero: a zero vector has no direction")
     return unit
@@ -143,72 +126,53 @@ def _arity(fn) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-# --------------------------------------------------------------------------------------------
-# the one result type
-# --------------------------------------------------------------------------------------------
+# --- the one result type
 @dataclass(frozen=True)
 class SweepResult:
-    """What every injection sweep returns: the streams, or the measurements you asked for.
+    r"""What every injection sweep returns: the streams, or the measurements you asked for.
 
-    :func:`sweep_injections` fills the streams (``injected``, or what its ``measure`` made of
-    them); :func:`sweep_stack_injections` and :func:`track_injection` fill ``metrics`` (the
-    vocabulary :data:`companion.injection.metrics.METRIC_NAMES`) and ``effects`` (the output
-    effects, :data:`EFFECT_KINDS`) and leave ``injected`` empty.  A field a sweep does not
-    produce is ``None``.  Runs are indexed ``[injection layer]`` for a scalar ``scales`` and
-    ``[injection layer, scale]`` for a sequence of scales; the accessors (:meth:`mean`, :meth:`effect`,
-    :meth:`window`, :meth:`effect_at`) average over prompts and positions.
+    Runs are indexed ``[layer]`` for a scalar scale, ``[layer, scale]`` otherwise; a field a
+    sweep does not fill is ``None``.  The accessors average over prompts and positions.
 
     Attributes
     ----------
-    layers : numpy.ndarray of int, shape ``[n_inj]``
-        Injection layers (stream indices in ``[0, L]``).
-    scales : float or numpy.ndarray, shape ``[n_scales]``
-        The magnitude(s) as given to the sweep.
+    layers : numpy.ndarray of int
+        Injection layers in ``[0, L]``.
+    scales : float or numpy.ndarray
+        The magnitude(s) as given.
     n_layers : int
-        Depth ``L`` of the model.
-    baseline : torch.Tensor or None, shape ``[L+1, batch, tokens, d]``
-        The run without injection (the full stream).
-    injected : torch.Tensor or None
-        :func:`sweep_injections`: ``[runs..., L+1, batch, tokens, d]`` streams, or with a
-        ``measure`` ``[runs..., L+1, ...]`` what it returned.  Below the injection layer the
-        injected run equals the baseline.
-    attention_mask : torch.Tensor or None, shape ``[batch, tokens]``
-    injected_mask : torch.Tensor or None, bool, shape ``[batch, tokens]``
-        The positions that received the vector.
-    metrics : dict of str to numpy.ndarray, or None
-        :func:`companion.injection.metrics.perturbation_metrics` of each run against the baseline
-        at every layer: ``[runs..., L+1, batch, tokens]``, or, where ``groups`` is set,
-        ``[runs..., L+1, batch, len(groups)]`` averaged over each position group (NaN where
-        undefined, e.g. ``cos_delta_v`` before the injection layer).
-    groups : tuple of str or None
-        The position groups of the metrics' last axis (:data:`companion.injection.directions.GROUPS`).
-    effects : dict of str to numpy.ndarray, or None
-        Output effect of each run, keyed by :data:`EFFECT_KINDS`: ``[runs..., batch, tokens]``
-        for the per-token kinds, ``[runs..., batch]`` for ``kl_last`` and
-        ``embedding_change``.
-    effect_name : str or None
-        The default kind of :meth:`effect`.
-    coefficient : numpy.ndarray or None, shape ``[runs...]``
-        The absolute length of the added vector of each run.
-    relative : bool or None
-        Whether ``scales`` were relative to the stream's size.
-    model : str or None
-        The model's name (real models).
-    typical_norm : numpy.ndarray or None, shape ``[L+1]``
-        Median baseline ``||h_l||`` at the injected positions (:func:`track_injection`).
-    base_norm : numpy.ndarray or None, shape ``[L+1, batch, tokens]``
-        ``||h_l||`` of the baseline at every layer and position (stacks).
-    base_sq_norm : numpy.ndarray or None, shape ``[L+1]``
-        :math:`\\mathbb E\\|h_l\\|^2` of the baseline over batch and tokens (stacks).
-    direction : numpy.ndarray or None, shape ``[d]``
-        The unit direction ``v`` (stacks).
-    placement : str or None
+        Depth ``L``.
+    baseline : torch.Tensor, shape ``[L+1, batch, tokens, d]``
+        The run without injection.
+    injected : torch.Tensor
+        ``[runs..., L+1, ...]``: streams, or what ``measure`` returned (:func:`sweep_injections`).
+    attention_mask, injected_mask : torch.Tensor, shape ``[batch, tokens]``
+        Real tokens; the positions that received the vector.
+    metrics : dict of str to numpy.ndarray
+        :func:`~companion.injection.metrics.perturbation_metrics` per run and layer,
+        ``[runs..., L+1, batch, tokens]`` or ``[..., batch, len(groups)]``.
+    groups : tuple of str
+        Position groups of the metrics' last axis (:data:`~companion.injection.directions.GROUPS`).
+    effects : dict of str to numpy.ndarray
+        Output effect per run, keyed by :data:`EFFECT_KINDS`.
+    effect_name : str
+        Default kind of :meth:`effect`.
+    coefficient : numpy.ndarray
+        Length of the added vector of each run.
+    relative : bool
+        Whether scales were relative to the stream's size.
+    model : str
+        Name of a real model.
+    typical_norm : numpy.ndarray, shape ``[L+1]``
+        Magnitude unit per layer (:func:`track_injection`).
+    base_norm, base_sq_norm : numpy.ndarray
+        ``||h_l||`` per position and :math:`\mathbb E\|h_l\|^2` per layer (stacks).
+    direction : numpy.ndarray, shape ``[d]``
+        The unit direction (stacks).
+    placement : str
         ``"pre"`` or ``"post"`` (stacks).
-    predicted_projection : numpy.ndarray or None, shape ``[runs, L+1, batch, tokens]``
-        Skip-path prediction of ``metrics["projection"]`` (stacks): Post-LN, the product of
-        the factors of :func:`companion.injection.metrics.postln_contraction_factors` (one per
-        sublayer norm); Pre-LN, :math:`\\lambda^{S(m-\\ell)} p_\\ell` (S sublayers per
-        block).  0 at positions that were not injected.
+    predicted_projection : numpy.ndarray
+        Skip-path prediction of ``metrics["projection"]`` (stacks).
     """
 
     layers: np.ndarray
@@ -233,21 +197,25 @@ class SweepResult:
     predicted_projection: np.ndarray | None = None
 
     def mean(self, metric: str, where: str | None = None) -> np.ndarray:
-        """A metric averaged over prompts and positions, shape ``[runs..., L+1]``.
+        """A metric averaged over prompts and positions (NaN left out), shape ``[runs..., L+1]``.
 
         Parameters
         ----------
         metric : str
-            A key of :attr:`metrics`.
+            A key of ``metrics``.
         where : str, optional
-            A position group of :attr:`groups` (default ``"last"``), or, for per-token
-            metrics, ``"all"`` (default), ``"injected"`` or ``"later"`` (:meth:`position_mask`).
-            NaN values are left out of the average.
+            A position group (default ``"last"``), or for per-token metrics ``"all"`` (default),
+            ``"injected"`` or ``"later"``.
+
+        Returns
+        -------
+        numpy.ndarray
+            The means.
 
         Raises
         ------
         ValueError
-            If the sweep has no metrics, or for an unknown metric, group or position set.
+            For an unknown metric, group or position set.
         """
         if not self.metrics or metric not in self.metrics:
             raise ValueError(f"unknown metric {metric!r}; choose from {sorted(self.metrics or ())}")
@@ -266,28 +234,25 @@ class SweepResult:
             return np.where(n > 0, s / np.maximum(n, 1), np.nan)
 
     def effect(self, kind: str | None = None, positions: str = "all") -> np.ndarray:
-        """Output effect of each run, averaged over prompts (and the chosen tokens).
+        """Output effect of each run averaged over prompts (and tokens), shape ``[runs...]``.
 
         Parameters
         ----------
         kind : str, optional
-            One of :data:`EFFECT_KINDS` present in :attr:`effects` (default
-            :attr:`effect_name`).  ``"output_projection"`` returns the absolute value of the
-            mean (the part of the injected direction readable at the output).
+            One of :data:`EFFECT_KINDS` (default ``effect_name``); ``"output_projection"`` gives the
+            absolute mean.
         positions : {"all", "injected", "later"}
-            For per-token kinds: average over every token, the injected tokens, or the tokens
-            after the last injected one (the protocol of Hahami et al., who read the last
-            token).  Ignored by ``kl_last`` and ``embedding_change``.
+            Tokens averaged for per-token kinds (``"later"``: after the last injected one).
 
         Returns
         -------
-        numpy.ndarray, shape ``[runs...]``
+        numpy.ndarray
+            The effects.
 
         Raises
         ------
         ValueError
-            If ``kind`` or ``positions`` is unknown, the sweep did not measure ``kind``
-            (``"kl"`` needs a language model), or no token lies after the last injected one.
+            For an unknown or unmeasured ``kind`` or ``positions``.
         """
         kind = self.effect_name if kind is None else kind
         if kind is None:
@@ -305,14 +270,22 @@ class SweepResult:
         return np.abs(mean) if kind == "output_projection" else mean
 
     def position_mask(self, positions: str = "all") -> np.ndarray:
-        """Boolean mask over tokens ``[tokens]``: ``"all"``, ``"injected"`` or ``"later"``.
+        """Boolean mask over tokens: ``"all"``, ``"injected"`` or ``"later"``.
+
+        Parameters
+        ----------
+        positions : {"all", "injected", "later"}
+            The token set.
+
+        Returns
+        -------
+        numpy.ndarray of bool, shape ``[tokens]``
+            The mask.
 
         Raises
         ------
         ValueError
-            For another name, a sweep without ``injected_mask`` or whose sequences were
-            injected at different positions, or ``"later"`` with no token after the last
-            injected one.
+            For another name, differing injected positions, or no token after the injection.
         """
         if positions not in ("all", "injected", "later"):
             raise ValueError(f"positions must be 'all', 'injected' or 'later', got {positions!r}")
@@ -332,22 +305,30 @@ class SweepResult:
 
     def window(self, threshold: float = 0.5, kind: str | None = None, positions: str = "all",
                relative: bool = True, contiguous: bool = True, scale_index: int = 0) -> pt.Window:
-        """:func:`companion.injection.metrics.effect_window` of :meth:`effect`.
+        """:func:`~companion.injection.metrics.effect_window` of :meth:`effect`.
 
         Parameters
         ----------
-        threshold, relative, contiguous
-            As in :func:`companion.injection.metrics.effect_window`.
-        kind, positions
+        threshold : float, default 0.5
+            As in :func:`~companion.injection.metrics.effect_window`.
+        kind : str, optional
             As in :meth:`effect`.
+        positions : str, default "all"
+            As in :meth:`effect`.
+        relative, contiguous : bool, default True
+            As in :func:`~companion.injection.metrics.effect_window`.
         scale_index : int, default 0
-            Which magnitude, when the sweep ran several (``scales`` an array).
+            Which magnitude, when the sweep ran several.
+
+        Returns
+        -------
+        companion.injection.metrics.Window
+            The window.
 
         Raises
         ------
         ValueError
-            If ``scale_index`` is out of range (and as :meth:`effect` and
-            ``injection_window`` raise).
+            If ``scale_index`` is out of range, and as :meth:`effect`.
         """
         e = self.effect(kind, positions)
         s = check_int(scale_index, "scale_index", 0)
@@ -361,35 +342,31 @@ class SweepResult:
     def effect_at(
         self, layer: int, kind: str = "relative_projection", positions: str = "all"
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Effect read at stream index ``layer`` of the injections made before it (stacks).
+        r"""Effect read at stream index ``layer`` of the injections made below it (stacks).
 
-        Because block ``l`` of a stack depends only on ``(seed, l)``, the first ``m`` blocks
-        of a deep stack *are* the stack of depth ``m``: reading the stream at index ``m``
-        gives the output of the depth-``m`` stack, so one sweep serves every depth.
+        Block ``l`` of a stack depends only on ``(seed, l)``, so reading index ``m`` of a deep
+        stack gives the stack of depth ``m``: one sweep serves every depth.
 
         Parameters
         ----------
         layer : int
-            Stream index ``m`` (``1 <= m <= L``) at which to read.
+            Stream index ``m`` in ``[1, L]``.
         kind : {"relative_projection", "relative_size"}
-            ``"relative_projection"``: :math:`|\\operatorname{mean}(p_m/\\|h_m\\|)|`, the
-            part of the injected direction still readable, relative to the stream's size;
-            ``"relative_size"``: :math:`\\operatorname{mean}(\\|\\delta_m\\|/\\|h_m\\|)`.
+            :math:`|\operatorname{mean}(p_m/\|h_m\|)|` or :math:`\operatorname{mean}(\|\delta_m\|/\|h_m\|)`.
         positions : {"all", "injected", "later"}
-            Tokens to average over (see :meth:`effect`).
+            Tokens averaged (:meth:`effect`).
 
         Returns
         -------
         (numpy.ndarray of int, numpy.ndarray)
-            The injection layers ``l < m`` of this sweep and the effect of each.
+            The injection layers below ``m`` and their effects.
 
         Raises
         ------
         TypeError
             If ``layer`` is not an integer.
         ValueError
-            If ``layer`` is out of range, no injection layer lies below it, or ``kind`` or
-            ``positions`` is unknown.
+            If ``layer`` is out of range or has no injection below it, or ``kind``/``positions`` is unknown.
         """
         m = check_int(layer, "layer", 1)
         if m > self.n_layers:
@@ -406,50 +383,32 @@ class SweepResult:
             vals = self.metrics["relative_size"][keep, m]
             return lay[keep], vals[:, :, pos].mean(axis=(1, 2))
         raise ValueError(f"kind must be 'relative_projection' or 'relative_size', got {kind!r}")
-def sweep_injections(
-    model,
-    inputs,
-    layers,
-    vector,
-    scale=1.0,
-    positions=None,
-    measure: Callable | None = None,
-    max_batch_tokens: int = 16384,
-    max_length: int | None = None,
-) -> SweepResult:
+
+
+def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, measure: Callable | None = None,
+                     max_batch_tokens: int = 16384, max_length: int | None = None) -> SweepResult:
     """Baseline run and one injected run per (layer, scale), sharing all common computation.
 
     Parameters
     ----------
-    model : companion.transformers.models.LoadedModel, companion.stacks.residual.ResidualStack or TinyLM
-        A real Transformer (:class:`companion.transformers.stream.ModelAdapter`) or a stack
-        (:class:`companion.stacks.tinylm.StackAdapter`); an adapter built by :func:`adapt` is used
-        as it is.
-    inputs
-        Texts or an encoding (real model), a ``[B, T, d]`` stream (ResidualStack) or ``[B, T]``
-        token ids (TinyLM); ignored when ``model`` is an adapter.
-    layers : sequence of int in ``[0, L]`` (or ``"all"`` for ``0 .. L``)
-        Injection layers, same indexing as :func:`companion.transformers.stream.inject`; repeats are not
-        allowed.
-    vector : array ``[d]`` or ``[n_layers, d]``
-        One vector for every layer, or one per injection layer (e.g. a concept vector read at
-        that layer).
+    model : LoadedModel, ResidualStack, TinyLM, or an adapter from :func:`adapt`
+        The model (an adapter is used as it is, without a second check).
+    inputs : texts, encoding, ``[B, T, d]`` stream or ``[B, T]`` token ids
+        Ignored when ``model`` is an adapter.
+    layers : sequence of int in ``[0, L]``, or ``"all"``
+        Injection layers, without repeats.
+    vector : array, shape ``[d]`` or ``[n_layers, d]``
+        One vector for every layer, or one per injection layer.
     scale : float or sequence of float
-        Magnitude(s) ``c`` of the injected ``c · v``.
-    positions : None, sequence of int, or boolean ``[batch, tokens]``
-        As in :func:`companion.transformers.stream.inject` (real model) or token positions of every
-        sequence (stack); ``None`` = every real token.
-    measure : callable or None
-        ``measure(h_injected, h_base) -> Tensor`` with ``h_injected`` of shape
-        ``[K, batch, tokens, d]`` (``K`` runs at one layer) and ``h_base`` of shape
-        ``[batch, tokens, d]``; must return a tensor of shape ``[K, ...]`` (the same trailing
-        shape at every layer) and must not modify its inputs.  Applied at every layer as the
-        sweep proceeds, so the injected streams are never all held in memory.  A callable
-        with four parameters is called as ``measure(h_injected, h_base, layer, conditions)``
-        with the residual-stream index ``layer`` and ``conditions`` a ``[K, 2]`` LongTensor of
-        (index into ``layers``, index into the scales) for each of the ``K`` runs.
+        Magnitude(s) ``c`` of the injected ``c * v``.
+    positions : None, sequence of int, or bool array ``[batch, tokens]``
+        Positions that receive the vector (:func:`companion.transformers.stream.position_mask`).
+    measure : callable, optional
+        ``measure(h_injected [K, batch, tokens, d], h_base) -> [K, ...]``, applied at every layer
+        (the streams are never all held); with four parameters also ``(layer, conditions)``,
+        ``conditions`` ``[K, 2]`` (layer index, scale index).
     max_batch_tokens : int, default 16384
-        At most this many token rows (runs × batch × tokens) go through a block at once.
+        Most token rows through a block at once (real models).
     max_length : int or None
         Truncation length of a real model's texts.
 
@@ -463,29 +422,19 @@ def sweep_injections(
     TypeError
         For arguments of the wrong type.
     ValueError
-        If a layer is outside ``[0, L]`` or repeated, ``vector`` has the wrong shape or is not
-        finite, a scale is not finite, ``vector`` or some ``scale · vector`` overflows the
-        model's dtype, ``texts`` is empty or ``positions`` is invalid.
+        For a layer out of range or repeated, a bad or overflowing vector, a non-finite scale,
+        empty texts or bad positions.
 
     Notes
     -----
-    One baseline forward records every ``h_l`` and the exact arguments transformers passes to
-    each block (attention masks, rotary ``position_embeddings`` ...; forward pre-hooks with
-    ``with_kwargs=True``).  A run injected at ``l`` then starts from ``h_l + c·v`` and replays
-    only blocks ``l .. L-1`` with those arguments, repeated along the batch axis: at block ``i``
-    all runs with ``l ≤ i`` are stacked into one batch.  Injecting at every layer of an
-    ``L``-block model therefore costs about ``L(L+1)/2`` block evaluations instead of
-    ``L(L+1)`` for one full forward per layer (``benchmarks/bench_probes.py``).  Results equal
-    :func:`companion.transformers.stream.inject` up to floating-point reordering (tested to ``1e-4``
-    relative).  A stack runs every condition through a block on its own (``max_batch_tokens``
-    is ignored): each injected run is then the same arithmetic as
-    ``ResidualStack.forward(inject_layer=...)``, bit for bit.
+    At block ``i`` all runs injected at ``l <= i`` are stacked into one batch, with the exact
+    block arguments recorded in the baseline: about ``L(L+1)/2`` block calls instead of
+    ``L(L+1)``.  Equals :func:`companion.transformers.stream.inject` to ``1e-4``; on a stack,
+    ``ResidualStack.forward(inject_layer=...)`` bit for bit.
 
     Examples
     --------
     >>> sw = sweep_injections(m, texts, "all", v, scale=[2.0, 8.0])   # doctest: +SKIP
-    >>> sw.injected.shape                                             # doctest: +SKIP
-    torch.Size([31, 2, 31, 4, 12, 576])
     """
     ad = model if isinstance(model, (ModelAdapter, StackAdapter)) else adapt(model, inputs, max_length)
     L = ad.n_layers
@@ -500,8 +449,16 @@ def sweep_injections(
     check_int(max_batch_tokens, "max_batch_tokens", 1)
     if measure is not None and not callable(measure):
         raise TypeError("measure must be a callable measure(h_injected, h_base) or None")
+    sw = _sweep(ad, layers, vec, scales, ad.position_mask(positions), measure, max_batch_tokens)
+    if scalar:
+        return replace(sw, injected=sw.injected[:, 0], scales=scales[0])
+    return sw
 
-    sel = ad.position_mask(positions)
+
+def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tensor, measure,
+           max_batch_tokens: int) -> SweepResult:
+    """The engine of :func:`sweep_injections` on checked arguments (runs ``[layer, scale]``)."""
+    L = ad.n_layers
     base = ad.baseline
     batch, tokens = sel.shape
     selmask = sel.unsqueeze(-1).to(ad.dtype)
@@ -555,94 +512,63 @@ def sweep_injections(
                 if i < L and active:
                     h = ad.block(i, h, len(active))
 
-    shape = (len(layers),) if scalar else (len(layers), len(scales))
-    injected = out.reshape(*shape, *out.shape[1:])
+    injected = out.reshape(len(layers), len(scales), *out.shape[1:])
     return SweepResult(
-        layers=np.asarray(layers), scales=scales[0] if scalar else np.asarray(scales), n_layers=L,
+        layers=np.asarray(layers), scales=np.asarray(scales), n_layers=L,
         baseline=torch.stack(base), injected=injected, attention_mask=ad.attention_mask,
         injected_mask=sel,
     )
 
 
-# --------------------------------------------------------------------------------------------
-# stacks: every metric per layer and position
-# --------------------------------------------------------------------------------------------
-def sweep_stack_injections(
-    model,
-    inputs,
-    layers=None,
-    scale: float = 0.1,
-    relative: bool = True,
-    direction=None,
-    positions=None,
-    seed: int = 0,
-) -> SweepResult:
+# --- stacks: every metric per layer and position
+def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relative: bool = True, direction=None,
+                           positions=None, seed: int = 0) -> SweepResult:
     r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
 
     Parameters
     ----------
     model : companion.stacks.residual.ResidualStack or companion.stacks.tinylm.TinyLM
-        The stack (random or trained).  It is run under ``torch.no_grad`` on its own device.
+        The stack.
     inputs : torch.Tensor
-        ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a
-        ``TinyLM``.
+        ``[B, T, d]`` stream (ResidualStack) or ``[B, T]`` token ids (TinyLM).
     layers : sequence of int, optional
-        Injection layers (stream indices ``0 <= l <= L``), strictly increasing.  Default
-        ``0, ..., L-1``.
+        Strictly increasing injection layers in ``[0, L]`` (default ``0 .. L-1``).
     scale : float, default 0.1
-        With ``relative=True`` the injected norm is
-        :math:`a_\ell = \text{scale}\cdot\sqrt{\mathbb E\|h_\ell\|^2}` (the baseline's
-        root-mean-square stream norm at that layer, over batch and tokens); otherwise
-        :math:`a_\ell = \text{scale}`.
+        :math:`a_\ell` = ``scale`` times the baseline's RMS norm at ``l`` (``relative``), else ``scale``.
     relative : bool, default True
         See ``scale``.
     direction : array_like, shape ``[d]``, optional
-        The direction ``v`` (normalised here).  Default
-        :func:`companion.injection.directions.random_direction` with ``seed``.
+        Direction ``v`` (default :func:`~companion.injection.directions.random_direction` with ``seed``).
     positions : int or sequence of int, optional
-        Token positions that receive the vector (``None``: all).
+        Token positions that receive the vector (default all).
     seed : int, default 0
         Seed of the default direction.
 
     Returns
     -------
     SweepResult
-        ``scales`` = ``scale``; ``coefficient`` ``[K]`` the injected norms :math:`a_\ell`;
-        ``metrics`` ``[K, L+1, B, T]``; ``effects`` ``output_change``, ``output_projection``
-        and, for a ``TinyLM``, ``kl``, each ``[K, B, T]``; ``predicted_projection``,
-        ``base_norm``, ``base_sq_norm``, ``direction``, ``placement``.
+        ``metrics`` ``[K, L+1, B, T]``; ``effects`` ``output_change``, ``output_projection`` (and
+        ``kl`` for a TinyLM); ``predicted_projection``, ``base_norm``, ``base_sq_norm``,
+        ``direction``, ``placement``, ``coefficient``.
 
     Raises
     ------
     TypeError
-        If ``model`` is neither a ``ResidualStack`` nor a ``TinyLM``, ``relative`` is not a
-        bool, or ``scale``/``seed`` have the wrong type.
+        If ``model`` is not a stack or an argument has the wrong type.
     ValueError
-        If ``scale`` <= 0, ``layers`` is empty, not strictly increasing or out of
-        ``[0, L]``, ``direction`` has the wrong shape or is zero, or ``inputs``/``positions``
-        are rejected by the model's forward pass.
+        If ``scale <= 0``, ``layers`` is bad, ``direction`` is bad or zero, or the vectors overflow.
 
     Notes
     -----
-    One :func:`sweep_injections` through :class:`companion.stacks.tinylm.StackAdapter`: the baseline
-    runs once, and a run injected at :math:`\ell` replays only blocks :math:`\ell .. L-1`,
-    with the same arithmetic as ``ResidualStack.forward(inject_layer=ell)``.  Every layer is
-    measured with :func:`companion.injection.metrics.perturbation_metrics` as the sweep proceeds.  The skip-path prediction is the first-order
-    statement of the chapter's propositions: Post-LN multiplies the projection by
-    :math:`\lambda\,\hat v^\top\operatorname{diag}(\gamma)\hat v/s(u)` at every norm
-    (:func:`postln_contraction_factors`), Pre-LN by :math:`\lambda` at every sublayer.  The
-    KL divergence is :func:`companion.injection.metrics.next_token_kl`.
+    The skip-path prediction is the first-order law of the chapter
+    :doc:`/book/three_effect_framework` (:func:`~companion.injection.metrics.postln_contraction_factors`).
 
     Examples
     --------
     >>> from companion.stacks.residual import StackConfig, ResidualStack
     >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2, placement="post"))
-    >>> sw = sweep_stack_injections(stack, torch.randn(2, 4, 16), scale=1e-4)
-    >>> sw.metrics["projection"].shape, sw.effect("output_change").shape
-    ((3, 4, 2, 4), (3,))
-    >>> p, q = sw.metrics["projection"][0, 0], sw.predicted_projection[0, 0]  # at injection
-    >>> bool(np.allclose(p, q, rtol=1e-3))
-    True
+    >>> sweep_stack_injections(stack, torch.randn(2, 4, 16), scale=1e-4).metrics["projection"].shape
+    (3, 4, 2, 4)
     """
     ad = StackAdapter(model, inputs)
     stack, is_lm = ad.stack, ad.lm is not None
@@ -665,10 +591,8 @@ def sweep_stack_injections(
     amps = scale * np.sqrt(sq[lay]) if relative else np.full(lay.size, scale)
     top = float(torch.finfo(ad.dtype).max)
     if not np.all(amps * float(v_t.abs().max()) <= top):
-        raise ValueError(
-            f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
-            f"of the stack's dtype {ad.dtype} (max {top:.4g}); use a smaller scale"
-        )
+        raise ValueError(f"the injected vectors a_l v reach {np.max(amps):.4g} in norm, beyond the range "
+                         f"of the stack's dtype {ad.dtype} (max {top:.4g}); use a smaller scale")
 
     # skip-path factors of the baseline: [L, B, T]
     lam = cfg.residual_scale
@@ -709,8 +633,7 @@ def sweep_stack_injections(
         return torch.from_numpy(np.stack([m[name][0] for name in pt.METRIC_NAMES]))[None]
 
     vectors = torch.stack([float(a) * v_t for a in amps])
-    sw = sweep_injections(ad, None, lay.tolist(), vectors, scale=[1.0], positions=positions,
-                         measure=measure)
+    sw = _sweep(ad, tuple(lay.tolist()), vectors, (1.0,), ad.position_mask(positions), measure, 1)
     got = sw.injected[:, 0].numpy()                       # [K, L+1, n_metric, B, T]
     metrics = {name: np.ascontiguousarray(got[:, :, i]) for i, name in enumerate(pt.METRIC_NAMES)}
     predicted = np.stack([pt.predicted_projection(factors, ell, amps[k] * mask_np[None, :])
@@ -727,9 +650,7 @@ def sweep_stack_injections(
     )
 
 
-# --------------------------------------------------------------------------------------------
-# real models: metrics per position group, output effects
-# --------------------------------------------------------------------------------------------
+# --- real models: metrics per position group, output effects
 def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
     ok = groups[None] & np.isfinite(values)[:, None]  # [K, G, B, T]
@@ -753,69 +674,48 @@ def _check_scales(scales) -> np.ndarray:
 
 def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, relative: bool = True,
                     norms=None, max_batch_tokens: int = 16384, centre=None) -> SweepResult:
-    r"""Inject ``c * v_hat`` at each layer and magnitude; measure every layer and the output.
+    r"""Inject ``c * v_hat`` into a real model at each layer and magnitude; measure every layer and the output.
 
     Parameters
     ----------
     m : LoadedModel
+        The model.
     prompts : InjectionPrompts
-        From :func:`companion.injection.directions.make_prompts` (for the same model).
+        From :func:`companion.injection.directions.make_prompts` for ``m``.
     layers : sequence of int
-        Injection layers (stream indices in ``[0, L]``), strictly increasing.
+        Strictly increasing injection layers in ``[0, L]``.
     directions : array_like, shape ``[d]`` or ``[n_inj, d]``
-        One direction for every layer (e.g. a random unit vector) or one per injection layer
-        (e.g. ``ConceptVectors.unit[layers]``).  Normalised here.
+        One direction for all layers or one per layer (normalised here).
     scales : float or sequence of float
-        Magnitudes, > 0.  With ``relative=True`` they are :math:`\alpha` and the added vector at
-        layer :math:`\ell` is :math:`\alpha\, n_\ell\, \hat v` (:func:`companion.injection.directions.typical_norms`);
-        otherwise they are the absolute length :math:`c`.
+        Magnitudes > 0: :math:`\alpha` with ``c = alpha * norms[l]`` (``relative``), else ``c``.
     relative : bool, default True
+        See ``scales``.
     norms : array_like, shape ``[L+1]``, optional
-        The magnitude unit per layer (``c = alpha * norms[l]``): default the typical norms
-        :math:`n_\ell` of a baseline run of ``prompts``; pass
-        :func:`companion.injection.directions.typical_spreads` to scale by the centred spread
-        :math:`s_\ell` instead.
+        Magnitude unit per layer (default
+        :func:`~companion.injection.directions.typical_norms` of the baseline run).
     max_batch_tokens : int, default 16384
-        Passed to :func:`sweep_injections` (memory bound per block call).
+        As in :func:`sweep_injections`.
     centre : array_like, shape ``[L+1, d]``, optional
-        A mean stream :math:`\mu_\ell` (:func:`companion.injection.directions.stream_means`): the metrics
-        then also hold ``relative_size_centred``, ``cos_inj_base_centred`` and
-        ``norm_ratio_centred``, the same three computed on :math:`h - \mu_\ell`
-        (:func:`companion.injection.metrics.perturbation_metrics`) from the same runs (the
-        projection and the distance do not depend on a centre).  Default ``None``: uncentred only.
+        Also measure the ``*_centred`` metrics on :math:`h - \mu_\ell`.
 
     Returns
     -------
     SweepResult
-        ``scales`` an array; ``coefficient`` ``[n_inj, n_scales]`` the absolute length ``c``
-        of each added vector; ``typical_norm``; ``metrics``
-        ``[n_inj, n_scales, L+1, batch, 3]`` averaged over the positions of each group of
-        :data:`~companion.injection.directions.GROUPS` in each prompt; ``effects`` ``{effect_name:
-        [n_inj, n_scales, batch]}`` with ``effect_name`` ``"kl_last"`` (causal LM) or
-        ``"embedding_change"`` (encoder).
+        ``metrics`` ``[n_inj, n_scales, L+1, batch, 3]`` (groups
+        :data:`~companion.injection.directions.GROUPS`), ``effects`` ``kl_last`` (causal LM) or
+        ``embedding_change`` (encoder) ``[n_inj, n_scales, batch]``, ``coefficient``, ``typical_norm``.
 
     Raises
     ------
     TypeError
-        Wrong argument types.
+        For wrong argument types.
     ValueError
-        Layers outside ``[0, L]``, not increasing; a direction of the wrong shape or zero;
-        non-positive scales; ``norms`` of the wrong shape or non-positive; ``centre`` of the
-        wrong shape or not finite; injected vectors
-        beyond the range of the model's dtype.
+        For bad layers, directions, scales, ``norms`` or ``centre``, or overflowing vectors.
 
     Notes
     -----
-    Runs :func:`sweep_injections` once (blocks before an injection layer are
-    never recomputed), with a ``measure`` that applies
-    :func:`companion.injection.metrics.perturbation_metrics` at every layer as the sweep proceeds,
-    each run against its own direction, and keeps only the per-group means and the output row
-    (the last token's state for a causal LM, the mean-pooled state for an encoder, kept at the
-    last layer only), so memory stays O(runs x (layers + d) x batch).  The
-    output effect is :func:`companion.injection.metrics.next_token_kl` of the logits at the last token
-    (:func:`companion.logits_from_residual`) for a causal LM, and
-    :func:`companion.injection.metrics.embedding_change` of the mean-pooled final state for an encoder (the
-    all-MiniLM-L6-v2 embedding up to its final normalisation, which :math:`1-\cos` ignores).
+    One :func:`sweep_injections` with a ``measure`` that keeps only the group means and the
+    output row, so memory is O(runs x (layers + d) x batch).  Chapter :doc:`/book/injection_real_models`.
 
     Examples
     --------
@@ -823,18 +723,17 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     >>> tr.mean("relative_size", "last").shape                                                # doctest: +SKIP
     (3, 2, 31)
     """
-    check_model(m)
     if not isinstance(prompts, InjectionPrompts):
+        check_model(m)
         raise TypeError(f"prompts must come from companion.injection.directions.make_prompts, got {type(prompts).__name__}")
+    ad = ModelAdapter(m, prompts.encoding)  # the one check of the model
     relative = check_bool(relative, "relative")
     L, d = m.n_layers, m.d_model
     lay = list(_injection_layers(layers, L, m.name, increasing=True))
     unit = _unit_directions(directions, d, len(lay))
     sc = _check_scales(scales)
     if norms is None:
-        base = residual_stream(m, prompts.encoding)
-        norms = typical_norms(base, prompts.injected)
-        del base
+        norms = typical_norms(torch.stack(ad.baseline), prompts.injected)
     norms = real_array("norms", norms)
     if norms.shape != (L + 1,) or np.any(norms <= 0):
         raise ValueError(f"norms must be {L + 1} positive numbers (one per layer), got shape {norms.shape}")
@@ -855,6 +754,8 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     n_inj, n_sc = len(lay), len(sc)
     rows = torch.zeros(n_inj, n_sc, B, d, dtype=torch.float64)  # output rows at layer L
 
+    v_hat = pt._unit_vectors(unit)[0]  # as perturbation_metrics normalises a direction
+
     def measure(h_inj, h_base, layer, conditions):
         # conditions[k] = (index into lay, index into sc) of run k: each run is measured
         # against the direction it was injected along
@@ -862,10 +763,10 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         hi64 = hi.numpy()[None]  # one "layer" axis of K runs for perturbation_metrics
         hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]
         cond = conditions.cpu()
-        v = unit[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
-        met = pt.perturbation_metrics(hb64, hi64, v)
+        v = v_hat[cond[:, 0].numpy()][:, None, None, :]  # [K, 1, 1, d]
+        met = pt._perturbation_metrics(hb64, hi64, v)
         if centre is not None:  # the same runs measured on h - mu_l
-            cen = pt.perturbation_metrics(hb64, hi64, v, centre[layer][None])
+            cen = pt._perturbation_metrics(hb64, hi64, v, centre[layer][None])
             met.update({k + "_centred": cen[k] for k in centred})
         if layer == L:
             row = hi[:, last] if causal else (hi * mask[None, :, :, None]).sum(2) / mask.sum(1)[None, :, None]
@@ -873,22 +774,23 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         return torch.from_numpy(np.stack([_group_means(met[name][0], groups)
                                           for name in names], -1))  # [K, B, 3, n_metric]
 
-    vecs = torch.from_numpy(factor[:, None] * unit)
-    sw = sweep_injections(m, prompts.encoding, lay, vecs, scale=list(sc), positions=prompts.injected,
-                                measure=measure, max_batch_tokens=max_batch_tokens)
+    vecs = ad.check_vector(torch.from_numpy(factor[:, None] * unit), len(lay), tuple(sc))
+    max_batch_tokens = check_int(max_batch_tokens, "max_batch_tokens", 1)
+    sw = _sweep(ad, tuple(lay), vecs, tuple(float(x) for x in sc), ad.position_mask(prompts.injected),
+                measure, max_batch_tokens)
     grouped = sw.injected.to(torch.float64).numpy()  # [n_inj, n_sc, L+1, B, 3, n_metric]
     hb = sw.baseline[L].detach().to("cpu", torch.float64)
     base_row = hb[last] if causal else (hb * mask[..., None]).sum(1) / mask.sum(1)[:, None]
     metrics = {name: np.ascontiguousarray(grouped[..., i]) for i, name in enumerate(names)}
     if causal:
-        lb = logits_from_residual(m, base_row.to(torch.float32))
+        lb = ad.logits(base_row.to(torch.float32))
         effect = np.empty((n_inj, n_sc, B))
         for j in range(n_inj):
-            li = logits_from_residual(m, rows[j].to(torch.float32))  # [n_sc, B, vocab]
-            effect[j] = pt.next_token_kl(lb.expand_as(li), li)
+            li = ad.logits(rows[j].to(torch.float32))  # [n_sc, B, vocab]
+            effect[j] = pt._next_token_kl(lb.expand_as(li).detach().cpu().double(), li.detach().cpu().double())
         name = "kl_last"
     else:
-        effect = pt.embedding_change(base_row.expand_as(rows), rows)
+        effect = pt._embedding_change(base_row.expand_as(rows).numpy(), rows.numpy())
         name = "embedding_change"
     return SweepResult(
         layers=np.asarray(lay), scales=sc, n_layers=L, baseline=sw.baseline,

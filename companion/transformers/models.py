@@ -547,6 +547,11 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     2
     """
     check_model(m)
+    return _tokenize(m, texts, max_length)
+
+
+def _tokenize(m: LoadedModel, texts, max_length=None):
+    """:func:`tokenize` for a checked model."""
     texts = check_texts(texts, single=True)
     if max_length is None:
         max_length = m.max_length
@@ -586,6 +591,13 @@ def encode(m: LoadedModel, texts, max_length=None) -> dict:
     >>> sorted(enc)                                             # doctest: +SKIP
     ['attention_mask', 'input_ids', 'token_type_ids']
     """
+    if not (isinstance(texts, Mapping) and "input_ids" in texts):
+        check_model(m)
+    return _encode(m, texts, max_length)
+
+
+def _encode(m: LoadedModel, texts, max_length=None) -> dict:
+    """:func:`encode` for a checked model."""
     if isinstance(texts, Mapping) and "input_ids" in texts:
         enc = {k: v.to(m.device) for k, v in texts.items() if isinstance(v, torch.Tensor)}
         if "attention_mask" not in enc:
@@ -593,7 +605,7 @@ def encode(m: LoadedModel, texts, max_length=None) -> dict:
         if enc["input_ids"].ndim != 2 or enc["input_ids"].shape[0] == 0:
             raise ValueError("an encoding must hold input_ids of shape [batch, tokens] with batch >= 1")
         return enc
-    return dict(tokenize(m, texts, max_length))
+    return dict(_tokenize(m, texts, max_length))
 
 
 def check_model(m, name: str = "m") -> LoadedModel:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from companion._validation import check_int, check_texts
-from companion.transformers.models import LoadedModel, check_model, tokenize
+from companion.transformers.models import LoadedModel, _tokenize, check_model
 
 __all__ = ["logits_from_residual", "next_token_loss", "sentence_embedding"]
 
@@ -57,6 +57,11 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
     if h.shape[-1] != m.d_model:
         raise ValueError(f"h must end with the model width {m.d_model}, got shape {tuple(h.shape)}")
+    return _logits(m, h)
+
+
+def _logits(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
+    """:func:`logits_from_residual` of a checked causal LM and tensor."""
     with torch.no_grad():
         h = h.to(device=m.device, dtype=m.dtype)
         if m.final_norm is not None:
@@ -111,7 +116,7 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     total, count, per = 0.0, 0, []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            enc = tokenize(m, texts[start:start + batch_size], max_length)
+            enc = _tokenize(m, texts[start:start + batch_size], max_length)
             mask = enc["attention_mask"]
             if (mask.sum(dim=1) < 2).any():
                 raise ValueError("every text needs at least two tokens to predict a next token")
@@ -167,7 +172,7 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: 
     out = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            enc = tokenize(m, texts[start:start + batch_size], max_length)
+            enc = _tokenize(m, texts[start:start + batch_size], max_length)
             hidden = m.base(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                             use_cache=False).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)

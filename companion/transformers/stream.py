@@ -47,8 +47,8 @@ import torch
 
 from companion._validation import check_layer, check_real, check_vector
 from companion.transformers.hooks import hooks
-from companion.transformers.models import LoadedModel, check_model, encode
-from companion.transformers.readout import logits_from_residual
+from companion.transformers.models import LoadedModel, _encode, check_model
+from companion.transformers.readout import _logits
 
 __all__ = [
     "residual_stream",
@@ -252,7 +252,7 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     torch.Size([7, 2, 5, 384])
     """
     check_model(m)
-    enc = encode(m, texts, max_length)
+    enc = _encode(m, texts, max_length)
     return torch.stack(forward_states(m, enc))
 
 
@@ -307,7 +307,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     layer = check_layer(layer, m.n_layers, m.name)
     scale = check_real(scale, "scale")
     vec = check_vector(vector, m.d_model, dtype=m.dtype, device=m.device, scales=(scale,), where=m.name)
-    enc = encode(m, texts, max_length)
+    enc = _encode(m, texts, max_length)
     sel = position_mask(enc["attention_mask"], positions)
     delta = (scale * vec) * sel.unsqueeze(-1).to(vec.dtype)
     return torch.stack(forward_states(m, enc, add=(layer, delta)))
@@ -370,7 +370,7 @@ class ModelAdapter:
     def __init__(self, m: LoadedModel, texts, max_length: int | None = None):
         check_model(m)
         self.model = m
-        self.encoding = encode(m, texts, max_length)
+        self.encoding = _encode(m, texts, max_length)
         self.n_layers, self.d_model, self.dtype, self.device = m.n_layers, m.d_model, m.dtype, m.device
         self.name = m.name
         self._run = None
@@ -401,6 +401,6 @@ class ModelAdapter:
         return h if self.model.final_norm is None else self.model.final_norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor | None:
-        return logits_from_residual(self.model, h) if self.model.kind == "causal-lm" else None
+        return _logits(self.model, h) if self.model.kind == "causal-lm" else None
 
 
