@@ -99,8 +99,7 @@ def linear_input_sites(m) -> list:
     Returns
     -------
     list of (torch.nn.Linear, torch.nn.Linear)
-        The query projection and the first FFN linear layer of each block: their inputs are
-        the normalised hidden states of LLM.int8().
+        The query projection and the first FFN linear layer of each block: their inputs are the normalised hidden states of LLM.int8().
 
     Raises
     ------
@@ -148,13 +147,6 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
         For arguments of the wrong type.
     ValueError
         If ``texts`` is empty, ``threshold < 0`` or no position is left.
-
-    Notes
-    -----
-    Forward pre-hooks read the input of the query projection (after the block's input norm in a
-    pre-norm model; the previous block's LayerNorm output in a post-LN model) and of the FFN's
-    first linear layer (after the second norm), as the model computes them.  In a post-LN
-    model the query input of block :math:`l` is the residual stream :math:`h_l` itself.
 
     Examples
     --------
