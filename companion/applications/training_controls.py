@@ -16,6 +16,7 @@ Two proposals of the note for training are turned into measurements on a byte-le
 Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``.  The note
 writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
 feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
+Derivations: the chapter :doc:`/book/training_controls`.
 """
 
 from __future__ import annotations
@@ -73,17 +74,7 @@ def tail_clip_threshold(mean, std, delta: float):
     TypeError
         If ``delta`` is not a real number, or ``mean``/``std`` are not numeric.
     ValueError
-        If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64
-        range.
-
-    Notes
-    -----
-    If ``G − m`` is ``s²``-sub-Gaussian, the Chernoff bound gives the one-sided tail
-    ``P(G − m ≥ u) ≤ exp(−u²/(2s²))``; setting it equal to ``δ`` gives ``u = s sqrt(2 ln(1/δ))``
-    (``ln(1/δ)`` is taken as ``−ln δ`` below 1e-300 and ``−log1p(δ − 1)`` above 0.99, where
-    ``1/δ`` overflows or keeps too few digits).
-    This is the "threshold from the tail bound" of the note, made explicit; whether gradient
-    norms obey it is an empirical question (the book measures the clipping rate).
+        If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64 range.
 
     Examples
     --------
@@ -132,20 +123,11 @@ class TailClipper:
     TypeError, ValueError
         For non-integer or non-positive sizes, ``min_history > window``, or a bad ``delta``.
 
-    Notes
-    -----
-    ``τ_t = m_t + s_t sqrt(2 ln(1/δ))`` with ``m_t``, ``s_t`` the mean and (population)
-    standard deviation of the window.  A data-driven ("dynamic") rule in the sense of the
-    note; the norms are recorded before clipping.
-
     Examples
     --------
     >>> c = TailClipper(delta=0.01, window=3, min_history=2)
     >>> c.threshold
     inf
-    >>> for g in (1.0, 2.0, 3.0, 4.0): c.update(g)
-    >>> round(c.threshold, 4)     # window (2, 3, 4): mean 3, std 0.8165
-    5.4779
     """
 
     def __init__(self, delta: float = 0.01, window: int = 50, min_history: int = 20):
@@ -197,12 +179,6 @@ def column_means(weight: torch.Tensor) -> torch.Tensor:
     ValueError
         If ``weight`` is not 2-D.
 
-    Notes
-    -----
-    In the note's layout ``X = Wᵀ Z`` these are the means of the columns of ``W``.  If every
-    input has the same mean ``m̄``, output ``j`` has mean ``in · m̄ · c_j``: the column means
-    carry a uniform input mean into the outputs.
-
     Examples
     --------
     >>> column_means(torch.tensor([[1.0, 3.0], [2.0, -2.0]])).tolist()
@@ -237,12 +213,6 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
     ValueError
         If ``weights`` is empty, a λ is negative or not finite, or a weight is not 2-D.
 
-    Notes
-    -----
-    Squared norms (the note says "L2 norm"; the square is smooth at 0 and is what is used
-    in practice).  With i.i.d. entries of variance ``s²``, ``‖W‖_F² = out·in·s²`` while
-    ``‖colmean(W)‖² ≈ out·s²/in``: the two λ live on scales ``in²`` apart.
-
     Examples
     --------
     >>> W = torch.tensor([[1.0, 3.0], [2.0, -2.0]])
@@ -273,8 +243,7 @@ def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[
     Parameters
     ----------
     model : torch.nn.Module
-        E.g. a :class:`companion.stacks.tinylm.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP
-        ``w_in, w_out``; ``unembed``).
+        E.g. a :class:`companion.stacks.tinylm.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP ``w_in, w_out``; ``unembed``).
     targets : sequence of str
         Attribute names, e.g. ``("w_v", "w_o")`` for the note's "value and output matrices".
 
@@ -319,8 +288,7 @@ class TrainingControls:
     Parameters
     ----------
     clip : {"none", "fixed", "tail"}, default "fixed"
-        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the
-        :class:`TailClipper` threshold; ``"none"``: never clip.
+        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the :class:`TailClipper` threshold; ``"none"``: never clip.
     clip_value : float > 0, default 1.0
     tail_delta : float in (0, 1), default 0.01
     tail_window : int ≥ 2, default 50
@@ -445,11 +413,11 @@ def train_with_controls(
     seed : int
         Seed of the window sampling (the weights are seeded by ``config.seed``).
     dtype : torch.float32 or torch.float64, default float32
-        Precision of the weights and of training.  In float64 the trajectory depends on the
-        CPU's kernel set only in the last digits, which long runs amplify far less than in float32.
+        Precision of the weights and of training.  In float64 the trajectory depends on the CPU's kernel set only in the last digits, which long runs
+        amplify far less than in float32.
     callback : callable or None
-        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1),
-        e.g. to measure the residual stream during training; it must not change the model.
+        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1), e.g. to measure the residual stream during training;
+        it must not change the model.
 
     Returns
     -------
@@ -460,24 +428,14 @@ def train_with_controls(
     TypeError
         For arguments of the wrong type.
     ValueError
-        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or
-        a training loss that becomes NaN/inf (the message says at which step).
-
-    Notes
-    -----
-    Each step: sample ``batch_size`` windows, ``loss = CE + penalty``, backward, record the
-    global gradient norm ``‖g‖``, clip to ``τ`` if ``‖g‖ > τ`` (rescale by ``τ/‖g‖``), Adam
-    step.  The tail rule updates its window with the *unclipped* norm after deciding.
-    Deterministic on CPU for fixed seeds and thread count.
+        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a training loss that becomes NaN/inf (the message
+        says at which step).
 
     Examples
     --------
     >>> from companion.stacks.residual import byte_tokenize
     >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
     >>> ids = byte_tokenize("abcabcabd" * 30)
-    >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
-    >>> run.losses.shape, run.clipped.dtype
-    ((3,), dtype('bool'))
     """
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
@@ -583,8 +541,6 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
     --------
     >>> from companion.stacks.residual import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
-    >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
-    True
     """
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
@@ -628,8 +584,7 @@ class StreamDrift:
         Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
     n_tokens : int
     channel_max_abs : numpy.ndarray, shape (L+1, d)
-        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the
-        layer's rms).
+        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the layer's rms).
     """
 
     mean: np.ndarray
@@ -684,18 +639,11 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
     ValueError
         If ``multiples`` is empty or not positive, or ``ids`` is too short.
 
-    Notes
-    -----
-    ``stream[l]`` is the residual stream before block ``l`` (:class:`companion.stacks.residual.StackOutput`),
-    ``l = 0 … L``.  Counts follow ``C_j(t) = #{i : |x_ij| > t}`` of the note's Theorem 2.
-
     Examples
     --------
     >>> from companion.stacks.residual import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
-    >>> sd.mean.shape, sd.exceed_frac.shape
-    ((3, 8), (3, 2))
     """
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
@@ -731,8 +679,7 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
     Parameters
     ----------
     values : array_like, at least 2 entries along ``axis``
-        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired
-        differences between two arms that share their seeds.
+        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired differences between two arms that share their seeds.
     level : float in (0, 1), default 0.95
     axis : int, default 0
         The seed axis.
@@ -747,14 +694,7 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
     TypeError
         If ``values`` is not numeric or ``level`` not a real number.
     ValueError
-        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is
-        out of range.
-
-    Notes
-    -----
-    The interval assumes the per-seed values are independent draws of one distribution (seeds
-    of the initialisation and of the data order) and roughly normal; with 5 to 10 seeds it is
-    what the data support, and it is wide: ``t_{4, 0.975} = 2.78``.
+        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is out of range.
 
     Examples
     --------
