@@ -73,8 +73,13 @@ def quantize_linear_inputs(
 
     Examples
     --------
+    >>> from companion.applications.quantization import fake_quantize
     >>> lin = torch.nn.Linear(3, 2)
     >>> x = torch.tensor([[0.1, -2.0, 0.7]])
+    >>> with quantize_linear_inputs(lin, 2, modules={"lin": lin}):
+    ...     y = lin(x)
+    >>> torch.allclose(y, lin(fake_quantize(x, 2)))
+    True
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -143,7 +148,7 @@ class LinearQuantization:
     Raises
     ------
     TypeError, ValueError
-        For bit widths or granularities that :func:`fake_quantize` rejects, or ``static`` with per-token ranges (a token's range is not known in
+        For bit widths or granularities that :func:`~companion.applications.quantization.fake_quantize` rejects, or ``static`` with per-token ranges (a token's range is not known in
         advance).
 
     Examples
@@ -221,7 +226,7 @@ def quantized_linears(
         Calibrated input ranges for ``spec.static`` (numbers for per-tensor, ``(in,)`` arrays for per-channel), in the *smoothed* coordinates if
         ``smooth`` is given.  Required for every module when ``spec.static``.
     smooth : mapping name -> array of shape (in,), optional
-        SmoothQuant scales ``s`` (:func:`smoothquant_scales`): the input is divided by ``s`` before it is quantised and the weight is multiplied by
+        SmoothQuant scales ``s`` (:func:`~companion.applications.quantization.smoothquant_scales`): the input is divided by ``s`` before it is quantised and the weight is multiplied by
         ``s`` (column-wise) before it is quantised.
     output_shift : mapping name -> array of shape (out,), optional
         Bias correction: subtracted from the layer's output (i.e. folded into its bias), e.g. :func:`weight_bias_correction` or
@@ -243,6 +248,10 @@ def quantized_linears(
     --------
     >>> lin = torch.nn.Linear(2, 1, bias=False).double()
     >>> with torch.no_grad(): _ = lin.weight.copy_(torch.tensor([[1.0, 0.25]]))
+    >>> with quantized_linears({"l": lin}, LinearQuantization(act_bits=None, weight_bits=2)):
+    ...     y = lin(torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    >>> y.item(), lin.weight[0, 1].item()   # 0.25 is rounded to 0 inside the block, restored after
+    (1.0, 0.25)
     """
     modules = check_linears(modules)
     if not isinstance(spec, LinearQuantization):

@@ -236,6 +236,8 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
     --------
     >>> lin = torch.nn.Linear(3, 2)
     >>> x = torch.randn(4, 3)
+    >>> torch.equal(capture_linear_inputs(lin, x, {"lin": lin})["lin"], x)
+    True
     """
     modules = check_linears(modules, model)
     return _map_inputs_once(model, inputs, modules, lambda name, x: x.clone())
@@ -270,6 +272,8 @@ def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, t
     --------
     >>> lin = torch.nn.Linear(2, 1)
     >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.0], [100.0, 1.0], [3.0, 1.0]])
+    >>> linear_input_medians(lin, x, {"lin": lin})["lin"].tolist()
+    [2.5, 0.5]
     """
     modules = check_linears(modules, model)
 
@@ -354,6 +358,8 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     --------
     >>> st = LinearInputStatistics(np.array([0.0, 1.0]), np.array([1.0, 0.0]), np.array([2.0, 1.0]), 10)
     >>> W = np.array([[3.0, 0.0], [4.0, 1.0]])
+    >>> neuron_scores("activation", st).tolist(), neuron_scores("contribution", st, W).tolist()
+    ([1.0, 1.0], [5.0, 1.0])
     """
     check_choice(method, "method", PRUNING_SCORES)
     if stats is not None and not isinstance(stats, LinearInputStatistics):
@@ -451,6 +457,10 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     --------
     >>> lin = torch.nn.Linear(2, 1, bias=False)
     >>> with torch.no_grad(): _ = lin.weight.copy_(torch.tensor([[1.0, 10.0]]))
+    >>> with zero_linear_inputs({"lin": lin}, {"lin": [1]}):
+    ...     y = lin(torch.tensor([[2.0, 3.0]]))
+    >>> y.item()
+    2.0
     """
     modules = check_linears(modules)
     if not isinstance(channels, Mapping):
@@ -572,6 +582,8 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
     --------
     >>> x = np.array([[1.0, 1.0], [1.0, -1.0]])
     >>> W = np.eye(2)
+    >>> removal_error(x, W, [0, 1])
+    {'exact': 2.0, 'diagonal': 2.0, 'minkowski': 4.0}
     """
     X, W = _to_float64(x, "x"), _to_float64(weight, "weight")
     if center is not None and X.ndim == 2:

@@ -395,7 +395,7 @@ def train_with_controls(
     dtype: torch.dtype = torch.float32,
     callback: Callable[[int, TinyLM], None] | None = None,
 ) -> ControlledRun:
-    """Train a :class:`TinyLM` with a chosen clipping rule and the optional regulariser.
+    """Train a :class:`~companion.stacks.tinylm.TinyLM` with a chosen clipping rule and the optional regulariser.
 
     Parameters
     ----------
@@ -433,9 +433,12 @@ def train_with_controls(
 
     Examples
     --------
-    >>> from companion.stacks.residual import byte_tokenize
+    >>> from companion.stacks.tinylm import byte_tokenize
     >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
     >>> ids = byte_tokenize("abcabcabd" * 30)
+    >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
+    >>> run.losses.shape, run.clipped.dtype
+    ((3,), dtype('bool'))
     """
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
@@ -514,7 +517,7 @@ def train_with_controls(
 
 
 def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
-    """Mean next-token cross-entropy of a :class:`TinyLM` on non-overlapping windows of ``ids``.
+    """Mean next-token cross-entropy of a :class:`~companion.stacks.tinylm.TinyLM` on non-overlapping windows of ``ids``.
 
     Parameters
     ----------
@@ -539,8 +542,10 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
 
     Examples
     --------
-    >>> from companion.stacks.residual import byte_tokenize
+    >>> from companion.stacks.tinylm import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
+    >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
+    True
     """
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
@@ -615,7 +620,7 @@ class StreamDrift:
 
 
 def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0, 6.0), max_windows: int = 64) -> StreamDrift:
-    """Channel means, scales and outlier counts of the residual stream of a :class:`TinyLM`.
+    """Channel means, scales and outlier counts of the residual stream of a :class:`~companion.stacks.tinylm.TinyLM`.
 
     Parameters
     ----------
@@ -641,7 +646,7 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
 
     Examples
     --------
-    >>> from companion.stacks.residual import byte_tokenize
+    >>> from companion.stacks.tinylm import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
     """
