@@ -6,6 +6,7 @@ model runs; :func:`weight_bias_correction` and :func:`activation_bias_correction
 bias corrections; :func:`mean_quantization_error` measures the mean output error they target.  The
 quantisers themselves are :mod:`companion.applications.quantization`.
 Derivations: the chapter :doc:`/book/applications`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -65,8 +66,6 @@ def quantize_linear_inputs(
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a module or a chosen module is not ``nn.Linear``.
     ValueError
         For bad ``bits``/``granularity``, or ``centers``/``keep_channels`` naming layers that are not hooked or having the wrong length, or a center
         beyond the range of the layer's dtype (during the forward pass: of the input's dtype).
@@ -238,8 +237,6 @@ def quantized_linears(
 
     Raises
     ------
-    TypeError
-        For a non-mapping ``modules`` or a non-:class:`LinearQuantization` ``spec``.
     ValueError
         If a mapping names a module that is not in ``modules``, has the wrong shape or is not finite, or ``ranges`` is missing a module for a static
         spec.

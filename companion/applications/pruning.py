@@ -13,6 +13,7 @@
 Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``; column
 ``w_j = W[:, j]`` reads input neuron ``j``.
 Derivations: the chapter :doc:`/book/applications`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -113,8 +114,6 @@ def linear_input_statistics(
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a module, ``modules`` is not a mapping of ``nn.Linear``, or a batch is neither a tensor nor a mapping.
     ValueError
         If ``modules`` or ``batches`` is empty, a hooked layer never ran, or the inputs contain NaN/inf.
 
@@ -227,8 +226,6 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
 
     Raises
     ------
-    TypeError
-        For a non-module ``model``, bad ``modules`` or ``inputs``.
     ValueError
         If ``modules`` is empty or a layer did not run, or ran more than once.
 
@@ -302,8 +299,6 @@ def top_channels(values, k: int) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``k`` is not an integer or ``values`` is not numeric.
     ValueError
         If ``values`` is not a finite 1-D array or ``k`` is out of range.
 
@@ -349,8 +344,6 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
 
     Raises
     ------
-    TypeError
-        If ``method`` is not a string, ``stats`` is not :class:`LinearInputStatistics`, or ``weight`` is not an array/tensor.
     ValueError
         If ``method`` is unknown, a needed argument is missing, the shapes disagree, ``weight`` is not finite, or ``seed`` < 0.
 
@@ -411,8 +404,6 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``fraction`` is not a real number.
     ValueError
         If ``fraction`` is outside [0, 1] or ``scores`` is not a finite 1-D array.
 
@@ -447,8 +438,6 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
 
     Raises
     ------
-    TypeError
-        If ``modules`` is not a mapping of ``nn.Linear`` or a channel list is not integer.
     ValueError
         If ``channels`` names an unknown layer, or an index is out of range or repeated, or ``fill`` names a layer without channels or has the wrong
         shape or non-finite values.
@@ -520,8 +509,6 @@ def compensated_bias(weight, bias, channels, mean):
 
     Raises
     ------
-    TypeError
-        If ``weight`` is not an array/tensor or ``channels`` not integer.
     ValueError
         On shape mismatch, non-finite values, or out-of-range/repeated channels.
 
@@ -573,8 +560,6 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
 
     Raises
     ------
-    TypeError
-        If ``x`` or ``weight`` is not an array/tensor, or ``channels`` is not integer.
     ValueError
         On shape mismatch, non-finite values, or out-of-range/repeated channels.
 

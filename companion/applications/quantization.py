@@ -14,6 +14,7 @@ A symmetric ``b``-bit quantiser with step ``Δ`` maps ``x`` to ``Δ · clamp(rou
 ``q = 2**(b-1) - 1``, with ``Δ = max|x| / q`` over the group that shares the scale; centring quantises
 ``x - μ`` and folds ``W μ`` into the bias (:func:`fold_center_into_bias`).  Derivations: the chapter
 :doc:`/book/applications`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -140,8 +141,6 @@ def qmax(bits: int) -> int:
 
     Raises
     ------
-    TypeError
-        If ``bits`` is not an integer.
     ValueError
         If ``bits`` is outside [2, 16].
 
@@ -176,8 +175,6 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
 
     Raises
     ------
-    TypeError
-        If ``x`` is not a floating tensor/array, ``bits`` is not an integer or ``granularity`` not a string.
     ValueError
         If ``x`` is empty, 0-dimensional or not finite; ``bits`` is outside [2, 16]; ``granularity`` is unknown; ``keep_channels`` is out of range or
         repeated.
@@ -221,8 +218,6 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
 
     Raises
     ------
-    TypeError
-        For a non-floating ``x``, a non-integer ``bits`` or a non-string ``granularity``.
     ValueError
         For an empty, 0-dimensional or non-finite ``x``; ``bits`` outside [2, 16]; an unknown ``granularity``; a ``center`` of the wrong shape, not
         finite or beyond the range of ``x.dtype`` (e.g. 1e5 for float16); bad ``keep_channels``; ``x - center`` beyond the float64 range.
@@ -295,8 +290,6 @@ def channel_mse(x, x_hat):
 
     Raises
     ------
-    TypeError
-        If either argument is not a floating tensor/array.
     ValueError
         If the shapes differ, a tensor is empty, 0-dimensional or not finite, or a mean square exceeds the range of ``x.dtype`` (e.g. above 65504 for
         float16: pass ``x.float()``).
@@ -336,8 +329,6 @@ def fold_center_into_bias(weight, bias, center):
 
     Raises
     ------
-    TypeError
-        If ``weight`` is not a floating torch tensor.
     ValueError
         If ``weight`` is not 2-D, ``bias``/``center`` has the wrong shape, is not finite or exceeds the range of ``weight.dtype``, or ``b + W c``
         overflows that dtype.
@@ -453,8 +444,6 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
 
     Raises
     ------
-    TypeError
-        For a non-floating ``x``, a non-integer ``bits`` or a non-bool ``symmetric``.
     ValueError
         For an empty or non-finite ``x``, ``bits`` out of range, a non-finite range, a range that does not broadcast to ``x``, or ``lo > hi``.
 

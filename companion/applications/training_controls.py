@@ -17,6 +17,7 @@ Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x
 writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
 feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
 Derivations: the chapter :doc:`/book/training_controls`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -71,8 +72,6 @@ def tail_clip_threshold(mean, std, delta: float):
 
     Raises
     ------
-    TypeError
-        If ``delta`` is not a real number, or ``mean``/``std`` are not numeric.
     ValueError
         If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64 range.
 
@@ -174,8 +173,6 @@ def column_means(weight: torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    TypeError
-        If ``weight`` is not a floating torch tensor.
     ValueError
         If ``weight`` is not 2-D.
 
@@ -208,8 +205,6 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
 
     Raises
     ------
-    TypeError
-        If ``weights`` is not a sequence of tensors or a λ is not a real number.
     ValueError
         If ``weights`` is empty, a λ is negative or not finite, or a weight is not 2-D.
 
@@ -253,8 +248,6 @@ def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a module or ``targets`` not a sequence of strings.
     ValueError
         If ``targets`` is empty or matches no linear layer.
 
@@ -425,8 +418,6 @@ def train_with_controls(
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
         For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a training loss that becomes NaN/inf (the message
         says at which step).
@@ -535,8 +526,6 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
     ValueError
         If ``ids`` is shorter than ``seq_len + 1`` or a size is < 1.
 
@@ -639,8 +628,6 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
     ValueError
         If ``multiples`` is empty or not positive, or ``ids`` is too short.
 
@@ -696,8 +683,6 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
 
     Raises
     ------
-    TypeError
-        If ``values`` is not numeric or ``level`` not a real number.
     ValueError
         If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is out of range.
 

@@ -6,6 +6,7 @@ with the model's own function), every scored (query, key) pair is formed, and th
 logit :math:`q\cdot k` are set beside :prf:ref:`olr-thm-dot` (independent coordinates).
 
 Derivations (moments of :math:`q\cdot k`, the rotary capture): the chapter :doc:`/book/outliers_real_models`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -131,8 +132,6 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or an argument has the wrong type.
     ValueError
         If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate query/key projections.
 
@@ -259,8 +258,6 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
 
     Raises
     ------
-    TypeError
-        If ``cap`` is not a QueryKeyCapture or an argument has the wrong type.
     ValueError
         If ``head`` is out of range, ``max_pairs < 1`` or no pair is left.
 
@@ -314,8 +311,6 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued.
     ValueError
         If shapes differ, a variance is negative, an input is not finite, or the result exceeds the float64 range.
 
@@ -367,8 +362,6 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``n_orders`` is not an integer.
     ValueError
         If ``q`` and ``k`` are not matching 2-D arrays with at least 2 rows, a size is outside ``[1, d_k]``, or an input is not finite.
 
@@ -485,8 +478,6 @@ def centred_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False) -> 
 
     Raises
     ------
-    TypeError
-        If ``cap`` is not a QueryKeyCapture or ``skip_first`` is not a bool.
     ValueError
         If no query has two keys to compare.
 

@@ -4,6 +4,7 @@
 ``l`` and channel ``j``, the mean, variance, min, max, max ``|x|`` and the exceedance counts
 ``C_j(t) = #{tokens : |h_{l,j}| > t}`` for a grid of thresholds, in ``O(L · d · |t|)`` memory
 (:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -96,8 +97,6 @@ def channel_statistics(
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
         If ``texts`` is empty or contains an empty string, thresholds are negative/NaN/empty, ``batch_size`` < 1, or no token is left (e.g. one-token
         texts with ``skip_first``).

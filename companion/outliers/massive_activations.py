@@ -15,6 +15,7 @@ causal model:
   the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`).
 
 Intervals over prompts come from :func:`companion.theory.bootstrap.bootstrap_interval`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -110,8 +111,6 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or an argument has the wrong type.
     ValueError
         If ``channel`` is outside the width or ``texts`` is empty.
 
@@ -191,8 +190,6 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
         For an encoder, a layer outside ``[1, L]``, a channel outside the width, ``layer`` and ``value`` not both None or both set, or a text of one
         token.

@@ -11,6 +11,7 @@ criterion:
   input of every block) and feature, the share of positions with :math:`|x| \ge 6` and the
   largest :math:`|x|` (:class:`OutlierFeatureStatistics`);
 * :meth:`OutlierFeatureStatistics.systematic` -- the features that meet the criterion.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -103,8 +104,6 @@ def linear_input_sites(m) -> list:
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel.
     ValueError
         If a block has no recognisable query projection or FFN expansion.
     """
@@ -143,8 +142,6 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
         If ``texts`` is empty, ``threshold < 0`` or no position is left.
 

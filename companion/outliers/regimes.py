@@ -12,6 +12,7 @@ the outlier note talks about, and measure where real activations leave the note'
 Arrays of per-channel parameters have the channel axis last, ``mu[..., d]``; per-threshold results
 have shape ``[..., n_t, d]``, the layout of ``ChannelStatistics.counts``.  Derivations, the regimes and
 the meaning of the bounds and diagnostics: the chapter :doc:`/book/outliers_real_models`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -86,8 +87,6 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued.
     ValueError
         If an input holds NaN/inf, ``sigma < 0``, shapes differ, a threshold is negative or ``centred_tol < 0``.
 
@@ -127,8 +126,6 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
 
     Raises
     ------
-    TypeError
-        If ``n_tokens`` is not an integer or another input is not real-valued.
     ValueError
         If ``n_tokens < 1``, ``sigma <= 0`` somewhere, a threshold is negative, an input is not finite or ``mu`` and ``sigma`` differ in shape.
 
@@ -243,8 +240,6 @@ def compare_counts(
 
     Raises
     ------
-    TypeError
-        If an input has the wrong type.
     ValueError
         If shapes disagree, counts are negative, non-integer or exceed ``n_tokens``, or ``alpha`` is not in (0, 1); see also :func:`predicted_counts`.
 
@@ -319,8 +314,6 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
 
     Raises
     ------
-    TypeError
-        If ``texts`` is not a sequence of strings or ``max_tokens`` is not an integer.
     ValueError
         If ``texts`` is empty or ``max_tokens < 1``.
 
@@ -372,8 +365,6 @@ def tail_diagnostics(x) -> dict[str, np.ndarray]:
 
     Raises
     ------
-    TypeError
-        If ``x`` is not real-valued.
     ValueError
         If ``x`` has fewer than 4 samples, more than 2 dimensions, or NaN/inf values.
 
@@ -425,8 +416,6 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
 
     Raises
     ------
-    TypeError
-        If ``n`` is not an integer (array) or ``q`` not a real number.
     ValueError
         If ``n < 1`` or ``q`` is not in (0, 1).
 
@@ -477,8 +466,6 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued.
     ValueError
         If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance exceeds the float64 range, or ``s_grid`` is empty, not
         1-D or contains 0 or non-finite values.
@@ -545,8 +532,6 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
 
     Raises
     ------
-    TypeError
-        If ``h`` is not real-valued or ``k`` not an integer.
     ValueError
         If ``h`` is not 4-D, the mask does not match ``h``'s batch and token axes or masks every position, ``k`` is not in ``[1, number of real
         entries]``, or ``h`` has NaN/inf.
@@ -624,8 +609,6 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
 
     Raises
     ------
-    TypeError
-        If ``st`` is not a ChannelStatistics or ``step``/``start`` is not an integer.
     ValueError
         If ``step < 1`` or ``start`` is outside the grid.
 
@@ -653,11 +636,6 @@ def max_abs_z(st) -> np.ndarray:
     numpy.ndarray, shape ``[L+1, d]``
         :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a constant channel with a non-zero deviation, NaN for
         ``0/0``).
-
-    Raises
-    ------
-    TypeError
-        If ``st`` is not a ChannelStatistics.
 
     Examples
     --------
