@@ -90,6 +90,11 @@ def tail_clip_threshold(mean, std, delta: float):
         raise ValueError("mean and std must be finite")
     if (s < 0).any():
         raise ValueError(f"std must be >= 0, got {s.min()}")
+    return _tail_clip_threshold(m, s, d)
+
+
+def _tail_clip_threshold(m: np.ndarray, s: np.ndarray, d: float):
+    """:func:`tail_clip_threshold` on validated float64 arrays and ``d`` in (0, 1)."""
     if d < 1e-300:  # 1/d overflows below 5.6e-309
         log_inv = -math.log(d)
     elif d > 0.99:  # 1/d keeps few digits of 1 - d: ln(1/d) = -log1p(d - 1), d - 1 exact
@@ -154,7 +159,7 @@ class TailClipper:
         if len(self._norms) < self.min_history:
             return math.inf
         a = np.fromiter(self._norms, dtype=np.float64)
-        return tail_clip_threshold(a.mean(), a.std(), self.delta)
+        return _tail_clip_threshold(np.asarray(a.mean()), np.asarray(a.std()), self.delta)
 
 
 # =========================================================================== the regulariser
@@ -225,9 +230,14 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
             raise TypeError(f"weights[{k}] must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
         if w.ndim != 2:
             raise ValueError(f"weights[{k}] must be 2-D (out, in), got shape {tuple(w.shape)}")
+    return _mean_frobenius_penalty(weights, lf, lm)
+
+
+def _mean_frobenius_penalty(weights, lf: float, lm: float) -> torch.Tensor:
+    """:func:`mean_frobenius_penalty` on validated 2-D weights and float weights ``lf``, ``lm``."""
     total = None
     for w in weights:
-        term = lf * w.pow(2).sum() + lm * column_means(w).pow(2).sum()
+        term = lf * w.pow(2).sum() + lm * w.mean(dim=1).pow(2).sum()
         total = term if total is None else total + term
     return total
 
@@ -455,6 +465,7 @@ def train_with_controls(
     model = TinyLM(config).to(dtype)
     reg = regularised_weights(model, controls.reg_targets) if controls.regularised else []
     reg_w = [w for _, w in reg]
+    lam_f, lam_m = float(controls.lam_frobenius), float(controls.lam_colmean)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
 
     def rate(step):
@@ -476,7 +487,7 @@ def train_with_controls(
         window = train_ids[starts[:, None] + offsets]
         logits, _ = model(window[:, :-1])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
-        loss = (ce + mean_frobenius_penalty(reg_w, controls.lam_frobenius, controls.lam_colmean)) if reg_w else ce
+        loss = (ce + _mean_frobenius_penalty(reg_w, lam_f, lam_m)) if reg_w else ce
         if not torch.isfinite(loss):
             raise ValueError(f"the training loss became {loss.item()} at step {step}; lower lr or clip")
         opt.zero_grad(set_to_none=True)
@@ -504,7 +515,7 @@ def train_with_controls(
             model.train()
     model.eval()
     return ControlledRun(model=model, losses=losses, grad_norms=norms, thresholds=taus, clipped=clipped,
-                         eval_loss=tiny_lm_loss(model, eval_ids, seq_len), controls=controls, config=config)
+                         eval_loss=_tiny_lm_loss(model, eval_ids, seq_len, 64), controls=controls, config=config)
 
 
 def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
@@ -541,6 +552,11 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
     seq_len = check_int(seq_len, "seq_len", 1)
     batch_size = check_int(batch_size, "batch_size", 1)
     ids = _check_ids(ids, "ids", seq_len + 1)
+    return _tiny_lm_loss(model, ids, seq_len, batch_size)
+
+
+def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int) -> float:
+    """:func:`tiny_lm_loss` on validated arguments."""
     n = (ids.numel() - 1) // seq_len
     starts = torch.arange(n) * seq_len
     offsets = torch.arange(seq_len + 1)

@@ -32,17 +32,13 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# argument checking (thin wrappers around companion._validation)
-# --------------------------------------------------------------------------------------------
+# --- argument checking (thin wrappers around companion._validation) ---
 def _generator(rng) -> np.random.Generator:
     """``rng`` as a Generator; None means the fixed seed 0 (reproducible subsets)."""
     return as_generator(0 if rng is None else rng)
 
 
-# --------------------------------------------------------------------------------------------
-# attention logits
-# --------------------------------------------------------------------------------------------
+# --- attention logits ---
 @dataclass(frozen=True)
 class QueryKeyCapture:
     """Queries and keys of one attention layer over a batch of texts (real tokens only).

@@ -44,9 +44,7 @@ def _model_texts_channel(m, texts, channel, causal: bool) -> tuple[list[str], in
     return texts, channel
 
 
-# --------------------------------------------------------------------------------------------
-# where and how large
-# --------------------------------------------------------------------------------------------
+# --- where and how large ---
 @dataclass(frozen=True)
 class FirstTokenProfile:
     """One channel of the residual stream at the first position, for every layer and text.
@@ -136,9 +134,7 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     return FirstTokenProfile(values=np.concatenate(values, axis=1), median_abs=med, channel=channel)
 
 
-# --------------------------------------------------------------------------------------------
-# the ablation
-# --------------------------------------------------------------------------------------------
+# --- the ablation ---
 @dataclass(frozen=True)
 class AblationRun:
     """Per-text loss and first-token attention of one (possibly ablated) run.

@@ -46,9 +46,7 @@ __all__ = [
 REGIMES = ("centred", "intermediate", "mean-dominated")
 
 
-# --------------------------------------------------------------------------------------------
-# argument checking (thin wrappers around companion._validation)
-# --------------------------------------------------------------------------------------------
+# --- argument checking (thin wrappers around companion._validation) ---
 def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]:
     m = real_array("mu", mu, min_ndim=1)
     s = real_array("sigma", sigma, min_ndim=1)
@@ -64,9 +62,7 @@ def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]
     return m, s
 
 
-# --------------------------------------------------------------------------------------------
-# regimes and counts
-# --------------------------------------------------------------------------------------------
+# --- regimes and counts ---
 def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarray:
     r"""Regime of every channel at every threshold: centred, intermediate or mean-dominated.
 
@@ -98,6 +94,11 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     m, s = _mu_sigma(mu, sigma, positive=False)
     t = check_thresholds(thresholds)
     tol = check_real(centred_tol, "centred_tol", lo=0.0)
+    return _classify_regime(m, s, t, tol)
+
+
+def _classify_regime(m: np.ndarray, s: np.ndarray, t: np.ndarray, tol: float) -> np.ndarray:
+    """:func:`classify_regime` on validated arrays."""
     a = np.abs(m)[..., None, :]
     tt = t[:, None]
     centred = a <= tol * s[..., None, :]
@@ -138,6 +139,11 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     m, s = _mu_sigma(mu, sigma)
     t = check_thresholds(thresholds)
     n = check_int(n_tokens, "n_tokens", 1)
+    return _predicted_counts(m, s, t, n)
+
+
+def _predicted_counts(m: np.ndarray, s: np.ndarray, t: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """:func:`predicted_counts` on validated arrays."""
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
     gauss = np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
@@ -265,9 +271,10 @@ def compare_counts(
     if not np.isfinite(c).all() or (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
         raise ValueError(f"counts must be integers in [0, n_tokens={n}]")
     check_real(alpha, "alpha", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    tol = check_real(centred_tol, "centred_tol", lo=0.0)
     c = c.astype(np.float64)
-    pred = predicted_counts(m, s, t, n)
-    reg = classify_regime(m, s, t, centred_tol)
+    pred = _predicted_counts(m, s, t, n)
+    reg = _classify_regime(m, s, t, tol)
     p_up = np.clip(pred["upper"] / n, 0.0, 1.0)
     p_lo = np.clip(pred["lower"] / n, 0.0, 1.0)
     # P(Bin(N, p_up) >= c) < alpha  /  P(Bin(N, p_lo) <= c) < alpha
@@ -335,9 +342,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# tails
-# --------------------------------------------------------------------------------------------
+# --- tails ---
 def _sample_matrix(x) -> np.ndarray:
     a = real_array("x", x, min_ndim=1)
     if a.ndim == 1:
@@ -578,9 +583,7 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     return {"value": value, "batch": b, "position": p, "channel": c, "median_abs": med, "ratio": ratio}
 
 
-# --------------------------------------------------------------------------------------------
-# views of stored statistics
-# --------------------------------------------------------------------------------------------
+# --- views of stored statistics ---
 def _check_statistics(st) -> None:
     from companion.outliers.channel_statistics import ChannelStatistics
 
