@@ -469,7 +469,7 @@ def centred_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False) -> 
     dict of numpy.ndarray, each of shape ``[n_heads]``
         ``"snr_raw"``: :math:`|E\ell|/\mathrm{sd}(\ell)` over the same pairs (what :func:`attention_logit_statistics` reports);
         ``"query_constant_share"``: the share of :math:`\mathrm{Var}(\ell)` that is constant within each query's row, which the softmax ignores;
-        ``"snr_centred"``: :math:`\mathrm{rms}(s)/\mathrm{rms}(r)`, the shared-mean signal that survives centring against the rest (see Notes);
+        ``"snr_centred"``: :math:`\mathrm{rms}(s)/\mathrm{rms}(r)`, the shared-mean signal that survives centring, with :math:`c_{ij} = \ell_{ij} - \overline{\ell_{i\cdot}} = s_{ij} + r_{ij}`, :math:`s_{ij} = \bar q\cdot(k_j - \bar k_{(i)})`, :math:`r_{ij} = (q_i - \bar q)\cdot(k_j - \bar k_{(i)})`;
         ``"var_centred"``: the mean of :math:`c_{ij}^2`; ``"n_pairs"``.
 
     Raises
