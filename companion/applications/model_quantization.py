@@ -6,6 +6,7 @@ model runs; :func:`weight_bias_correction` and :func:`activation_bias_correction
 bias corrections; :func:`mean_quantization_error` measures the mean output error they target.  The
 quantisers themselves are :mod:`companion.applications.quantization`.
 Derivations: the chapter :doc:`/book/applications`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

@@ -13,6 +13,7 @@
 Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``; column
 ``w_j = W[:, j]`` reads input neuron ``j``.
 Derivations: the chapter :doc:`/book/applications`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

@@ -14,6 +14,7 @@ A symmetric ``b``-bit quantiser with step ``Δ`` maps ``x`` to ``Δ · clamp(rou
 ``q = 2**(b-1) - 1``, with ``Δ = max|x| / q`` over the group that shares the scale; centring quantises
 ``x - μ`` and folds ``W μ`` into the bias (:func:`fold_center_into_bias`).  Derivations: the chapter
 :doc:`/book/applications`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

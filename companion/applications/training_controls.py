@@ -17,6 +17,7 @@ Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x
 writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
 feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
 Derivations: the chapter :doc:`/book/training_controls`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

@@ -6,6 +6,7 @@ with the model's own function), every scored (query, key) pair is formed, and th
 logit :math:`q\cdot k` are set beside :prf:ref:`olr-thm-dot` (independent coordinates).
 
 Derivations (moments of :math:`q\cdot k`, the rotary capture): the chapter :doc:`/book/outliers_real_models`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

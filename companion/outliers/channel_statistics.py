@@ -4,6 +4,7 @@
 ``l`` and channel ``j``, the mean, variance, min, max, max ``|x|`` and the exceedance counts
 ``C_j(t) = #{tokens : |h_{l,j}| > t}`` for a grid of thresholds, in ``O(L · d · |t|)`` memory
 (:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

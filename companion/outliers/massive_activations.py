@@ -15,6 +15,7 @@ causal model:
   the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`).
 
 Intervals over prompts come from :func:`companion.theory.bootstrap.bootstrap_interval`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

@@ -11,6 +11,7 @@ criterion:
   input of every block) and feature, the share of positions with :math:`|x| \ge 6` and the
   largest :math:`|x|` (:class:`OutlierFeatureStatistics`);
 * :meth:`OutlierFeatureStatistics.systematic` -- the features that meet the criterion.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 

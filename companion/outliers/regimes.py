@@ -12,6 +12,7 @@ the outlier note talks about, and measure where real activations leave the note'
 Arrays of per-channel parameters have the channel axis last, ``mu[..., d]``; per-threshold results
 have shape ``[..., n_t, d]``, the layout of ``ChannelStatistics.counts``.  Derivations, the regimes and
 the meaning of the bounds and diagnostics: the chapter :doc:`/book/outliers_real_models`.
+
 An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
