@@ -268,7 +268,13 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     if not 0 <= head < cap.n_heads:
         raise ValueError(f"head {head} is outside [0, {cap.n_heads - 1}]")
     skip_first = check_bool(skip_first, "skip_first")
-    gen = _generator(rng)
+    mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
+    return _logit_pairs(cap, head, skip_first, mp, _generator(rng))
+
+
+def _logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool, mp: int | None,
+                 gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`logit_pairs` on validated arguments."""
     qi_all, kj_all = [], []
     starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
     ends = np.r_[starts[1:], cap.text.size]
@@ -285,11 +291,9 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     if not qi_all:
         raise ValueError("no (query, key) pair is left; pass longer texts or skip_first=False")
     qi, kj = np.concatenate(qi_all), np.concatenate(kj_all)
-    if max_pairs is not None:
-        mp = check_int(max_pairs, "max_pairs", 1)
-        if qi.size > mp:
-            sel = np.sort(gen.choice(qi.size, size=mp, replace=False))
-            qi, kj = qi[sel], kj[sel]
+    if mp is not None and qi.size > mp:
+        sel = np.sort(gen.choice(qi.size, size=mp, replace=False))
+        qi, kj = qi[sel], kj[sel]
     return cap.q[qi, head].astype(np.float64), cap.k[kj, cap.kv_head(head)].astype(np.float64)
 
 
@@ -324,6 +328,11 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     mq, vq, mk, vk = arrs
     if (vq < 0).any() or (vk < 0).any():
         raise ValueError("variances must be >= 0")
+    return _dot_product_moments(mq, vq, mk, vk)
+
+
+def _dot_product_moments(mq, vq, mk, vk) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dot_product_moments` on validated float64 arrays of one shape."""
     with np.errstate(over="ignore", invalid="ignore"):
         mean = (mq * mk).sum(-1)
         var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
@@ -438,11 +447,13 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
     """
     if not isinstance(cap, QueryKeyCapture):
         raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
+    skip_first = check_bool(skip_first, "skip_first")
+    mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
     gen = _generator(rng)
     keys = ("mean", "var", "var_scaled", "snr", "shared_mean", "var_independent", "q_norm2", "k_norm2")
     out = {key: np.zeros(cap.n_heads) for key in keys}
     for h in range(cap.n_heads):
-        q, k = logit_pairs(cap, h, skip_first=skip_first, max_pairs=max_pairs, rng=gen)
+        q, k = _logit_pairs(cap, h, skip_first, mp, gen)
         logit = np.einsum("pc,pc->p", q, k)
         mean, var = logit.mean(), logit.var()
         out["mean"][h] = mean
@@ -450,7 +461,7 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
         out["var_scaled"][h] = var * cap.scaling**2
         out["snr"][h] = abs(mean) / math.sqrt(var) if var > 0 else np.nan
         out["shared_mean"][h] = float(q.mean(0) @ k.mean(0))
-        out["var_independent"][h] = float(dot_product_moments(q.mean(0), q.var(0), k.mean(0), k.var(0))[1])
+        out["var_independent"][h] = float(_dot_product_moments(q.mean(0), q.var(0), k.mean(0), k.var(0))[1])
         out["q_norm2"][h] = float(np.mean(np.sum(q * q, axis=1)))
         out["k_norm2"][h] = float(np.mean(np.sum(k * k, axis=1)))
     return out
