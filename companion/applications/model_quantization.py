@@ -5,6 +5,9 @@ inputs (and, with :class:`LinearQuantization`, the weights) of chosen ``nn.Linea
 model runs; :func:`weight_bias_correction` and :func:`activation_bias_correction` are Nagel et al.'s
 bias corrections; :func:`mean_quantization_error` measures the mean output error they target.  The
 quantisers themselves are :mod:`companion.applications.quantization`.
+Derivations: the chapter :doc:`/book/applications`.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -48,14 +51,12 @@ def quantize_linear_inputs(
     bits : int
         Bit width for every hooked input.
     granularity : {"tensor", "channel", "token"}
-        Scale sharing, applied to each input tensor of shape (batch, seq, d) separately
-        (dynamic quantisation: the range is that of the current batch).
+        Scale sharing, applied to each input tensor of shape (batch, seq, d) separately (dynamic quantisation: the range is that of the current
+        batch).
     modules : mapping name -> nn.Linear, optional
-        The layers to hook.  Default: every ``nn.Linear`` of ``model`` except one named
-        ``lm_head``.
+        The layers to hook.  Default: every ``nn.Linear`` of ``model`` except one named ``lm_head``.
     centers : mapping name -> tensor of shape (in,), optional
-        Bias correction per layer (usually the calibration channel means); layers not in the
-        mapping are quantised without centring.
+        Bias correction per layer (usually the calibration channel means); layers not in the mapping are quantised without centring.
     keep_channels : mapping name -> sequence of int, optional
         Mixed precision per layer: channels kept in floating point.
 
@@ -66,22 +67,13 @@ def quantize_linear_inputs(
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a module or a chosen module is not ``nn.Linear``.
     ValueError
-        For bad ``bits``/``granularity``, or ``centers``/``keep_channels`` naming layers that are
-        not hooked or having the wrong length, or a center beyond the range of the layer's dtype
-        (during the forward pass: of the input's dtype).
-
-    Notes
-    -----
-    Implemented with ``register_forward_pre_hook``, so the weights are untouched and the hooks
-    leave no trace after the ``with`` block.  Dynamic ranges and float weights only; static
-    ranges, zero-points, weight quantisation, SmoothQuant and bias correction are applied by
-    :func:`quantized_linears`.
+        For bad ``bits``/``granularity``, or ``centers``/``keep_channels`` naming layers that are not hooked or having the wrong length, or a center
+        beyond the range of the layer's dtype (during the forward pass: of the input's dtype).
 
     Examples
     --------
+    >>> from companion.applications.quantization import fake_quantize
     >>> lin = torch.nn.Linear(3, 2)
     >>> x = torch.tensor([[0.1, -2.0, 0.7]])
     >>> with quantize_linear_inputs(lin, 2, modules={"lin": lin}):
@@ -148,8 +140,7 @@ class LinearQuantization:
     act_symmetric : bool
         Symmetric grid or asymmetric with a zero-point.
     static : bool
-        Use the calibrated ranges passed to :func:`quantized_linears` (per tensor or per
-        channel), fixed in advance; values beyond them are clipped.
+        Use the calibrated ranges passed to :func:`quantized_linears` (per tensor or per channel), fixed in advance; values beyond them are clipped.
     weight_bits : int or None
         Bit width of the weights, per output row (``None``: float weights).
     weight_symmetric : bool
@@ -157,8 +148,8 @@ class LinearQuantization:
     Raises
     ------
     TypeError, ValueError
-        For bit widths or granularities that :func:`fake_quantize` rejects, or ``static`` with
-        per-token ranges (a token's range is not known in advance).
+        For bit widths or granularities that :func:`~companion.applications.quantization.fake_quantize` rejects, or ``static`` with per-token ranges (a token's range is not known in
+        advance).
 
     Examples
     --------
@@ -232,15 +223,14 @@ def quantized_linears(
     modules : mapping name -> nn.Linear
     spec : LinearQuantization
     ranges : mapping name -> (lo, hi), optional
-        Calibrated input ranges for ``spec.static`` (numbers for per-tensor, ``(in,)`` arrays for
-        per-channel), in the *smoothed* coordinates if ``smooth`` is given.  Required for every
-        module when ``spec.static``.
+        Calibrated input ranges for ``spec.static`` (numbers for per-tensor, ``(in,)`` arrays for per-channel), in the *smoothed* coordinates if
+        ``smooth`` is given.  Required for every module when ``spec.static``.
     smooth : mapping name -> array of shape (in,), optional
-        SmoothQuant scales ``s`` (:func:`smoothquant_scales`): the input is divided by ``s`` before
-        it is quantised and the weight is multiplied by ``s`` (column-wise) before it is quantised.
+        SmoothQuant scales ``s`` (:func:`~companion.applications.quantization.smoothquant_scales`): the input is divided by ``s`` before it is quantised and the weight is multiplied by
+        ``s`` (column-wise) before it is quantised.
     output_shift : mapping name -> array of shape (out,), optional
-        Bias correction: subtracted from the layer's output (i.e. folded into its bias), e.g.
-        :func:`weight_bias_correction` or :func:`activation_bias_correction`.
+        Bias correction: subtracted from the layer's output (i.e. folded into its bias), e.g. :func:`weight_bias_correction` or
+        :func:`activation_bias_correction`.
 
     Yields
     ------
@@ -248,18 +238,9 @@ def quantized_linears(
 
     Raises
     ------
-    TypeError
-        For a non-mapping ``modules`` or a non-:class:`LinearQuantization` ``spec``.
     ValueError
-        If a mapping names a module that is not in ``modules``, has the wrong shape or is not
-        finite, or ``ranges`` is missing a module for a static spec.
-
-    Notes
-    -----
-    The weights are replaced in place for the duration of the block (``W̃ = Q(W diag(s))``) and
-    restored exactly on exit, also after an error; the inputs are changed by forward pre-hooks
-    and the shift by forward hooks, through :func:`companion.transformers.hooks.hooks`.  The layer then
-    computes ``W̃ Q(x/s) + b − shift`` instead of ``W x + b``.
+        If a mapping names a module that is not in ``modules``, has the wrong shape or is not finite, or ``ranges`` is missing a module for a static
+        spec.
 
     Examples
     --------
@@ -350,14 +331,6 @@ def weight_bias_correction(weight, weight_q, input_mean):
     TypeError, ValueError
         On shape mismatch or non-finite values.
 
-    Notes
-    -----
-    ``E[W̃ x] − E[W x] = (W̃ − W) E[x]``: the weight error ``ε = W̃ − W`` is fixed, so its
-    effect on the mean output is linear in the input mean.  A channel with a large mean
-    ``μ_j`` turns the rounding error of column ``j`` into a systematic shift ``ε_{:,j} μ_j`` --
-    the only place in quantisation where a channel mean enters by itself.
-    Nagel et al. (2019), section 4.2.
-
     Examples
     --------
     >>> weight_bias_correction(np.eye(2), np.array([[1.0, 0.1], [0.0, 1.0]]), [0.0, 10.0]).tolist()
@@ -374,8 +347,7 @@ def activation_bias_correction(weight, mean_error):
     Parameters
     ----------
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The weight that reads the quantised input (the smoothed / quantised one if those are
-        used).
+        The weight that reads the quantised input (the smoothed / quantised one if those are used).
     mean_error : array_like, shape (in,)
         ``E[Q(x) − x]`` per input channel on calibration data (:func:`mean_quantization_error`).
 
@@ -415,27 +387,18 @@ def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[st
     Returns
     -------
     dict name -> numpy.ndarray of shape (in,), float64
-        The mean over all tokens (pads included: pass unpadded batches) of ``Q(x/s) − x/s``,
-        in the smoothed coordinates.
+        The mean over all tokens (pads included: pass unpadded batches) of ``Q(x/s) − x/s``, in the smoothed coordinates.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`quantized_linears`; ``ValueError`` if ``spec.act_bits`` is None or ``batches``
-        is empty.
-
-    Notes
-    -----
-    The inputs are those of the float model (the hooks read, they do not change them), as in
-    Nagel et al.'s layer-wise correction.
+        As :func:`quantized_linears`; ``ValueError`` if ``spec.act_bits`` is None or ``batches`` is empty.
 
     Examples
     --------
     >>> lin = torch.nn.Linear(2, 1).double()
     >>> x = torch.tensor([[0.0, 0.3], [1.0, 0.3]], dtype=torch.float64)
     >>> err = mean_quantization_error(lin, [x], {"l": lin}, LinearQuantization(act_bits=2))
-    >>> np.round(err["l"], 6).tolist()
-    [0.0, -0.3]
     """
     modules = check_linears(modules, model)
     if not isinstance(spec, LinearQuantization) or spec.act_bits is None:

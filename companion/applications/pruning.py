@@ -12,6 +12,9 @@
 
 Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``; column
 ``w_j = W[:, j]`` reads input neuron ``j``.
+Derivations: the chapter :doc:`/book/applications`.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ class LinearInputStatistics:
     n_tokens : int
         Number of tokens that entered (pads excluded).
     min, max : numpy.ndarray of shape (in_features,), or None
-        Smallest and largest value of each channel (the range an asymmetric static quantiser is
-        calibrated on); ``None`` when the object was built by hand without them.
+        Smallest and largest value of each channel (the range an asymmetric static quantiser is calibrated on); ``None`` when the object was built by
+        hand without them.
     """
 
     mean: np.ndarray
@@ -101,9 +104,8 @@ def linear_input_statistics(
     model : torch.nn.Module
         Called as ``model(ids)`` for a tensor batch or ``model(**batch)`` for a mapping.
     batches : iterable
-        Tensors of input ids, or mappings of model arguments (e.g.
-        :func:`companion.transformers.models.tokenize` output).  If a mapping has an ``attention_mask`` of
-        shape ``[batch, tokens]``, pad tokens (mask 0) are excluded.
+        Tensors of input ids, or mappings of model arguments (e.g. :func:`companion.transformers.models.tokenize` output).  If a mapping has an
+        ``attention_mask`` of shape ``[batch, tokens]``, pad tokens (mask 0) are excluded.
     modules : mapping name -> nn.Linear
         The layers whose inputs are measured (inputs of shape ``[..., in_features]``).
 
@@ -113,29 +115,13 @@ def linear_input_statistics(
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a module, ``modules`` is not a mapping of ``nn.Linear``, or a batch
-        is neither a tensor nor a mapping.
     ValueError
-        If ``modules`` or ``batches`` is empty, a hooked layer never ran, or the inputs contain
-        NaN/inf.
-
-    Notes
-    -----
-    Each batch's count ``n_b``, mean ``m_b`` and centred sum of squares ``M_b`` are merged into
-    the running ``(n, m, M)`` exactly (Chan, Golub & LeVeque 1982):
-    ``δ = m_b − m``, ``m ← m + δ n_b/(n + n_b)``, ``M ← M + M_b + δ² n n_b/(n + n_b)``, in
-    float64, so memory is ``O(Σ in_features)`` for any corpus size.  A channel whose every token
-    holds one value gets exactly that mean and variance 0 (the rounded batch means alone would
-    leave a variance near 1e-34).  Forward pre-hooks read the
-    inputs without changing them; they are removed on exit, also after an error.
+        If ``modules`` or ``batches`` is empty, a hooked layer never ran, or the inputs contain NaN/inf.
 
     Examples
     --------
     >>> lin = torch.nn.Linear(2, 1)
     >>> st = linear_input_statistics(lin, [torch.tensor([[1.0, 0.0], [3.0, -2.0]])], {"lin": lin})
-    >>> st["lin"].mean.tolist(), st["lin"].var.tolist(), st["lin"].max_abs.tolist()
-    ([2.0, -1.0], [1.0, 1.0], [3.0, 2.0])
     """
     modules = check_linears(modules, model)
     acc = {name: {"n": 0, "mean": None, "m2": None, "max": None, "lo": None, "hi": None}
@@ -201,11 +187,7 @@ def linear_input_statistics(
 
 
 def _map_inputs_once(model, inputs, modules, reduce):
-    """Run ``model`` once on ``inputs`` and return ``{name: reduce(name, x)}``, where ``x`` is
-    the input of ``modules[name]`` as ``[tokens, in_features]`` with pad tokens removed.
-
-    Raises ``ValueError`` if a module did not run exactly once.
-    """
+    """Run ``model`` once on ``inputs`` and return ``{name: reduce(name, x)}``, where ``x`` is the input of ``modules[name]`` as ``[tokens, in_features]`` with pad tokens removed."""
     args, kwargs, mask = _split_inputs(inputs)
     store: dict[str, list] = {name: [] for name in modules}
 
@@ -245,14 +227,8 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
 
     Raises
     ------
-    TypeError
-        For a non-module ``model``, bad ``modules`` or ``inputs``.
     ValueError
         If ``modules`` is empty or a layer did not run, or ran more than once.
-
-    Notes
-    -----
-    Memory is ``n_tokens × Σ in_features`` floats: capture a few layers, not all of them.
 
     Examples
     --------
@@ -266,9 +242,7 @@ def capture_linear_inputs(model: torch.nn.Module, inputs, modules: Mapping[str, 
 
 
 def _column_median(x: torch.Tensor) -> torch.Tensor:
-    """Median of each column of ``x`` (rows = tokens): the midpoint of the two central values
-    for an even count, ``torch.quantile(x, 0.5, dim=0)`` to the last bit, without its full sort.
-    ``torch.median`` returns the lower central value; the upper one is ``-median(-x)``."""
+    """Median of each column of ``x`` (rows = tokens): the midpoint of the two central values for an even count, ``torch.quantile(x, 0.5, dim=0)`` to the last bit, without its full sort."""
     return (torch.median(x, dim=0).values - torch.median(-x, dim=0).values) / 2
 
 
@@ -291,14 +265,6 @@ def linear_input_medians(model: torch.nn.Module, inputs, modules: Mapping[str, t
     ------
     TypeError, ValueError
         As :func:`capture_linear_inputs`.
-
-    Notes
-    -----
-    A robust centre for bias correction: unlike the mean, the median is not moved by a few
-    huge values ("massive activations").  It is computed inside the hook (the midpoint of the
-    two central values for an even count, as ``torch.quantile(x, 0.5)``, from two
-    selections rather than a sort), so only one layer's
-    input is held at a time; a median does not merge across batches, hence one batch.
 
     Examples
     --------
@@ -334,15 +300,8 @@ def top_channels(values, k: int) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``k`` is not an integer or ``values`` is not numeric.
     ValueError
         If ``values`` is not a finite 1-D array or ``k`` is out of range.
-
-    Notes
-    -----
-    Mixed precision in the sense of Dettmers et al. (2022): the channels with the largest
-    range stay in floating point, the others are quantised with a scale they set.
 
     Examples
     --------
@@ -368,20 +327,15 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     Parameters
     ----------
     method : {"activation", "weight", "contribution", "spread", "random"}
-        ``"activation"``: ``|μ_j| + σ_j`` -- the note's rule "prune neurons whose activation
-        mean is near zero and whose variance is small";
-        ``"weight"``: ``‖W[:, j]‖₂`` -- magnitude of the weights that read neuron ``j``;
-        ``"contribution"``: ``sqrt(E[a_j²]) · ‖W[:, j]‖₂`` -- the root-mean-square size of the
-        neuron's contribution ``a_j W[:, j]`` to the layer's output;
-        ``"spread"``: ``σ_j · ‖W[:, j]‖₂`` -- the same with the mean taken out: the cost of removing
-        the neuron *with mean compensation* (``μ_j W[:, j]`` folded into the bias, see
-        :func:`compensated_bias`);
-        ``"random"``: i.i.d. uniform scores (a baseline).
+        ``"activation"``: ``|μ_j| + σ_j`` -- the note's rule "prune neurons whose activation mean is near zero and whose variance is small";
+        ``"weight"``: ``‖W[:, j]‖₂`` -- magnitude of the weights that read neuron ``j``; ``"contribution"``: ``sqrt(E[a_j²]) · ‖W[:, j]‖₂`` -- the
+        root-mean-square size of the neuron's contribution ``a_j W[:, j]`` to the layer's output; ``"spread"``: ``σ_j · ‖W[:, j]‖₂`` -- the same with
+        the mean taken out: the cost of removing the neuron *with mean compensation* (``μ_j W[:, j]`` folded into the bias, see
+        :func:`compensated_bias`); ``"random"``: i.i.d. uniform scores (a baseline).
     stats : LinearInputStatistics, optional
         Needed by ``"activation"``, ``"contribution"`` and ``"spread"``.
     weight : torch.Tensor or numpy.ndarray, shape (out, in), optional
-        Weight of the layer that reads the neurons (``down_proj`` of a Llama MLP); needed by
-        ``"weight"``, ``"contribution"`` and ``"spread"``.
+        Weight of the layer that reads the neurons (``down_proj`` of a Llama MLP); needed by ``"weight"``, ``"contribution"`` and ``"spread"``.
     seed : int, default 0
         Seed of ``"random"``.
 
@@ -391,19 +345,8 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
 
     Raises
     ------
-    TypeError
-        If ``method`` is not a string, ``stats`` is not :class:`LinearInputStatistics`, or
-        ``weight`` is not an array/tensor.
     ValueError
-        If ``method`` is unknown, a needed argument is missing, the shapes disagree,
-        ``weight`` is not finite, or ``seed`` < 0.
-
-    Notes
-    -----
-    Removing the set ``S`` changes the output by ``e = Σ_{j∈S} a_j W[:, j]``; by Minkowski's
-    inequality ``sqrt(E‖e‖²) ≤ Σ_{j∈S} sqrt(E a_j²) ‖W[:, j]‖``, a sum of the
-    ``"contribution"`` scores (see :func:`removal_error`).  ``E a_j² = μ_j² + σ_j²``, so the
-    note's statistics control one factor only.
+        If ``method`` is unknown, a needed argument is missing, the shapes disagree, ``weight`` is not finite, or ``seed`` < 0.
 
     Examples
     --------
@@ -462,14 +405,8 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``fraction`` is not a real number.
     ValueError
         If ``fraction`` is outside [0, 1] or ``scores`` is not a finite 1-D array.
-
-    Notes
-    -----
-    Ties are broken by the lower index (a stable sort), so the choice is deterministic.
 
     Examples
     --------
@@ -493,10 +430,8 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     channels : mapping name -> sequence of int
         Input channels to zero, per layer (every key must be in ``modules``).
     fill : mapping name -> array_like of shape (in,), optional
-        *Mean compensation*: the pruned channels of that layer read ``fill[name][j]`` instead of 0
-        (pass the calibration means ``μ``); equivalent to deleting the columns and folding
-        ``Σ_{j∈S} μ_j W[:, j]`` into the bias (:func:`compensated_bias`).  Every key must be in
-        ``channels``.
+        *Mean compensation*: the pruned channels of that layer read ``fill[name][j]`` instead of 0 (pass the calibration means ``μ``); equivalent to
+        deleting the columns and folding ``Σ_{j∈S} μ_j W[:, j]`` into the bias (:func:`compensated_bias`).  Every key must be in ``channels``.
 
     Yields
     ------
@@ -504,16 +439,9 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
 
     Raises
     ------
-    TypeError
-        If ``modules`` is not a mapping of ``nn.Linear`` or a channel list is not integer.
     ValueError
-        If ``channels`` names an unknown layer, or an index is out of range or repeated, or
-        ``fill`` names a layer without channels or has the wrong shape or non-finite values.
-
-    Notes
-    -----
-    Zeroing input ``j`` of ``y = W x + b`` equals deleting column ``j`` of ``W``: the neuron is
-    removed without touching the weights (a forward pre-hook multiplies by a 0/1 mask).
+        If ``channels`` names an unknown layer, or an index is out of range or repeated, or ``fill`` names a layer without channels or has the wrong
+        shape or non-finite values.
 
     Examples
     --------
@@ -582,18 +510,8 @@ def compensated_bias(weight, bias, channels, mean):
 
     Raises
     ------
-    TypeError
-        If ``weight`` is not an array/tensor or ``channels`` not integer.
     ValueError
         On shape mismatch, non-finite values, or out-of-range/repeated channels.
-
-    Notes
-    -----
-    With the columns in ``S`` deleted and this bias, the layer outputs
-    ``W x + b − Σ_{j∈S} (x_j − μ_j) W[:, j]``: the error has mean zero over the calibration
-    tokens and mean square ``E‖Σ_{j∈S} (x_j − μ_j) w_j‖²``, whose diagonal is
-    ``Σ_{j∈S} σ_j² ‖w_j‖²`` (:func:`removal_error` with ``center``).  The same fold as Nagel et
-    al.'s bias correction, with the removed neurons as the "error".
 
     Examples
     --------
@@ -632,30 +550,19 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
     channels : sequence of int
         The removed set ``S``.
     center : array_like of shape (in,), optional
-        Mean compensation: the removed neurons are replaced by ``center`` (usually the
-        calibration means), so ``a_j`` below becomes ``a_j − c_j``.
+        Mean compensation: the removed neurons are replaced by ``center`` (usually the calibration means), so ``a_j`` below becomes ``a_j − c_j``.
 
     Returns
     -------
     dict
-        ``"exact"``: ``(1/N) Σ_i ‖Σ_{j∈S} x_ij W[:, j]‖²``;
-        ``"diagonal"``: ``Σ_{j∈S} E[a_j²] ‖W[:, j]‖²`` (exact when the contributions are
-        uncorrelated);
-        ``"minkowski"``: ``(Σ_{j∈S} sqrt(E[a_j²]) ‖W[:, j]‖)²``, an upper bound on ``"exact"``
-        (``E`` is the mean over the ``N`` tokens).
+        ``"exact"``: ``(1/N) Σ_i ‖Σ_{j∈S} x_ij W[:, j]‖²``; ``"diagonal"``: ``Σ_{j∈S} E[a_j²] ‖W[:, j]‖²`` (exact when the contributions are
+        uncorrelated); ``"minkowski"``: ``(Σ_{j∈S} sqrt(E[a_j²]) ‖W[:, j]‖)²``, an upper bound on ``"exact"`` (``E`` is the mean over the ``N``
+        tokens).
 
     Raises
     ------
-    TypeError
-        If ``x`` or ``weight`` is not an array/tensor, or ``channels`` is not integer.
     ValueError
         On shape mismatch, non-finite values, or out-of-range/repeated channels.
-
-    Notes
-    -----
-    ``E‖e‖² = Σ_{j,k∈S} E[a_j a_k] W_jᵀW_k``.  Minkowski's inequality in ``L²`` gives
-    ``sqrt(E‖Σ_j a_j W_j‖²) ≤ Σ_j sqrt(E‖a_j W_j‖²) = Σ_j sqrt(E a_j²) ‖W_j‖``.  The diagonal
-    term is neither an upper nor a lower bound in general (cross terms have either sign).
 
     Examples
     --------

@@ -10,15 +10,12 @@ the numerical error of an integer kernel exactly, which is all that the error an
 Convention: the channel axis is the **last** axis of an activation tensor ``x`` of shape
 ``(..., d)``; every other axis indexes tokens.
 
-Notes
------
-A symmetric ``b``-bit quantiser with step (scale) ``Δ`` maps ``x`` to
-``Q(x) = Δ · clamp(round(x / Δ), -q, q)`` with ``q = 2**(b-1) - 1`` (127 for int8, 7 for int4).
-The scale is set from the range, ``Δ = max|x| / q``, over the group that shares it (the whole
-tensor, one channel, or one token), so nothing is clipped and ``|x - Q(x)| ≤ Δ/2`` for every
-element.  Bias correction quantises ``x - μ`` instead of ``x`` and adds ``μ`` back; in front of a
-linear layer ``y = W x + b`` the added ``μ`` folds exactly into the bias, ``b' = b + W μ``
-(:func:`fold_center_into_bias`, cf. Nagel et al. 2019, data-free quantisation).
+A symmetric ``b``-bit quantiser with step ``Δ`` maps ``x`` to ``Δ · clamp(round(x / Δ), -q, q)``,
+``q = 2**(b-1) - 1``, with ``Δ = max|x| / q`` over the group that shares the scale; centring quantises
+``x - μ`` and folds ``W μ`` into the bias (:func:`fold_center_into_bias`).  Derivations: the chapter
+:doc:`/book/applications`.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ def _scale_of(y: torch.Tensor, q: int, granularity: str, mask: torch.Tensor | No
 
 
 def _centred(t: torch.Tensor, c: torch.Tensor | None):
-    """``(x - c, c, dtype)`` in the dtype the quantiser works in: float32 for half-precision
-    inputs, else the input's, widened (float32 -> float64) where ``x - c`` overflows it."""
+    """``(x - c, c, dtype)`` in the dtype the quantiser works in: float32 for half-precision"""
     work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
     while True:
         tw = t.to(work)
@@ -116,13 +112,7 @@ def _centred(t: torch.Tensor, c: torch.Tensor | None):
 
 def _fake_quantize(t: torch.Tensor, q: int, granularity: str, c: torch.Tensor | None,
                    mask: torch.Tensor | None) -> torch.Tensor:
-    """The quantiser of :func:`fake_quantize` on validated arguments (the hooks' fast path).
-
-    Half-precision inputs are quantised in float32 and rounded once to their dtype (in float16
-    ``round(y/Δ)·Δ`` rounds twice and misses the bound Δ/2, and a grid point within Δ/2 above
-    65504 became inf).  If ``x - c`` overflows the dtype, the quantiser runs in the next wider
-    one (float32 -> float64); float64 has none and raises.
-    """
+    """The quantiser of :func:`fake_quantize` on validated arguments (the hooks' fast path)."""
     y, cw, work = _centred(t, c)
     scale = _scale_of(y, q, granularity, mask)
     out = y.div(scale).round_().clamp_(-q, q).mul_(scale)
@@ -152,15 +142,8 @@ def qmax(bits: int) -> int:
 
     Raises
     ------
-    TypeError
-        If ``bits`` is not an integer.
     ValueError
         If ``bits`` is outside [2, 16].
-
-    Notes
-    -----
-    The symmetric ("restricted range") grid is ``{-q, …, q}``; the level ``-2**(bits-1)`` of two's
-    complement is left unused so that the grid is symmetric about 0.
 
     Examples
     --------
@@ -180,41 +163,28 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
     bits : int
         Bit width (``q = 2**(bits-1) - 1``).
     granularity : {"tensor", "channel", "token"}
-        ``"tensor"``: one scale; ``"channel"``: one per channel (max over all other axes);
-        ``"token"``: one per row (max over the channel axis).
+        ``"tensor"``: one scale; ``"channel"``: one per channel (max over all other axes); ``"token"``: one per row (max over the channel axis).
     keep_channels : sequence of int, optional
-        Channels excluded from the range (they are kept in floating point by
-        :func:`fake_quantize`).
+        Channels excluded from the range (they are kept in floating point by :func:`fake_quantize`).
 
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        Shape ``()`` for ``"tensor"``, ``(d,)`` for ``"channel"``, ``x.shape[:-1] + (1,)`` for
-        ``"token"``; same type as ``x``.  Groups whose range is 0 get scale 1 (every value is 0
-        there, so any positive scale reproduces it exactly); so do groups whose ``max|x|/q``
-        underflows to 0 (subnormal ranges), which are then rounded to 0.
+        Shape ``()`` for ``"tensor"``, ``(d,)`` for ``"channel"``, ``x.shape[:-1] + (1,)`` for ``"token"``; same type as ``x``.  Groups whose range is
+        0 get scale 1 (every value is 0 there, so any positive scale reproduces it exactly); so do groups whose ``max|x|/q`` underflows to 0
+        (subnormal ranges), which are then rounded to 0.
 
     Raises
     ------
-    TypeError
-        If ``x`` is not a floating tensor/array, ``bits`` is not an integer or ``granularity`` not
-        a string.
     ValueError
-        If ``x`` is empty, 0-dimensional or not finite; ``bits`` is outside [2, 16];
-        ``granularity`` is unknown; ``keep_channels`` is out of range or repeated.
-
-    Notes
-    -----
-    Setting ``Δ`` from the maximum means no value is clipped, so the rounding error obeys
-    ``|x - Q(x)| ≤ Δ/2`` (see :func:`max_rounding_error`).
+        If ``x`` is empty, 0-dimensional or not finite; ``bits`` is outside [2, 16]; ``granularity`` is unknown; ``keep_channels`` is out of range or
+        repeated.
 
     Examples
     --------
     >>> x = np.array([[1.0, -4.0], [0.5, 2.0]])
     >>> float(quantization_scale(x, 8, "tensor")) * 127
     4.0
-    >>> (quantization_scale(x, 8, "channel") * 127).round(6).tolist()
-    [1.0, 4.0]
     """
     t, was_numpy = float_tensor(x)
     q = qmax(bits)
@@ -237,11 +207,10 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     granularity : {"tensor", "channel", "token"}
         Which elements share a scale (see :func:`quantization_scale`).
     center : array_like of shape (d,), optional
-        Bias correction: quantise ``x - center`` and add ``center`` back.  With ``center = μ``
-        (the channel means) the quantiser sees only the fluctuation of each channel.
+        Bias correction: quantise ``x - center`` and add ``center`` back.  With ``center = μ`` (the channel means) the quantiser sees only the
+        fluctuation of each channel.
     keep_channels : sequence of int, optional
-        Mixed precision: these channels are passed through unchanged (floating point) and are
-        excluded from the range that sets the scale.
+        Mixed precision: these channels are passed through unchanged (floating point) and are excluded from the range that sets the scale.
 
     Returns
     -------
@@ -250,37 +219,15 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
 
     Raises
     ------
-    TypeError
-        For a non-floating ``x``, a non-integer ``bits`` or a non-string ``granularity``.
     ValueError
-        For an empty, 0-dimensional or non-finite ``x``; ``bits`` outside [2, 16]; an unknown
-        ``granularity``; a ``center`` of the wrong shape, not finite or beyond the range of
-        ``x.dtype`` (e.g. 1e5 for float16); bad ``keep_channels``; ``x - center`` beyond the
-        float64 range.
-
-    Notes
-    -----
-    ``Q(x) = c + Δ · clamp(round((x - c)/Δ), -q, q)`` with ``q = 2**(bits-1) - 1`` and
-    ``Δ = max|x - c| / q`` over the group (kept channels excluded).  Since the range sets ``Δ``,
-    nothing is clipped and ``|x - Q(x)| ≤ Δ/2``; if the rounding error is close to uniform on
-    ``[-Δ/2, Δ/2]`` (many levels per channel) its mean square is ``Δ²/12``.  ``round`` is
-    round-half-to-even.  References: Dettmers et al. (2022) for mixed precision of outlier
-    channels, Nagel et al. (2019) for bias correction.
-
-    Floating point: float16 and bfloat16 inputs are quantised in float32 and the result is rounded
-    once to the input dtype, so ``|x - Q(x)| ≤ Δ/2`` plus half a unit in the last place of ``Q(x)``
-    (computing ``round(y/Δ)·Δ`` in float16 rounds twice and can miss the bound by a whole step;
-    the grid point next to 65504 overflowed to inf).  A grid point beyond the dtype's largest value
-    is stored as that value.  Where ``x - c`` overflows the dtype, the quantiser runs in the next
-    wider one (float32 -> float64).
+        For an empty, 0-dimensional or non-finite ``x``; ``bits`` outside [2, 16]; an unknown ``granularity``; a ``center`` of the wrong shape, not
+        finite or beyond the range of ``x.dtype`` (e.g. 1e5 for float16); bad ``keep_channels``; ``x - center`` beyond the float64 range.
 
     Examples
     --------
     >>> x = np.array([[0.0, 1.0, -0.6], [2.54, 0.01, 0.2]])
     >>> fake_quantize(x, 8, "tensor").round(4).tolist()
     [[0.0, 1.0, -0.6], [2.54, 0.0, 0.2]]
-    >>> fake_quantize(x, 2, "tensor", keep_channels=[0]).tolist()
-    [[0.0, 1.0, -1.0], [2.54, 0.0, 0.0]]
     """
     t, was_numpy = float_tensor(x)
     q = qmax(bits)
@@ -303,18 +250,13 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        ``Δ/2`` for every element (0 for kept channels), same shape and type as ``x``; for
-        float16/bfloat16 ``Δ`` is computed in float32 (see :func:`fake_quantize`) and rounded.
+        ``Δ/2`` for every element (0 for kept channels), same shape and type as ``x``; for float16/bfloat16 ``Δ`` is computed in float32 (see
+        :func:`fake_quantize`) and rounded.
 
     Raises
     ------
     TypeError, ValueError
         As in :func:`fake_quantize`.
-
-    Notes
-    -----
-    With ``Δ = max|x - c|/q`` over a group, every value lies in ``[-qΔ, qΔ]`` after centring, so
-    ``round`` never needs the clamp and the error of one element is at most half a step.
 
     Examples
     --------
@@ -349,15 +291,9 @@ def channel_mse(x, x_hat):
 
     Raises
     ------
-    TypeError
-        If either argument is not a floating tensor/array.
     ValueError
-        If the shapes differ, a tensor is empty, 0-dimensional or not finite, or a mean square
-        exceeds the range of ``x.dtype`` (e.g. above 65504 for float16: pass ``x.float()``).
-
-    Notes
-    -----
-    Computed in float64 for accuracy, returned in the dtype of ``x``.
+        If the shapes differ, a tensor is empty, 0-dimensional or not finite, or a mean square exceeds the range of ``x.dtype`` (e.g. above 65504 for
+        float16: pass ``x.float()``).
 
     Examples
     --------
@@ -390,20 +326,13 @@ def fold_center_into_bias(weight, bias, center):
     Returns
     -------
     torch.Tensor, shape (out,)
-        ``b + W c``.  Then ``W (Q(x - c) + c) + b = W Q(x - c) + (b + W c)``: bias correction costs
-        nothing at inference time.
+        ``b + W c``.  Then ``W (Q(x - c) + c) + b = W Q(x - c) + (b + W c)``: bias correction costs nothing at inference time.
 
     Raises
     ------
-    TypeError
-        If ``weight`` is not a floating torch tensor.
     ValueError
-        If ``weight`` is not 2-D, ``bias``/``center`` has the wrong shape, is not finite or
-        exceeds the range of ``weight.dtype``, or ``b + W c`` overflows that dtype.
-
-    Notes
-    -----
-    Linear algebra only; the identity is exact up to floating-point rounding.
+        If ``weight`` is not 2-D, ``bias``/``center`` has the wrong shape, is not finite or exceeds the range of ``weight.dtype``, or ``b + W c``
+        overflows that dtype.
 
     Examples
     --------
@@ -503,41 +432,27 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
     bits : int
         Bit width, 2 ≤ bits ≤ 16.
     lo, hi : float or array_like broadcastable to ``x``
-        The calibrated range: a number (per tensor), shape ``(d,)`` (per channel) or
-        ``x.shape[:-1] + (1,)`` (per token).  ``lo ≤ hi`` is required.
+        The calibrated range: a number (per tensor), shape ``(d,)`` (per channel) or ``x.shape[:-1] + (1,)`` (per token).  ``lo ≤ hi`` is required.
     symmetric : bool, default True
-        ``True``: step ``Δ = max(|lo|, |hi|)/q`` on ``{-q, …, q}``, ``q = 2**(bits-1) − 1``.
-        ``False``: asymmetric (affine) grid of ``2**bits`` levels, ``Δ = (hi − lo)/(2**bits − 1)``
-        with the integer zero-point ``z = round(−lo/Δ)`` (the range is first widened to contain 0,
-        so that 0 is represented exactly).
+        ``True``: step ``Δ = max(|lo|, |hi|)/q`` on ``{-q, …, q}``, ``q = 2**(bits-1) − 1``. ``False``: asymmetric (affine) grid of ``2**bits``
+        levels, ``Δ = (hi − lo)/(2**bits − 1)`` with the integer zero-point ``z = round(−lo/Δ)`` (the range is first widened to contain 0, so that 0
+        is represented exactly).
 
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        Same shape, dtype and type as ``x``.  Values outside the range are clipped to its end
-        points (static scales clip; dynamic ones never do).
+        Same shape, dtype and type as ``x``.  Values outside the range are clipped to its end points (static scales clip; dynamic ones never do).
 
     Raises
     ------
-    TypeError
-        For a non-floating ``x``, a non-integer ``bits`` or a non-bool ``symmetric``.
     ValueError
-        For an empty or non-finite ``x``, ``bits`` out of range, a non-finite range, a range
-        that does not broadcast to ``x``, or ``lo > hi``.
-
-    Notes
-    -----
-    Asymmetric: ``Q(x) = Δ (clamp(round(x/Δ) + z, 0, 2^b − 1) − z)`` (Jacob et al. 2018's
-    affine scheme).  Inside the range the error is at most ``Δ/2``; a one-signed group (the
-    SiLU-gated MLP state is mostly ≥ −0.28) uses almost all ``2^b`` levels instead of half.
+        For an empty or non-finite ``x``, ``bits`` out of range, a non-finite range, a range that does not broadcast to ``x``, or ``lo > hi``.
 
     Examples
     --------
     >>> x = np.array([[0.0, 1.0, 3.0]])
     >>> quantize_with_range(x, 2, 0.0, 3.0, symmetric=False).tolist()
     [[0.0, 1.0, 3.0]]
-    >>> quantize_with_range(x, 2, -1.0, 1.0).tolist()   # static range: 3.0 is clipped to 1.0
-    [[0.0, 1.0, 1.0]]
     """
     t, was_numpy = float_tensor(x)
     b = check_int(bits, "bits", 2, 16)
@@ -565,8 +480,7 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
     bits : int
     granularity : {"channel", "tensor"}
-        ``"channel"``: one range per output row (per-output-channel, the usual weight scheme);
-        ``"tensor"``: one range for the matrix.
+        ``"channel"``: one range per output row (per-output-channel, the usual weight scheme); ``"tensor"``: one range for the matrix.
     symmetric : bool, default True
 
     Returns
@@ -576,12 +490,7 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     Raises
     ------
     TypeError, ValueError
-        As :func:`quantize_with_range`; also for a matrix that is not 2-D or a granularity other
-        than ``"channel"``/``"tensor"``.
-
-    Notes
-    -----
-    The range of each group is its own min and max (nothing is clipped).
+        As :func:`quantize_with_range`; also for a matrix that is not 2-D or a granularity other than ``"channel"``/``"tensor"``.
 
     Examples
     --------
@@ -609,11 +518,10 @@ def smoothquant_scales(act_max, weight, alpha: float):
     act_max : array_like, shape (in,)
         Calibrated ``max_i |x_ij|`` of each input channel.
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The layer's weight; ``max|W_j|`` is taken over column ``j`` (the weights that read input
-        ``j``).
+        The layer's weight; ``max|W_j|`` is taken over column ``j`` (the weights that read input ``j``).
     alpha : float in [0, 1]
-        Migration strength: 0 leaves the activations' ranges alone (only the weights' are
-        equalised), 1 moves all of the activation range into the weights.
+        Migration strength: 0 leaves the activations' ranges alone (only the weights' are equalised), 1 moves all of the activation range into the
+        weights.
 
     Returns
     -------
@@ -624,13 +532,6 @@ def smoothquant_scales(act_max, weight, alpha: float):
     ------
     TypeError, ValueError
         For arrays of the wrong shape, negative or non-finite ranges, or ``alpha`` outside [0, 1].
-
-    Notes
-    -----
-    ``y = W x = (W diag(s)) (diag(s)^{-1} x)`` exactly; after the migration the activation
-    channel ``j`` has range ``max|X_j|^{1−α} max|W_j|^{1−α}`` and the weight column
-    ``max|X_j|^α max|W_j|^α``: at ``α = 1/2`` both equal ``sqrt(max|X_j| max|W_j|)``.
-    Xiao et al. (2023), eq. (4).
 
     Examples
     --------

@@ -16,6 +16,9 @@ Two proposals of the note for training are turned into measurements on a byte-le
 Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``.  The note
 writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
 feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
+Derivations: the chapter :doc:`/book/training_controls`.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -70,20 +73,8 @@ def tail_clip_threshold(mean, std, delta: float):
 
     Raises
     ------
-    TypeError
-        If ``delta`` is not a real number, or ``mean``/``std`` are not numeric.
     ValueError
-        If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64
-        range.
-
-    Notes
-    -----
-    If ``G − m`` is ``s²``-sub-Gaussian, the Chernoff bound gives the one-sided tail
-    ``P(G − m ≥ u) ≤ exp(−u²/(2s²))``; setting it equal to ``δ`` gives ``u = s sqrt(2 ln(1/δ))``
-    (``ln(1/δ)`` is taken as ``−ln δ`` below 1e-300 and ``−log1p(δ − 1)`` above 0.99, where
-    ``1/δ`` overflows or keeps too few digits).
-    This is the "threshold from the tail bound" of the note, made explicit; whether gradient
-    norms obey it is an empirical question (the book measures the clipping rate).
+        If ``std`` < 0, ``delta`` ∉ (0, 1), a value is NaN/inf, or ``τ`` exceeds the float64 range.
 
     Examples
     --------
@@ -100,6 +91,11 @@ def tail_clip_threshold(mean, std, delta: float):
         raise ValueError("mean and std must be finite")
     if (s < 0).any():
         raise ValueError(f"std must be >= 0, got {s.min()}")
+    return _tail_clip_threshold(m, s, d)
+
+
+def _tail_clip_threshold(m: np.ndarray, s: np.ndarray, d: float):
+    """:func:`tail_clip_threshold` on validated float64 arrays and ``d`` in (0, 1)."""
     if d < 1e-300:  # 1/d overflows below 5.6e-309
         log_inv = -math.log(d)
     elif d > 0.99:  # 1/d keeps few digits of 1 - d: ln(1/d) = -log1p(d - 1), d - 1 exact
@@ -132,20 +128,11 @@ class TailClipper:
     TypeError, ValueError
         For non-integer or non-positive sizes, ``min_history > window``, or a bad ``delta``.
 
-    Notes
-    -----
-    ``τ_t = m_t + s_t sqrt(2 ln(1/δ))`` with ``m_t``, ``s_t`` the mean and (population)
-    standard deviation of the window.  A data-driven ("dynamic") rule in the sense of the
-    note; the norms are recorded before clipping.
-
     Examples
     --------
     >>> c = TailClipper(delta=0.01, window=3, min_history=2)
     >>> c.threshold
     inf
-    >>> for g in (1.0, 2.0, 3.0, 4.0): c.update(g)
-    >>> round(c.threshold, 4)     # window (2, 3, 4): mean 3, std 0.8165
-    5.4779
     """
 
     def __init__(self, delta: float = 0.01, window: int = 50, min_history: int = 20):
@@ -173,7 +160,7 @@ class TailClipper:
         if len(self._norms) < self.min_history:
             return math.inf
         a = np.fromiter(self._norms, dtype=np.float64)
-        return tail_clip_threshold(a.mean(), a.std(), self.delta)
+        return _tail_clip_threshold(np.asarray(a.mean()), np.asarray(a.std()), self.delta)
 
 
 # =========================================================================== the regulariser
@@ -192,16 +179,8 @@ def column_means(weight: torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    TypeError
-        If ``weight`` is not a floating torch tensor.
     ValueError
         If ``weight`` is not 2-D.
-
-    Notes
-    -----
-    In the note's layout ``X = Wᵀ Z`` these are the means of the columns of ``W``.  If every
-    input has the same mean ``m̄``, output ``j`` has mean ``in · m̄ · c_j``: the column means
-    carry a uniform input mean into the outputs.
 
     Examples
     --------
@@ -232,16 +211,8 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
 
     Raises
     ------
-    TypeError
-        If ``weights`` is not a sequence of tensors or a λ is not a real number.
     ValueError
         If ``weights`` is empty, a λ is negative or not finite, or a weight is not 2-D.
-
-    Notes
-    -----
-    Squared norms (the note says "L2 norm"; the square is smooth at 0 and is what is used
-    in practice).  With i.i.d. entries of variance ``s²``, ``‖W‖_F² = out·in·s²`` while
-    ``‖colmean(W)‖² ≈ out·s²/in``: the two λ live on scales ``in²`` apart.
 
     Examples
     --------
@@ -260,9 +231,14 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
             raise TypeError(f"weights[{k}] must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
         if w.ndim != 2:
             raise ValueError(f"weights[{k}] must be 2-D (out, in), got shape {tuple(w.shape)}")
+    return _mean_frobenius_penalty(weights, lf, lm)
+
+
+def _mean_frobenius_penalty(weights, lf: float, lm: float) -> torch.Tensor:
+    """:func:`mean_frobenius_penalty` on validated 2-D weights and float weights ``lf``, ``lm``."""
     total = None
     for w in weights:
-        term = lf * w.pow(2).sum() + lm * column_means(w).pow(2).sum()
+        term = lf * w.pow(2).sum() + lm * w.mean(dim=1).pow(2).sum()
         total = term if total is None else total + term
     return total
 
@@ -273,8 +249,7 @@ def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[
     Parameters
     ----------
     model : torch.nn.Module
-        E.g. a :class:`companion.stacks.tinylm.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP
-        ``w_in, w_out``; ``unembed``).
+        E.g. a :class:`companion.stacks.tinylm.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP ``w_in, w_out``; ``unembed``).
     targets : sequence of str
         Attribute names, e.g. ``("w_v", "w_o")`` for the note's "value and output matrices".
 
@@ -284,8 +259,6 @@ def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a module or ``targets`` not a sequence of strings.
     ValueError
         If ``targets`` is empty or matches no linear layer.
 
@@ -319,8 +292,7 @@ class TrainingControls:
     Parameters
     ----------
     clip : {"none", "fixed", "tail"}, default "fixed"
-        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the
-        :class:`TailClipper` threshold; ``"none"``: never clip.
+        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the :class:`TailClipper` threshold; ``"none"``: never clip.
     clip_value : float > 0, default 1.0
     tail_delta : float in (0, 1), default 0.01
     tail_window : int ≥ 2, default 50
@@ -427,7 +399,7 @@ def train_with_controls(
     dtype: torch.dtype = torch.float32,
     callback: Callable[[int, TinyLM], None] | None = None,
 ) -> ControlledRun:
-    """Train a :class:`TinyLM` with a chosen clipping rule and the optional regulariser.
+    """Train a :class:`~companion.stacks.tinylm.TinyLM` with a chosen clipping rule and the optional regulariser.
 
     Parameters
     ----------
@@ -445,11 +417,11 @@ def train_with_controls(
     seed : int
         Seed of the window sampling (the weights are seeded by ``config.seed``).
     dtype : torch.float32 or torch.float64, default float32
-        Precision of the weights and of training.  In float64 the trajectory depends on the
-        CPU's kernel set only in the last digits, which long runs amplify far less than in float32.
+        Precision of the weights and of training.  In float64 the trajectory depends on the CPU's kernel set only in the last digits, which long runs
+        amplify far less than in float32.
     callback : callable or None
-        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1),
-        e.g. to measure the residual stream during training; it must not change the model.
+        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1), e.g. to measure the residual stream during training;
+        it must not change the model.
 
     Returns
     -------
@@ -457,22 +429,13 @@ def train_with_controls(
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
-        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or
-        a training loss that becomes NaN/inf (the message says at which step).
-
-    Notes
-    -----
-    Each step: sample ``batch_size`` windows, ``loss = CE + penalty``, backward, record the
-    global gradient norm ``‖g‖``, clip to ``τ`` if ``‖g‖ > τ`` (rescale by ``τ/‖g‖``), Adam
-    step.  The tail rule updates its window with the *unclipped* norm after deciding.
-    Deterministic on CPU for fixed seeds and thread count.
+        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a training loss that becomes NaN/inf (the message
+        says at which step).
 
     Examples
     --------
-    >>> from companion.stacks.residual import byte_tokenize
+    >>> from companion.stacks.tinylm import byte_tokenize
     >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
     >>> ids = byte_tokenize("abcabcabd" * 30)
     >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
@@ -503,6 +466,7 @@ def train_with_controls(
     model = TinyLM(config).to(dtype)
     reg = regularised_weights(model, controls.reg_targets) if controls.regularised else []
     reg_w = [w for _, w in reg]
+    lam_f, lam_m = float(controls.lam_frobenius), float(controls.lam_colmean)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
 
     def rate(step):
@@ -524,7 +488,7 @@ def train_with_controls(
         window = train_ids[starts[:, None] + offsets]
         logits, _ = model(window[:, :-1])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
-        loss = (ce + mean_frobenius_penalty(reg_w, controls.lam_frobenius, controls.lam_colmean)) if reg_w else ce
+        loss = (ce + _mean_frobenius_penalty(reg_w, lam_f, lam_m)) if reg_w else ce
         if not torch.isfinite(loss):
             raise ValueError(f"the training loss became {loss.item()} at step {step}; lower lr or clip")
         opt.zero_grad(set_to_none=True)
@@ -552,11 +516,11 @@ def train_with_controls(
             model.train()
     model.eval()
     return ControlledRun(model=model, losses=losses, grad_norms=norms, thresholds=taus, clipped=clipped,
-                         eval_loss=tiny_lm_loss(model, eval_ids, seq_len), controls=controls, config=config)
+                         eval_loss=_tiny_lm_loss(model, eval_ids, seq_len, 64), controls=controls, config=config)
 
 
 def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
-    """Mean next-token cross-entropy of a :class:`TinyLM` on non-overlapping windows of ``ids``.
+    """Mean next-token cross-entropy of a :class:`~companion.stacks.tinylm.TinyLM` on non-overlapping windows of ``ids``.
 
     Parameters
     ----------
@@ -574,14 +538,12 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
     ValueError
         If ``ids`` is shorter than ``seq_len + 1`` or a size is < 1.
 
     Examples
     --------
-    >>> from companion.stacks.residual import byte_tokenize
+    >>> from companion.stacks.tinylm import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
     >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
     True
@@ -591,6 +553,11 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
     seq_len = check_int(seq_len, "seq_len", 1)
     batch_size = check_int(batch_size, "batch_size", 1)
     ids = _check_ids(ids, "ids", seq_len + 1)
+    return _tiny_lm_loss(model, ids, seq_len, batch_size)
+
+
+def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int) -> float:
+    """:func:`tiny_lm_loss` on validated arguments."""
     n = (ids.numel() - 1) // seq_len
     starts = torch.arange(n) * seq_len
     offsets = torch.arange(seq_len + 1)
@@ -628,8 +595,7 @@ class StreamDrift:
         Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
     n_tokens : int
     channel_max_abs : numpy.ndarray, shape (L+1, d)
-        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the
-        layer's rms).
+        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the layer's rms).
     """
 
     mean: np.ndarray
@@ -660,7 +626,7 @@ class StreamDrift:
 
 
 def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0, 6.0), max_windows: int = 64) -> StreamDrift:
-    """Channel means, scales and outlier counts of the residual stream of a :class:`TinyLM`.
+    """Channel means, scales and outlier counts of the residual stream of a :class:`~companion.stacks.tinylm.TinyLM`.
 
     Parameters
     ----------
@@ -679,23 +645,14 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a TinyLM or ``ids`` not an integer tensor.
     ValueError
         If ``multiples`` is empty or not positive, or ``ids`` is too short.
 
-    Notes
-    -----
-    ``stream[l]`` is the residual stream before block ``l`` (:class:`companion.stacks.residual.StackOutput`),
-    ``l = 0 … L``.  Counts follow ``C_j(t) = #{i : |x_ij| > t}`` of the note's Theorem 2.
-
     Examples
     --------
-    >>> from companion.stacks.residual import byte_tokenize
+    >>> from companion.stacks.tinylm import byte_tokenize
     >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
     >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
-    >>> sd.mean.shape, sd.exceed_frac.shape
-    ((3, 8), (3, 2))
     """
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
@@ -731,8 +688,7 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
     Parameters
     ----------
     values : array_like, at least 2 entries along ``axis``
-        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired
-        differences between two arms that share their seeds.
+        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired differences between two arms that share their seeds.
     level : float in (0, 1), default 0.95
     axis : int, default 0
         The seed axis.
@@ -744,17 +700,8 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
 
     Raises
     ------
-    TypeError
-        If ``values`` is not numeric or ``level`` not a real number.
     ValueError
-        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is
-        out of range.
-
-    Notes
-    -----
-    The interval assumes the per-seed values are independent draws of one distribution (seeds
-    of the initialisation and of the data order) and roughly normal; with 5 to 10 seeds it is
-    what the data support, and it is wide: ``t_{4, 0.975} = 2.78``.
+        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is out of range.
 
     Examples
     --------

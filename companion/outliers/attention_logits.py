@@ -5,11 +5,9 @@ queries and keys are read with hooks on the real projection modules (rotary embe
 with the model's own function), every scored (query, key) pair is formed, and the moments of the
 logit :math:`q\cdot k` are set beside :prf:ref:`olr-thm-dot` (independent coordinates).
 
-Public functions
-----------------
-:class:`QueryKeyCapture`, :func:`capture_queries_keys`, :func:`logit_pairs`,
-:func:`dot_product_moments`, :func:`partial_dot_statistics`, :func:`attention_logit_statistics`,
-:func:`centred_logit_statistics` (per-query-centred logits: what the softmax sees).
+Derivations (moments of :math:`q\cdot k`, the rotary capture): the chapter :doc:`/book/outliers_real_models`.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -35,17 +33,13 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# argument checking (thin wrappers around companion._validation)
-# --------------------------------------------------------------------------------------------
+# --- argument checking (thin wrappers around companion._validation) ---
 def _generator(rng) -> np.random.Generator:
     """``rng`` as a Generator; None means the fixed seed 0 (reproducible subsets)."""
     return as_generator(0 if rng is None else rng)
 
 
-# --------------------------------------------------------------------------------------------
-# attention logits
-# --------------------------------------------------------------------------------------------
+# --- attention logits ---
 @dataclass(frozen=True)
 class QueryKeyCapture:
     """Queries and keys of one attention layer over a batch of texts (real tokens only).
@@ -56,8 +50,8 @@ class QueryKeyCapture:
         Block index.
     q : numpy.ndarray, shape ``[n_tokens, n_heads, d_k]``, float32
     k : numpy.ndarray, shape ``[n_tokens, n_kv_heads, d_k]``, float32
-        For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so
-        that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the logit before the ``1/sqrt(d_k)`` scale.
+        For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the
+        logit before the ``1/sqrt(d_k)`` scale.
     text : numpy.ndarray of int, shape ``[n_tokens]``
         Index of the text each token belongs to.
     position : numpy.ndarray of int, shape ``[n_tokens]``
@@ -123,8 +117,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     max_length : int or None
         Truncation length (default ``m.max_length``).
     rotary : bool, default True
-        Apply the model's rotary position embedding (if it has one) to the captured vectors, as
-        the attention does; ``False`` returns the raw projections.
+        Apply the model's rotary position embedding (if it has one) to the captured vectors, as the attention does; ``False`` returns the raw
+        projections.
     batch_size : int, default 16
         Texts per forward pass.
 
@@ -135,22 +129,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or an argument has the wrong type.
     ValueError
-        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate
-        query/key projections.
-
-    Notes
-    -----
-    Forward hooks on the projection modules read :math:`q = W_Q x + b_Q` and
-    :math:`k = W_K x + b_K` exactly as the model computes them (no re-implementation of the
-    normalisation before them).  For rotary models (Llama) a forward pre-hook on the attention
-    module reads the ``position_embeddings`` ``(cos, sin)`` that the model passes, and the
-    model's own ``apply_rotary_pos_emb`` rotates :math:`q, k`; then
-    :math:`q_i\cdot k_j` is the logit the softmax sees before the ``scaling`` factor.  Because
-    the rotation of position :math:`i` is orthogonal, :math:`q_i\cdot k_i` is the same with or
-    without it; only pairs at different positions differ.
+        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate query/key projections.
 
     Examples
     --------
@@ -270,13 +250,11 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     Returns
     -------
     (q, k) : tuple of numpy.ndarray, each ``[P, d_k]``
-        Row ``p`` is one scored pair: ``q[p] @ k[p]`` is a raw logit.  Causal models give the
-        pairs with key position ≤ query position; encoders give all pairs.
+        Row ``p`` is one scored pair: ``q[p] @ k[p]`` is a raw logit.  Causal models give the pairs with key position ≤ query position; encoders give
+        all pairs.
 
     Raises
     ------
-    TypeError
-        If ``cap`` is not a QueryKeyCapture or an argument has the wrong type.
     ValueError
         If ``head`` is out of range, ``max_pairs < 1`` or no pair is left.
 
@@ -290,7 +268,13 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     if not 0 <= head < cap.n_heads:
         raise ValueError(f"head {head} is outside [0, {cap.n_heads - 1}]")
     skip_first = check_bool(skip_first, "skip_first")
-    gen = _generator(rng)
+    mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
+    return _logit_pairs(cap, head, skip_first, mp, _generator(rng))
+
+
+def _logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool, mp: int | None,
+                 gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`logit_pairs` on validated arguments."""
     qi_all, kj_all = [], []
     starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
     ends = np.r_[starts[1:], cap.text.size]
@@ -307,11 +291,9 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     if not qi_all:
         raise ValueError("no (query, key) pair is left; pass longer texts or skip_first=False")
     qi, kj = np.concatenate(qi_all), np.concatenate(kj_all)
-    if max_pairs is not None:
-        mp = check_int(max_pairs, "max_pairs", 1)
-        if qi.size > mp:
-            sel = np.sort(gen.choice(qi.size, size=mp, replace=False))
-            qi, kj = qi[sel], kj[sel]
+    if mp is not None and qi.size > mp:
+        sel = np.sort(gen.choice(qi.size, size=mp, replace=False))
+        qi, kj = qi[sel], kj[sel]
     return cap.q[qi, head].astype(np.float64), cap.k[kj, cap.kv_head(head)].astype(np.float64)
 
 
@@ -326,26 +308,12 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     Returns
     -------
     (mean, var) : tuple of numpy.ndarray, shape ``[...]``
-        :math:`\sum_c \mu_{q,c}\mu_{k,c}` and
-        :math:`\sum_c (\sigma_{q,c}^2\sigma_{k,c}^2 + \sigma_{q,c}^2\mu_{k,c}^2 + \sigma_{k,c}^2\mu_{q,c}^2)`.
+        :math:`\sum_c \mu_{q,c}\mu_{k,c}` and :math:`\sum_c (\sigma_{q,c}^2\sigma_{k,c}^2 + \sigma_{q,c}^2\mu_{k,c}^2 + \sigma_{k,c}^2\mu_{q,c}^2)`.
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued.
     ValueError
-        If shapes differ, a variance is negative, an input is not finite, or the result exceeds
-        the float64 range.
-
-    Notes
-    -----
-    For independent :math:`a, b`: :math:`\mathrm{Var}(ab) = \sigma_a^2\sigma_b^2 + \sigma_a^2\mu_b^2
-    + \sigma_b^2\mu_a^2`; independent coordinates add.  With zero means and unit variances the
-    variance is :math:`d_k` -- it *grows* with :math:`d_k` -- and the :math:`1/\sqrt{d_k}` scale of
-    :cite:t:`vaswani2017attention` brings it back to 1.  A shared mean with
-    :math:`\mu_{q,c}\mu_{k,c} \approx m` in every coordinate makes the mean :math:`\approx m d_k`
-    against a standard deviation :math:`\propto\sqrt{d_k}`: the signal-to-noise ratio grows like
-    :math:`\sqrt{d_k}`, with or without the scale (a common factor cancels in the ratio).
+        If shapes differ, a variance is negative, an input is not finite, or the result exceeds the float64 range.
 
     Examples
     --------
@@ -360,6 +328,11 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     mq, vq, mk, vk = arrs
     if (vq < 0).any() or (vk < 0).any():
         raise ValueError("variances must be >= 0")
+    return _dot_product_moments(mq, vq, mk, vk)
+
+
+def _dot_product_moments(mq, vq, mk, vk) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dot_product_moments` on validated float64 arrays of one shape."""
     with np.errstate(over="ignore", invalid="ignore"):
         mean = (mq * mk).sum(-1)
         var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
@@ -381,43 +354,27 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     sizes : sequence of int or None
         Sub-dimensions :math:`m` in ``[1, d_k]`` (default: ``1, 2, 4, ...`` and ``d_k``).
     n_orders : int, default 8
-        Random coordinate orders averaged over (the first :math:`m` coordinates of each order
-        form the subset).
+        Random coordinate orders averaged over (the first :math:`m` coordinates of each order form the subset).
     rng : None, int or numpy.random.Generator
         Randomness for the orders (default seed 0).
 
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[len(sizes)]`` (and ``"sizes"``)
-        ``"mean"``, ``"var"``: mean and variance over pairs of
-        :math:`\ell_m = \sum_{c \in S_m} q_c k_c`, averaged over orders; ``"var_scaled"``:
-        :math:`\mathrm{Var}(\ell_m/\sqrt m)`; ``"snr"``: :math:`|E\ell_m|/\mathrm{sd}(\ell_m)` (per
-        order, then averaged); ``"var_independent"``, ``"mean_independent"``: the same moments
-        predicted by :func:`dot_product_moments` from each coordinate's mean and variance, i.e.
-        if all coordinates and :math:`q, k` were independent.
+        ``"mean"``, ``"var"``: mean and variance over pairs of :math:`\ell_m = \sum_{c \in S_m} q_c k_c`, averaged over orders; ``"var_scaled"``:
+        :math:`\mathrm{Var}(\ell_m/\sqrt m)`; ``"snr"``: :math:`|E\ell_m|/\mathrm{sd}(\ell_m)` (per order, then averaged); ``"var_independent"``,
+        ``"mean_independent"``: the same moments predicted by :func:`dot_product_moments` from each coordinate's mean and variance, i.e. if all
+        coordinates and :math:`q, k` were independent.
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``n_orders`` is not an integer.
     ValueError
-        If ``q`` and ``k`` are not matching 2-D arrays with at least 2 rows, a size is outside
-        ``[1, d_k]``, or an input is not finite.
-
-    Notes
-    -----
-    One pass per order: the per-coordinate products :math:`q_c k_c` are permuted and
-    cumulatively summed, which yields :math:`\ell_m` for every :math:`m` at once.  For i.i.d.
-    unit-variance coordinates ``var`` is linear in :math:`m` and ``var_scaled`` is flat; a
-    shared mean makes ``snr`` grow like :math:`\sqrt m`; correlated coordinates make ``var``
-    exceed ``var_independent``.
+        If ``q`` and ``k`` are not matching 2-D arrays with at least 2 rows, a size is outside ``[1, d_k]``, or an input is not finite.
 
     Examples
     --------
     >>> g = np.random.default_rng(0)
     >>> out = partial_dot_statistics(g.standard_normal((20000, 64)), g.standard_normal((20000, 64)), sizes=[1, 64])
-    >>> [round(float(v) / s) for v, s in zip(out["var"], out["sizes"])]
-    [1, 1]
     """
     qa = real_array("q", q)
     ka = real_array("k", k)
@@ -474,23 +431,15 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[n_heads]``
-        ``"mean"``, ``"var"`` of the raw logit; ``"var_scaled"`` of the logit times the model's
-        ``scaling`` (:math:`1/\sqrt{d_k}`); ``"snr"`` :math:`|E\ell|/\mathrm{sd}(\ell)`;
-        ``"shared_mean"``: :math:`\bar q\cdot\bar k` (the logit of the mean query and mean key);
-        ``"var_independent"``: :func:`dot_product_moments` from the coordinates' means and
-        variances; ``"q_norm2"``, ``"k_norm2"``: mean squared norms.
+        ``"mean"``, ``"var"`` of the raw logit; ``"var_scaled"`` of the logit times the model's ``scaling`` (:math:`1/\sqrt{d_k}`); ``"snr"``
+        :math:`|E\ell|/\mathrm{sd}(\ell)`; ``"shared_mean"``: :math:`\bar q\cdot\bar k` (the logit of the mean query and mean key);
+        ``"var_independent"``: :func:`dot_product_moments` from the coordinates' means and variances; ``"q_norm2"``, ``"k_norm2"``: mean squared
+        norms.
 
     Raises
     ------
     TypeError, ValueError
         As :func:`logit_pairs`.
-
-    Notes
-    -----
-    Writing :math:`q = \bar q + \tilde q`, :math:`k = \bar k + \tilde k`,
-    :math:`q\cdot k = \bar q\cdot\bar k + \bar q\cdot\tilde k + \tilde q\cdot\bar k + \tilde q\cdot\tilde k`;
-    ``shared_mean`` is the first term.  The ratio ``var / var_independent`` measures how far the
-    coordinates are from independent.
 
     Examples
     --------
@@ -498,11 +447,13 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
     """
     if not isinstance(cap, QueryKeyCapture):
         raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
+    skip_first = check_bool(skip_first, "skip_first")
+    mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
     gen = _generator(rng)
     keys = ("mean", "var", "var_scaled", "snr", "shared_mean", "var_independent", "q_norm2", "k_norm2")
     out = {key: np.zeros(cap.n_heads) for key in keys}
     for h in range(cap.n_heads):
-        q, k = logit_pairs(cap, h, skip_first=skip_first, max_pairs=max_pairs, rng=gen)
+        q, k = _logit_pairs(cap, h, skip_first, mp, gen)
         logit = np.einsum("pc,pc->p", q, k)
         mean, var = logit.mean(), logit.var()
         out["mean"][h] = mean
@@ -510,7 +461,7 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
         out["var_scaled"][h] = var * cap.scaling**2
         out["snr"][h] = abs(mean) / math.sqrt(var) if var > 0 else np.nan
         out["shared_mean"][h] = float(q.mean(0) @ k.mean(0))
-        out["var_independent"][h] = float(dot_product_moments(q.mean(0), q.var(0), k.mean(0), k.var(0))[1])
+        out["var_independent"][h] = float(_dot_product_moments(q.mean(0), q.var(0), k.mean(0), k.var(0))[1])
         out["q_norm2"][h] = float(np.mean(np.sum(q * q, axis=1)))
         out["k_norm2"][h] = float(np.mean(np.sum(k * k, axis=1)))
     return out
@@ -528,32 +479,15 @@ def centred_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False) -> 
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[n_heads]``
-        ``"snr_raw"``: :math:`|E\ell|/\mathrm{sd}(\ell)` over the same pairs (what
-        :func:`attention_logit_statistics` reports); ``"query_constant_share"``: the share of
-        :math:`\mathrm{Var}(\ell)` that is constant within each query's row, which the softmax
-        ignores; ``"snr_centred"``: :math:`\mathrm{rms}(s)/\mathrm{rms}(r)`, the shared-mean
-        signal that survives centring against the rest (see Notes); ``"var_centred"``: the mean
-        of :math:`c_{ij}^2`; ``"n_pairs"``.
+        ``"snr_raw"``: :math:`|E\ell|/\mathrm{sd}(\ell)` over the same pairs (what :func:`attention_logit_statistics` reports);
+        ``"query_constant_share"``: the share of :math:`\mathrm{Var}(\ell)` that is constant within each query's row, which the softmax ignores;
+        ``"snr_centred"``: :math:`\mathrm{rms}(s)/\mathrm{rms}(r)`, the shared-mean signal that survives centring, with :math:`c_{ij} = \ell_{ij} - \overline{\ell_{i\cdot}} = s_{ij} + r_{ij}`, :math:`s_{ij} = \bar q\cdot(k_j - \bar k_{(i)})`, :math:`r_{ij} = (q_i - \bar q)\cdot(k_j - \bar k_{(i)})`;
+        ``"var_centred"``: the mean of :math:`c_{ij}^2`; ``"n_pairs"``.
 
     Raises
     ------
-    TypeError
-        If ``cap`` is not a QueryKeyCapture or ``skip_first`` is not a bool.
     ValueError
         If no query has two keys to compare.
-
-    Notes
-    -----
-    :math:`\mathrm{softmax}_j(\ell_{ij} + a_i) = \mathrm{softmax}_j(\ell_{ij})` for every
-    per-query constant :math:`a_i`, so a mean logit is invisible to attention.  With
-    :math:`K(i)` the keys query :math:`i` scores (:math:`j \le i` in a causal model, rows with
-    fewer than two keys dropped), :math:`\bar k_{(i)}` their mean and :math:`\bar q` the mean
-    query of the head, the centred logit splits exactly into
-    :math:`c_{ij} = \ell_{ij} - \overline{\ell_{i\cdot}} = s_{ij} + r_{ij}` with
-    :math:`s_{ij} = \bar q\cdot(k_j - \bar k_{(i)})` (every query prefers the same keys: the
-    shared-mean part that still moves attention) and
-    :math:`r_{ij} = (q_i - \bar q)\cdot(k_j - \bar k_{(i)})`.  The raw signal
-    :math:`\bar q\cdot\bar k` of :prf:ref:`olr-thm-dot` is a per-query constant and disappears.
 
     Examples
     --------

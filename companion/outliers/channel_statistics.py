@@ -4,6 +4,8 @@
 ``l`` and channel ``j``, the mean, variance, min, max, max ``|x|`` and the exceedance counts
 ``C_j(t) = #{tokens : |h_{l,j}| > t}`` for a grid of thresholds, in ``O(L · d · |t|)`` memory
 (:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -85,9 +87,8 @@ def channel_statistics(
     max_length : int or None
         Truncation length (default ``m.max_length``).
     skip_first : bool, default False
-        Exclude the first token of every text.  The first token carries the "massive
-        activations" of :cite:t:`sun2024massive` (attention sinks); excluding it separates the
-        typical tokens from that one position.
+        Exclude the first token of every text.  The first token carries the "massive activations" of :cite:t:`sun2024massive` (attention sinks);
+        excluding it separates the typical tokens from that one position.
     progress : bool, default False
         Show a tqdm progress bar over batches (``TQDM_DISABLE=1`` turns it off).
 
@@ -97,23 +98,9 @@ def channel_statistics(
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
-        If ``texts`` is empty or contains an empty string, thresholds are negative/NaN/empty,
-        ``batch_size`` < 1, or no token is left (e.g. one-token texts with ``skip_first``).
-
-    Notes
-    -----
-    Each batch contributes its count ``n_b``, mean ``m_b`` and sum of squared deviations
-    ``M_b``; they are merged into the running ``(n, m, M)`` by the exact pairwise update of
-    :cite:t:`chan1982updating` (the batch form of :cite:t:`welford1962`):
-    ``δ = m_b − m``, ``m ← m + δ n_b/(n+n_b)``, ``M ← M + M_b + δ² n n_b/(n+n_b)``, in float64.
-    A channel whose every token holds one value gets exactly that mean and variance 0 (the
-    rounded batch means alone would leave a variance near 1e-34).
-    The counts come from sorting ``|x|`` per channel and a binary search for each threshold.
-    Memory is ``O(L · d · |thresholds|)`` for the accumulators whatever the corpus size.  Texts
-    are processed in order of length to reduce padding (the result does not depend on order).
+        If ``texts`` is empty or contains an empty string, thresholds are negative/NaN/empty, ``batch_size`` < 1, or no token is left (e.g. one-token
+        texts with ``skip_first``).
 
     Examples
     --------

@@ -15,6 +15,8 @@ causal model:
   the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`).
 
 Intervals over prompts come from :func:`companion.theory.bootstrap.bootstrap_interval`.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -43,9 +45,7 @@ def _model_texts_channel(m, texts, channel, causal: bool) -> tuple[list[str], in
     return texts, channel
 
 
-# --------------------------------------------------------------------------------------------
-# where and how large
-# --------------------------------------------------------------------------------------------
+# --- where and how large ---
 @dataclass(frozen=True)
 class FirstTokenProfile:
     """One channel of the residual stream at the first position, for every layer and text.
@@ -101,8 +101,8 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     max_length : int or None
         Truncation for the median (default ``m.max_length``).
     median_texts : int, default 16
-        The median :math:`|h|` of each layer is taken over the real tokens of the first
-        ``median_texts`` texts (it is a scale, not a statistic of the channel).
+        The median :math:`|h|` of each layer is taken over the real tokens of the first ``median_texts`` texts (it is a scale, not a statistic of the
+        channel).
 
     Returns
     -------
@@ -110,15 +110,8 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or an argument has the wrong type.
     ValueError
         If ``channel`` is outside the width or ``texts`` is empty.
-
-    Notes
-    -----
-    In a causal model the state at position 0 depends on the first token alone, so the values
-    come from two-token runs of every text (exact, and cheap); an encoder is run on whole texts.
 
     Examples
     --------
@@ -142,9 +135,7 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     return FirstTokenProfile(values=np.concatenate(values, axis=1), median_abs=med, channel=channel)
 
 
-# --------------------------------------------------------------------------------------------
-# the ablation
-# --------------------------------------------------------------------------------------------
+# --- the ablation ---
 @dataclass(frozen=True)
 class AblationRun:
     """Per-text loss and first-token attention of one (possibly ablated) run.
@@ -154,8 +145,7 @@ class AblationRun:
     loss : numpy.ndarray, shape ``[n_texts]``
         Mean next-token cross-entropy (nats) of each text.
     sink : numpy.ndarray, shape ``[n_texts, L]``
-        Attention weight on the first token, averaged over the heads and the query positions
-        ``1 .. n-1`` of each text, per block.
+        Attention weight on the first token, averaged over the heads and the query positions ``1 .. n-1`` of each text, per block.
     layer : int or None
         The residual-stream layer :math:`h_\\ell` that was edited (None: no edit).
     channel, position : int
@@ -183,12 +173,10 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     texts : sequence of str
         Every text needs at least two tokens.
     layer : int or None
-        Residual-stream layer :math:`\ell \in [1, L]` (the output of block :math:`\ell-1`); None
-        runs the model untouched (the baseline).
+        Residual-stream layer :math:`\ell \in [1, L]` (the output of block :math:`\ell-1`); None runs the model untouched (the baseline).
     channel : int
     value : float or None
-        The value written at that layer, position and channel (Sun et al.: 0 or the mean over
-        inputs); None with ``layer=None``.
+        The value written at that layer, position and channel (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
     position : int, default 0
     batch_size : int, default 16
     max_length : int or None
@@ -199,18 +187,9 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
-        For an encoder, a layer outside ``[1, L]``, a channel outside the width, ``layer`` and
-        ``value`` not both None or both set, or a text of one token.
-
-    Notes
-    -----
-    The edit is a forward hook on block :math:`\ell-1` that replaces one entry of its output, so
-    every later block reads the edited stream (the residual carries it on, as in Sun et al.,
-    who edit the layer where the activations appear).  Attention weights come from the model's
-    eager attention, switched on for the call and restored afterwards.
+        For an encoder, a layer outside ``[1, L]``, a channel outside the width, ``layer`` and ``value`` not both None or both set, or a text of one
+        token.
 
     Examples
     --------

@@ -11,6 +11,8 @@ criterion:
   input of every block) and feature, the share of positions with :math:`|x| \ge 6` and the
   largest :math:`|x|` (:class:`OutlierFeatureStatistics`);
 * :meth:`OutlierFeatureStatistics.systematic` -- the features that meet the criterion.
+
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -99,13 +101,10 @@ def linear_input_sites(m) -> list:
     Returns
     -------
     list of (torch.nn.Linear, torch.nn.Linear)
-        The query projection and the first FFN linear layer of each block: their inputs are
-        the normalised hidden states of LLM.int8().
+        The query projection and the first FFN linear layer of each block: their inputs are the normalised hidden states of LLM.int8().
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel.
     ValueError
         If a block has no recognisable query projection or FFN expansion.
     """
@@ -144,17 +143,8 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
     ValueError
         If ``texts`` is empty, ``threshold < 0`` or no position is left.
-
-    Notes
-    -----
-    Forward pre-hooks read the input of the query projection (after the block's input norm in a
-    pre-norm model; the previous block's LayerNorm output in a post-LN model) and of the FFN's
-    first linear layer (after the second norm), as the model computes them.  In a post-LN
-    model the query input of block :math:`l` is the residual stream :math:`h_l` itself.
 
     Examples
     --------

@@ -9,20 +9,11 @@ the outlier note talks about, and measure where real activations leave the note'
 :math:`X_{ij} = \mu_j + Z_{ij}` with sub-Gaussian :math:`Z`.  Attention logits are in
 :mod:`companion.outliers.attention_logits`, massive activations in :mod:`companion.outliers.massive_activations`.
 
-Conventions
------------
-Arrays of per-channel parameters have the channel axis last, ``mu[..., d]``; a threshold grid
-``thresholds[n_t]`` is inserted before it, so per-threshold results have shape
-``[..., n_t, d]`` -- the layout of ``ChannelStatistics.counts`` (``[L+1, n_t, d]``).
+Arrays of per-channel parameters have the channel axis last, ``mu[..., d]``; per-threshold results
+have shape ``[..., n_t, d]``, the layout of ``ChannelStatistics.counts``.  Derivations, the regimes and
+the meaning of the bounds and diagnostics: the chapter :doc:`/book/outliers_real_models`.
 
-Public functions
-----------------
-Regimes and counts
-    :data:`REGIMES`, :func:`classify_regime`, :func:`predicted_counts`, :func:`compare_counts`
-    (with its result :class:`CountComparison`), :func:`corpus_subset`, :func:`coarsen_thresholds`.
-Tails
-    :func:`tail_diagnostics`, :func:`gaussian_max_abs_quantile`, :func:`empirical_variance_proxy`,
-    :func:`top_activations`, :func:`max_abs_z`.
+An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
 """
 
 from __future__ import annotations
@@ -56,9 +47,7 @@ __all__ = [
 REGIMES = ("centred", "intermediate", "mean-dominated")
 
 
-# --------------------------------------------------------------------------------------------
-# argument checking (thin wrappers around companion._validation)
-# --------------------------------------------------------------------------------------------
+# --- argument checking (thin wrappers around companion._validation) ---
 def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]:
     m = real_array("mu", mu, min_ndim=1)
     s = real_array("sigma", sigma, min_ndim=1)
@@ -74,9 +63,7 @@ def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]
     return m, s
 
 
-# --------------------------------------------------------------------------------------------
-# regimes and counts
-# --------------------------------------------------------------------------------------------
+# --- regimes and counts ---
 def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarray:
     r"""Regime of every channel at every threshold: centred, intermediate or mean-dominated.
 
@@ -92,24 +79,13 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     Returns
     -------
     numpy.ndarray of int8, shape ``[..., n_t, d]``
-        Codes into :data:`REGIMES`: 2 if :math:`|\mu_j| > t` (mean-dominated, Theorem 1 applies),
-        0 if the channel is centred and :math:`|\mu_j| \le t`, 1 otherwise.
+        Codes into :data:`REGIMES`: 2 if :math:`|\mu_j| > t` (mean-dominated, Theorem 1 applies), 0 if the channel is centred and :math:`|\mu_j| \le
+        t`, 1 otherwise.
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued.
     ValueError
-        If an input holds NaN/inf, ``sigma < 0``, shapes differ, a threshold is negative or
-        ``centred_tol < 0``.
-
-    Notes
-    -----
-    The note's Theorem 2 separates :math:`|\mu_j| > t` from :math:`\mu_j = 0` exactly.  A measured
-    mean is never exactly zero, so the "pure-variance" side is widened to
-    :math:`|\mu_j| \le c\,\sigma_j`; every channel in between is *intermediate*, the continuum
-    the note leaves out.  The bounds of :func:`predicted_counts` hold in every regime, so the
-    choice of ``centred_tol`` only changes how channels are grouped, never a bound.
+        If an input holds NaN/inf, ``sigma < 0``, shapes differ, a threshold is negative or ``centred_tol < 0``.
 
     Examples
     --------
@@ -119,6 +95,11 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     m, s = _mu_sigma(mu, sigma, positive=False)
     t = check_thresholds(thresholds)
     tol = check_real(centred_tol, "centred_tol", lo=0.0)
+    return _classify_regime(m, s, t, tol)
+
+
+def _classify_regime(m: np.ndarray, s: np.ndarray, t: np.ndarray, tol: float) -> np.ndarray:
+    """:func:`classify_regime` on validated arrays."""
     a = np.abs(m)[..., None, :]
     tt = t[:, None]
     centred = a <= tol * s[..., None, :]
@@ -141,28 +122,14 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[..., n_t, d]``
-        ``"gaussian"``: :math:`N\,P(|\mu_j + \sigma_j G| > t)`, :math:`G \sim N(0,1)`;
-        ``"lower"``: the one-sided Theorem 1 bound :math:`N(1 - e^{-(|\mu_j|-t)_+^2/(2\sigma_j^2)})`;
-        ``"notes_lower"``: the note's :math:`N(1 - 2e^{-(|\mu_j|-t)^2/(2\sigma_j^2)})` where
-        :math:`|\mu_j| > t` (NaN elsewhere, possibly negative);
-        ``"upper"``: :math:`N\min(1, e^{-(t-|\mu_j|)_+^2/(2\sigma_j^2)} + e^{-(t+|\mu_j|)^2/(2\sigma_j^2)})`.
+        ``"gaussian"``: :math:`N\,P(|\mu_j + \sigma_j G| > t)`, :math:`G \sim N(0,1)`; ``"lower"``: the one-sided Theorem 1 bound :math:`N(1 -
+        e^{-(|\mu_j|-t)_+^2/(2\sigma_j^2)})`; ``"notes_lower"``: the note's :math:`N(1 - 2e^{-(|\mu_j|-t)^2/(2\sigma_j^2)})` where :math:`|\mu_j| > t`
+        (NaN elsewhere, possibly negative); ``"upper"``: :math:`N\min(1, e^{-(t-|\mu_j|)_+^2/(2\sigma_j^2)} + e^{-(t+|\mu_j|)^2/(2\sigma_j^2)})`.
 
     Raises
     ------
-    TypeError
-        If ``n_tokens`` is not an integer or another input is not real-valued.
     ValueError
-        If ``n_tokens < 1``, ``sigma <= 0`` somewhere, a threshold is negative, an input is
-        not finite or ``mu`` and ``sigma`` differ in shape.
-
-    Notes
-    -----
-    The bounds are those of :func:`companion.theory.exceedance.theorem2_bounds` with the variance proxy
-    replaced by the *sample variance* :math:`\sigma_j^2`.  They are theorems only if the noise is
-    :math:`\sigma_j^2`-sub-Gaussian, i.e. strictly sub-Gaussian (optimal proxy = variance, as for
-    Gaussian noise); for heavier tails the true proxy exceeds :math:`\sigma_j^2` (or does not
-    exist) and the upper bound can fail.  Comparing observed counts with them is therefore a
-    test of the model :math:`X = \mu + Z` with :math:`Z` no heavier-tailed than a Gaussian.
+        If ``n_tokens < 1``, ``sigma <= 0`` somewhere, a threshold is negative, an input is not finite or ``mu`` and ``sigma`` differ in shape.
 
     Examples
     --------
@@ -173,6 +140,11 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     m, s = _mu_sigma(mu, sigma)
     t = check_thresholds(thresholds)
     n = check_int(n_tokens, "n_tokens", 1)
+    return _predicted_counts(m, s, t, n)
+
+
+def _predicted_counts(m: np.ndarray, s: np.ndarray, t: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """:func:`predicted_counts` on validated arrays."""
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
     gauss = np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
@@ -199,11 +171,10 @@ class CountComparison:
     n_channels : numpy.ndarray of int
         Channels in each regime.
     observed, gaussian, lower, upper : numpy.ndarray
-        Sums over the regime's channels of the observed counts, the exact-Gaussian expectation
-        and the Theorem 1 / Theorem 2 bounds of :func:`predicted_counts`.
+        Sums over the regime's channels of the observed counts, the exact-Gaussian expectation and the Theorem 1 / Theorem 2 bounds of
+        :func:`predicted_counts`.
     lower_violations, upper_violations : numpy.ndarray of int
-        Channels whose observed count is significantly (level ``alpha``, binomial test) below
-        the lower bound or above the upper bound.
+        Channels whose observed count is significantly (level ``alpha``, binomial test) below the lower bound or above the upper bound.
     channel_lower_violation, channel_upper_violation : numpy.ndarray of bool, shape ``[..., d]``
         Per channel: whether it violates the bound at some threshold of the grid.
     alpha : float
@@ -276,20 +247,8 @@ def compare_counts(
 
     Raises
     ------
-    TypeError
-        If an input has the wrong type.
     ValueError
-        If shapes disagree, counts are negative, non-integer or exceed ``n_tokens``, or
-        ``alpha`` is not in (0, 1); see also :func:`predicted_counts`.
-
-    Notes
-    -----
-    A bound on :math:`E[C_j(t)]` says nothing about one sample unless the rows are independent;
-    if they were, :math:`C_j(t) \sim \mathrm{Bin}(N, p_j)` and an observed count :math:`c` above
-    the upper bound :math:`N\bar p` is significant when
-    :math:`P(\mathrm{Bin}(N, \bar p) \ge c) < \alpha` (and symmetrically below the lower bound).
-    Tokens of one text are dependent, so the test flags only gross violations; that is its
-    purpose here.
+        If shapes disagree, counts are negative, non-integer or exceed ``n_tokens``, or ``alpha`` is not in (0, 1); see also :func:`predicted_counts`.
 
     Examples
     --------
@@ -313,9 +272,10 @@ def compare_counts(
     if not np.isfinite(c).all() or (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
         raise ValueError(f"counts must be integers in [0, n_tokens={n}]")
     check_real(alpha, "alpha", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    tol = check_real(centred_tol, "centred_tol", lo=0.0)
     c = c.astype(np.float64)
-    pred = predicted_counts(m, s, t, n)
-    reg = classify_regime(m, s, t, centred_tol)
+    pred = _predicted_counts(m, s, t, n)
+    reg = _classify_regime(m, s, t, tol)
     p_up = np.clip(pred["upper"] / n, 0.0, 1.0)
     p_lo = np.clip(pred["lower"] / n, 0.0, 1.0)
     # P(Bin(N, p_up) >= c) < alpha  /  P(Bin(N, p_lo) <= c) < alpha
@@ -362,15 +322,8 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
 
     Raises
     ------
-    TypeError
-        If ``texts`` is not a sequence of strings or ``max_tokens`` is not an integer.
     ValueError
         If ``texts`` is empty or ``max_tokens < 1``.
-
-    Notes
-    -----
-    Deterministic: the subset depends only on the order of ``texts`` and on the tokenizer, so a
-    chapter and a command-line run over the same budget see the same tokens.
 
     Examples
     --------
@@ -390,9 +343,7 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# tails
-# --------------------------------------------------------------------------------------------
+# --- tails ---
 def _sample_matrix(x) -> np.ndarray:
     a = real_array("x", x, min_ndim=1)
     if a.ndim == 1:
@@ -415,31 +366,13 @@ def tail_diagnostics(x) -> dict[str, np.ndarray]:
     Returns
     -------
     dict
-        ``"mean"``, ``"std"`` (population, ``ddof=0``), ``"excess_kurtosis"``
-        :math:`m_4/m_2^2 - 3`, ``"max_abs_z"`` :math:`\max_i |x_i - \bar x|/s`, each of shape
-        ``[d]``, and ``"n"`` (int).  Constant channels get NaN kurtosis and ``max_abs_z`` 0.
+        ``"mean"``, ``"std"`` (population, ``ddof=0``), ``"excess_kurtosis"`` :math:`m_4/m_2^2 - 3`, ``"max_abs_z"`` :math:`\max_i |x_i - \bar x|/s`,
+        each of shape ``[d]``, and ``"n"`` (int).  Constant channels get NaN kurtosis and ``max_abs_z`` 0.
 
     Raises
     ------
-    TypeError
-        If ``x`` is not real-valued.
     ValueError
         If ``x`` has fewer than 4 samples, more than 2 dimensions, or NaN/inf values.
-
-    Notes
-    -----
-    For Gaussian data the excess kurtosis is 0 (standard error :math:`\approx\sqrt{24/n}`) and
-    the maximum of :math:`n` standardised absolute deviations concentrates near
-    :math:`\sqrt{2\ln n}` (exact quantiles: :func:`gaussian_max_abs_quantile`).  A strictly
-    sub-Gaussian law has excess kurtosis :math:`\le 0` (expand both sides of
-    :math:`E e^{\lambda Z} \le e^{\lambda^2\sigma^2/2}` to fourth order with
-    :math:`\sigma^2 = \mathrm{Var}\,Z`, for symmetric :math:`Z`), so a large positive kurtosis
-    means the variance is not a valid proxy.
-
-    Numerically, the deviations of each channel are divided by a power of two (exact) before the
-    fourth powers are taken, so channels of any scale in the float64 range (1e-300 or 1e300)
-    give the same kurtosis and ``max_abs_z``; a channel whose values are all equal is constant
-    (its mean is that value) even when the rounded mean of its copies is not.
 
     Examples
     --------
@@ -460,14 +393,7 @@ def tail_diagnostics(x) -> dict[str, np.ndarray]:
 
 
 def _centred_scaled(a: np.ndarray):
-    """Channel means and the deviations ``a - mean`` divided by a power of two per channel.
-
-    Returns ``(mean, c, e, constant)`` with ``a - mean = c * 2**e`` and ``max|c|`` in [1/2, 1)
-    (``c = 0`` for a constant channel, whose mean is its value).  Powers of two scale exactly,
-    so ratios of moments of ``c`` are those of ``a - mean`` to the last bit; but ``c**4`` neither
-    overflows (data near 1e80) nor underflows (near 1e-80, or tiny deviations around a large
-    mean) as the unscaled deviations do.
-    """
+    """Channel means and the deviations ``a - mean`` divided by a power of two per channel."""
     _, e_a = np.frexp(np.abs(a).max(axis=0))
     a_s = np.ldexp(a, -e_a)
     mean = np.ldexp(a_s.mean(axis=0), e_a)
@@ -496,25 +422,13 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
 
     Raises
     ------
-    TypeError
-        If ``n`` is not an integer (array) or ``q`` not a real number.
     ValueError
         If ``n < 1`` or ``q`` is not in (0, 1).
-
-    Notes
-    -----
-    :math:`P(\max_i|G_i| \le m) = (1 - 2\Phi(-m))^n = q` gives
-    :math:`m = -\Phi^{-1}\bigl((1 - q^{1/n})/2\bigr)`, computed with ``expm1`` so that it stays
-    accurate for large :math:`n`; when :math:`r = q^{1/n} < 10^{-3}` (tiny ``q``), as
-    :math:`m = \sqrt2\,\mathrm{erf}^{-1}(r)`, which keeps the digits that :math:`1 - r` loses.
-    It grows like :math:`\sqrt{2\ln(2n)}` to first order.
 
     Examples
     --------
     >>> round(gaussian_max_abs_quantile(1), 4)        # median of |G|
     0.6745
-    >>> round(gaussian_max_abs_quantile(10**6), 3)
-    4.963
     """
     arr = np.asarray(n)
     if arr.dtype == object and arr.size and all(  # Python ints beyond the 64-bit range
@@ -547,34 +461,20 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
     x : array_like, shape ``[n]`` or ``[n, d]``
         Samples along axis 0 (at least 4), channels along axis 1; no constant channel.
     s_grid : array_like or None
-        Values of :math:`s = \lambda\hat\sigma_j` (the grid is standardised per channel), all
-        non-zero.  Default: 80 points, :math:`\pm` a geometric grid from 0.05 to 8.
+        Values of :math:`s = \lambda\hat\sigma_j` (the grid is standardised per channel), all non-zero.  Default: 80 points, :math:`\pm` a geometric
+        grid from 0.05 to 8.
 
     Returns
     -------
     dict
-        ``"ratio"``: the estimate divided by the sample variance (1 for a Gaussian in the limit),
-        ``"proxy"``: the estimate :math:`\hat\sigma^2_{\rm opt}`, ``"s_star"``: the maximising
-        :math:`s`, each of shape ``[d]``; ``"s_grid"``.
+        ``"ratio"``: the estimate divided by the sample variance (1 for a Gaussian in the limit), ``"proxy"``: the estimate :math:`\hat\sigma^2_{\rm
+        opt}`, ``"s_star"``: the maximising :math:`s`, each of shape ``[d]``; ``"s_grid"``.
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued.
     ValueError
-        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance
-        exceeds the float64 range, or ``s_grid`` is empty, not 1-D or contains 0 or non-finite
-        values.
-
-    Notes
-    -----
-    With :math:`z_i = (x_i - \bar x)/\hat\sigma` and the empirical cumulant
-    :math:`\hat K(s) = \log\frac1n\sum_i e^{s z_i}` (log-sum-exp), the estimate is
-    :math:`\hat\sigma^2 \max_{s} 2\hat K(s)/s^2`.  It is biased: for :math:`|s|` large,
-    :math:`\hat K(s) \approx s\,\max_i z_i - \ln n`, so :math:`2\hat K/s^2 \to 0` and the supremum
-    is decided by the few largest samples.  For a law that is not sub-Gaussian the true proxy is
-    infinite while every estimate is finite; the estimate then grows with :math:`n` and with the
-    grid range instead of converging.  Use it next to :func:`tail_diagnostics`, never alone.
+        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance exceeds the float64 range, or ``s_grid`` is empty, not
+        1-D or contains 0 or non-finite values.
 
     Examples
     --------
@@ -633,30 +533,19 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     Returns
     -------
     dict of numpy.ndarray
-        ``"value"`` (signed), ``"batch"``, ``"position"``, ``"channel"`` of shape ``[L+1, k]``,
-        sorted by decreasing :math:`|h|`; ``"median_abs"`` of shape ``[L+1]``, the median of
-        :math:`|h|` over real tokens and channels; ``"ratio"`` = ``|value| / median_abs``.
+        ``"value"`` (signed), ``"batch"``, ``"position"``, ``"channel"`` of shape ``[L+1, k]``, sorted by decreasing :math:`|h|`; ``"median_abs"`` of
+        shape ``[L+1]``, the median of :math:`|h|` over real tokens and channels; ``"ratio"`` = ``|value| / median_abs``.
 
     Raises
     ------
-    TypeError
-        If ``h`` is not real-valued or ``k`` not an integer.
     ValueError
-        If ``h`` is not 4-D, the mask does not match ``h``'s batch and token axes or masks every
-        position, ``k`` is not in ``[1, number of real entries]``, or ``h`` has NaN/inf.
-
-    Notes
-    -----
-    :cite:t:`sun2024massive` call an activation *massive* when it exceeds 100 in magnitude and
-    is about :math:`10^3` times the median magnitude of its layer; ``ratio`` is that second
-    criterion.
+        If ``h`` is not 4-D, the mask does not match ``h``'s batch and token axes or masks every position, ``k`` is not in ``[1, number of real
+        entries]``, or ``h`` has NaN/inf.
 
     Examples
     --------
     >>> h = np.zeros((1, 1, 3, 4)); h[0, 0, 0, 2] = -50.0; h[0, 0, 1:, :] = 0.5
     >>> r = top_activations(h)
-    >>> float(r["value"][0, 0]), int(r["position"][0, 0]), int(r["channel"][0, 0])
-    (-50.0, 0, 2)
     """
     a = h.detach().cpu().numpy() if hasattr(h, "detach") else np.asarray(h)
     if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
@@ -695,9 +584,7 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     return {"value": value, "batch": b, "position": p, "channel": c, "median_abs": med, "ratio": ratio}
 
 
-# --------------------------------------------------------------------------------------------
-# views of stored statistics
-# --------------------------------------------------------------------------------------------
+# --- views of stored statistics ---
 def _check_statistics(st) -> None:
     from companion.outliers.channel_statistics import ChannelStatistics
 
@@ -726,15 +613,8 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
 
     Raises
     ------
-    TypeError
-        If ``st`` is not a ChannelStatistics or ``step``/``start`` is not an integer.
     ValueError
         If ``step < 1`` or ``start`` is outside the grid.
-
-    Notes
-    -----
-    Counts :math:`C_j(t)` at a subset of thresholds are exactly the counts of the coarser grid,
-    so a fine-grid pass can be compared with a stored coarse-grid Result without re-running it.
 
     Examples
     --------
@@ -758,19 +638,8 @@ def max_abs_z(st) -> np.ndarray:
     Returns
     -------
     numpy.ndarray, shape ``[L+1, d]``
-        :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a
-        constant channel with a non-zero deviation, NaN for ``0/0``).
-
-    Raises
-    ------
-    TypeError
-        If ``st`` is not a ChannelStatistics.
-
-    Notes
-    -----
-    For a channel whose variance is a valid proxy (strictly sub-Gaussian noise) it stays below
-    :math:`\sqrt{2\ln(2N/\delta)}` with probability :math:`1-\delta`, for dependent tokens too
-    (the chapter's theorem ``olr-thm-max``).
+        :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a constant channel with a non-zero deviation, NaN for
+        ``0/0``).
 
     Examples
     --------
