@@ -1,39 +1,20 @@
 """Read and perturb the residual stream of a real Transformer with forward hooks.
 
-Everything here runs the model's own modules (:class:`companion.transformers.models.LoadedModel`) and reads
-their raw outputs: no weight folding, no re-centring, no re-implementation of a block.
+Everything runs the model's own modules (:class:`companion.transformers.models.LoadedModel`) and
+reads their raw outputs: no weight folding, no re-centring.
 
-Indexing of the residual stream
--------------------------------
-A model with ``L`` blocks has ``L + 1`` residual-stream states ``h_0 .. h_L``:
+A model with ``L`` blocks has ``L + 1`` states ``h_0 .. h_L``: ``h_0`` is the input of block 0
+(the embedding output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.
+For ``l < L`` this is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is
+the raw last block output (transformers reports it after the final norm), which
+:func:`companion.transformers.readout.logits_from_residual` turns into logits.  Post-norm models
+(BERT, MiniLM) have no final norm and all indices agree.
 
-* ``h_0`` is the input of block 0: the embedding output (token + position embeddings for
-  GPT-2; token embeddings for Llama/SmolLM2, whose positions enter through rotary embeddings;
-  for BERT/MiniLM the *LayerNorm-ed* sum of word, position and token-type embeddings).
-* ``h_l`` for ``1 ≤ l ≤ L`` is the output of block ``l − 1``.
-
-For ``l < L`` this is exactly ``output_hidden_states[l]`` of transformers.  At ``l = L`` the
-two conventions differ for **pre-norm** models (SmolLM2, GPT-2, Pythia, Llama): transformers
-reports the last hidden state *after* the final norm (``model.norm`` / ``ln_f``), while the
-probes return the raw output of the last block, ``h_L``, so that every index is a point of the
-same un-normalised residual stream; ``FinalNorm(h_L)`` is transformers' value, and
-:func:`companion.transformers.readout.logits_from_residual` turns ``h_L`` into next-token logits.  For
-**post-norm** models (BERT, MiniLM) every block ends with a LayerNorm, there is no final norm,
-and all ``L + 1`` indices equal transformers' hidden states (each already normalised).
-
-Functions
----------
-residual_stream
-    ``[L+1, batch, tokens, d]`` for a batch of texts (one forward pass).
-inject
-    The residual stream of the run in which ``scale · vector`` is added to ``h_layer``.
-ModelAdapter
-    The model as the injection engine sees it (:mod:`companion.injection.engine`: sweeps over many
-    layers and scales that never recompute the blocks before an injection layer).
-forward_states
-    The hooked forward pass behind them, for encoded inputs (no checks).
-
-Per-channel statistics streamed over a corpus are :mod:`companion.outliers.channel_statistics`.
+:func:`~companion.transformers.stream.residual_stream` reads the stream,
+:func:`~companion.transformers.stream.inject` adds ``scale · vector`` to ``h_layer``,
+:class:`~companion.transformers.stream.ModelAdapter` is the model as the injection engine sees it,
+and :func:`~companion.transformers.stream.forward_states` is the hooked pass behind them (no checks).
+Per-channel statistics over a corpus: :mod:`companion.outliers.channel_statistics`.
 """
 
 from __future__ import annotations
