@@ -1,18 +1,12 @@
 """Experiment suites: many configurations, one job each, through submitit (local or SLURM).
 
-A *suite* is a list of experiment configurations (:func:`companion.experiments.make_config`).
-:func:`run_suite` submits one job per configuration through `submitit
-<https://github.com/facebookincubator/submitit>`_ -- its ``LocalExecutor`` on this machine, its
-``SlurmExecutor`` on a cluster, its ``DebugExecutor`` in this process -- and every job calls
-:func:`companion.experiments.run_cached`, so its Result lands in the Result store (which is safe
-with concurrent writers: each pair is published under a lock, with checksums).  Configurations
-whose valid Result is already in the store are skipped before anything is submitted, so a suite
-that was interrupted, or that had failures, is resumed by running it again.  The command line is
-``python -m companion run-suite``.
+A *suite* is a list of experiment configurations.  :func:`~companion.suites.run_suite` submits
+one job per configuration through `submitit <https://github.com/facebookincubator/submitit>`_
+(local, SLURM or debug executor); each job calls ``companion.experiments.run_cached``, so its
+Result lands in the (concurrency-safe) Result store.  Configurations whose valid Result is stored
+are skipped, so running a suite again resumes it.  Command line: ``python -m companion run-suite``.
 
-Suite files
------------
-JSON or YAML (YAML needs PyYAML), a list of entries or a mapping with a ``configs`` list::
+A suite file is JSON or YAML (needs PyYAML), a list of entries or a mapping with a ``configs`` list::
 
     # suite.yaml
     configs:
@@ -22,18 +16,10 @@ JSON or YAML (YAML needs PyYAML), a list of entries or a mapping with a ``config
       - experiment: injection_window
         config: {model: gpt2-xl, n_prompts: 32, dtype: bfloat16}
 
-Each ``config`` holds field overrides of the experiment's default configuration, typed like
-``--set`` (a tuple may be written as a list).  Named suites (:data:`NAMED_SUITES`) need no file:
-``injection-gpu`` is :data:`companion.experiments.injection_window.GPU_CONFIGS` (hub models of several
-depths, for CUDA machines with network), ``framework-gpu`` the two large framework
-configurations, ``smoke`` three CPU-sized configurations that run in seconds.
-
-Functions
----------
-load_suite
-    A suite file or a named suite -> a list of :class:`SuiteEntry`.
-run_suite
-    Submit, wait, and return a :class:`SuiteReport` (which entries were skipped, ran, failed).
+Each ``config`` overrides fields of the experiment's default configuration, typed like ``--set``.
+Named suites (``NAMED_SUITES``) need no file: ``injection-gpu`` (the injection-window
+``GPU_CONFIGS``, hub models for CUDA machines with network), ``framework-gpu`` (the two large
+framework configurations) and ``smoke`` (three CPU-sized configurations).
 """
 
 from __future__ import annotations
