@@ -209,9 +209,7 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     Returns
     -------
     torch.Tensor, shape ``[L+1, batch, tokens, d]``, on ``m.device``
-        Index ``l`` is ``h_l`` (see the module docstring): ``h_0`` the embedding output, ``h_l``
-        the output of block ``l-1``.  Rows of pad tokens (``tokenize(m, texts)["attention_mask"]
-        == 0``) hold values that nothing else depends on; ignore them.
+        Index ``l`` is ``h_l`` (indexing in the module docstring); ignore the rows of pad tokens.
 
     Raises
     ------
@@ -219,12 +217,6 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
         If ``m`` is not a LoadedModel or ``texts`` is not text.
     ValueError
         If ``texts`` is empty or contains an empty string.
-
-    Notes
-    -----
-    For ``l < L``, ``h_l`` equals transformers' ``output_hidden_states[l]``.  For a pre-norm
-    model, index ``L`` is the raw output of the last block; transformers' last hidden state is
-    ``FinalNorm(h_L)`` (``m.final_norm``).  For a post-norm model index ``L`` equals it.
 
     Examples
     --------
@@ -246,9 +238,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     m : LoadedModel
     texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
     layer : int in ``[0, L]``
-        Where to add: ``0`` adds to the embedding output (the input of block 0), ``l ≥ 1`` to
-        the output of block ``l − 1`` -- the same indexing as :func:`residual_stream`.
-        ``layer = L`` perturbs only the final state.
+        Where to add, indexed as in :func:`~companion.transformers.stream.residual_stream`.
     vector : torch.Tensor or numpy.ndarray, shape ``[d]``
     scale : float, default 1.0
     positions : None, sequence of int, or boolean ``[batch, tokens]``
@@ -267,17 +257,13 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     TypeError
         For arguments of the wrong type.
     ValueError
-        If ``layer`` is outside ``[0, L]``, ``vector`` does not have ``d`` entries or is not
-        finite, ``scale`` is not finite, ``vector`` or ``scale · vector`` overflows the model's
-        dtype (e.g. 1e5 in float16), ``texts`` is empty, or ``positions`` is invalid.
+        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale``
+        is not finite, ``scale · vector`` overflows the dtype, ``texts`` is empty, or
+        ``positions`` is invalid.
 
     Notes
     -----
-    Implemented as one forward pass with a hook on block ``layer - 1`` (a pre-hook on block 0
-    for ``layer = 0``) that replaces its output by output + ``scale · vector ⊗ mask``; all
-    later blocks see the perturbed stream, exactly as in the injection experiments of
-    :cite:t:`hahami2025disturbance` (who add to the output of decoder layer ``layer - 1``
-    in this indexing).
+    One forward pass with a hook on block ``layer - 1``, as in :cite:t:`hahami2025disturbance`.
 
     Examples
     --------
@@ -325,27 +311,23 @@ def _call_block(block, h, call, k, batch):
 class ModelAdapter:
     """A real Transformer seen the way the injection engine (:mod:`companion.injection.engine`) sees a model.
 
-    The counterpart of :class:`companion.stacks.tinylm.StackAdapter`, with the same attributes and
-    methods: ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (the raw
-    residual stream ``[h_0, ..., h_L]`` of one hooked forward, computed on first use);
-    ``attention_mask``; ``position_mask(positions)`` (:func:`position_mask`);
-    ``check_vector(vector, rows, scales)``; ``block(i, h, k)``: block ``i`` of the real model
-    called on ``h`` with the exact arguments transformers passed to it in the baseline run
-    (attention masks, rotary ``position_embeddings`` ...; recorded with forward pre-hooks with
-    ``with_kwargs=True``), repeated for ``k`` runs stacked along the batch axis; ``output(h)``
-    (the final norm, identity for a post-norm model) and ``logits(h)``
-    (:func:`companion.transformers.readout.logits_from_residual` for a causal LM, ``None`` for an encoder).
+    Same interface as :class:`companion.stacks.tinylm.StackAdapter`; ``block(i, h, k)`` calls
+    block ``i`` with the exact arguments transformers passed in the baseline run (masks, rotary
+    embeddings; recorded by pre-hooks), repeated for ``k`` runs stacked along the batch axis.
 
     Parameters
     ----------
     m : LoadedModel
+        The model.
     texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
+        The inputs.
     max_length : int or None
+        Truncation length.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`companion.transformers.models.encode` (wrong model type, empty texts).
+        As :func:`companion.transformers.models.encode`.
     """
 
     def __init__(self, m: LoadedModel, texts, max_length: int | None = None):
