@@ -46,9 +46,6 @@ _INITS = ("xavier", "normal")
 _NORMAL_STD = 0.02
 
 
-# =========================================================================== configuration
-
-
 def _is_finite_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
@@ -126,31 +123,19 @@ class StackConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
-            v = getattr(self, name)
-            if not is_int(v):
-                raise TypeError(f"StackConfig.{name} must be an integer, got {v!r}")
-        for name in ("d_model", "n_layers", "n_heads", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"StackConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.seed < 0:
-            raise ValueError(f"StackConfig.seed must be >= 0, got {self.seed}")
+            check_int(getattr(self, name), f"StackConfig.{name}", 0 if name == "seed" else 1)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
                 "choose a divisor of the width"
             )
-        if self.d_ff is not None and (not is_int(self.d_ff) or self.d_ff < 1):
-            raise ValueError(f"StackConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
-        if self.vocab_size is not None and (not is_int(self.vocab_size) or self.vocab_size < 2):
-            raise ValueError(
-                f"StackConfig.vocab_size must be an integer >= 2 or None, got {self.vocab_size!r}"
-            )
+        for name, low in (("d_ff", 1), ("vocab_size", 2)):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), f"StackConfig.{name}", low)
         for name, allowed in (("placement", _PLACEMENTS), ("norm", _NORMS), ("block", _BLOCKS),
                               ("init", _INITS)):
             if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
+                raise ValueError(f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
             if not _is_finite_real(getattr(self, name)):
                 raise TypeError(
@@ -224,7 +209,6 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     return math.sqrt(1.0 - beta2), math.sqrt(beta2)
 
 
-# =========================================================================== building blocks
 def _layer_generator(seed: int, *key: int) -> torch.Generator:
     """A torch generator whose stream depends only on (seed, key)."""
     state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(2, dtype=np.uint32)
@@ -317,21 +301,15 @@ class StackOutput:
     Attributes
     ----------
     stream : Tensor [L+1, B, T, d]
-        ``stream[0]`` is the input (plus any injection at layer 0); ``stream[l]`` is the
-        residual stream *before* block ``l`` (the output of block ``l-1``), including an
-        injection at layer ``l``.  For Post-LN it is the normalised stream.
+        ``stream[l]``: the stream before block ``l`` (after an injection there).
     pre_norm : Tensor [L, B, T, d]
-        Input of the last norm of block ``l``: Post-LN, the sum ``lam h + beta F(h)`` that the
-        norm producing ``stream[l+1]`` receives; Pre-LN, the stream entering the block's last
-        sublayer (``stream[l]`` itself for one-sublayer blocks).
+        Input of block ``l``'s last norm (Post-LN: ``lam h + beta F(h)``; Pre-LN: the stream).
     branch : Tensor [L, B, T, d]
         ``beta * F(.)`` added by block ``l``, summed over its sublayers.
     final : Tensor [B, T, d]
-        ``stream[L]`` after the final norm (or ``stream[L]`` itself when ``final_norm=False``).
-    sublayer_norm_input : Tensor [L, S, B, T, d]
-        Norm input of every sublayer (``S`` = 1 or 2); ``pre_norm`` is ``[:, -1]``.
-    sublayer_branch : Tensor [L, S, B, T, d]
-        ``beta * F(.)`` of every sublayer; ``branch`` is its sum over ``S``.
+        ``stream[L]`` after the final norm.
+    sublayer_norm_input, sublayer_branch : Tensor [L, S, B, T, d]
+        The same per sublayer (``S`` = 1 or 2).
     """
 
     stream: torch.Tensor
@@ -390,7 +368,6 @@ class ResidualStack(nn.Module):
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
 
-    # ------------------------------------------------------------------ validation helpers
     def _check_input(self, x) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
@@ -424,7 +401,6 @@ class ResidualStack(nn.Module):
         mask = _token_mask(positions, T, "inject_positions", x.device).to(x.dtype)
         return layer, mask[None, :, None] * vector[:, None, :]
 
-    # ------------------------------------------------------------------ forward
     def forward(self, x, *, inject_layer=None, inject_vector=None, inject_positions=None,
                 blocks=None) -> StackOutput:
         """Run the stack, recording the residual stream before every block.
@@ -434,18 +410,18 @@ class ResidualStack(nn.Module):
         x : Tensor [batch, tokens, d_model]
             Input stream (same dtype as the parameters).
         inject_layer : int, optional
-            Add ``inject_vector`` to the stream before block ``inject_layer`` (``0 <= l <= L``;
-            ``L`` means after the last block, before the final norm).
+            Add ``inject_vector`` before block ``inject_layer`` (``L``: before the final norm).
         inject_vector : Tensor [d_model] or [batch, d_model], optional
+            The vector.
         inject_positions : int, list of int or 1-D integer tensor, optional
-            Token positions that receive the vector; ``None`` means all tokens.
+            Token positions that receive it (``None``: all).
         blocks : range, optional
-            Run only these consecutive blocks (default: all), ``x`` being the stream that
-            enters the first of them; :meth:`apply_block` uses it to replay one block.
+            Run only these consecutive blocks, ``x`` entering the first.
 
         Returns
         -------
         StackOutput
+            The record of the run.
 
         Raises
         ------
@@ -528,12 +504,10 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
     Parameters
     ----------
-    stack : companion.stacks.residual.ResidualStack
-        A stack with attention sublayers (``block`` is ``"attention"`` or ``"both"``); it is
-        modified in place.
+    stack : ResidualStack
+        A stack with attention sublayers, modified in place.
     logit_std : float
-        Target standard deviation :math:`\sigma_a > 0` of the attention logits for unit-variance
-        inputs.
+        Target std :math:`\sigma_a > 0` of the logits for unit-variance inputs.
     seed : int, default 0
         Seed of the new weights.
 
@@ -545,7 +519,7 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     Raises
     ------
     TypeError
-        If ``stack`` is not a ``ResidualStack`` or ``logit_std``/``seed`` have the wrong type.
+        If an argument has the wrong type.
     ValueError
         If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
 
@@ -585,7 +559,6 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     return stack
 
 
-# =========================================================================== measurements
 def _check_counts(**kw) -> None:
     """Each count an integer >= 1 (``seed`` >= 0)."""
     for name, v in kw.items():
@@ -600,30 +573,28 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     Parameters
     ----------
     config : StackConfig
-        The stack to build (ignored when ``stack`` is given, except for validation).
+        The stack to build (unless ``stack`` is given).
     n_sequences, seq_len : int
         Input: ``n_sequences`` sequences of ``seq_len`` i.i.d. ``N(0, I_d)`` tokens.
     chunk : int, default 16
-        Sequences per forward pass (bounds memory: ``O(chunk * seq_len * d * L)``).
+        Sequences per forward pass (bounds memory).
     seed : int, default 0
-        Seed of the input tokens.
+        Seed of the input tokens (drawn on the CPU).
     stack : ResidualStack, optional
-        Use this (e.g. trained) stack instead of building one from ``config``.
+        Use this (e.g. trained) stack instead.
     device : str, default "cpu"
-        Where to run (``"cuda"`` for large configurations); the inputs are drawn on the CPU,
-        so the numbers do not depend on the device beyond floating-point rounding.
+        Where to run.
 
     Returns
     -------
-    dict of numpy arrays (float64), all divided by ``d``
-        ``"stream"`` [L+1, T]: :math:`\mathbb E\|h_\ell\|^2/d` per layer and token position;
-        ``"pre_norm"`` [L, T]: the same for ``StackOutput.pre_norm``;
-        ``"final"`` [T]: after the final norm.
+    dict of float64 arrays
+        :math:`\mathbb E\|\cdot\|^2/d` per layer and token: ``"stream"`` [L+1, T],
+        ``"pre_norm"`` [L, T], ``"final"`` [T].
 
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`~companion.stacks.residual.StackConfig` or a count is not an integer.
+        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If a count is < 1 (``seed`` < 0).
 
@@ -673,13 +644,13 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     config : StackConfig
         Must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
     n_sequences, seq_len : int
-        Gaussian input tokens ``N(0, I_d)``, as in :func:`~companion.stacks.residual.forward_sq_norms`.
+        Gaussian input tokens, as in :func:`~companion.stacks.residual.forward_sq_norms`.
     n_classes : int, default 16
         Classes of the readout.
     seed : int, default 0
-        Seed of the inputs, labels and readout (not of the stack: ``config.seed``).
+        Seed of the inputs, labels and readout.
     device : str, default "cpu"
-        Where to run; inputs, labels and readout are drawn on the CPU.
+        Where to run.
 
     Returns
     -------
@@ -689,7 +660,7 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`~companion.stacks.residual.StackConfig` or a count is not an integer.
+        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
 

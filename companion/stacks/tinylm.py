@@ -23,7 +23,6 @@ from companion.stacks.residual import (_NORMAL_STD, ResidualStack, StackConfig, 
 __all__ = ["TinyLM", "StackAdapter", "byte_tokenize", "unigram_loss", "train_tiny_lm"]
 
 
-# =========================================================================== language model
 class TinyLM(nn.Module):
     """Token embedding + learned positions + :class:`~companion.stacks.residual.ResidualStack` + unembedding.
 
@@ -112,26 +111,16 @@ class TinyLM(nn.Module):
         return self.tok_emb(ids) + self.pos_emb(torch.arange(T, device=ids.device))  # [B, T, d]
 
 
-# =========================================================================== the engine's adapter
 class StackAdapter:
-    """A :class:`~companion.stacks.residual.ResidualStack` or :class:`~companion.stacks.tinylm.TinyLM` seen the way the injection engine sees a model.
+    """A ResidualStack or TinyLM seen the way the injection engine sees a model.
 
     The engine (:mod:`companion.injection.engine`) needs from a model only what this class (and
     :class:`companion.transformers.stream.ModelAdapter` for real Transformers) exposes:
-    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``
-        Depth ``L``, width, parameter dtype and device, a label.
-    ``baseline``
-        The residual stream ``[h_0, ..., h_L]`` of the run without injection (each
-        ``[batch, tokens, d]``), computed once, on first use, under ``torch.no_grad``.
-    ``attention_mask``
-        ``[batch, tokens]``, 1 for every token (stacks have no padding).
-    ``position_mask(positions)``, ``check_vector(vector, rows, scales)``
-        The token positions that receive the vector; the vector, validated and cast.
-    ``block(i, h, k)``
-        Block ``i`` applied to ``h`` (``k`` runs stacked along the batch axis).
-    ``output(h)``, ``logits(h)``
-        The final norm of ``h_L``; the next-token logits of a :class:`~companion.stacks.tinylm.TinyLM` (``None`` for a
-        bare stack).
+    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (``[h_0, ..., h_L]``
+    of the run without injection, computed once); ``attention_mask`` (all ones);
+    ``position_mask(positions)``; ``check_vector(vector, rows, scales)``; ``block(i, h, k)``
+    (block ``i`` on ``k`` runs stacked along the batch axis); ``output(h)`` (the final norm) and
+    ``logits(h)`` (``None`` for a bare stack).
 
     Parameters
     ----------
