@@ -249,8 +249,8 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
     Raises
     ------
     ValueError
-        If the name is unknown and no such file exists, the file is malformed, an experiment is
-        unknown, a field is unknown or has a bad value, or two labels repeat.
+        If the name or file is unknown or malformed, an experiment or field is unknown or bad,
+        or two labels repeat.
 
     Examples
     --------
@@ -398,10 +398,8 @@ def run_suite(
         ``slurm``: one SLURM job array (sbatch; run this on the cluster's login node);
         ``debug``: in this process, one after another (pdb opens on a failure).
     results_dir : path or None
-        Result store (as ``--out``): look only here and save here.  ``None``: look in
-        :func:`~companion.experiments.stored_root` and
-        :func:`~companion.experiments.cache_root`, save into the cache.  On a cluster, use a
-        folder on a shared file system.
+        Result store (as ``--out``; shared on a cluster).  ``None``: the stored Results and the
+        cache, saving into the cache.
     device : str or None
         Passed to every job (``None``: CUDA if the job sees a GPU, else CPU).
     log_folder : path or None
@@ -415,17 +413,14 @@ def run_suite(
     cpus, mem_gb : optional
         CPUs and memory per job.
     parallel : int or None
-        Jobs at a time: SLURM's array parallelism; the local executor's batch size (default 1,
-        so that jobs do not compete for one GPU).
+        Jobs at a time (SLURM array parallelism; local default 1).
     slurm_args : dict or None
         More sbatch options (``slurm_additional_parameters``), e.g. ``{"account": "proj"}``.
     force : bool, default False
-        Run every entry, even those with a valid stored Result (which are then recomputed).
+        Recompute entries with a valid stored Result too.
     wait : bool, default True
-        Wait for the jobs; ``False`` returns after submitting (status ``"submitted"``).  Once
-        the jobs have ended, run the suite again: entries with a stored Result are skipped and
-        the rest resubmitted (an entry whose job is still running would be submitted twice;
-        the Result store keeps one complete Result even then).
+        ``False`` returns after submitting (status ``"submitted"``); run the suite again later
+        to collect (a job still running would be submitted twice).
     progress : bool, default False
         tqdm bars inside each job (written to its log) and over the suite here.
     poll_s : float, default 1.0
