@@ -47,6 +47,7 @@ _NORMAL_STD = 0.02
 
 
 def _is_finite_real(v) -> bool:
+    """A finite real number, not a bool."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 

@@ -162,10 +162,12 @@ class StackAdapter:
 
     @property
     def baseline(self) -> list[torch.Tensor]:
+        """``[h_0, ..., h_L]`` of the run without injection."""
         return list(self.record.stream)
 
     @property
     def attention_mask(self) -> torch.Tensor:
+        """``[B, T]`` ones (stacks have no padding)."""
         B, T = self.record.stream.shape[1:3]
         return torch.ones(B, T, dtype=torch.long, device=self.device)
 
@@ -181,12 +183,15 @@ class StackAdapter:
                             scales=scales, where="the stack")
 
     def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
+        """Block ``i`` applied to ``h`` (``k`` runs stacked along the batch axis)."""
         return self.stack.apply_block(i, h)
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm of ``h_L``."""
         return self.stack.final_norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        """Next-token logits of a TinyLM; ``None`` for a bare stack."""
         return None if self.lm is None else self.lm.unembed(self.output(h))
 
 
