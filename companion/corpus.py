@@ -48,7 +48,18 @@ def corpus_dir() -> Path:
 
 
 def corpus_files() -> list[Path]:
-    """Sorted list of the corpus text files."""
+    """Sorted list of the corpus text files.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The ``*.txt`` files of :func:`~companion.corpus.corpus_dir`.
+
+    Raises
+    ------
+    ValueError
+        If there is none.
+    """
     files = sorted(corpus_dir().glob("*.txt"))
     if not files:
         raise ValueError(f"no .txt files in {corpus_dir()}; the corpus is listed in "

@@ -160,7 +160,17 @@ class SuiteReport:
 
 # --------------------------------------------------------------------------- building suites
 def entries_from_configs(configs) -> list[SuiteEntry]:
-    """Suite entries from configs: a dict label -> config, or a sequence of configs.
+    """Suite entries from configs.
+
+    Parameters
+    ----------
+    configs : dict label -> config, or sequence of configs
+        Registered experiment configs (unlabelled ones get the experiment name and hash).
+
+    Returns
+    -------
+    list of SuiteEntry
+        One entry per config, in order.
 
     Raises
     ------
@@ -294,6 +304,16 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
 
 def parse_time(value) -> float:
     """A time limit in minutes from ``90``, ``"90"``, ``"1:30"`` (h:mm) or ``"1:30:00"`` (h:mm:ss).
+
+    Parameters
+    ----------
+    value : int, float or str
+        The limit.
+
+    Returns
+    -------
+    float
+        Minutes.
 
     Raises
     ------
