@@ -1,10 +1,9 @@
 """Where the package finds its own data, and whether it runs from a source checkout (private).
 
-The corpus and the stored Results travel inside the package, under ``companion/data/`` (package
-data of the wheel); :func:`package_data` finds them with :mod:`importlib.resources`, so they are
-found the same way in a clone, an editable install and a wheel installed into site-packages.
-:func:`source_checkout` tells a clone of the repository (where locally computed Results go to
-``results/cache/``) from an installed package (where they go to a user cache folder).
+The corpus and the stored Results are package data under ``companion/data/``, found with
+:mod:`importlib.resources` in a clone, an editable install or a wheel.  A clone
+(:func:`source_checkout`) keeps local Results in ``results/cache/``; an installed package uses a
+user cache folder.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ def package_data(*parts: str) -> Path:
     TypeError
         If a part is not a string.
     ValueError
-        If the package is not installed as files on disk (e.g. imported from a zip archive),
-        where its data cannot be read as ordinary files.
+        If the package is not installed as files on disk (e.g. imported from a zip archive).
     """
     if not all(isinstance(p, str) for p in parts):
         raise TypeError(f"path parts must be strings, got {parts!r}")
@@ -53,12 +51,10 @@ def package_data(*parts: str) -> Path:
 def source_checkout() -> Path | None:
     """The root of the repository if the package runs from a clone of it, else ``None``.
 
-    A clone is recognised by the ``pyproject.toml`` beside the ``companion`` folder that names
-    this distribution; an installed package (site-packages) has none.
-
     Returns
     -------
     pathlib.Path or None
+        The folder whose ``pyproject.toml`` names this distribution, beside ``companion/``.
     """
     root = Path(__file__).resolve().parents[1]
     pyproject = root / "pyproject.toml"

@@ -1,15 +1,10 @@
 """Argument checks shared by the public functions of the package (package-internal).
 
-The split follows scipy: a public function checks its arguments with the functions here
-(one implementation, one wording of each error message) and then calls private code that
-computes.  Nothing here computes a result of the book; everything raises ``TypeError`` for a
-wrong kind of argument and ``ValueError`` for a right kind with a wrong value.
-
-The module depends on numpy and scipy only, so every layer of the package may use it
-(:func:`check_vector`, :func:`float_tensor` and :func:`check_linears`, for the torch layers,
-import torch inside the function).  Its
-names carry no underscore because other companion modules import them; the module itself is
-private (``companion._validation``), not part of the reader-facing API.
+The split follows scipy: a public function checks its arguments here (one wording of each
+error) and then calls private code that computes.  ``TypeError`` for a wrong kind of argument,
+``ValueError`` for a wrong value.  Only numpy and scipy at import (the torch checks import torch
+inside), so every folder may use it; the names carry no underscore because other modules import
+them, the module itself is private.
 """
 
 from __future__ import annotations
@@ -345,7 +340,6 @@ def check_dist(dist, name: str = "dist"):
     return dist
 
 
-
 def as_real_array(x, name: str) -> np.ndarray:
     if isinstance(x, (str, bytes)) or (np.ndim(x) == 0 and isinstance(x, (bool, np.bool_))):
         raise TypeError(f"{name} must be a real number or an array of real numbers; got {x!r}")
@@ -360,7 +354,6 @@ def as_real_array(x, name: str) -> np.ndarray:
     return arr.astype(float)
 
 
-
 def check_t(t) -> np.ndarray:
     arr = as_real_array(t, "t")
     if np.isnan(arr).any():
@@ -368,7 +361,6 @@ def check_t(t) -> np.ndarray:
     if (arr < 0).any():
         raise ValueError(f"t must be >= 0 (a distance from the mean); got min(t) = {arr.min():.4g}")
     return arr
-
 
 
 def check_sigma2(sigma2, name: str = "sigma2") -> np.ndarray:
@@ -382,12 +374,10 @@ def check_sigma2(sigma2, name: str = "sigma2") -> np.ndarray:
     return arr
 
 
-
 def check_bool(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False; got {value!r}")
     return bool(value)
-
 
 
 def is_discrete(dist) -> bool:
@@ -395,7 +385,6 @@ def is_discrete(dist) -> bool:
 
 
 INT64_MAX = int(np.iinfo(np.int64).max)
-
 
 
 def integer_counts(name: str, N) -> np.ndarray:
@@ -418,7 +407,6 @@ def integer_counts(name: str, N) -> np.ndarray:
     return arr
 
 
-
 def row_counts(name: str, N) -> np.ndarray:
     """``N`` as a positive int64 array (a scalar or array of integers) for the simulation."""
     arr = integer_counts(name, N)
@@ -428,7 +416,6 @@ def row_counts(name: str, N) -> np.ndarray:
             "cannot draw that many rows (use the exact functions, which accept any N)"
         )
     return arr.astype(np.int64)
-
 
 
 def as_generator(rng) -> np.random.Generator:
@@ -444,7 +431,6 @@ def as_generator(rng) -> np.random.Generator:
         f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
         f"{type(rng).__name__} (for a legacy RandomState use np.random.default_rng(seed))"
     )
-
 
 
 def checkpoints(N) -> tuple[np.ndarray, bool]:

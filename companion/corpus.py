@@ -48,7 +48,18 @@ def corpus_dir() -> Path:
 
 
 def corpus_files() -> list[Path]:
-    """Sorted list of the corpus text files."""
+    """Sorted list of the corpus text files.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The ``*.txt`` files of :func:`~companion.corpus.corpus_dir`.
+
+    Raises
+    ------
+    ValueError
+        If there is none.
+    """
     files = sorted(corpus_dir().glob("*.txt"))
     if not files:
         raise ValueError(f"no .txt files in {corpus_dir()}; the corpus is listed in "
@@ -57,6 +68,7 @@ def corpus_files() -> list[Path]:
 
 
 def _paragraphs(text: str) -> list[str]:
+    """Whitespace-normalised, non-empty paragraphs of ``text``."""
     parts = re.split(r"\n\s*\n", text.replace("\r\n", "\n"))
     return [" ".join(p.split()) for p in parts if p.strip()]
 
@@ -74,6 +86,7 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
     Returns
     -------
     list of str
+        The paragraphs.
 
     Raises
     ------
@@ -84,10 +97,13 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
         raise ValueError(f"min_chars must be a non-negative integer, got {min_chars!r}")
     if max_paragraphs is not None and (not isinstance(max_paragraphs, int) or max_paragraphs < 1):
         raise ValueError(f"max_paragraphs must be a positive integer or None, got {max_paragraphs!r}")
-    out: list[str] = []
-    for f in corpus_files():
-        out.extend(p for p in _paragraphs(f.read_text(encoding="utf-8")) if len(p) >= min_chars)
+    out = _corpus_paragraphs(min_chars)
     return out[:max_paragraphs] if max_paragraphs is not None else out
+
+
+def _corpus_paragraphs(min_chars: int) -> list[str]:
+    """Paragraphs of every corpus file with at least ``min_chars`` characters (no checks)."""
+    return [p for f in corpus_files() for p in _paragraphs(f.read_text(encoding="utf-8")) if len(p) >= min_chars]
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)]*\s+(?=[A-Z\"'“‘(])")
@@ -105,6 +121,11 @@ def corpus_sentences(
     min_words, max_words : int
         Word-count window (inclusive).
 
+    Returns
+    -------
+    list of str
+        The sentences.
+
     Raises
     ------
     ValueError
@@ -115,7 +136,7 @@ def corpus_sentences(
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"n must be a positive integer or None, got {n!r}")
     out = []
-    for para in load_corpus(min_chars=0):
+    for para in _corpus_paragraphs(0):
         for s in _SENTENCE_END.split(para):
             k = len(s.split())
             if min_words <= k <= max_words:

@@ -18,7 +18,7 @@ NumPy (SIMD dispatch)       ``NPY_DISABLE_CPU_FEATURES``   the AVX-512 targets o
 ==========================  =============================  =====================================
 
 so :func:`pin_cpu_kernels` must run before ``torch`` and ``numpy`` are imported.
-:func:`companion.setup_notebook` calls it first (``import companion`` imports neither library),
+:func:`companion.notebook.setup_notebook` calls it first (``import companion`` imports neither library),
 the Makefile exports the same variables for ``make test``, and ``make test-portable`` re-runs
 the tests with the other kernel sets forced (:data:`KERNEL_SETS`).  A variable the user has set
 already is never overwritten, so a forced kernel set wins.  Nothing is pinned on CPUs without

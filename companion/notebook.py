@@ -15,18 +15,14 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
     """Prepare a chapter: CPU kernels, seeds, threads, determinism, printing, figures, quiet bars.
 
     Call it first, before importing torch or NumPy: it pins the AVX2 kernel set
-    (:func:`companion.determinism.pin_cpu_kernels`), which those libraries read once at import,
-    so that the printed numbers are the same on AVX2 and AVX-512 machines.  If torch was
-    imported earlier with other kernels, it warns and says how to restart.
+    (:func:`companion.determinism.pin_cpu_kernels`), which those libraries read once at import.
 
     Parameters
     ----------
     seed : int, default 0
-        Seed for Python's ``random``, NumPy's legacy global state and torch.  A fresh
-        ``numpy.random.Generator`` seeded with it is returned for the chapter to use.
+        Seed for Python's ``random``, NumPy's global state and torch.
     threads : int, default 2
-        Number of intra-op threads for torch (and the BLAS libraries via environment
-        variables, for subprocesses).
+        Intra-op threads for torch (and BLAS, via the environment).
 
     Returns
     -------
@@ -47,12 +43,8 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     Notes
     -----
-    Sets ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA`` and
-    ``NPY_DISABLE_CPU_FEATURES`` unless already set (see :mod:`companion.determinism`),
-    ``TQDM_DISABLE=1``, ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``,
-    ``HF_HUB_DISABLE_PROGRESS_BARS=1``; ``torch.use_deterministic_algorithms(True)``;
-    NumPy and torch print precision 4; matplotlib's inline backend to PNG at a fixed
-    figure size and dpi.
+    Also sets offline and quiet environment variables, deterministic torch algorithms, print
+    precision 4 and a fixed PNG figure size and dpi.
 
     Examples
     --------
@@ -66,14 +58,9 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
     pin_cpu_kernels()  # before numpy and torch are imported: they read the variables once
     import numpy as np
 
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads must be an integer, got {type(threads).__name__}")
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    from companion._validation import check_int
+
+    seed, threads = check_int(seed, "seed", 0), check_int(threads, "threads", 1)
 
     for key, value in {
         "TQDM_DISABLE": "1",

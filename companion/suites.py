@@ -1,18 +1,12 @@
 """Experiment suites: many configurations, one job each, through submitit (local or SLURM).
 
-A *suite* is a list of experiment configurations (:func:`companion.experiments.make_config`).
-:func:`run_suite` submits one job per configuration through `submitit
-<https://github.com/facebookincubator/submitit>`_ -- its ``LocalExecutor`` on this machine, its
-``SlurmExecutor`` on a cluster, its ``DebugExecutor`` in this process -- and every job calls
-:func:`companion.experiments.run_cached`, so its Result lands in the Result store (which is safe
-with concurrent writers: each pair is published under a lock, with checksums).  Configurations
-whose valid Result is already in the store are skipped before anything is submitted, so a suite
-that was interrupted, or that had failures, is resumed by running it again.  The command line is
-``python -m companion run-suite``.
+A *suite* is a list of experiment configurations.  :func:`~companion.suites.run_suite` submits
+one job per configuration through `submitit <https://github.com/facebookincubator/submitit>`_
+(local, SLURM or debug executor); each job calls ``companion.experiments.run_cached``, so its
+Result lands in the (concurrency-safe) Result store.  Configurations whose valid Result is stored
+are skipped, so running a suite again resumes it.  Command line: ``python -m companion run-suite``.
 
-Suite files
------------
-JSON or YAML (YAML needs PyYAML), a list of entries or a mapping with a ``configs`` list::
+A suite file is JSON or YAML (needs PyYAML), a list of entries or a mapping with a ``configs`` list::
 
     # suite.yaml
     configs:
@@ -22,18 +16,10 @@ JSON or YAML (YAML needs PyYAML), a list of entries or a mapping with a ``config
       - experiment: injection_window
         config: {model: gpt2-xl, n_prompts: 32, dtype: bfloat16}
 
-Each ``config`` holds field overrides of the experiment's default configuration, typed like
-``--set`` (a tuple may be written as a list).  Named suites (:data:`NAMED_SUITES`) need no file:
-``injection-gpu`` is :data:`companion.experiments.injection_window.GPU_CONFIGS` (hub models of several
-depths, for CUDA machines with network), ``framework-gpu`` the two large framework
-configurations, ``smoke`` three CPU-sized configurations that run in seconds.
-
-Functions
----------
-load_suite
-    A suite file or a named suite -> a list of :class:`SuiteEntry`.
-run_suite
-    Submit, wait, and return a :class:`SuiteReport` (which entries were skipped, ran, failed).
+Each ``config`` overrides fields of the experiment's default configuration, typed like ``--set``.
+Named suites (``NAMED_SUITES``) need no file: ``injection-gpu`` (the injection-window
+``GPU_CONFIGS``, hub models for CUDA machines with network), ``framework-gpu`` (the two large
+framework configurations) and ``smoke`` (three CPU-sized configurations).
 """
 
 from __future__ import annotations
@@ -174,7 +160,17 @@ class SuiteReport:
 
 # --------------------------------------------------------------------------- building suites
 def entries_from_configs(configs) -> list[SuiteEntry]:
-    """Suite entries from configs: a dict label -> config, or a sequence of configs.
+    """Suite entries from configs.
+
+    Parameters
+    ----------
+    configs : dict label -> config, or sequence of configs
+        Registered experiment configs (unlabelled ones get the experiment name and hash).
+
+    Returns
+    -------
+    list of SuiteEntry
+        One entry per config, in order.
 
     Raises
     ------
@@ -263,8 +259,8 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
     Raises
     ------
     ValueError
-        If the name is unknown and no such file exists, the file is malformed, an experiment is
-        unknown, a field is unknown or has a bad value, or two labels repeat.
+        If the name or file is unknown or malformed, an experiment or field is unknown or bad,
+        or two labels repeat.
 
     Examples
     --------
@@ -308,6 +304,16 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
 
 def parse_time(value) -> float:
     """A time limit in minutes from ``90``, ``"90"``, ``"1:30"`` (h:mm) or ``"1:30:00"`` (h:mm:ss).
+
+    Parameters
+    ----------
+    value : int, float or str
+        The limit.
+
+    Returns
+    -------
+    float
+        Minutes.
 
     Raises
     ------
@@ -412,10 +418,8 @@ def run_suite(
         ``slurm``: one SLURM job array (sbatch; run this on the cluster's login node);
         ``debug``: in this process, one after another (pdb opens on a failure).
     results_dir : path or None
-        Result store (as ``--out``): look only here and save here.  ``None``: look in
-        :func:`~companion.experiments.stored_root` and
-        :func:`~companion.experiments.cache_root`, save into the cache.  On a cluster, use a
-        folder on a shared file system.
+        Result store (as ``--out``; shared on a cluster).  ``None``: the stored Results and the
+        cache, saving into the cache.
     device : str or None
         Passed to every job (``None``: CUDA if the job sees a GPU, else CPU).
     log_folder : path or None
@@ -429,17 +433,14 @@ def run_suite(
     cpus, mem_gb : optional
         CPUs and memory per job.
     parallel : int or None
-        Jobs at a time: SLURM's array parallelism; the local executor's batch size (default 1,
-        so that jobs do not compete for one GPU).
+        Jobs at a time (SLURM array parallelism; local default 1).
     slurm_args : dict or None
         More sbatch options (``slurm_additional_parameters``), e.g. ``{"account": "proj"}``.
     force : bool, default False
-        Run every entry, even those with a valid stored Result (which are then recomputed).
+        Recompute entries with a valid stored Result too.
     wait : bool, default True
-        Wait for the jobs; ``False`` returns after submitting (status ``"submitted"``).  Once
-        the jobs have ended, run the suite again: entries with a stored Result are skipped and
-        the rest resubmitted (an entry whose job is still running would be submitted twice;
-        the Result store keeps one complete Result even then).
+        ``False`` returns after submitting (status ``"submitted"``); run the suite again later
+        to collect (a job still running would be submitted twice).
     progress : bool, default False
         tqdm bars inside each job (written to its log) and over the suite here.
     poll_s : float, default 1.0

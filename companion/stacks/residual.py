@@ -1,28 +1,18 @@
 """Residual stacks in plain PyTorch: Pre-LN / Post-LN and scaled residuals.
 
-One file, nanoGPT-style: explicit shapes, no framework layers.  The objects are
+:class:`~companion.stacks.residual.StackConfig` describes a stack;
+:class:`~companion.stacks.residual.ResidualStack` is ``L`` blocks acting on the residual stream
+``h`` (``[batch, tokens, d_model]``), each sublayer (attention, MLP) being one residual add
 
-* :class:`StackConfig` -- a frozen, JSON-serialisable description of a stack;
-* :class:`ResidualStack` -- ``L`` blocks acting on the residual stream ``h`` of shape
-  ``[batch, tokens, d_model]``.  Each block has one or two *sublayers* (attention, MLP), and
-  each sublayer is one residual add
+.. code-block:: text
 
-  .. code-block:: text
+    Pre-LN :  h <- lam * h + beta * F(Norm(h))
+    Post-LN:  h <- Norm(lam * h + beta * F(h))
 
-      Pre-LN :  h <- lam * h + beta * F(Norm(h))      (the stream itself is never normalised)
-      Post-LN:  h <- Norm(lam * h + beta * F(h))      (the stream is normalised after every add)
-
-  with ``lam = residual_scale`` and ``beta = branch_scale`` (``lam = beta = 1`` is the usual
-  Transformer; ``lam**2 + beta**2 = 1`` is Kedia et al.'s DSLM, see :func:`dslm_scales`).
-  The forward pass returns the residual stream at every layer (:class:`StackOutput`) and can
-  add a perturbation to the stream before any block, at chosen token positions.
-* :func:`forward_sq_norms`, :func:`last_layer_grad_norm` and :func:`last_layer_grad_norms` --
-  the measurements of the chapter *Signal propagation*: forward norms streamed over batches in
-  bounded memory, and last-layer gradients for one depth or for every depth from one deep stack.
-
-Initialisation is seeded per layer: the weights of block ``l`` depend only on
-``(config.seed, l)`` and the widths, so a stack of depth ``L`` is exactly the first ``L`` blocks
-of any deeper stack with the same seed.
+with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024).
+:func:`~companion.stacks.residual.forward_sq_norms` and the ``last_layer_grad_norm*`` functions are
+the measurements of the chapter *Signal propagation*.  Weights of block ``l`` depend only on
+``(config.seed, l)``, so a depth-``L`` stack is the first ``L`` blocks of any deeper one.
 """
 
 from __future__ import annotations
@@ -56,16 +46,14 @@ _INITS = ("xavier", "normal")
 _NORMAL_STD = 0.02
 
 
-# =========================================================================== configuration
-
-
 def _is_finite_real(v) -> bool:
+    """A finite real number, not a bool."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 @dataclass(frozen=True)
 class StackConfig:
-    """Description of a residual stack (and, with ``vocab_size``, of a :class:`TinyLM`).
+    """Description of a residual stack (and, with ``vocab_size``, of a TinyLM).
 
     Parameters
     ----------
@@ -76,52 +64,37 @@ class StackConfig:
     n_heads : int, default 4
         Attention heads; must divide ``d_model``.
     d_ff : int or None, default None
-        Hidden width of the MLP; ``None`` means ``4 * d_model`` (see :attr:`ff_width`).
-        Xiong et al.'s analysis assumes ``d_ff = d_model``.
+        Hidden width of the MLP; ``None`` means ``4 * d_model``.
     placement : {"pre", "post"}
         Where the normalisation sits (see the module docstring).
     norm : {"layernorm", "rmsnorm"}
-        ``torch.nn.LayerNorm`` (gain and bias) or ``torch.nn.RMSNorm`` (gain), both with ``eps``.
+        ``torch.nn.LayerNorm`` or ``torch.nn.RMSNorm``, with ``eps``.
     block : {"mlp", "attention", "both"}
-        Sublayers of each block; ``"both"`` is attention then MLP, each with its own norm and
-        its own residual add.
-    residual_scale : float, default 1.0
-        ``lam`` in ``h <- lam h + beta F(h)``.
-    branch_scale : float, default 1.0
-        ``beta``.
+        Sublayers of each block (``"both"``: attention then MLP, each its own residual add).
+    residual_scale, branch_scale : float, default 1.0
+        ``lam`` and ``beta`` in ``h <- lam h + beta F(h)``.
     gain : float, default 1.0
-        Multiplies the initial standard deviation of each branch's output projection
-        (attention ``w_o``, MLP ``w_out``): the "block-output scale".
+        Multiplies the initial std of each output projection (``w_o``, ``w_out``).
     init : {"xavier", "normal"}
-        ``"xavier"``: every weight matrix ``N(0, 2/(fan_in + fan_out))`` (times ``gain`` for
-        output projections), biases 0, norm gains 1 -- Xiong et al.'s assumptions.  The query
-        projection is set to zero, so every attention pattern is uniform over the causal
-        prefix at initialisation, as with Xiong's ``W^Q = W^K = 0``; the key projection keeps
-        its Xavier draw so that the query receives a gradient (a zero pair would be a saddle
-        point that training never leaves).  ``"normal"``: every weight ``N(0, 0.02^2)`` (GPT-2
-        style), output projections ``0.02 * gain``.
+        ``"xavier"``: ``N(0, 2/(fan_in + fan_out))`` weights, zero biases and a zero query map
+        (uniform attention, Xiong et al.); ``"normal"``: ``N(0, 0.02^2)`` (GPT-2).
     final_norm : bool, default True
-        Apply a norm after the last block (Pre-LN models have one).
+        Apply a norm after the last block.
     eps : float, default 1e-5
         Epsilon of every norm.
     vocab_size : int or None
-        Vocabulary of a :class:`TinyLM`; ``None`` for a bare stack.
+        Vocabulary of a TinyLM; ``None`` for a bare stack.
     max_len : int, default 256
-        Longest sequence a :class:`TinyLM` accepts (size of its position table).
+        Longest sequence a TinyLM accepts.
     seed : int, default 0
         Seed of the initialisation.
 
     Raises
     ------
     TypeError
-        If a field has the wrong type (e.g. a float width, a string scale).
+        If a field has the wrong type.
     ValueError
         If a field is out of range or a name is unknown.
-
-    Notes
-    -----
-    ``dataclasses.asdict(config)`` is JSON-serialisable; :meth:`to_dict` / :meth:`from_dict`
-    round-trip it.
 
     Examples
     --------
@@ -151,31 +124,19 @@ class StackConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
-            v = getattr(self, name)
-            if not is_int(v):
-                raise TypeError(f"StackConfig.{name} must be an integer, got {v!r}")
-        for name in ("d_model", "n_layers", "n_heads", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"StackConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.seed < 0:
-            raise ValueError(f"StackConfig.seed must be >= 0, got {self.seed}")
+            check_int(getattr(self, name), f"StackConfig.{name}", 0 if name == "seed" else 1)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
                 "choose a divisor of the width"
             )
-        if self.d_ff is not None and (not is_int(self.d_ff) or self.d_ff < 1):
-            raise ValueError(f"StackConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
-        if self.vocab_size is not None and (not is_int(self.vocab_size) or self.vocab_size < 2):
-            raise ValueError(
-                f"StackConfig.vocab_size must be an integer >= 2 or None, got {self.vocab_size!r}"
-            )
+        for name, low in (("d_ff", 1), ("vocab_size", 2)):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), f"StackConfig.{name}", low)
         for name, allowed in (("placement", _PLACEMENTS), ("norm", _NORMS), ("block", _BLOCKS),
                               ("init", _INITS)):
             if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
+                raise ValueError(f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
             if not _is_finite_real(getattr(self, name)):
                 raise TypeError(
@@ -235,14 +196,8 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
 
     Notes
     -----
-    Kedia et al. (2024) replace every residual add by :math:`\lambda x + \beta F(x)` with
-    :math:`\lambda^2 + \beta^2 = 1`: if :math:`x` and :math:`F(x)` are uncorrelated with
-    unit second moment, so is the sum, at every depth.  Their released configuration uses
-    :math:`\beta^2 = 0.005` for 192 layers; the rule :math:`\beta^2 = k/(2N)` with ``k = 2``
-    (two residual adds per layer) reproduces it (1/192 = 0.0052).  The exact rule in the
-    paper could not be confirmed from its full text; this choice is documented, not quoted.
-    With it, the input's weight after the ``2N`` adds of a ``"both"`` stack is
-    :math:`\lambda^{2N} \to e^{-k/2}`.
+    Kedia et al. (2024): :math:`\lambda^2 + \beta^2 = 1` keeps unit second moment at every add;
+    ``k = 2`` reproduces their :math:`\beta^2 \approx 0.005` at 192 layers (our reading, not a quote).
 
     Examples
     --------
@@ -250,19 +205,11 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     >>> round(beta ** 2, 4), round(lam ** 2 + beta ** 2, 12)
     (0.0052, 1.0)
     """
-    if not is_int(n_layers):
-        raise TypeError(f"n_layers must be an integer, got {n_layers!r}")
-    if n_layers < 1:
-        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    if not _is_finite_real(k):
-        raise TypeError(f"k must be a finite real number, got {k!r}")
-    if not 0 < k <= 2 * n_layers:
-        raise ValueError(f"k must satisfy 0 < k <= 2*n_layers = {2 * n_layers}, got {k}")
-    beta2 = float(k) / (2 * n_layers)
+    n_layers = check_int(n_layers, "n_layers", 1)
+    beta2 = check_real(k, "k", lo=0, lo_open=True, hi=2 * n_layers) / (2 * n_layers)
     return math.sqrt(1.0 - beta2), math.sqrt(beta2)
 
 
-# =========================================================================== building blocks
 def _layer_generator(seed: int, *key: int) -> torch.Generator:
     """A torch generator whose stream depends only on (seed, key)."""
     state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(2, dtype=np.uint32)
@@ -271,7 +218,7 @@ def _layer_generator(seed: int, *key: int) -> torch.Generator:
 
 def _init_linear(lin: nn.Linear, config: StackConfig, g: torch.Generator, *, out_proj: bool = False,
                  zero: bool = False) -> None:
-    """Initialise one linear map per ``config.init`` (see :class:`StackConfig`)."""
+    """Initialise one linear map per ``config.init`` (see :class:`~companion.stacks.residual.StackConfig`)."""
     with torch.no_grad():
         if lin.bias is not None:
             lin.bias.zero_()
@@ -284,6 +231,7 @@ def _init_linear(lin: nn.Linear, config: StackConfig, g: torch.Generator, *, out
 
 
 def _make_norm(config: StackConfig) -> nn.Module:
+    """The norm named by ``config.norm``."""
     if config.norm == "layernorm":
         return nn.LayerNorm(config.d_model, eps=config.eps)
     return nn.RMSNorm(config.d_model, eps=config.eps)
@@ -349,26 +297,20 @@ class Block(nn.Module):
 
 @dataclass
 class StackOutput:
-    """Everything a forward pass of :class:`ResidualStack` records.
+    """Everything a forward pass of :class:`~companion.stacks.residual.ResidualStack` records.
 
     Attributes
     ----------
     stream : Tensor [L+1, B, T, d]
-        ``stream[0]`` is the input (plus any injection at layer 0); ``stream[l]`` is the
-        residual stream *before* block ``l`` (the output of block ``l-1``), including an
-        injection at layer ``l``.  For Post-LN it is the normalised stream.
+        ``stream[l]``: the stream before block ``l`` (after an injection there).
     pre_norm : Tensor [L, B, T, d]
-        Input of the last norm of block ``l``: Post-LN, the sum ``lam h + beta F(h)`` that the
-        norm producing ``stream[l+1]`` receives; Pre-LN, the stream entering the block's last
-        sublayer (``stream[l]`` itself for one-sublayer blocks).
+        Input of block ``l``'s last norm (Post-LN: ``lam h + beta F(h)``; Pre-LN: the stream).
     branch : Tensor [L, B, T, d]
         ``beta * F(.)`` added by block ``l``, summed over its sublayers.
     final : Tensor [B, T, d]
-        ``stream[L]`` after the final norm (or ``stream[L]`` itself when ``final_norm=False``).
-    sublayer_norm_input : Tensor [L, S, B, T, d]
-        Norm input of every sublayer (``S`` = 1 or 2); ``pre_norm`` is ``[:, -1]``.
-    sublayer_branch : Tensor [L, S, B, T, d]
-        ``beta * F(.)`` of every sublayer; ``branch`` is its sum over ``S``.
+        ``stream[L]`` after the final norm.
+    sublayer_norm_input, sublayer_branch : Tensor [L, S, B, T, d]
+        The same per sublayer (``S`` = 1 or 2).
     """
 
     stream: torch.Tensor
@@ -380,8 +322,7 @@ class StackOutput:
 
 
 def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
-    """``[T]`` bool mask of the token ``positions`` (``None`` = every token, an integer, or a
-    non-empty 1-D list/tensor of integers in ``[0, T)``); ValueError otherwise."""
+    """``[T]`` bool mask of ``positions`` (None, an int, or a 1-D list/tensor in ``[0, T)``)."""
     if positions is None:
         return torch.ones(T, dtype=torch.bool, device=device)
     if is_int(positions):
@@ -405,20 +346,12 @@ class ResidualStack(nn.Module):
     Parameters
     ----------
     config : StackConfig
+        The stack (update rule in the module docstring).
 
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`StackConfig`.
-
-    Notes
-    -----
-    Sublayer update (``lam = residual_scale``, ``beta = branch_scale``)::
-
-        Pre-LN :  h <- lam * h + beta * F(Norm(h))
-        Post-LN:  h <- Norm(lam * h + beta * F(h))
-
-    Xiong et al. (2020), Kedia et al. (2024).  See :class:`StackConfig` for the initialisation.
+        If ``config`` is not a StackConfig.
 
     Examples
     --------
@@ -436,7 +369,6 @@ class ResidualStack(nn.Module):
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
 
-    # ------------------------------------------------------------------ validation helpers
     def _check_input(self, x) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
@@ -470,7 +402,6 @@ class ResidualStack(nn.Module):
         mask = _token_mask(positions, T, "inject_positions", x.device).to(x.dtype)
         return layer, mask[None, :, None] * vector[:, None, :]
 
-    # ------------------------------------------------------------------ forward
     def forward(self, x, *, inject_layer=None, inject_vector=None, inject_positions=None,
                 blocks=None) -> StackOutput:
         """Run the stack, recording the residual stream before every block.
@@ -480,18 +411,18 @@ class ResidualStack(nn.Module):
         x : Tensor [batch, tokens, d_model]
             Input stream (same dtype as the parameters).
         inject_layer : int, optional
-            Add ``inject_vector`` to the stream before block ``inject_layer`` (``0 <= l <= L``;
-            ``L`` means after the last block, before the final norm).
+            Add ``inject_vector`` before block ``inject_layer`` (``L``: before the final norm).
         inject_vector : Tensor [d_model] or [batch, d_model], optional
+            The vector.
         inject_positions : int, list of int or 1-D integer tensor, optional
-            Token positions that receive the vector; ``None`` means all tokens.
+            Token positions that receive it (``None``: all).
         blocks : range, optional
-            Run only these consecutive blocks (default: all), ``x`` being the stream that
-            enters the first of them; :meth:`apply_block` uses it to replay one block.
+            Run only these consecutive blocks, ``x`` entering the first.
 
         Returns
         -------
         StackOutput
+            The record of the run.
 
         Raises
         ------
@@ -499,8 +430,7 @@ class ResidualStack(nn.Module):
             If ``x`` is not a tensor.
         ValueError
             If ``x`` has the wrong shape or dtype, or the injection arguments are inconsistent,
-            out of range, of the wrong shape, not floating point, or beyond the range of the
-            stack's dtype (finite in float64 but inf after the cast).
+            out of range or not finite in the stack's dtype.
         """
         self._check_input(x)
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
@@ -531,16 +461,14 @@ class ResidualStack(nn.Module):
     def apply_block(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """Block ``layer`` applied to a stream ``h`` of shape ``[batch, tokens, d_model]``.
 
-        The update :meth:`forward` makes between ``stream[layer]`` and ``stream[layer + 1]``
-        (the same code, so the same arithmetic): the block call that :class:`StackAdapter`
-        hands to the injection engine (:mod:`companion.injection.engine`).
+        The same code as :meth:`forward` between ``stream[layer]`` and ``stream[layer + 1]``;
+        the injection engine replays blocks through it.
         """
         return self.forward(h, blocks=range(layer, layer + 1)).stream[-1]
 
 
 class _Recorder:
-    """The named sites of one :meth:`ResidualStack.forward`: the stream ``h_l`` before every
-    block (and after the last), and every sublayer's norm input and branch."""
+    """Records one forward pass: the stream before every block, each sublayer's norm input and branch."""
 
     def __init__(self):
         self.streams: list[torch.Tensor] = []                     # L+1 x [B, T, d]
@@ -577,12 +505,10 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
     Parameters
     ----------
-    stack : companion.stacks.residual.ResidualStack
-        A stack with attention sublayers (``block`` is ``"attention"`` or ``"both"``); it is
-        modified in place.
+    stack : ResidualStack
+        A stack with attention sublayers, modified in place.
     logit_std : float
-        Target standard deviation :math:`\sigma_a > 0` of the attention logits for unit-variance
-        inputs.
+        Target std :math:`\sigma_a > 0` of the logits for unit-variance inputs.
     seed : int, default 0
         Seed of the new weights.
 
@@ -594,18 +520,14 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     Raises
     ------
     TypeError
-        If ``stack`` is not a ``ResidualStack`` or ``logit_std``/``seed`` have the wrong type.
+        If an argument has the wrong type.
     ValueError
         If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
 
     Notes
     -----
-    :math:`W_Q` and :math:`W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries (biases stay 0).
-    For an input :math:`x` with :math:`\|x\|^2 = d` every query and key coordinate is then
-    :math:`N(0, \sigma_a)`, and a logit :math:`q\cdot k/\sqrt{d_h}` (a sum of :math:`d_h`
-    products) has variance :math:`\sigma_a^2`.  The stacks' default (Xiong et al.'s
-    :math:`W_Q = 0`) is the other extreme: uniform attention.  Large :math:`\sigma_a` makes
-    attention nearly a hard arg-max whose choice a small perturbation can flip.
+    :math:`W_Q, W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries, so a logit has variance
+    :math:`\sigma_a^2` for inputs with :math:`\|x\|^2 = d`.
 
     Examples
     --------
@@ -638,13 +560,10 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     return stack
 
 
-# =========================================================================== measurements
 def _check_counts(**kw) -> None:
+    """Each count an integer >= 1 (``seed`` >= 0)."""
     for name, v in kw.items():
-        if not is_int(v):
-            raise TypeError(f"{name} must be an integer, got {v!r}")
-        if v < (0 if name == "seed" else 1):
-            raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")
+        check_int(v, name, 0 if name == "seed" else 1)
 
 
 def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 32, chunk: int = 16,
@@ -655,38 +574,34 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     Parameters
     ----------
     config : StackConfig
-        The stack to build (ignored when ``stack`` is given, except for validation).
+        The stack to build (unless ``stack`` is given).
     n_sequences, seq_len : int
         Input: ``n_sequences`` sequences of ``seq_len`` i.i.d. ``N(0, I_d)`` tokens.
     chunk : int, default 16
-        Sequences per forward pass (bounds memory: ``O(chunk * seq_len * d * L)``).
+        Sequences per forward pass (bounds memory).
     seed : int, default 0
-        Seed of the input tokens.
+        Seed of the input tokens (drawn on the CPU).
     stack : ResidualStack, optional
-        Use this (e.g. trained) stack instead of building one from ``config``.
+        Use this (e.g. trained) stack instead.
     device : str, default "cpu"
-        Where to run (``"cuda"`` for large configurations); the inputs are drawn on the CPU,
-        so the numbers do not depend on the device beyond floating-point rounding.
+        Where to run.
 
     Returns
     -------
-    dict of numpy arrays (float64), all divided by ``d``
-        ``"stream"`` [L+1, T]: :math:`\mathbb E\|h_\ell\|^2/d` per layer and token position;
-        ``"pre_norm"`` [L, T]: the same for :attr:`StackOutput.pre_norm`;
-        ``"final"`` [T]: after the final norm.
+    dict of float64 arrays
+        :math:`\mathbb E\|\cdot\|^2/d` per layer and token: ``"stream"`` [L+1, T],
+        ``"pre_norm"`` [L, T], ``"final"`` [T].
 
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`StackConfig` or a count is not an integer.
+        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If a count is < 1 (``seed`` < 0).
 
     Notes
     -----
-    Xiong et al. (2020), Lemma 2: Pre-LN :math:`(1 + \ell/2) \le \mathbb E\|x_\ell\|^2/d \le
-    (1 + 3\ell/2)` under their assumptions (``init="xavier"``, ``d_ff = d``, ``gain = 1``);
-    Post-LN :math:`\|x_\ell\|^2 = d`.  Runs under ``torch.no_grad``.
+    Xiong et al.'s Lemma 2 bounds: chapter *Signal propagation*.  Runs under ``torch.no_grad``.
 
     Examples
     --------
@@ -730,13 +645,13 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     config : StackConfig
         Must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
     n_sequences, seq_len : int
-        Gaussian input tokens ``N(0, I_d)``, as in :func:`forward_sq_norms`.
+        Gaussian input tokens, as in :func:`~companion.stacks.residual.forward_sq_norms`.
     n_classes : int, default 16
         Classes of the readout.
     seed : int, default 0
-        Seed of the inputs, labels and readout (not of the stack: ``config.seed``).
+        Seed of the inputs, labels and readout.
     device : str, default "cpu"
-        Where to run; inputs, labels and readout are drawn on the CPU.
+        Where to run.
 
     Returns
     -------
@@ -746,17 +661,14 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`StackConfig` or a count is not an integer.
+        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
 
     Notes
     -----
-    The loss is Xiong et al.'s setting: mean softmax cross-entropy over tokens of a fixed
-    random linear readout (Xavier, ``d x n_classes``) of :attr:`StackOutput.final`, with random
-    labels.  Their Theorem 1 bounds this gradient by :math:`O(d\sqrt{\ln d})` for Post-LN and
-    :math:`O(d\sqrt{\ln d / L})` for Pre-LN; these are upper bounds, and the measured norm
-    shows their dependence on ``L``.
+    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels
+    (Xiong et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).
 
     Examples
     --------
@@ -774,13 +686,11 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
 
 
 def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):
-    """Gaussian inputs, a Xavier readout and random labels, all drawn from one seeded generator,
-    after the checks of the arguments that the two gradient measurements share."""
+    """Check the shared arguments; draw Gaussian inputs, a Xavier readout and random labels."""
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
-    if n_classes < 2:
-        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+    check_int(n_classes, "n_classes", 2)
     if "mlp" not in config.sublayers:
         raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
     d = config.d_model
@@ -793,44 +703,33 @@ def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, see
 
 def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
                           seed: int = 0, device: str = "cpu", per_token: bool = False) -> np.ndarray:
-    r""":func:`last_layer_grad_norm` for every depth ``1..L`` at once, from one deep stack.
+    r""":func:`~companion.stacks.residual.last_layer_grad_norm` for every depth ``1..L`` at once, from one deep stack.
 
     Parameters
     ----------
     config : StackConfig
         The deepest stack; must contain an MLP.
     n_sequences, seq_len, n_classes, seed, device
-        As in :func:`last_layer_grad_norm` (same inputs, readout and labels).
+        As in :func:`~companion.stacks.residual.last_layer_grad_norm` (same inputs, readout and labels).
     per_token : bool, default False
-        ``False``: the gradient of the mean loss, as :func:`last_layer_grad_norm`.  ``True``: the
-        mean over tokens of the norm of each token's own loss gradient,
-        :math:`\tfrac1n\sum_t \|\partial \ell_t / \partial W^{2,l}\|_F` -- the per-sample quantity
-        that Xiong et al. bound, free of the cancellation or reinforcement between tokens that
-        the mean-loss gradient contains.
+        ``True``: mean over tokens of each token's gradient norm (the per-sample quantity Xiong
+        et al. bound) instead of the gradient of the mean loss.
 
     Returns
     -------
     numpy.ndarray, shape (L,)
-        Entry ``l - 1`` is :math:`\|\partial \tilde{\mathcal L}_l / \partial W^{2,l}\|_F` (or its
-        per-token version) for the stack made of the first ``l`` blocks (plus the final norm, if
-        configured).
+        Entry ``l - 1`` is the norm for the stack made of the first ``l`` blocks.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`last_layer_grad_norm`.
+        As :func:`~companion.stacks.residual.last_layer_grad_norm`.
 
     Notes
     -----
-    Initialisation is seeded per layer, so the depth-``l`` stack *is* the first ``l`` blocks of
-    the deep one, and one forward pass records everything needed: for each ``l`` the last
-    residual add of block ``l-1`` is recomputed from the recorded (detached) sublayer input with
-    a fresh leaf copy of ``W^{2,l}``, followed by the final norm, the readout and the loss, and
-    differentiated by autograd.  The loss of depth ``l`` depends on ``W^{2,l}`` only through this
-    add, so the result equals ``last_layer_grad_norm(replace(config, n_layers=l))`` (the tests
-    check it) at the cost of one forward pass.  Autograd returns
-    :math:`g_t = \partial \ell_t / \partial z_t` for the MLP output :math:`z_t = W^{2,l} a_t`
-    (hidden activation :math:`a_t`), and :math:`\partial \ell_t / \partial W^{2,l} = g_t a_t^\top`.
+    Per-layer seeding makes the depth-``l`` stack the first ``l`` blocks of the deep one, so one
+    forward pass suffices: each depth's last add is replayed from the recorded input and
+    differentiated; it equals ``last_layer_grad_norm(replace(config, n_layers=l))`` (tested).
 
     Examples
     --------

@@ -1,6 +1,6 @@
 """The tiny language model: a residual stack between a byte embedding and an unembedding.
 
-* :class:`TinyLM` -- byte embedding + learned positions + a :class:`~companion.stacks.residual.ResidualStack`
+* :class:`~companion.stacks.tinylm.TinyLM` -- byte embedding + learned positions + a :class:`~companion.stacks.residual.ResidualStack`
   + unembedding, and :func:`train_tiny_lm`, which trains one on the committed corpus in well under a
   minute on a CPU; :func:`byte_tokenize` and :func:`unigram_loss` (the loss of the best model that
   ignores context).
@@ -17,15 +17,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from companion._validation import check_vector, is_int
-from companion.stacks.residual import (_NORMAL_STD, ResidualStack, StackConfig, StackOutput, _init_linear,
-                                       _is_finite_real, _layer_generator, _token_mask)
+from companion.stacks.residual import (_NORMAL_STD, ResidualStack, StackConfig, StackOutput, _check_counts,
+                                       _init_linear, _is_finite_real, _layer_generator, _token_mask)
 
 __all__ = ["TinyLM", "StackAdapter", "byte_tokenize", "unigram_loss", "train_tiny_lm"]
 
 
-# =========================================================================== language model
 class TinyLM(nn.Module):
-    """Token embedding + learned positions + :class:`ResidualStack` + unembedding.
+    """Token embedding + learned positions + :class:`~companion.stacks.residual.ResidualStack` + unembedding.
 
     Parameters
     ----------
@@ -35,16 +34,14 @@ class TinyLM(nn.Module):
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`StackConfig`.
+        If ``config`` is not a :class:`~companion.stacks.residual.StackConfig`.
     ValueError
         If ``config.vocab_size`` is None.
 
     Notes
     -----
-    Input stream ``x_0 = E[ids] + P[positions]``.  With ``init="xavier"`` both tables are
-    ``N(0, 1/2)`` so that ``E||x_0||^2 = d`` (Xiong et al.'s unit-variance input); with
-    ``"normal"`` they are ``N(0, 0.02^2)``.  The unembedding is untied, bias-free, initialised
-    like any other weight.  Logits ``= final @ W_U^T``.
+    ``x_0 = E[ids] + P[positions]``; with ``init="xavier"`` both tables are ``N(0, 1/2)`` so
+    ``E||x_0||^2 = d``.  The unembedding is untied and bias-free.
 
     Examples
     --------
@@ -82,7 +79,7 @@ class TinyLM(nn.Module):
             Token ids in ``[0, vocab_size)``; ``tokens <= max_len``.
         **inject_kwargs
             ``inject_layer``, ``inject_vector``, ``inject_positions`` of
-            :meth:`ResidualStack.forward`.
+            :meth:`~companion.stacks.residual.ResidualStack.forward`.
 
         Returns
         -------
@@ -93,20 +90,14 @@ class TinyLM(nn.Module):
         TypeError
             If ``ids`` is not an integer tensor.
         ValueError
-            If ``ids`` is not 2-D, too long, or out of the vocabulary (and see
-            :meth:`ResidualStack.forward`).
+            If ``ids`` is not 2-D, too long, or out of the vocabulary, or an injection
+            argument is invalid.
         """
         out = self.stack(self.embed(ids), **inject_kwargs)
         return self.unembed(out.final), out
 
     def embed(self, ids) -> torch.Tensor:
-        """The input stream ``x_0 = E[ids] + P[positions]``, shape ``[batch, tokens, d_model]``.
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`forward`.
-        """
+        """The input stream ``x_0 = E[ids] + P[positions]`` (``[batch, tokens, d_model]``); checks ``ids`` as :meth:`forward`."""
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer torch.Tensor [batch, tokens], got {type(ids).__name__}"
                             + (f" of dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else ""))
@@ -120,32 +111,21 @@ class TinyLM(nn.Module):
         return self.tok_emb(ids) + self.pos_emb(torch.arange(T, device=ids.device))  # [B, T, d]
 
 
-# =========================================================================== the engine's adapter
 class StackAdapter:
-    """A :class:`ResidualStack` or :class:`TinyLM` seen the way the injection engine sees a model.
+    """A ResidualStack or TinyLM seen the way the injection engine sees a model.
 
-    :mod:`companion.injection.engine` injects into and measures random stacks, trained stacks and real
-    models with one loop; it needs from a model only what this class (and
-    :class:`companion.transformers.stream.ModelAdapter`, its counterpart for real Transformers) exposes:
-
-    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``
-        Depth ``L``, width, parameter dtype and device, a label.
-    ``baseline``
-        The residual stream ``[h_0, ..., h_L]`` of the run without injection (each
-        ``[batch, tokens, d]``), computed once, on first use, under ``torch.no_grad``.
-    ``attention_mask``
-        ``[batch, tokens]``, 1 for every token (stacks have no padding).
-    ``position_mask(positions)``, ``check_vector(vector, rows, scales)``
-        The token positions that receive the vector; the vector, validated and cast.
-    ``block(i, h, k)``
-        Block ``i`` applied to ``h`` (``k`` runs stacked along the batch axis).
-    ``output(h)``, ``logits(h)``
-        The final norm of ``h_L``; the next-token logits of a :class:`TinyLM` (``None`` for a
-        bare stack).
+    The engine (:mod:`companion.injection.engine`) needs from a model only what this class (and
+    :class:`companion.transformers.stream.ModelAdapter` for real Transformers) exposes:
+    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (``[h_0, ..., h_L]``
+    of the run without injection, computed once); ``attention_mask`` (all ones);
+    ``position_mask(positions)``; ``check_vector(vector, rows, scales)``; ``block(i, h, k)``
+    (block ``i`` on ``k`` runs stacked along the batch axis); ``output(h)`` (the final norm) and
+    ``logits(h)`` (``None`` for a bare stack).
 
     Parameters
     ----------
     model : ResidualStack or TinyLM
+        The model.
     inputs : torch.Tensor
         ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a ``TinyLM``.
 
@@ -173,7 +153,7 @@ class StackAdapter:
 
     @property
     def record(self) -> StackOutput:
-        """The :class:`StackOutput` of the baseline run (computed once)."""
+        """The :class:`~companion.stacks.residual.StackOutput` of the baseline run (computed once)."""
         if self._record is None:
             with torch.no_grad():
                 x = self.inputs if self.lm is None else self.lm.embed(self.inputs)
@@ -182,10 +162,12 @@ class StackAdapter:
 
     @property
     def baseline(self) -> list[torch.Tensor]:
+        """``[h_0, ..., h_L]`` of the run without injection."""
         return list(self.record.stream)
 
     @property
     def attention_mask(self) -> torch.Tensor:
+        """``[B, T]`` ones (stacks have no padding)."""
         B, T = self.record.stream.shape[1:3]
         return torch.ones(B, T, dtype=torch.long, device=self.device)
 
@@ -201,12 +183,15 @@ class StackAdapter:
                             scales=scales, where="the stack")
 
     def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
+        """Block ``i`` applied to ``h`` (``k`` runs stacked along the batch axis)."""
         return self.stack.apply_block(i, h)
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm of ``h_L``."""
         return self.stack.final_norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        """Next-token logits of a TinyLM; ``None`` for a bare stack."""
         return None if self.lm is None else self.lm.unembed(self.output(h))
 
 
@@ -251,20 +236,17 @@ def unigram_loss(ids) -> float:
     Parameters
     ----------
     ids : 1-D integer tensor or array
+        Token ids.
 
     Returns
     -------
     float
+        :math:`H = -\\sum_v p_v \\ln p_v` over the empirical frequencies.
 
     Raises
     ------
     ValueError
         If ``ids`` is empty, not 1-D, or has negative entries.
-
-    Notes
-    -----
-    :math:`H = -\\sum_v p_v \\ln p_v` with :math:`p_v` the empirical frequencies.  A language
-    model that ignores the context cannot do better on the same text.
 
     Examples
     --------
@@ -282,7 +264,7 @@ def unigram_loss(ids) -> float:
 def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int = 16, seq_len: int = 128,
                   lr: float = 3e-3, seed: int = 0, device: str = "cpu", warmup: int | None = None,
                   dtype: torch.dtype | None = None):
-    """Train a :class:`TinyLM` on bytes of ``text`` with AdamW; deterministic on CPU.
+    """Train a :class:`~companion.stacks.tinylm.TinyLM` on bytes of ``text`` with AdamW; deterministic on CPU.
 
     Parameters
     ----------
@@ -297,13 +279,11 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     seed : int, default 0
         Seed of the window sampling (the weights are seeded by ``config.seed``).
     device : str, default "cpu"
+        Where to train.
     warmup : int or None
-        Linear warm-up steps; ``None`` means ``max(1, steps // 10)``.  After warm-up the rate
-        decays by a cosine to ``lr / 10``.  Post-LN stacks need the warm-up (Xiong et al.).
+        Linear warm-up steps (``None``: ``max(1, steps // 10)``), then cosine decay to ``lr / 10``.
     dtype : torch.dtype, optional
-        Floating-point type of training (default: torch's default dtype).  The weights are always
-        initialised in torch's default dtype and then cast, so ``torch.float64`` trains the same
-        initial network as float32, with rounding that no longer depends on the CPU's kernels.
+        Training dtype; weights are initialised in the default dtype and then cast.
 
     Returns
     -------
@@ -313,20 +293,15 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     Raises
     ------
     TypeError
-        If ``config`` is not a :class:`StackConfig` or a count is not an integer.
+        If ``config`` is not a :class:`~companion.stacks.residual.StackConfig` or a count is not an integer.
     ValueError
         If ``config.vocab_size != 256``, a count is < 1, ``lr`` <= 0, ``seq_len > max_len``,
         or the text is shorter than ``seq_len + 1`` bytes.
 
     Notes
     -----
-    Loss: mean next-byte cross-entropy.  Gradients are clipped to norm 1.  AdamW with
-    ``betas=(0.9, 0.95)``, weight decay 0.01 on matrices only.
-
-    Post-LN is sensitive to the learning rate, as Xiong et al. (2020) report: with ``d_model=64``,
-    8 layers, 200 steps of 16 x 64 bytes, Pre-LN reaches about 2.2 nats/byte at ``lr=3e-3``
-    (unigram loss of the corpus: 3.0), while Post-LN stays at the unigram loss at ``3e-3`` and
-    reaches about 2.4 at ``lr=1e-3``.  Use ``lr=1e-3`` (or a longer warm-up) for Post-LN stacks.
+    Next-byte cross-entropy; gradients clipped to norm 1; AdamW ``betas=(0.9, 0.95)``, weight
+    decay 0.01 on matrices.  Post-LN needs ``lr=1e-3`` or a longer warm-up (Xiong et al. 2020).
 
     Examples
     --------
@@ -339,11 +314,7 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     if config.vocab_size != 256:
         raise ValueError(f"train_tiny_lm tokenises bytes: config.vocab_size must be 256, got {config.vocab_size}")
-    for name, v in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len), ("seed", seed)):
-        if not is_int(v):
-            raise TypeError(f"{name} must be an integer, got {v!r}")
-        if v < (0 if name == "seed" else 1):
-            raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {v}")
+    _check_counts(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed)
     if warmup is not None and (not is_int(warmup) or warmup < 0):
         raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
     if not _is_finite_real(lr) or lr <= 0:

@@ -1,9 +1,8 @@
 """One way to hook a model: attach PyTorch hooks for a ``with`` block, always remove them.
 
 Every capture, injection, quantisation and pruning site of the package goes through
-:func:`hooks` (in the spirit of TransformerLens's ``model.hooks(...)``): the hooks sit on the
-real modules (nothing is folded or rewritten), and they are removed when the block ends, also
-when it ends with an exception, so a model never keeps a stray hook.
+:func:`~companion.transformers.hooks.hooks`; the hooks sit on the real modules and are removed
+when the block ends, also by an exception or when attaching a later hook fails.
 
 >>> import torch
 >>> lin = torch.nn.Linear(2, 2)
@@ -27,6 +26,7 @@ HookSpec = Mapping[torch.nn.Module, Callable] | Iterable[tuple[torch.nn.Module, 
 
 
 def _pairs(spec, label: str) -> list[tuple[torch.nn.Module, Callable]]:
+    """The ``(module, fn)`` pairs of a hook spec; TypeError on a bad entry."""
     if spec is None:
         return []
     items = list(spec.items() if isinstance(spec, Mapping) else spec)
@@ -55,7 +55,7 @@ def hooks(forward: HookSpec | None = None, pre: HookSpec | None = None, *,
         Forward-pre hooks, ``fn(module, args)`` (``fn(module, args, kwargs)`` with
         ``pre_with_kwargs``); a non-``None`` return value replaces the inputs.
     forward_with_kwargs, pre_with_kwargs : bool
-        Passed to ``register_forward_hook`` / ``register_forward_pre_hook`` as ``with_kwargs``.
+        ``with_kwargs`` of ``register_forward_hook`` / ``register_forward_pre_hook``.
 
     Yields
     ------
@@ -66,11 +66,6 @@ def hooks(forward: HookSpec | None = None, pre: HookSpec | None = None, *,
     ------
     TypeError
         If an entry is not a ``(torch.nn.Module, callable)`` pair.
-
-    Notes
-    -----
-    The hooks are removed when the block exits, normally or by an exception, and also when
-    attaching a later hook fails.
     """
     pre_pairs, fwd_pairs = _pairs(pre, "pre"), _pairs(forward, "forward")
     handles: list = []

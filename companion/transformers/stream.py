@@ -1,39 +1,20 @@
 """Read and perturb the residual stream of a real Transformer with forward hooks.
 
-Everything here runs the model's own modules (:class:`companion.transformers.models.LoadedModel`) and reads
-their raw outputs: no weight folding, no re-centring, no re-implementation of a block.
+Everything runs the model's own modules (:class:`companion.transformers.models.LoadedModel`) and
+reads their raw outputs: no weight folding, no re-centring.
 
-Indexing of the residual stream
--------------------------------
-A model with ``L`` blocks has ``L + 1`` residual-stream states ``h_0 .. h_L``:
+A model with ``L`` blocks has ``L + 1`` states ``h_0 .. h_L``: ``h_0`` is the input of block 0
+(the embedding output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.
+For ``l < L`` this is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is
+the raw last block output (transformers reports it after the final norm), which
+:func:`companion.transformers.readout.logits_from_residual` turns into logits.  Post-norm models
+(BERT, MiniLM) have no final norm and all indices agree.
 
-* ``h_0`` is the input of block 0: the embedding output (token + position embeddings for
-  GPT-2; token embeddings for Llama/SmolLM2, whose positions enter through rotary embeddings;
-  for BERT/MiniLM the *LayerNorm-ed* sum of word, position and token-type embeddings).
-* ``h_l`` for ``1 ≤ l ≤ L`` is the output of block ``l − 1``.
-
-For ``l < L`` this is exactly ``output_hidden_states[l]`` of transformers.  At ``l = L`` the
-two conventions differ for **pre-norm** models (SmolLM2, GPT-2, Pythia, Llama): transformers
-reports the last hidden state *after* the final norm (``model.norm`` / ``ln_f``), while the
-probes return the raw output of the last block, ``h_L``, so that every index is a point of the
-same un-normalised residual stream; ``FinalNorm(h_L)`` is transformers' value, and
-:func:`companion.transformers.readout.logits_from_residual` turns ``h_L`` into next-token logits.  For
-**post-norm** models (BERT, MiniLM) every block ends with a LayerNorm, there is no final norm,
-and all ``L + 1`` indices equal transformers' hidden states (each already normalised).
-
-Functions
----------
-residual_stream
-    ``[L+1, batch, tokens, d]`` for a batch of texts (one forward pass).
-inject
-    The residual stream of the run in which ``scale · vector`` is added to ``h_layer``.
-ModelAdapter
-    The model as the injection engine sees it (:mod:`companion.injection.engine`: sweeps over many
-    layers and scales that never recompute the blocks before an injection layer).
-forward_states
-    The hooked forward pass behind them, for encoded inputs (no checks).
-
-Per-channel statistics streamed over a corpus are :mod:`companion.outliers.channel_statistics`.
+:func:`~companion.transformers.stream.residual_stream` reads the stream,
+:func:`~companion.transformers.stream.inject` adds ``scale · vector`` to ``h_layer``,
+:class:`~companion.transformers.stream.ModelAdapter` is the model as the injection engine sees it,
+and :func:`~companion.transformers.stream.forward_states` is the hooked pass behind them (no checks).
+Per-channel statistics over a corpus: :mod:`companion.outliers.channel_statistics`.
 """
 
 from __future__ import annotations
@@ -228,9 +209,7 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     Returns
     -------
     torch.Tensor, shape ``[L+1, batch, tokens, d]``, on ``m.device``
-        Index ``l`` is ``h_l`` (see the module docstring): ``h_0`` the embedding output, ``h_l``
-        the output of block ``l-1``.  Rows of pad tokens (``tokenize(m, texts)["attention_mask"]
-        == 0``) hold values that nothing else depends on; ignore them.
+        Index ``l`` is ``h_l`` (indexing in the module docstring); ignore the rows of pad tokens.
 
     Raises
     ------
@@ -238,12 +217,6 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
         If ``m`` is not a LoadedModel or ``texts`` is not text.
     ValueError
         If ``texts`` is empty or contains an empty string.
-
-    Notes
-    -----
-    For ``l < L``, ``h_l`` equals transformers' ``output_hidden_states[l]``.  For a pre-norm
-    model, index ``L`` is the raw output of the last block; transformers' last hidden state is
-    ``FinalNorm(h_L)`` (``m.final_norm``).  For a post-norm model index ``L`` equals it.
 
     Examples
     --------
@@ -265,9 +238,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     m : LoadedModel
     texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
     layer : int in ``[0, L]``
-        Where to add: ``0`` adds to the embedding output (the input of block 0), ``l ≥ 1`` to
-        the output of block ``l − 1`` -- the same indexing as :func:`residual_stream`.
-        ``layer = L`` perturbs only the final state.
+        Where to add, indexed as in :func:`~companion.transformers.stream.residual_stream`.
     vector : torch.Tensor or numpy.ndarray, shape ``[d]``
     scale : float, default 1.0
     positions : None, sequence of int, or boolean ``[batch, tokens]``
@@ -286,17 +257,13 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     TypeError
         For arguments of the wrong type.
     ValueError
-        If ``layer`` is outside ``[0, L]``, ``vector`` does not have ``d`` entries or is not
-        finite, ``scale`` is not finite, ``vector`` or ``scale · vector`` overflows the model's
-        dtype (e.g. 1e5 in float16), ``texts`` is empty, or ``positions`` is invalid.
+        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale``
+        is not finite, ``scale · vector`` overflows the dtype, ``texts`` is empty, or
+        ``positions`` is invalid.
 
     Notes
     -----
-    Implemented as one forward pass with a hook on block ``layer - 1`` (a pre-hook on block 0
-    for ``layer = 0``) that replaces its output by output + ``scale · vector ⊗ mask``; all
-    later blocks see the perturbed stream, exactly as in the injection experiments of
-    :cite:t:`hahami2025disturbance` (who add to the output of decoder layer ``layer - 1``
-    in this indexing).
+    One forward pass with a hook on block ``layer - 1``, as in :cite:t:`hahami2025disturbance`.
 
     Examples
     --------
@@ -344,27 +311,23 @@ def _call_block(block, h, call, k, batch):
 class ModelAdapter:
     """A real Transformer seen the way the injection engine (:mod:`companion.injection.engine`) sees a model.
 
-    The counterpart of :class:`companion.stacks.tinylm.StackAdapter`, with the same attributes and
-    methods: ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (the raw
-    residual stream ``[h_0, ..., h_L]`` of one hooked forward, computed on first use);
-    ``attention_mask``; ``position_mask(positions)`` (:func:`position_mask`);
-    ``check_vector(vector, rows, scales)``; ``block(i, h, k)``: block ``i`` of the real model
-    called on ``h`` with the exact arguments transformers passed to it in the baseline run
-    (attention masks, rotary ``position_embeddings`` ...; recorded with forward pre-hooks with
-    ``with_kwargs=True``), repeated for ``k`` runs stacked along the batch axis; ``output(h)``
-    (the final norm, identity for a post-norm model) and ``logits(h)``
-    (:func:`companion.transformers.readout.logits_from_residual` for a causal LM, ``None`` for an encoder).
+    Same interface as :class:`companion.stacks.tinylm.StackAdapter`; ``block(i, h, k)`` calls
+    block ``i`` with the exact arguments transformers passed in the baseline run (masks, rotary
+    embeddings; recorded by pre-hooks), repeated for ``k`` runs stacked along the batch axis.
 
     Parameters
     ----------
     m : LoadedModel
+        The model.
     texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
+        The inputs.
     max_length : int or None
+        Truncation length.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`companion.transformers.models.encode` (wrong model type, empty texts).
+        As :func:`companion.transformers.models.encode`.
     """
 
     def __init__(self, m: LoadedModel, texts, max_length: int | None = None):
