@@ -27,21 +27,20 @@ import numpy as np
 from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "band",
-           "bernoulli_sum_tails",
            "channel_fraction_panels", "channel_point_panels", "channel_points",
            "control_differences", "control_drift", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
            "depth_success_rates", "depth_training_curves", "depth_window_edges",
-           "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
-           "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
-           "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
+           "effect_bands", "effect_profiles", "finish", "grouped_bars",
+           "interval_errorbars", "layer_profiles", "ln_rule_scatter",
+           "massive_activation_sink",
            "outlier_feature_shares", "partial_dot_curves", "partial_dot_panels",
            "perturbation_tracks",
            "postln_projection", "preln_ratios", "quantization_error_scatter",
            "random_window_edges", "readout_against_null", "readout_panels",
-           "relative_effects", "scale_spread",
-           "scheme_bars", "seed_bands", "seed_points", "subexponential_tails",
+           "relative_effects",
+           "scheme_bars", "seed_bands", "seed_points",
            "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
            "token_rms_and_reach", "trained_kl_profiles", "window_edges", "window_effects"]
 
@@ -322,7 +321,6 @@ def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
         ax.plot((np.arange(depth) + 0.5) / depth, e / e.max(), fmt, color=colour, ms=ms,
                 label=f"L={depth} {label}")
     return ax
-
 
 
 #: The four per-layer metrics of :func:`perturbation_tracks`: (metric of
@@ -886,7 +884,6 @@ def sublayer_cumulative(ax, attribution, directions: dict, group: str = "injecte
     return lines
 
 
-
 # --- depth study ---
 # Figures of a stored depth_study Result (book/depth_study.ipynb): one panel per placement or
 # per statistic, the members coloured by depth.
@@ -1122,145 +1119,6 @@ def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers
 # Figures of the concentration and three-effect chapters: the chapter computes every curve, these
 # functions only draw them.
 
-def _samples_dict(samples, name: str, rows: int) -> dict:
-    if not isinstance(samples, dict) or not samples:
-        raise TypeError(f"{name} must be a non-empty dict key -> array")
-    out = {k: as_float64(v, f"{name}[{k!r}]") for k, v in samples.items()}
-    for k, v in out.items():
-        if v.ndim != 2 or v.shape[0] != rows or v.shape[1] < 2:
-            raise ValueError(f"{name}[{k!r}] must have shape ({rows}, trials >= 2), got {v.shape}")
-    return out
-
-
-def gaussian_maxima(N, exact, upper, t_N, lower, simulated):
-    """Where the largest of ``N`` standard Gaussians lies (two panels).
-
-    Parameters
-    ----------
-    N : array_like, 1-D
-        Grid of ``N`` (integers >= 1).
-    exact, upper, t_N, lower : array_like, same length as ``N``
-        ``E max|G_i|``; the upper bound ``sqrt(2 ln 2N)``; ``t_N`` with ``E C(t_N) = 1``; the lower
-        bound (ii) (non-positive values are not drawn).
-    simulated : tuple ``(Ns, samples)``
-        Simulated maxima, ``samples[i]`` one per stream at ``Ns[i]``: their mean drawn with
-        +- 2 standard errors.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-        Left: the curves against ``N``; right: their ratio to ``sqrt(2 ln N)`` for ``N > 1``.
-    """
-    import matplotlib.pyplot as plt
-
-    N = _vector(N, "N")
-    if N.size == 0 or np.any(N < 1):
-        raise ValueError("N must be a non-empty grid of integers >= 1")
-    exact, upper, t_N, lower = (_vector(v, n, N.size) for v, n in (
-        (exact, "exact"), (upper, "upper"), (t_N, "t_N"), (lower, "lower")))
-    if not isinstance(simulated, tuple) or len(simulated) != 2:
-        raise TypeError("simulated must be a tuple (Ns, samples)")
-    Ns = _vector(simulated[0], "simulated Ns")
-    sim = _samples_dict({"": simulated[1]}, "simulated samples", Ns.size)[""]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    ax = axes[0]
-    ax.semilogx(N, exact, "k", label=r"exact $\mathbb{E}\max|G_i|$")
-    ax.errorbar(Ns, sim.mean(axis=1), yerr=2 * sim.std(axis=1, ddof=1) / np.sqrt(sim.shape[1]),
-                fmt="o", ms=3, color="C3", label=f"simulated ({sim.shape[1]} streams)")
-    ax.semilogx(N, upper, "C0--", label=r"upper $\sqrt{2\ln 2N}$")
-    ax.semilogx(N, t_N, "C2:", label=r"$t_N$: $\mathbb{E}C(t_N)=1$")
-    ax.semilogx(N, (1 - np.exp(-1)) * t_N, "C1-.", label=r"lower $(1-e^{-1})t_N$")
-    ax.set(xlabel="N", ylabel="largest of N", title="Where is the largest of N Gaussians?")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    big = N > 1
-    root = np.sqrt(2 * np.log(N[big]))
-    ax.semilogx(N[big], exact[big] / root, "k", label="exact")
-    ax.semilogx(N[big], upper[big] / root, "C0--", label="upper bound")
-    ax.semilogx(N[big], np.where(lower[big] > 0, lower[big], np.nan) / root, "C1-.",
-                label="lower bound (ii), a = 1")
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.set(xlabel="N", ylabel=r"ratio to $\sqrt{2\ln N}$", ylim=(0.4, 1.6),
-           title=r"Slow convergence to $\sqrt{2\ln N}$")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig, axes
-
-
-def largest_logits(n, samples, n_grid, gaussian):
-    """The largest of ``n`` attention logits against the context length ``n``.
-
-    Parameters
-    ----------
-    n : array_like, 1-D
-        Context lengths of the simulation.
-    samples : dict
-        ``d_k -> array [len(n), trials]``: simulated maxima, drawn as means +- 2 standard errors.
-    n_grid : array_like, 1-D
-        Grid for the reference curves.
-    gaussian : array_like, same length as ``n_grid``
-        The expected largest of ``n`` Gaussian logits (drawn dashed); ``ln n`` is drawn dotted.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, matplotlib.axes.Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    n = _vector(n, "n")
-    samples = _samples_dict(samples, "samples", n.size)
-    if len(samples) > 10:
-        raise ValueError("samples can hold at most 10 values of d_k")
-    n_grid = _vector(n_grid, "n_grid")
-    gaussian = _vector(gaussian, "gaussian", n_grid.size)
-    fig, ax = plt.subplots()
-    for k, (d_k, m) in enumerate(samples.items()):
-        ax.errorbar(n, m.mean(axis=1), yerr=2 * m.std(axis=1, ddof=1) / np.sqrt(m.shape[1]),
-                    fmt="o-", color=f"C{k}", ms=3, label=f"$d_k$ = {d_k} (simulated)")
-    ax.semilogx(n_grid, gaussian, "k--", lw=0.9,
-                label=r"Gaussian logits (exact); $\approx\sqrt{2\ln n}$")
-    ax.semilogx(n_grid, np.log(n_grid), "k:", lw=0.9, label=r"$\ln n$")
-    ax.set(xscale="log", xlabel="context length n", ylabel="largest logit",
-           title=r"Largest of n logits: $\ln n$ for $d_k=1$, $\sqrt{2\ln n}$ for $d_k=64$")
-    ax.legend(fontsize=8)
-    return fig, ax
-
-
-def scale_spread(spread):
-    """Relative spread of LayerNorm's scale per layer, across sequences and across positions.
-
-    Parameters
-    ----------
-    spread : dict
-        ``d -> (within, between)``: per layer, sd / mean of the scale across sequences and across
-        positions; ``1/sqrt(2d)`` (a Gaussian vector's value) is drawn dotted.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, matplotlib.axes.Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(spread, dict) or not spread or len(spread) > 10:
-        raise TypeError("spread must be a dict d -> (within, between) with 1 to 10 entries")
-    curves = {}
-    for d, pair in spread.items():
-        d = check_int(d, "every width d", 1)
-        if not isinstance(pair, tuple) or len(pair) != 2:
-            raise TypeError(f"spread[{d}] must be a pair (within, between)")
-        within = _vector(pair[0], f"spread[{d}] within")
-        curves[d] = (within, _vector(pair[1], f"spread[{d}] between", within.size))
-    fig, ax = plt.subplots()
-    for k, (d, (within, between)) in enumerate(curves.items()):
-        ax.plot(within, "o-", color=f"C{k}", label=f"across sequences, d = {d}")
-        ax.plot(between, "s--", color=f"C{k}", label=f"across positions, d = {d}")
-        ax.axhline(1 / np.sqrt(2 * d), color=f"C{k}", lw=0.8, ls=":")
-    ax.set(xlabel="layer", ylabel="relative spread of the scale", ylim=(0, 0.12),
-           title=r"LayerNorm's scale: $1/\sqrt{2d}$ across sequences (dotted)")
-    ax.legend(fontsize=8)
-    return fig, ax
-
-
 def _block_gain_grid(rows, name: str, colours) -> tuple[list, list]:
     """The blocks and gains of a dict ``(block, gain) -> entries``, in insertion order."""
     if not isinstance(rows, dict) or not rows or not all(
@@ -1368,177 +1226,6 @@ def preln_ratios(rows, ell: int, *, colours=("C0", "C1", "C3")):
         ax.set_ylim(0, 1.6)
     axes[0, 0].set_ylabel("ratio to the injection layer")
     axes[0, 0].legend(fontsize=7, ncol=1, loc="upper right")
-    fig.tight_layout()
-    return fig, axes[0]
-
-
-def subexponential_tails(t, exact, bounds, windows):
-    """Sub-exponential tails and their parameters (two panels).
-
-    Parameters
-    ----------
-    t : array_like, 1-D
-    exact, bounds : dict
-        Tails of the centred variables and their ``psi_1`` bounds, as in :func:`tail_curves`
-        (left panel).
-    windows : dict
-        ``label -> (inv_b, nu2, variance, colour)``: the smallest ``nu^2`` against the window
-        ``1/b`` (right panel; infinite values are not drawn), the variance drawn as a dotted line.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(windows, dict) or not windows:
-        raise TypeError("windows must be a non-empty dict label -> (inv_b, nu2, variance, colour)")
-    curves = {}
-    for label, entry in windows.items():
-        if not isinstance(entry, tuple) or len(entry) != 4 or not isinstance(entry[3], str):
-            raise TypeError(f"windows[{label!r}] must be a tuple (inv_b, nu2, variance, colour)")
-        x = _vector(entry[0], f"windows[{label!r}] inv_b")
-        curves[label] = (x, _vector(entry[1], f"windows[{label!r}] nu2", x.size),
-                         check_real(entry[2], f"windows[{label!r}] variance"), entry[3])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    ax = axes[0]
-    tail_curves(ax, t, exact, bounds)
-    ax.set(xlabel="t", ylabel=r"$P(|X-\mathbb{E}X|\geq t)$", ylim=(1e-8, 1.5),
-           title="Exponential tails and the $\\psi_1$ bound")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    for label, (x, nu2, _, colour) in curves.items():
-        ax.plot(x, nu2, colour, label=label)
-    for _, _, variance, colour in curves.values():
-        ax.axhline(variance, color=colour, ls=":", lw=0.8)
-    ax.set(xlabel="window $1/b$", ylabel=r"smallest $\nu^2$", ylim=(0, 12),
-           title=r"$\nu^2(b)$: from the variance (dotted) to $\infty$ at the tail rate")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig, axes
-
-
-def norm_fluctuations(x, densities, gaussian, simulated, t, exact, bounds):
-    """The fluctuation ``||h|| - E||h||`` of a Gaussian vector's norm (two panels).
-
-    Parameters
-    ----------
-    x : array_like, 1-D
-        Abscissa of the densities.
-    densities : dict
-        ``d -> density of ||h|| - E||h||`` at ``x``.
-    gaussian : array_like
-        The ``N(0, 1/2)`` density at ``x`` (dashed).
-    simulated : tuple ``(d, samples)``
-        Simulated fluctuations at width ``d``, drawn as a histogram.
-    t, exact, bounds
-        The right panel's tails and dimension-free bounds, as in :func:`tail_curves`.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    x = _vector(x, "x")
-    if not isinstance(densities, dict) or not densities:
-        raise TypeError("densities must be a non-empty dict d -> values")
-    dens = {check_int(d, "every width d", 1): _vector(v, f"densities[{d}]", x.size)
-            for d, v in densities.items()}
-    gaussian = _vector(gaussian, "gaussian", x.size)
-    if not isinstance(simulated, tuple) or len(simulated) != 2:
-        raise TypeError("simulated must be a tuple (d, samples)")
-    d_sim, samples = check_int(simulated[0], "simulated d", 1), _vector(simulated[1], "samples")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    ax = axes[0]
-    for d, y in dens.items():
-        ax.plot(x, y, label=f"d = {d}")
-    ax.plot(x, gaussian, "k--", lw=0.9, label="N(0, 1/2)")
-    ax.hist(samples, bins=60, density=True, color="C2", alpha=0.25, label=f"simulated, d = {d_sim}")
-    ax.set(xlabel=r"$\|h\|-\mathbb{E}\|h\|$", ylabel="density",
-           title=r"$\|h\|$ fluctuates by O(1) in every dimension")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    tail_curves(ax, t, exact, bounds)
-    ax.set(xlabel="t", ylabel=r"$P(|\,\|h\|-c\,|\geq t)$", ylim=(1e-14, 1.5),
-           title="Dimension-free bounds")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig, axes
-
-
-def norm_and_logit_tails(r, norm_tails, t, logit_tails, gaussian):
-    """Tails of squared norms (left) and of scaled attention logits (right), on log axes.
-
-    Parameters
-    ----------
-    r : array_like, 1-D
-        Relative deviations of ``||h||^2 / d`` from 1.
-    norm_tails : dict
-        ``d -> (exact, bernstein)`` at ``r``; one colour per ``d`` (at most 10).
-    t : array_like, 1-D
-    logit_tails : dict
-        ``d_k -> exact tail of |q.k| / sqrt(d_k)`` at ``t``.
-    gaussian : array_like
-        The standard Gaussian's two-sided tail at ``t`` (dashed, black).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    for name, value in (("norm_tails", norm_tails), ("logit_tails", logit_tails)):
-        if not isinstance(value, dict) or not 0 < len(value) <= 10:
-            raise TypeError(f"{name} must be a dict with 1 to 10 entries")
-    if not all(isinstance(v, tuple) and len(v) == 2 for v in norm_tails.values()):
-        raise TypeError("norm_tails must map d -> (exact, bernstein)")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    ax = axes[0]
-    for k, (d, (exact, bern)) in enumerate(norm_tails.items()):
-        tail_curves(ax, r, {f"exact, d = {d}": (exact, f"C{k}")},
-                    {f"Bernstein, d = {d}": (bern, f"C{k}--")})
-    ax.set(xlabel=r"$r$", ylabel=r"$P(|\,\|h\|^2/d-1\,|\geq r)$",
-           ylim=(1e-12, 1.5), title="Squared norms: exact and Bernstein")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    tail_curves(ax, t, {f"$d_k$ = {d_k}": (v, f"C{k}") for k, (d_k, v) in enumerate(
-        logit_tails.items())}, {"N(0, 1)": (gaussian, "k--")})
-    ax.set(xlabel="t", ylabel=r"$P(|q\cdot k|/\sqrt{d_k}\geq t)$", ylim=(1e-12, 1.5),
-           title="Scaled logits: heavier than Gaussian, less so as $d_k$ grows")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig, axes
-
-
-def bernoulli_sum_tails(t, panels, n: int):
-    """Tails of sums of ``n`` Bernoulli variables against their bounds, one panel per ``p``.
-
-    Parameters
-    ----------
-    t : array_like, 1-D
-    panels : dict
-        ``p -> (exact, bounds)``: the exact two-sided tail at ``t`` (black dots) and a dict of
-        bounds as in :func:`tail_curves` (drawn with width 1.5).
-    n : int
-        The number of summands (in the titles).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(panels, dict) or not panels or not all(
-            isinstance(v, tuple) and len(v) == 2 for v in panels.values()):
-        raise TypeError("panels must be a non-empty dict p -> (exact, bounds)")
-    n = check_int(n, "n", 1)
-    fig, axes = plt.subplots(1, len(panels), figsize=(10, 4), sharey=True, squeeze=False)
-    for ax, (p, (exact, bounds)) in zip(axes[0], panels.items()):
-        tail_curves(ax, t, {"exact": (exact, "ko")}, bounds, lw_bound=1.5)
-        ax.set(xlabel="t", title=f"sum of {n} Bernoulli({p})", ylim=(1e-30, 2))
-    axes[0, 0].set_ylabel(r"$P(|S-np|\geq t)$")
-    axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     return fig, axes[0]
 
