@@ -32,17 +32,17 @@ __all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "ban
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
            "depth_success_rates", "depth_training_curves", "depth_window_edges",
-           "effect_bands", "effect_profiles", "finish", "grouped_bars",
+           "effect_bands", "finish", "grouped_bars",
            "interval_errorbars", "layer_profiles", "ln_rule_scatter",
            "massive_activation_sink",
            "outlier_feature_shares", "partial_dot_curves", "partial_dot_panels",
            "perturbation_tracks",
-           "postln_projection", "preln_ratios", "quantization_error_scatter",
-           "random_window_edges", "readout_against_null", "readout_panels",
+           "quantization_error_scatter",
+           "readout_against_null", "readout_panels",
            "relative_effects",
            "scheme_bars", "seed_bands", "seed_points",
            "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
-           "token_rms_and_reach", "trained_kl_profiles", "window_edges", "window_effects"]
+           "token_rms_and_reach", "window_effects"]
 
 
 def _check_axes(ax):
@@ -245,84 +245,7 @@ def table(columns, rows, fmts, *, sep: str = " ") -> str:
     return "\n".join(lines)
 
 
-# --- injection: windows and effect profiles ---
-def window_edges(ax, depths, measured, predicted, labels, predicted_labels=None, *,
-                 colours=("C0", "C1", "C3"), note: float | None = 0.0625):
-    """Lower edge of the injection window against depth: measured (dots) and predicted (dashes).
-
-    Parameters
-    ----------
-    ax : matplotlib.axes.Axes
-    depths : array_like, 1-D
-        The depths ``L`` (base-2 log axis, a tick at each).
-    measured, predicted : array_like, shape ``[n, len(depths)]``
-        ``first / L`` per curve, e.g. ``window_relative_projection[p, k, :, :, 1]`` and
-        :func:`companion.experiments.framework_random.predicted_first_fraction` of a
-        ``framework_random`` Result.
-    labels : sequence of str
-        One label per curve (``"measured first/L, <label>"``).
-    predicted_labels : sequence of str, optional
-        Labels of the predicted curves (``"predicted, <label>"``); default ``labels``.
-    colours : sequence of colours
-    note : float or None, default 0.0625
-        A dotted horizontal reference (the note's 6.25%); ``None`` for none.
-
-    Returns
-    -------
-    matplotlib.axes.Axes
-    """
-    _check_axes(ax)
-    depths = _vector(depths, "depths")
-    meas = as_float64(measured, "measured")
-    pred = as_float64(predicted, "predicted")
-    if meas.shape != pred.shape or meas.ndim != 2 or meas.shape[1] != depths.size:
-        raise ValueError(f"measured and predicted must both have shape [n, {depths.size}], got "
-                         f"{meas.shape} and {pred.shape}")
-    predicted_labels = labels if predicted_labels is None else predicted_labels
-    if len(labels) != meas.shape[0] or len(predicted_labels) != meas.shape[0] or len(colours) < meas.shape[0]:
-        raise ValueError(f"need {meas.shape[0]} labels and colours, got {len(labels)}, "
-                         f"{len(predicted_labels)} and {len(colours)}")
-    for m, q, label, plabel, colour in zip(meas, pred, labels, predicted_labels, colours):
-        ax.plot(depths, m, "o-", color=colour, label=f"measured first/L, {label}")
-        ax.plot(depths, list(q), "--", color=colour, lw=1, label=f"predicted, {plabel}")
-    if note is not None:
-        ax.axhline(note, color="k", lw=0.8, ls=":", label="note: 6.25%")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(depths, [str(int(L)) for L in depths])
-    ax.set_xlabel("depth L")
-    return ax
-
-
-def effect_profiles(ax, effects, depths, *, fmt: str = "o-", label: str = "",
-                    colours=("C0", "C1", "C3"), ms: float = 4):
-    """Output effect against the injection layer's position ``(l + 1/2) / L``, one curve per depth,
-    each divided by its maximum.
-
-    Parameters
-    ----------
-    ax : matplotlib.axes.Axes
-    effects : array_like, shape ``[len(depths), max(depths)]``
-        Effect per injection layer (NaN beyond each depth), e.g.
-        ``effect_kl_later[p, 0]`` of a ``framework_trained`` Result.
-    depths : sequence of int
-    fmt, label, colours, ms
-        Line format, a label suffix (``"L=<depth> <label>"``), colours, marker size.
-
-    Returns
-    -------
-    matplotlib.axes.Axes
-    """
-    _check_axes(ax)
-    eff = as_float64(effects, "effects")
-    if eff.ndim != 2 or eff.shape[0] != len(depths):
-        raise ValueError(f"effects must have shape [{len(depths)}, max depth], got {eff.shape}")
-    for d, (depth, colour) in enumerate(zip(depths, colours)):
-        e = eff[d, :depth]
-        ax.plot((np.arange(depth) + 0.5) / depth, e / e.max(), fmt, color=colour, ms=ms,
-                label=f"L={depth} {label}")
-    return ax
-
-
+# --- injection ---
 #: The four per-layer metrics of :func:`perturbation_tracks`: (metric of
 #: :data:`companion.injection.metrics.METRIC_NAMES`, panel title).
 TRACK_PANELS = (("projection", r"projection $p_m / c$"), ("cos_delta_v", r"$\cos(\delta_m, v)$"),
@@ -1113,213 +1036,6 @@ def success_window_rows(ax, labels, layers, windows, first_ci, last_ci, n_layers
     ax.set_xlim(-0.03, 1.03)
     ax.set_xlabel(r"injection layer $\ell / L$")
     return ax
-
-
-# --- block figures ---
-# Figures of the concentration and three-effect chapters: the chapter computes every curve, these
-# functions only draw them.
-
-def _block_gain_grid(rows, name: str, colours) -> tuple[list, list]:
-    """The blocks and gains of a dict ``(block, gain) -> entries``, in insertion order."""
-    if not isinstance(rows, dict) or not rows or not all(
-            isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], str) for k in rows):
-        raise TypeError(f"{name} must be a non-empty dict (block, gain) -> arrays")
-    blocks = list(dict.fromkeys(k[0] for k in rows))
-    gains = list(dict.fromkeys(k[1] for k in rows))
-    if any((b, g) not in rows for b in blocks for g in gains):
-        raise ValueError(f"{name} must hold every (block, gain) pair")
-    if len(gains) > len(colours):
-        raise ValueError(f"{name}: at most {len(colours)} gains (one colour each)")
-    return blocks, gains
-
-
-def postln_projection(rows, ell: int, d: int, *, colours=("C0", "C1", "C3")):
-    """Post-LN stacks: the measured projection ``|p_m|`` against the product of ``1/s``, one panel
-    per block, one colour per gain, relative to ``p_ell``; dotted: the floor
-    ``||delta_m|| / sqrt(d)``.
-
-    Parameters
-    ----------
-    rows : dict
-        ``(block, gain) -> (p, q, dn, ...)``: measured projection, predicted projection and
-        ``||delta||``, arrays ``[L + 1, sequences, tokens]`` (extra entries are ignored).
-    ell : int
-        The injection layer.
-    d : int
-        The width.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    blocks, gains = _block_gain_grid(rows, "rows", colours)
-    ell, d = check_int(ell, "ell", 0), check_int(d, "d", 1)
-    arrays = {}
-    for key, entry in rows.items():
-        if not isinstance(entry, tuple) or len(entry) < 3:
-            raise TypeError(f"rows[{key}] must be a tuple (p, q, dn, ...)")
-        p, q, dn = (as_float64(v, f"rows[{key}]") for v in entry[:3])
-        if p.ndim != 3 or q.shape != p.shape or dn.shape != p.shape or p.shape[0] <= ell:
-            raise ValueError(f"rows[{key}]: p, q, dn must share a shape [L + 1 > ell, B, T]")
-        arrays[key] = p, q, dn
-    fig, axes = plt.subplots(1, len(blocks), figsize=(11, 3.6), sharey=True, squeeze=False)
-    for ax, block in zip(axes[0], blocks):
-        for gain, colour in zip(gains, colours):
-            p, q, dn = arrays[(block, gain)]
-            m = np.arange(ell, p.shape[0])
-            p0 = q[ell].mean()
-            ax.semilogy(m, np.abs(p[ell:].mean(axis=(1, 2))) / p0, "o", color=colour, ms=4,
-                        label=f"measured, g={gain}")
-            ax.semilogy(m, q[ell:].mean(axis=(1, 2)) / p0, "-", color=colour, lw=1.2,
-                        label=f"product of 1/s, g={gain}")
-            ax.semilogy(m, (dn[ell:] / np.sqrt(d)).mean(axis=(1, 2)) / p0, ":", color=colour, lw=1)
-        ax.set_title(f"Post-LN, {block}")
-        ax.set_xlabel("layer m")
-        ax.set_ylim(1e-4, 2)
-    axes[0, 0].set_ylabel(r"$|p_m| / p_\ell$  (dotted: floor $\|\delta_m\|/\sqrt{d}$)")
-    axes[0, 0].legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"Random Post-LN stacks (d = {d}): projection measured vs the product of 1/s")
-    fig.tight_layout()
-    return fig, axes[0]
-
-
-def preln_ratios(rows, ell: int, *, colours=("C0", "C1", "C3")):
-    """Pre-LN stacks: the readable projection ``pi_m / pi_ell`` against the dilution law and the
-    relative size ``rho_m / rho_ell``, one panel per block, one colour per gain.
-
-    Parameters
-    ----------
-    rows : dict
-        ``(block, gain) -> (pi, law, rho, c)``: three curves over layers ``ell, ell + 1, ...``
-        (same length) and the growth slope ``c`` of the law.
-    ell : int
-        The injection layer (the first abscissa).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    blocks, gains = _block_gain_grid(rows, "rows", colours)
-    ell = check_int(ell, "ell", 0)
-    curves = {}
-    for key, entry in rows.items():
-        if not isinstance(entry, tuple) or len(entry) != 4:
-            raise TypeError(f"rows[{key}] must be a tuple (pi, law, rho, c)")
-        meas = _vector(entry[0], f"rows[{key}] pi")
-        law, rho = (_vector(v, f"rows[{key}]", meas.size) for v in entry[1:3])
-        curves[key] = meas, law, rho, check_real(entry[3], f"rows[{key}] c")
-    fig, axes = plt.subplots(1, len(blocks), figsize=(10, 3.6), sharey=True, squeeze=False)
-    for ax, block in zip(axes[0], blocks):
-        for gain, colour in zip(gains, colours):
-            meas, law, rho, c = curves[(block, gain)]
-            m = np.arange(ell, ell + meas.size)
-            ax.plot(m, meas, "o", ms=3, color=colour, label=fr"$\pi_m/\pi_\ell$, g={gain}")
-            ax.plot(m, law, "-", color=colour, lw=1.2,
-                    label=fr"$\sqrt{{(1+c\ell)/(1+cm)}}$, c={c:.2f}")
-            ax.plot(m, rho, "--", color=colour, lw=1, label=fr"$\rho_m/\rho_\ell$, g={gain}")
-        ax.set_title(f"Pre-LN, {block}")
-        ax.set_xlabel("layer m")
-        ax.set_ylim(0, 1.6)
-    axes[0, 0].set_ylabel("ratio to the injection layer")
-    axes[0, 0].legend(fontsize=7, ncol=1, loc="upper right")
-    fig.tight_layout()
-    return fig, axes[0]
-
-
-def _arrays_of(arrays, name: str, keys) -> dict:
-    if not isinstance(arrays, dict) or any(k not in arrays for k in keys):
-        raise TypeError(f"{name} must be a dict of arrays with {', '.join(keys)}")
-    return {k: as_float64(arrays[k], f"{name}[{k!r}]") for k in keys}
-
-
-def random_window_edges(arrays, predicted, config, block: str = "mlp"):
-    """Lower edge of the window of the readable projection in random stacks against depth, one
-    panel per placement (:func:`window_edges`, one colour per gain).
-
-    Parameters
-    ----------
-    arrays : dict
-        Of :func:`companion.experiments.framework_random.run_random_windows`.
-    predicted : array_like, ``[placement, block, gain, depth]``
-        :func:`companion.experiments.framework_random.predicted_first_fraction`.
-    config : companion.experiments.framework_random.RandomWindowsConfig
-    block : str, default "mlp"
-        One of ``config.blocks``.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    from companion.experiments.framework_random import RandomWindowsConfig
-
-    if not isinstance(config, RandomWindowsConfig):
-        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
-    if block not in config.blocks:
-        raise ValueError(f"block must be one of {config.blocks}, got {block!r}")
-    win = _arrays_of(arrays, "arrays", ("window_relative_projection",))
-    win = win["window_relative_projection"]
-    shape = (len(config.placements), len(config.blocks), len(config.gains), len(config.depths))
-    pred = as_float64(predicted, "predicted")
-    if win.shape[:4] != shape or pred.shape != shape:
-        raise ValueError(f"arrays and predicted must match the config's shape {shape}, got "
-                         f"{win.shape[:4]} and {pred.shape}")
-    name = {"mlp": "MLP"}.get(block, block)
-    fig, axes = plt.subplots(1, len(config.placements), figsize=(10, 3.6), sharey=True,
-                             squeeze=False)
-    k = config.blocks.index(block)
-    for ax, (p, placement) in zip(axes[0], enumerate(config.placements)):
-        window_edges(ax, config.depths, win[p, k, :, :, 1], pred[p, k],
-                     [f"{name} g={g}" for g in config.gains], [f"g={g}" for g in config.gains])
-        ax.set_title(f"{placement}-LN: window = [first, L-1]")
-    axes[0, 0].set_ylabel("lower edge of the window / L")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig, axes[0]
-
-
-def trained_kl_profiles(trained, init, config):
-    """KL at later tokens against the injection layer in trained TinyLMs and at initialisation,
-    one panel per placement (:func:`effect_profiles`, each curve divided by its maximum).
-
-    Parameters
-    ----------
-    trained, init : dict
-        Of :func:`companion.experiments.framework_trained.sweep_trained` (the first width).
-    config : companion.experiments.framework_trained.TrainedWindowsConfig
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    from companion.experiments.framework_trained import TrainedWindowsConfig
-
-    if not isinstance(config, TrainedWindowsConfig):
-        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
-    kl = [_arrays_of(a, n, ("effect_kl_later",))["effect_kl_later"]
-          for a, n in ((trained, "trained"), (init, "init"))]
-    shape = (len(config.placements), len(config.widths), len(config.depths))
-    if any(a.shape[:3] != shape for a in kl):
-        raise ValueError(f"effect_kl_later must have the config's shape {shape} + (layer,)")
-    fig, axes = plt.subplots(1, len(config.placements), figsize=(10, 3.6), sharey=True,
-                             squeeze=False)
-    for ax, (p, placement) in zip(axes[0], enumerate(config.placements)):
-        effect_profiles(ax, kl[0][p, 0], config.depths, label="trained")
-        effect_profiles(ax, kl[1][p, 0], config.depths, fmt="x:", label="at init")
-        ax.axhline(0.5, color="k", lw=0.8, ls="--")
-        ax.set_title(f"TinyLM, {placement}-LN: KL at later tokens")
-        ax.set_xlabel("injection layer (l + 1/2) / L")
-    axes[0, 0].set_ylabel("KL / max over layers")
-    axes[0, 0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    return fig, axes[0]
 
 
 # Figures of the outliers chapter: the package's dataclasses of two real models.

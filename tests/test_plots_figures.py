@@ -1,4 +1,4 @@
-"""The concentration and three-effect figures of companion.plots (block figures)."""
+"""The outliers chapter's figures of companion.plots (block figures)."""
 
 import matplotlib
 
@@ -12,86 +12,6 @@ from companion import plots  # noqa: E402
 from companion.outliers import channel_statistics as channel_stats
 
 RNG = np.random.default_rng(0)
-
-
-def _post_rows(L=5):
-    return {(b, g): tuple(RNG.uniform(0.1, 1, (L + 1, 2, 3)) for _ in range(3)) + ("extra",)
-            for b in ("mlp", "attention") for g in (0.5, 2.0)}
-
-
-def _pre_rows(n=4):
-    return {(b, g): (RNG.uniform(size=n), RNG.uniform(size=n), RNG.uniform(size=n), 0.3)
-            for b in ("mlp", "attention", "both") for g in (0.5, 1.0, 2.0)}
-
-
-def test_postln_projection():
-    fig, axes = plots.postln_projection(_post_rows(), 2, 16)
-    assert len(axes) == 2 and [ax.get_title() for ax in axes] == ["Post-LN, mlp",
-                                                                  "Post-LN, attention"]
-    assert len(axes[0].lines) == 6 and axes[0].lines[0].get_xdata().tolist() == [2, 3, 4, 5]
-    assert "d = 16" in fig._suptitle.get_text()
-    plt.close(fig)
-    rows = _post_rows()
-    with pytest.raises(ValueError, match="every"):
-        plots.postln_projection({k: v for k, v in list(rows.items())[:3]}, 2, 16)
-    with pytest.raises(ValueError, match="share a shape"):
-        plots.postln_projection(rows, 9, 16)
-    with pytest.raises(TypeError, match="dict"):
-        plots.postln_projection({"mlp": rows[("mlp", 0.5)]}, 2, 16)
-    with pytest.raises(TypeError, match="ell"):
-        plots.postln_projection(rows, 2.5, 16)
-
-
-def test_preln_ratios():
-    fig, axes = plots.preln_ratios(_pre_rows(), 3)
-    assert len(axes) == 3 and axes[0].get_ylabel() == "ratio to the injection layer"
-    assert len(axes[2].lines) == 9 and axes[2].lines[0].get_xdata().tolist() == [3, 4, 5, 6]
-    plt.close(fig)
-    rows = _pre_rows()
-    rows[("mlp", 0.5)] = rows[("mlp", 0.5)][:3]
-    with pytest.raises(TypeError, match="pi, law, rho, c"):
-        plots.preln_ratios(rows, 3)
-    with pytest.raises(ValueError, match="at most 2 gains"):
-        plots.preln_ratios(_pre_rows(), 3, colours=("C0", "C1"))
-
-
-def test_random_window_edges():
-    from companion.experiments import framework_random as xr
-
-    cfg = xr.RandomWindowsConfig(gains=(0.5, 1.0))
-    shape = (len(cfg.placements), len(cfg.blocks), len(cfg.gains), len(cfg.depths))
-    arrays = {"window_relative_projection": RNG.uniform(size=shape + (4,))}
-    pred = RNG.uniform(size=shape)
-    fig, axes = plots.random_window_edges(arrays, pred, cfg)
-    assert len(axes) == len(cfg.placements)
-    assert axes[0].get_title() == "pre-LN: window = [first, L-1]"
-    assert len(axes[0].lines) == 5 and "MLP g=0.5" in axes[0].lines[0].get_label()
-    plt.close(fig)
-    with pytest.raises(TypeError, match="RandomWindowsConfig"):
-        plots.random_window_edges(arrays, pred, {"gains": (0.5,)})
-    with pytest.raises(ValueError, match="block must be"):
-        plots.random_window_edges(arrays, pred, cfg, block="conv")
-    with pytest.raises(ValueError, match="shape"):
-        plots.random_window_edges(arrays, pred[:1], cfg)
-    with pytest.raises(TypeError, match="window_relative_projection"):
-        plots.random_window_edges({}, pred, cfg)
-
-
-def test_trained_kl_profiles():
-    from companion.experiments import framework_trained as xt
-
-    cfg = xt.TrainedWindowsConfig()
-    shape = (len(cfg.placements), len(cfg.widths), len(cfg.depths), max(cfg.depths))
-    trained = {"effect_kl_later": RNG.uniform(0.1, 1, shape)}
-    init = {"effect_kl_later": RNG.uniform(0.1, 1, shape)}
-    fig, axes = plots.trained_kl_profiles(trained, init, cfg)
-    assert len(axes) == len(cfg.placements) and axes[0].get_ylabel() == "KL / max over layers"
-    assert len(axes[1].lines) == 2 * len(cfg.depths) + 1
-    plt.close(fig)
-    with pytest.raises(TypeError, match="TrainedWindowsConfig"):
-        plots.trained_kl_profiles(trained, init, None)
-    with pytest.raises(ValueError, match="shape"):
-        plots.trained_kl_profiles(trained, {"effect_kl_later": np.ones((1, 1, 1, 2))}, cfg)
 
 
 def _channel_stats(L=3, d=5, nt=4):
