@@ -164,30 +164,6 @@ def test_table_rejects_bad_input():
 
 
 # --- engine ---
-def test_window_edges_draws_measured_and_predicted(ax):
-    depths = [4, 8, 16]
-    meas = np.array([[0.5, 0.25, 0.125], [0.75, 0.5, 0.25]])
-    out = plots.window_edges(ax, depths, meas, meas / 2, ["g=1", "g=2"])
-    assert out is ax and len(ax.lines) == 5          # 2 x (measured, predicted) + the note
-    np.testing.assert_array_equal(ax.lines[0].get_ydata(), meas[0])
-    assert ax.lines[1].get_label() == "predicted, g=1" and ax.get_xscale() == "log"
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "8", "16"]
-    with pytest.raises(ValueError, match="shape"):
-        plots.window_edges(ax, depths, meas, meas[:, :2], ["a", "b"])
-    with pytest.raises(ValueError, match="labels"):
-        plots.window_edges(ax, depths, meas, meas, ["a"])
-
-
-def test_effect_profiles_normalise_each_depth(ax):
-    eff = np.array([[1.0, 2.0, np.nan, np.nan], [4.0, 2.0, 1.0, 8.0]])
-    plots.effect_profiles(ax, eff, [2, 4], label="x")
-    np.testing.assert_allclose(ax.lines[0].get_xdata(), [0.25, 0.75])
-    np.testing.assert_allclose(ax.lines[1].get_ydata(), [0.5, 0.25, 0.125, 1.0])
-    assert ax.lines[1].get_label() == "L=4 x"
-    with pytest.raises(ValueError, match="shape"):
-        plots.effect_profiles(ax, eff, [2])
-
-
 def _fake_tracks(L=4, layers=(0, 2, 4)):
     # the attributes of engine.SweepResult that the injection figures read
     from types import SimpleNamespace
