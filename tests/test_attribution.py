@@ -219,38 +219,3 @@ def test_experiment_round_trip(tmp_path):
     no_half = experiments.run(dataclasses.replace(cfg, half_check=False), device="cpu")
     with pytest.raises(ValueError, match="half_check"):
         ia.half_streams_of(no_half)
-
-
-# --------------------------------------------------------------------------- the figure helpers
-def test_plot_helpers(llama, bert):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from companion import plots
-
-    pl = dr.make_prompts(llama, FIRST, SECOND)
-    pb = dr.make_prompts(bert, FIRST, SECOND)
-    a_pre = at.attribute_injection(llama, pl, 0, _dirs(llama.d_model, 3), scale=0.5)
-    a_post = [at.attribute_injection(bert, pb, ell, _dirs(bert.d_model, 3), scale=0.5)
-              for ell in (0, 1)]
-    fig, (ax1, ax2) = plt.subplots(1, 2)
-    pts = plots.ln_rule_scatter(ax1, a_post, {"a": [0], "b": [1, 2]})
-    assert len(pts) == 4
-    lines = plots.sublayer_cumulative(ax2, a_pre, {"a": [0], "b": [1, 2]})
-    assert len(lines) == 6
-    # the solid curve is the dashed (start + attention) plus the dotted (MLP) curve
-    np.testing.assert_allclose(lines[0].get_ydata(),
-                               lines[1].get_ydata() + lines[2].get_ydata(), atol=1e-12)
-    with pytest.raises(TypeError, match="Attribution"):
-        plots.ln_rule_scatter(ax1, ["x"], {"a": [0]})
-    with pytest.raises(ValueError, match="pre-norm"):
-        plots.sublayer_cumulative(ax2, a_post[0], {"a": [0]})
-    with pytest.raises(ValueError, match="indices"):
-        plots.sublayer_cumulative(ax2, a_pre, {"a": [7]})
-    with pytest.raises(TypeError, match="dict"):
-        plots.sublayer_cumulative(ax2, a_pre, [0])
-    with pytest.raises(ValueError, match="empty"):
-        plots.ln_rule_scatter(ax1, [], {"a": [0]})
-    plt.close(fig)

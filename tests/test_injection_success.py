@@ -293,34 +293,3 @@ def test_readout_sweep_errors():
         es.readout_sweep(m, p, [1], v, [0.5], u, {"kind": "tokens", "ids": [[1]]})
     with pytest.raises(TypeError, match="concepts"):
         es.concept_targets(m, "sea")
-
-
-# --------------------------------------------------------------------------------------------
-# the figure helpers of this study (companion.plots, block "injstudy")
-# --------------------------------------------------------------------------------------------
-def test_plot_helpers():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from companion import plots
-
-    fig, (a1, a2) = plt.subplots(1, 2)
-    x = np.arange(4.0)
-    line = plots.readout_against_null(a1, x, [1, 2, 3, 4], [0, 0, 0, 0], [1.5, 1.5, 1.5, 1.5],
-                                      [False, True, True, True], color="C1", label="sea")
-    assert line.get_label() == "sea" and len(a1.lines) == 4
-    with pytest.raises(ValueError, match="success"):
-        plots.readout_against_null(a1, x, x, x, x, [True])
-    with pytest.raises(TypeError, match="Axes"):
-        plots.readout_against_null(None, x, x, x, x)
-    plots.success_window_rows(a2, ["a", "b"], [0, 2, 4], [[2, 4], []],
-                              [[2, 2], [np.nan, np.nan]], [[4, 4], [np.nan, np.nan]], 4)
-    assert [t.get_text() for t in a2.get_yticklabels()] == ["a", "b"]    # first row on top
-    assert a2.get_yticks().tolist() == [1, 0]
-    with pytest.raises(ValueError, match="windows"):
-        plots.success_window_rows(a2, ["a"], [0], [[0], [1]], [[0, 0]], [[0, 0]], 4)
-    with pytest.raises(ValueError, match="first_ci"):
-        plots.success_window_rows(a2, ["a"], [0], [[0]], [0, 0], [[0, 0]], 4)
-    plt.close(fig)

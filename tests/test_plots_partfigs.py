@@ -13,8 +13,6 @@ import pytest  # noqa: E402
 from companion import experiments as xp  # noqa: E402
 from companion import plots  # noqa: E402
 from companion.experiments import depth_study as ds  # noqa: E402
-from companion.experiments import injection_attribution as ia  # noqa: E402
-from companion.experiments import injection_success as es  # noqa: E402
 from companion.experiments import training_controls_study as tcs  # noqa: E402
 
 
@@ -87,39 +85,6 @@ def test_token_rms_and_reach():
         plots.token_rms_and_reach(rms, reach, [0, 5])
     with pytest.raises(ValueError, match="entries"):
         plots.token_rms_and_reach({"a": ([1, 2], [1, 2, 3])}, reach, [0, 2])
-
-
-def _stored(cfg):
-    return xp.load_result(xp.result_path(cfg, xp.stored_root()))
-
-
-def test_readout_panels():
-    sr = {"minilm-l6": _stored(es.CONFIGS["minilm-l6"])}
-    panels = [("minilm-l6", "embedding")] * 2
-    fig, axes = plots.readout_panels(sr, panels, {"embedding": "cos"}, scale=2.0, title="t")
-    assert axes.shape == (2, 4) and axes[0, 0].get_title() == "sea (minilm-l6)"
-    assert axes[1, 0].get_title() == "" and axes[1, 0].get_ylabel() == "cos"
-    assert fig._suptitle.get_text() == "t"
-    plt.close(fig)
-    with pytest.raises(ValueError, match="ylabels"):
-        plots.readout_panels(sr, panels, {"last": "x"})
-    with pytest.raises(ValueError, match="scale"):
-        plots.readout_panels(sr, panels, {"embedding": "cos"}, scale=3.0)
-    with pytest.raises(TypeError, match="injection_success"):
-        plots.readout_panels({"minilm-l6": _stored(ds.DepthStudy())}, panels, {"embedding": "x"})
-
-
-def test_attribution_panels():
-    post = ia.attributions_of(_stored(ia.CONFIGS["minilm-l6"]))
-    pre = ia.attributions_of(_stored(ia.CONFIGS["smollm2-135m"]))
-    fig, axes = plots.attribution_panels(post.values(), [pre[15]], {"concepts": [0, 1]},
-                                         {"sea": [0], "random": [1, 2]}, ("M", "S"))
-    assert len(axes) == 2 and axes[0].get_title() == "M: each LayerNorm, every (l, m)"
-    assert axes[1].get_title() == "S, injected at l = 15: where the projection goes"
-    assert axes[1].get_ylabel() == "fraction of c, injected tokens"
-    plt.close(fig)
-    with pytest.raises(ValueError, match="pre-norm"):
-        plots.attribution_panels(post.values(), [post[1]], {"c": [0]}, {"c": [0]}, ("M", "S"))
 
 
 def test_partial_dot_panels():

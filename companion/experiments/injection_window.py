@@ -46,6 +46,7 @@ __all__ = [
     "HAHAMI_LAST_TOKEN",
     "check_fields",
     "model_and_prompts",
+    "corpus_prompts",
     "scale_index",
 ]
 
@@ -112,6 +113,55 @@ def model_and_prompts(config, device) -> tuple:
     sentences = corpus_sentences(2 * config.n_prompts, config.min_words, config.max_words)
     prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=config.max_length)
     return m, layers, prompts, stream.residual_stream(m, prompts.encoding)
+
+
+def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
+                   max_words: int = 11, max_length: int = 64, device="cpu") -> tuple:
+    """A model and two-sentence corpus prompts: the setup every injection run starts from.
+
+    Parameters
+    ----------
+    source : str or config
+        A model name for :func:`companion.transformers.models.load`, or an injection config
+        (``injection_window``, ``injection_success``, ``injection_attribution``) whose
+        ``model``, ``n_prompts``, ``min_words``, ``max_words`` and ``max_length`` are used.
+    n_prompts : int, optional
+        Number of prompts (the config's by default; required with a model name).
+    min_words, max_words, max_length : int
+        Sentence lengths and token limit when ``source`` is a model name.
+    device : str or torch.device, default "cpu"
+
+    Returns
+    -------
+    (LoadedModel, Prompts)
+        The model and :func:`companion.injection.directions.make_prompts` of the first
+        ``2 * n_prompts`` corpus sentences (even ones injected, odd ones later).
+
+    Raises
+    ------
+    ValueError
+        If ``n_prompts`` is missing or below 1.
+
+    Examples
+    --------
+    >>> m, p = corpus_prompts("minilm-l6", 8)            # doctest: +SKIP
+    >>> m, p = corpus_prompts(CPU_CONFIGS["smollm2-135m"])  # doctest: +SKIP
+    """
+    from companion._validation import check_int
+    from companion.corpus import corpus_sentences
+    from companion.injection import directions as dr
+    from companion.transformers import models
+
+    if not isinstance(source, str):
+        n_prompts = source.n_prompts if n_prompts is None else n_prompts
+        min_words, max_words, max_length = source.min_words, source.max_words, source.max_length
+        source = source.model
+    if n_prompts is None:
+        raise ValueError("n_prompts is required with a model name")
+    n = check_int(n_prompts, "n_prompts", 1)
+    m = models.load(source, device=device)
+    sentences = corpus_sentences(2 * n, min_words, max_words)
+    return m, dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=max_length)
 
 
 @register("injection_window", schema=1)
