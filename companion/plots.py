@@ -28,20 +28,18 @@ from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "band",
            "bernoulli_sum_tails",
-           "channel_fraction_panels", "channel_point_panels", "channel_points",
-           "control_differences", "control_drift", "count_comparison",
+           "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
            "depth_success_rates", "depth_training_curves", "depth_window_edges",
-           "effect_bands", "effect_profiles", "finish", "gaussian_maxima", "grouped_bars",
+           "effect_bands", "effect_profiles", "finish", "gaussian_maxima",
            "interval_errorbars", "largest_logits", "layer_profiles", "ln_rule_scatter",
            "massive_activation_sink", "norm_and_logit_tails", "norm_fluctuations",
            "outlier_feature_shares", "partial_dot_curves", "partial_dot_panels",
            "perturbation_tracks",
-           "postln_projection", "preln_ratios", "quantization_error_scatter",
+           "postln_projection", "preln_ratios",
            "random_window_edges", "readout_against_null", "readout_panels",
-           "relative_effects", "scale_spread",
-           "scheme_bars", "seed_bands", "seed_points", "subexponential_tails",
+           "relative_effects", "scale_spread", "subexponential_tails",
            "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
            "token_rms_and_reach", "trained_kl_profiles", "window_edges", "window_effects"]
 
@@ -629,152 +627,6 @@ def partial_dot_curves(axes, part, label: str):
                ylabel=r"$|E z_m| / \mathrm{sd}(z_m)$")
     return {"slope_var": float(np.polyfit(np.log(m_), np.log(var), 1)[0]),
             "slope_snr": float(np.polyfit(np.log(m_), np.log(snr), 1)[0])}
-
-
-# --- quantisation and pruning ---
-def quantization_error_scatter(ax, ranges, mse, colour, *, bits: int = 8):
-    """Per-channel quantisation MSE against the channel's range, coloured (e.g. by ``|μ|/range``),
-    with the uniform-error line ``Δ²/12`` and the bound ``Δ²/4`` (``Δ = range/q``); log axes.
-
-    Returns the scatter (a ``PathCollection``, for a colour bar).
-    """
-    _check_axes(ax)
-    r = _vector(ranges, "ranges")
-    e = _vector(mse, "mse", r.size)
-    c = _vector(colour, "colour", r.size)
-    q = 2 ** (check_int(bits, "bits", 2) - 1) - 1
-    sc = ax.scatter(r, e, c=c, s=4, cmap="viridis", vmin=0, vmax=1)
-    grid = np.geomspace(r[r > 0].min(), r.max(), 50)
-    ax.plot(grid, (grid / q) ** 2 / 12, "r--", lw=1, label=rf"$\Delta_j^2/12$, $\Delta_j=\max|x_j|/{q}$")
-    ax.plot(grid, (grid / q) ** 2 / 4, "k:", lw=1, label=r"bound $\Delta_j^2/4$")
-    ax.set(xscale="log", yscale="log", xlabel=r"range $\max_i |x_{ij}|$")
-    ax.legend(fontsize=8)
-    return sc
-
-
-def scheme_bars(ax, labels, values, errors=None, *, xlabel: str = "increase of next-token loss (nats)",
-                log: bool = True, floor: float = 1e-3):
-    """Horizontal bars, one per scheme (top to bottom in the given order), with optional error bars;
-    on a log axis values below ``floor`` are drawn at ``floor``.  Returns the ``BarContainer``."""
-    _check_axes(ax)
-    if isinstance(labels, str) or not all(isinstance(s, str) for s in labels):
-        raise TypeError("labels must be a sequence of strings")
-    v = _vector(values, "values", len(labels))
-    err = None if errors is None else _vector(errors, "errors", len(labels))
-    floor = check_real(floor, "floor", lo=0.0, lo_open=True)
-    bars = ax.barh(np.arange(v.size), np.maximum(v, floor) if log else v, xerr=err, color="tab:blue")
-    ax.set_yticks(np.arange(v.size), list(labels), fontsize=8)
-    ax.invert_yaxis()
-    ax.set(xscale="log" if check_bool(log, "log") else "linear", xlabel=xlabel)
-    return bars
-
-
-def grouped_bars(ax, groups, series, *, ylabel: str = "", log: bool = True, width: float | None = None):
-    """Bars of several series side by side for each group: ``series`` maps a label to one value per
-    group (``groups`` are the tick labels).  Returns ``ax``."""
-    _check_axes(ax)
-    groups = [str(g) for g in groups]
-    if not isinstance(series, dict) or not series:
-        raise TypeError("series must be a non-empty dict label -> values")
-    n = len(series)
-    w = 0.8 / n if width is None else check_real(width, "width", lo=0.0, lo_open=True)
-    for k, (label, vals) in enumerate(series.items()):
-        v = _vector(vals, f"series[{label!r}]", len(groups))
-        ax.bar(np.arange(len(groups)) + (k - (n - 1) / 2) * w, v, w, label=label)
-    ax.set_xticks(np.arange(len(groups)), groups)
-    ax.set(yscale="log" if check_bool(log, "log") else "linear", ylabel=ylabel)
-    ax.legend(fontsize=8)
-    return ax
-
-
-# --- training runs over seeds ---
-def seed_points(ax, values, labels, *, level: float = 0.95, reference: float | None = None,
-                colors=None, jitter: float = 0.12):
-    """One column per arm: every seed's value as a dot, the mean with its t-interval as a bar.
-
-    Parameters
-    ----------
-    ax : matplotlib.axes.Axes
-    values : array_like, shape (arms, seeds)
-        E.g. the held-out loss of each seed, or paired differences to a reference arm.
-    labels : sequence of str, one per arm
-        Tick labels.
-    level : float in (0, 1), default 0.95
-        Level of the Student-t interval over seeds
-        (:func:`companion.applications.training_controls.seed_interval`).
-    reference : float, optional
-        A horizontal dotted line (e.g. 0 for differences).
-    colors : sequence of colours, optional
-        One per arm; default ``C0, C1, ...``.
-    jitter : float ≥ 0
-        Horizontal spread of the seed dots.
-
-    Returns
-    -------
-    list of matplotlib.container.ErrorbarContainer
-        One per arm, in order.
-    """
-    from companion.applications.training_controls import seed_interval
-
-    _check_axes(ax)
-    v = as_float64(values, "values")
-    if v.ndim != 2 or v.shape[1] < 2:
-        raise ValueError(f"values must have shape (arms, seeds) with at least 2 seeds, got {v.shape}")
-    if isinstance(labels, str) or len(labels) != v.shape[0] or not all(isinstance(s, str) for s in labels):
-        raise ValueError(f"labels must be {v.shape[0]} strings, one per arm")
-    jitter = check_real(jitter, "jitter", lo=0.0)
-    colors = [f"C{k}" for k in range(v.shape[0])] if colors is None else list(colors)
-    if len(colors) != v.shape[0]:
-        raise ValueError(f"colors must have {v.shape[0]} entries, got {len(colors)}")
-    mean, lo, hi = seed_interval(v, level=level, axis=1)
-    offsets = np.linspace(-jitter, jitter, v.shape[1])
-    out = []
-    for k in range(v.shape[0]):
-        ax.plot(k + offsets, v[k], "o", color=colors[k], ms=3, alpha=0.5)
-        out.append(ax.errorbar([k], [mean[k]], yerr=[[mean[k] - lo[k]], [hi[k] - mean[k]]], fmt="s",
-                               color=colors[k], ms=6, capsize=4, lw=1.5))
-    if reference is not None:
-        ax.axhline(check_real(reference, "reference"), color="k", ls=":", lw=0.8)
-    ax.set_xticks(np.arange(v.shape[0]), list(labels))
-    return out
-
-
-def seed_bands(ax, x, values, labels, *, level: float = 0.95, colors=None):
-    """Per arm, the mean over seeds of a curve with its t-interval as a shaded band.
-
-    Parameters
-    ----------
-    ax : matplotlib.axes.Axes
-    x : array_like, shape (K,)
-    values : array_like, shape (arms, seeds, K)
-    labels : sequence of str, one per arm
-    level : float in (0, 1), default 0.95
-    colors : sequence of colours, optional
-
-    Returns
-    -------
-    list of matplotlib.lines.Line2D
-        The mean curves, one per arm.
-    """
-    from companion.applications.training_controls import seed_interval
-
-    _check_axes(ax)
-    v = as_float64(values, "values")
-    if v.ndim != 3 or v.shape[1] < 2:
-        raise ValueError(f"values must have shape (arms, seeds, K) with at least 2 seeds, got {v.shape}")
-    xs = _vector(x, "x", v.shape[2])
-    if isinstance(labels, str) or len(labels) != v.shape[0] or not all(isinstance(s, str) for s in labels):
-        raise ValueError(f"labels must be {v.shape[0]} strings, one per arm")
-    colors = [f"C{k}" for k in range(v.shape[0])] if colors is None else list(colors)
-    if len(colors) != v.shape[0]:
-        raise ValueError(f"colors must have {v.shape[0]} entries, got {len(colors)}")
-    mean, lo, hi = seed_interval(v, level=level, axis=1)
-    lines = []
-    for k in range(v.shape[0]):
-        (line,) = ax.plot(xs, mean[k], "-", color=colors[k], label=labels[k])
-        ax.fill_between(xs, lo[k], hi[k], color=colors[k], alpha=0.2, lw=0)
-        lines.append(line)
-    return lines
 
 
 # --- injection: sublayer attribution and the LayerNorm rule ---
@@ -2056,101 +1908,6 @@ def depth_law_projections(result):
     axes[0, 0].set_ylabel("|projection| on the injected direction")
     axes[0, 0].legend(fontsize=7)
     finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
-    return fig, axes[0]
-
-
-def _control_regimes(regimes, keys) -> dict:
-    from companion.experiments.training_controls_study import TrainingControlsStudy
-
-    if not isinstance(regimes, dict) or not regimes:
-        raise TypeError("regimes must be a non-empty dict name -> (config, arms, arrays)")
-    for name, entry in regimes.items():
-        if not (isinstance(entry, tuple) and len(entry) == 3
-                and isinstance(entry[0], TrainingControlsStudy) and isinstance(entry[2], dict)):
-            raise TypeError(f"regimes[{name!r}] must be (TrainingControlsStudy, arms, arrays)")
-        if missing := [k for k in keys if k not in entry[2]]:
-            raise ValueError(f"the arrays of regimes[{name!r}] lack {missing}")
-    return regimes
-
-
-def _arm_colours(labels) -> list:
-    from companion.experiments.training_controls_study import ARMS
-
-    if not isinstance(labels, dict) or not set(labels) <= set(ARMS):
-        raise ValueError(f"labels must be a dict arm -> label, arms among {list(ARMS)}")
-    return [f"C{list(ARMS).index(a)}" for a in labels]
-
-
-def control_differences(regimes, labels):
-    """Training controls against no control: per regime, each arm's held-out loss minus that
-    of the arm ``"none"``, per seed (dots) with the mean's 95% t-interval (:func:`seed_points`);
-    last panel: the first regime's gradient norm without clipping (seed 0) beside the tail
-    threshold of its ``"tail"`` arm and the fixed ``tau = 1``.
-
-    Parameters
-    ----------
-    regimes : dict
-        ``name -> (config, arms, arrays)``: a
-        :class:`~companion.experiments.training_controls_study.TrainingControlsStudy`, its arm
-        names and the per-arm arrays (as ``merge_arms`` returns them).
-    labels : dict
-        ``arm -> tick label``, the arms drawn (each in its colour ``C<index in ARMS>``).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-
-    Raises
-    ------
-    TypeError, ValueError
-        For malformed ``regimes`` or arrays lacking ``eval_loss``, ``grad_norm``,
-        ``threshold``; for ``labels`` naming unknown arms.
-    """
-    import matplotlib.pyplot as plt
-
-    regimes = _control_regimes(regimes, ("eval_loss", "grad_norm", "threshold"))
-    colours = _arm_colours(labels)
-    fig, axes = plt.subplots(1, len(regimes) + 1, figsize=(12, 3.6))
-    for ax, (k, (cfg, arms, A)) in zip(axes, regimes.items()):
-        diffs = np.stack([A["eval_loss"][arms.index(n)] - A["eval_loss"][arms.index("none")]
-                          for n in labels])
-        seed_points(ax, diffs, list(labels.values()), reference=0.0, colors=colours)
-        ax.set(ylabel="held-out loss - 'no clipping' (nats/byte)",
-               title=f"{k}: {cfg.steps} steps, rate {cfg.lr:g}, {len(cfg.seeds)} seeds")
-    (k, (cfg, arms, A)), ax = next(iter(regimes.items())), axes[-1]
-    ax.plot(A["grad_norm"][arms.index("none"), 0], lw=1,
-            label="gradient norm, no clipping (seed 0)")
-    ax.plot(A["threshold"][arms.index("tail"), 0], "r--", lw=1, label="tail threshold (its run)")
-    ax.axhline(1.0, color="k", ls=":", label="fixed tau = 1")
-    ax.set(yscale="log", xlabel="step", ylabel="global gradient norm", title=f"{k} regime, seed 0")
-    ax.legend(fontsize=7)
-    finish(fig, "Clipping: per-seed paired differences (dots), mean and 95% t-interval (bars)")
-    return fig, axes
-
-
-def control_drift(regimes, labels):
-    """Mean drift ``||mu|| / (sqrt(d) rms)`` of the residual stream per layer: per regime (one
-    panel each) the initialisation (black) and each arm of ``labels``, mean over seeds with its
-    95% t-band (:func:`seed_bands`).
-
-    Parameters and Raises as :func:`control_differences` (``labels``: ``arm -> legend label``;
-    the arrays need ``drift`` and ``init_drift``); returns the figure and its Axes.
-    """
-    import matplotlib.pyplot as plt
-
-    regimes = _control_regimes(regimes, ("drift", "init_drift"))
-    colours = _arm_colours(labels)
-    fig, axes = plt.subplots(1, len(regimes), figsize=(11, 3.8), sharey=True, squeeze=False)
-    for ax, (k, (cfg, arms, A)) in zip(axes[0], regimes.items()):
-        layers = np.arange(A["drift"].shape[-1])
-        seed_bands(ax, layers, A["init_drift"][None], ["initialisation"], colors=["k"])
-        seed_bands(ax, layers, np.stack([A["drift"][arms.index(n)] for n in labels]),
-                   list(labels.values()), colors=colours)
-        ax.set(xticks=layers, xlabel="layer l (residual stream before block l)",
-               title=f"{k}: {cfg.steps} steps, rate {cfg.lr:g}")
-    axes[0, 0].set_ylabel(r"$\|\mu\| / (\sqrt{d}\,\mathrm{rms})$")
-    axes[0, 0].legend(fontsize=7, loc="upper left")
-    finish(fig, "Mean drift of the residual stream: mean over seeds, 95% t-band")
     return fig, axes[0]
 
 

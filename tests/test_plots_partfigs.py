@@ -15,7 +15,6 @@ from companion import plots  # noqa: E402
 from companion.experiments import depth_study as ds  # noqa: E402
 from companion.experiments import injection_attribution as ia  # noqa: E402
 from companion.experiments import injection_success as es  # noqa: E402
-from companion.experiments import training_controls_study as tcs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +45,6 @@ def test_depth_scale_is_checked(depth):
         plots.depth_success_rates(depth, scale=2.0)
     with pytest.raises(TypeError, match="scale"):
         plots.depth_success_rates(depth, scale="1")
-
-
-@pytest.fixture(scope="module")
-def regimes():
-    short = xp.load_result(xp.result_path(tcs.SHORT, xp.stored_root()))
-    return {"short": (tcs.SHORT, short.scalars["arms"], short.arrays)}
-
-
-def test_control_figures(regimes):
-    fig, axes = plots.control_differences(regimes, {"fixed": "fixed", "tail": "tail"})
-    assert len(axes) == 2 and axes[0].get_title() == "short: 100 steps, rate 0.003, 8 seeds"
-    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["fixed", "tail"]
-    assert axes[1].get_ylabel() == "global gradient norm"
-    fig2, axes2 = plots.control_drift(regimes, {"none": "no clipping", "reg_vo": "reg"})
-    assert [line.get_label() for line in axes2[0].lines] == ["initialisation", "no clipping",
-                                                             "reg"]
-    plt.close(fig)
-    plt.close(fig2)
-    with pytest.raises(ValueError, match="arm"):
-        plots.control_drift(regimes, {"clip": "x"})
-    with pytest.raises(TypeError, match="regimes"):
-        plots.control_drift({"short": regimes["short"][2]}, {"none": "x"})
-    with pytest.raises(ValueError, match="lack"):
-        plots.control_differences({"short": regimes["short"][:2] + ({},)}, {"none": "x"})
 
 
 def test_token_rms_and_reach():
