@@ -40,8 +40,7 @@ __all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "ban
            "postln_projection", "preln_ratios",
            "random_window_edges", "readout_against_null", "readout_panels",
            "relative_effects", "scale_spread", "subexponential_tails",
-           "sublayer_cumulative", "success_window_rows", "table", "tail_curves",
-           "token_rms_and_reach", "trained_kl_profiles", "window_edges", "window_effects"]
+           "sublayer_cumulative", "success_window_rows", "table", "tail_curves", "trained_kl_profiles", "window_edges", "window_effects"]
 
 
 def _check_axes(ax):
@@ -1909,64 +1908,6 @@ def depth_law_projections(result):
     axes[0, 0].legend(fontsize=7)
     finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
     return fig, axes[0]
-
-
-def token_rms_and_reach(rms, reach, layers, *, titles=("", ""), rms_ylim=None):
-    """What the probes see: (a) the median ``||h_l|| / sqrt(d)`` against ``l / L`` of the first
-    token (C3) and of the other tokens (C0), one line style per model; (b) the relative distance
-    ``||h'_l - h_l|| / ||h_l||`` at a token that was not injected, after an injection at each of
-    ``layers``, from the layer after it (viridis: early to late).
-
-    Parameters
-    ----------
-    rms : dict
-        ``model name -> (first, rest)``, each 1-D of length ``L + 1`` (at most four models).
-    reach : array_like, shape ``(len(layers), L + 1)``
-    layers : sequence of int
-        The injection layers, one per row of ``reach``.
-    titles : pair of str
-    rms_ylim : pair of float, optional
-        The y-limits of panel (a).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-
-    Raises
-    ------
-    TypeError
-        If ``rms`` is not a dict of pairs.
-    ValueError
-        If ``reach`` does not have one row per layer, or a layer is out of range.
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(rms, dict) or not 0 < len(rms) <= 4 or not all(
-            isinstance(v, tuple) and len(v) == 2 for v in rms.values()):
-        raise TypeError("rms must be a dict of at most four model name -> (first, rest)")
-    reach, layers = as_float64(reach, "reach"), [check_int(l, "layer", 0) for l in layers]
-    if reach.ndim != 2 or reach.shape[0] != len(layers) or max(layers) >= reach.shape[1]:
-        raise ValueError(f"reach must have shape (len(layers), L + 1) with every layer < L + 1, "
-                         f"got {reach.shape} for layers {layers}")
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for (name, (first, rest)), style in zip(rms.items(), ("-", "--", "-.", ":")):
-        rest = _vector(rest, f"rms[{name!r}][1]")
-        first = _vector(first, f"rms[{name!r}][0]", rest.size)
-        depth = np.arange(rest.size) / (rest.size - 1)
-        ax1.semilogy(depth, rest, style, color="C0", label=f"{name}, other tokens")
-        ax1.semilogy(depth, first, style, color="C3", label=f"{name}, first token")
-    ax1.set(xlabel="depth  l / L", ylabel="median  ||h_l|| / sqrt(d)", title=titles[0],
-            ylim=rms_ylim)
-    ax1.legend(fontsize=8, loc="lower right")
-    L = reach.shape[1] - 1
-    for k, l0 in enumerate(layers):
-        ax2.semilogy(np.arange(l0 + 1, L + 1), reach[k, l0 + 1:],
-                     color=plt.cm.viridis(k / len(layers)), label=f"injected at h_{l0}")
-    ax2.set(xlabel="layer l", ylabel="||h'_l - h_l|| / ||h_l||  at the last token",
-            title=titles[1])
-    ax2.legend(fontsize=8, loc="upper left")
-    finish(fig)
-    return fig, np.array([ax1, ax2])
 
 
 def readout_panels(results, panels, ylabels, *, scale: float = 0.5, title: str | None = None):

@@ -47,23 +47,6 @@ def test_depth_scale_is_checked(depth):
         plots.depth_success_rates(depth, scale="1")
 
 
-def test_token_rms_and_reach():
-    rms = {"a": (np.linspace(1, 2, 5), np.linspace(1, 3, 5)), "b": ([1, 2, 3], [2, 2, 2])}
-    reach = np.full((2, 5), 0.5)
-    fig, axes = plots.token_rms_and_reach(rms, reach, [0, 2], titles=("(a)", "(b)"),
-                                          rms_ylim=(0.1, 10))
-    assert [line.get_label() for line in axes[0].lines][-1] == "b, first token"
-    assert axes[0].get_ylim() == (0.1, 10) and axes[1].get_title() == "(b)"
-    assert [line.get_xdata().tolist() for line in axes[1].lines] == [[1, 2, 3, 4], [3, 4]]
-    plt.close(fig)
-    with pytest.raises(TypeError, match="rms"):
-        plots.token_rms_and_reach({"a": rms["a"][0]}, reach, [0, 2])
-    with pytest.raises(ValueError, match="reach"):
-        plots.token_rms_and_reach(rms, reach, [0, 5])
-    with pytest.raises(ValueError, match="entries"):
-        plots.token_rms_and_reach({"a": ([1, 2], [1, 2, 3])}, reach, [0, 2])
-
-
 def _stored(cfg):
     return xp.load_result(xp.result_path(cfg, xp.stored_root()))
 
