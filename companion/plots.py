@@ -26,9 +26,8 @@ import numpy as np
 
 from companion._validation import as_float64, check_bool, check_int, check_real
 
-__all__ = ["TRACK_PANELS", "activation_ratio_panels", "attribution_panels", "band",
-           "bernoulli_sum_tails",
-           "channel_fraction_panels", "channel_point_panels", "channel_points", "count_comparison",
+__all__ = ["TRACK_PANELS", "attribution_panels", "band",
+           "bernoulli_sum_tails", "channel_point_panels", "channel_points", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
            "depth_success_rates", "depth_training_curves", "depth_window_edges",
@@ -1649,71 +1648,6 @@ def outlier_feature_shares(features, position_share: float = 0.06):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig, ax
-
-
-def channel_fraction_panels(fractions, title: str | None = None):
-    """Fractions of channels per layer (:func:`layer_profiles`), one panel per model, the legend
-    in the first.
-
-    Parameters
-    ----------
-    fractions : dict
-        ``name -> {label -> fraction per layer}``.
-    title : str, optional
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(fractions, dict) or not fractions or not all(
-            isinstance(v, dict) for v in fractions.values()):
-        raise TypeError("fractions must be a non-empty dict name -> {label -> values}")
-    fig, axes = plt.subplots(1, len(fractions), figsize=(10, 3.8), sharey=True, squeeze=False)
-    for ax, (name, curves) in zip(axes[0], fractions.items()):
-        layer_profiles(ax, curves, title=name, legend_fontsize=8 if ax is axes[0, 0] else None)
-        ax.set(ylim=(-0.02, 1.02))
-    axes[0, 0].set_ylabel("fraction of channels")
-    if title is not None:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig, axes[0]
-
-
-def activation_ratio_panels(depth, ratios, mean_ratio):
-    """The largest activation and the largest channel mean per layer against relative depth, on
-    log axes: ``max |h| / median |h|`` (left) and ``max_j |mu_j| / median_j sigma_j`` (right).
-
-    Parameters
-    ----------
-    depth : dict
-        ``name -> relative depth l / L`` of each layer.
-    ratios : dict
-        ``name -> {label -> values or (values, fmt)}``: left-panel curves of that model.
-    mean_ratio : dict
-        ``name -> values or (values, fmt)``: the right-panel curve of that model.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    for arg, value in (("depth", depth), ("ratios", ratios), ("mean_ratio", mean_ratio)):
-        if not isinstance(value, dict) or set(value) != set(depth):
-            raise TypeError(f"{arg} must be a dict with the model names of depth")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, x in depth.items():
-        layer_profiles(axes[0], ratios[name], x, xlabel="relative depth l / L",
-                       ylabel="max |h| / median |h|", logy=True, legend_fontsize=None)
-        layer_profiles(axes[1], {name: mean_ratio[name]}, x, xlabel="relative depth l / L",
-                       ylabel=r"max$_j |\mu_j|$ / median$_j\,\sigma_j$", logy=True,
-                       legend_fontsize=None)
-    axes[0].legend(fontsize=8)
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    return fig, axes
 
 
 # --- block injection ---
