@@ -27,7 +27,7 @@ import numpy as np
 from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = ["TRACK_PANELS", "attribution_panels", "band",
-           "bernoulli_sum_tails", "channel_point_panels", "channel_points", "count_comparison",
+           "bernoulli_sum_tails", "channel_points", "count_comparison",
            "count_comparison_panels", "counts", "depth_axis", "depth_colours",
            "depth_law_projections", "depth_outlier_statistics", "depth_stream_growth",
            "depth_success_rates", "depth_training_curves", "depth_window_edges",
@@ -1495,42 +1495,6 @@ def _named(stats, layers, kind):
         if not isinstance(stats[name], kind):
             raise TypeError(f"stats[{name!r}] must be a {kind.__name__}, got "
                             f"{type(stats[name]).__name__}")
-
-
-def channel_point_panels(stats, layers, thresholds=None, *, title: str | None = None):
-    """Channels as points ``(sigma_j, |mu_j|)`` (:func:`channel_points`), one panel per model.
-
-    Parameters
-    ----------
-    stats : dict
-        ``name -> companion.outliers.channel_statistics.ChannelStatistics``.
-    layers : dict
-        ``name -> layers`` drawn in that model's panel (one panel per entry, in this order).
-    thresholds : dict, optional
-        ``name -> one threshold per layer`` (dashed lines).
-    title : str, optional
-        The figure's title.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    from companion.outliers.channel_statistics import ChannelStatistics
-
-    _named(stats, layers, ChannelStatistics)
-    if thresholds is not None and (not isinstance(thresholds, dict)
-                                   or set(thresholds) != set(layers)):
-        raise TypeError("thresholds must be a dict with the names of layers")
-    fig, axes = plt.subplots(1, len(layers), figsize=(10, 4), squeeze=False)
-    for ax, (name, ls) in zip(axes[0], layers.items()):
-        channel_points(ax, stats[name], ls, None if thresholds is None else thresholds[name],
-                       title=name)
-    if title is not None:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig, axes[0]
 
 
 def count_comparison_panels(stats, layers):

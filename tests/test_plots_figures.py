@@ -272,19 +272,3 @@ def test_outlier_feature_shares():
         plots.outlier_feature_shares({"m": share})
     with pytest.raises(ValueError, match="position_share"):
         plots.outlier_feature_shares({"m": ofs}, position_share=2.0)
-
-
-def test_channel_point_panels():
-    stats = {"a": _channel_stats(), "b": _channel_stats()}
-    fig, axes = plots.channel_point_panels(stats, {"a": [0, 2], "b": [1]},
-                                           {"a": [1.0, 2.0], "b": [3.0]}, title="points")
-    assert [ax.get_title() for ax in axes] == ["a", "b"] and len(axes[0].collections) == 2
-    assert len(axes[0].lines) == 2 and fig._suptitle.get_text() == "points"
-    plt.close(fig)
-    fig, axes = plots.channel_point_panels(stats, {"a": [0]})
-    assert not axes[0].lines and fig._suptitle is None
-    plt.close(fig)
-    with pytest.raises(TypeError, match="thresholds"):
-        plots.channel_point_panels(stats, {"a": [0]}, {"b": [1.0]})
-    with pytest.raises(ValueError, match="layers must be"):
-        plots.channel_point_panels(stats, {"a": [0, 1, 2, 0, 1]})
