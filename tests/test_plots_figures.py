@@ -15,8 +15,6 @@ RNG = np.random.default_rng(0)
 
 
 def _channel_stats(L=3, d=5, nt=4):
-    from companion.transformers import stream
-
     mean, var = RNG.normal(size=(L, d)), RNG.uniform(1, 2, size=(L, d))
     return channel_stats.ChannelStatistics(mean=mean, var=var, min=mean - 3, max=mean + 4,
                                     max_abs=np.abs(mean) + 4,
@@ -73,45 +71,3 @@ def test_outlier_feature_shares():
         plots.outlier_feature_shares({"m": share})
     with pytest.raises(ValueError, match="position_share"):
         plots.outlier_feature_shares({"m": ofs}, position_share=2.0)
-
-
-def test_channel_point_panels():
-    stats = {"a": _channel_stats(), "b": _channel_stats()}
-    fig, axes = plots.channel_point_panels(stats, {"a": [0, 2], "b": [1]},
-                                           {"a": [1.0, 2.0], "b": [3.0]}, title="points")
-    assert [ax.get_title() for ax in axes] == ["a", "b"] and len(axes[0].collections) == 2
-    assert len(axes[0].lines) == 2 and fig._suptitle.get_text() == "points"
-    plt.close(fig)
-    fig, axes = plots.channel_point_panels(stats, {"a": [0]})
-    assert not axes[0].lines and fig._suptitle is None
-    plt.close(fig)
-    with pytest.raises(TypeError, match="thresholds"):
-        plots.channel_point_panels(stats, {"a": [0]}, {"b": [1.0]})
-    with pytest.raises(ValueError, match="layers must be"):
-        plots.channel_point_panels(stats, {"a": [0, 1, 2, 0, 1]})
-
-
-def test_channel_fraction_panels():
-    fractions = {"a": {"x": np.linspace(0, 1, 5), "y": np.zeros(5)}, "b": {"x": np.ones(3)}}
-    fig, axes = plots.channel_fraction_panels(fractions, "title")
-    assert [ax.get_title() for ax in axes] == ["a", "b"] and axes[0].get_legend() is not None
-    assert axes[1].get_legend() is None and axes[0].get_ylabel() == "fraction of channels"
-    assert axes[0].get_ylim() == (-0.02, 1.02) and fig._suptitle.get_text() == "title"
-    plt.close(fig)
-    with pytest.raises(TypeError, match="fractions"):
-        plots.channel_fraction_panels({"a": np.zeros(5)})
-
-
-def test_activation_ratio_panels():
-    depth = {"a": np.linspace(0, 1, 4), "b": np.linspace(0, 1, 3)}
-    ratios = {"a": {"a, all": (np.arange(1.0, 5.0), "C0o-"), "a, later": np.ones(4)},
-              "b": {"b, all": np.arange(1.0, 4.0)}}
-    mean_ratio = {"a": np.ones(4), "b": (np.ones(3), "C1o-")}
-    fig, axes = plots.activation_ratio_panels(depth, ratios, mean_ratio)
-    assert len(axes[0].lines) == 3 and len(axes[1].lines) == 2
-    assert axes[0].get_yscale() == "log" and axes[1].get_xlabel() == "relative depth l / L"
-    plt.close(fig)
-    with pytest.raises(TypeError, match="mean_ratio"):
-        plots.activation_ratio_panels(depth, ratios, {"a": np.ones(4)})
-    with pytest.raises(ValueError, match="must have 3"):
-        plots.activation_ratio_panels(depth, ratios, {"a": np.ones(4), "b": np.ones(4)})

@@ -13,7 +13,6 @@ import pytest  # noqa: E402
 from companion import experiments as xp  # noqa: E402
 from companion import plots  # noqa: E402
 from companion.experiments import depth_study as ds  # noqa: E402
-from companion.experiments import training_controls_study as tcs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,45 +45,6 @@ def test_depth_scale_is_checked(depth):
         plots.depth_success_rates(depth, scale="1")
 
 
-@pytest.fixture(scope="module")
-def regimes():
-    short = xp.load_result(xp.result_path(tcs.SHORT, xp.stored_root()))
-    return {"short": (tcs.SHORT, short.scalars["arms"], short.arrays)}
-
-
-def test_control_figures(regimes):
-    fig, axes = plots.control_differences(regimes, {"fixed": "fixed", "tail": "tail"})
-    assert len(axes) == 2 and axes[0].get_title() == "short: 100 steps, rate 0.003, 8 seeds"
-    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["fixed", "tail"]
-    assert axes[1].get_ylabel() == "global gradient norm"
-    fig2, axes2 = plots.control_drift(regimes, {"none": "no clipping", "reg_vo": "reg"})
-    assert [line.get_label() for line in axes2[0].lines] == ["initialisation", "no clipping",
-                                                             "reg"]
-    plt.close(fig)
-    plt.close(fig2)
-    with pytest.raises(ValueError, match="arm"):
-        plots.control_drift(regimes, {"clip": "x"})
-    with pytest.raises(TypeError, match="regimes"):
-        plots.control_drift({"short": regimes["short"][2]}, {"none": "x"})
-    with pytest.raises(ValueError, match="lack"):
-        plots.control_differences({"short": regimes["short"][:2] + ({},)}, {"none": "x"})
-
-
-def test_token_rms_and_reach():
-    rms = {"a": (np.linspace(1, 2, 5), np.linspace(1, 3, 5)), "b": ([1, 2, 3], [2, 2, 2])}
-    reach = np.full((2, 5), 0.5)
-    fig, axes = plots.token_rms_and_reach(rms, reach, [0, 2], titles=("(a)", "(b)"),
-                                          rms_ylim=(0.1, 10))
-    assert [line.get_label() for line in axes[0].lines][-1] == "b, first token"
-    assert axes[0].get_ylim() == (0.1, 10) and axes[1].get_title() == "(b)"
-    assert [line.get_xdata().tolist() for line in axes[1].lines] == [[1, 2, 3, 4], [3, 4]]
-    plt.close(fig)
-    with pytest.raises(TypeError, match="rms"):
-        plots.token_rms_and_reach({"a": rms["a"][0]}, reach, [0, 2])
-    with pytest.raises(ValueError, match="reach"):
-        plots.token_rms_and_reach(rms, reach, [0, 5])
-    with pytest.raises(ValueError, match="entries"):
-        plots.token_rms_and_reach({"a": ([1, 2], [1, 2, 3])}, reach, [0, 2])
 
 
 def test_partial_dot_panels():

@@ -498,32 +498,6 @@ def test_bad_deployable_inputs():
     assert not lin._forward_pre_hooks and not lin._forward_hooks
 
 
-# =========================================================================== figure helpers
-def test_quantization_figure_helpers():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from companion import plots
-
-    fig, (a1, a2, a3) = plt.subplots(1, 3)
-    r = np.array([1.0, 10.0, 100.0])
-    sc = plots.quantization_error_scatter(a1, r, (r / 127) ** 2 / 12, [0.0, 0.5, 1.0])
-    assert sc.get_offsets().shape == (3, 2) and a1.get_xscale() == "log"
-    bars = plots.scheme_bars(a2, ["a", "b"], [0.0, 2.0], [0.1, 0.2])
-    assert bars[0].get_width() == 1e-3 and [t.get_text() for t in a2.get_yticklabels()] == ["a", "b"]
-    plots.grouped_bars(a3, ["10%", "30%"], {"x": [1.0, 2.0], "y": [3.0, 4.0]}, ylabel="nats")
-    assert len(a3.patches) == 4
-    with pytest.raises(ValueError, match="entries"):
-        plots.scheme_bars(a2, ["a"], [1.0, 2.0])
-    with pytest.raises(TypeError, match="labels"):
-        plots.scheme_bars(a2, "ab", [1.0, 2.0])
-    with pytest.raises(TypeError, match="series"):
-        plots.grouped_bars(a3, ["a"], [1.0])
-    plt.close(fig)
-
-
 def test_compression_sweep_scheme_names_parse():
     from companion.experiments.compression_sweep import CompressionBench, quantization_schemes
 

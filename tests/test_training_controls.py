@@ -357,45 +357,6 @@ def test_bad_precision_and_callback(tiny_cfg):
         train_with_controls(tiny_cfg, ids, ids, steps=1, seq_len=16, callback="every 10 steps")
 
 
-# ----------------------------------------------------------------------------- figure helpers
-def test_seed_points_and_bands_draw_means_and_intervals():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.container import ErrorbarContainer
-
-    from companion import plots
-
-    v = np.array([[1.0, 2.0, 3.0], [0.0, 0.5, 1.0]])
-    fig, (ax1, ax2) = plt.subplots(1, 2)
-    bars = plots.seed_points(ax1, v, ["a", "b"], reference=0.0)
-    assert len(bars) == 2 and all(isinstance(b, ErrorbarContainer) for b in bars)
-    m, lo, hi = seed_interval(v[0])
-    seg = bars[0].lines[2][0].get_segments()[0]
-    assert seg[:, 1].min() == approx(float(lo)) and seg[:, 1].max() == approx(float(hi))
-    assert [t.get_text() for t in ax1.get_xticklabels()] == ["a", "b"]
-    curves = np.stack([v, v + 1.0], axis=2)                                 # (2 arms, 3 seeds, 2)
-    lines = plots.seed_bands(ax2, [0, 10], curves, ["a", "b"])
-    np.testing.assert_allclose(lines[0].get_ydata(), [2.0, 3.0])
-    assert len(ax2.collections) == 2
-    with pytest.raises(ValueError, match="arms, seeds"):
-        plots.seed_points(ax1, v[0], ["a"])
-    with pytest.raises(ValueError, match="labels"):
-        plots.seed_points(ax1, v, ["a"])
-    with pytest.raises(TypeError, match="Axes"):
-        plots.seed_points("ax", v, ["a", "b"])
-    with pytest.raises(ValueError, match="colors"):
-        plots.seed_points(ax1, v, ["a", "b"], colors=["k"])
-    with pytest.raises(ValueError, match="seeds, K"):
-        plots.seed_bands(ax2, [0, 10], v, ["a", "b"])
-    with pytest.raises(ValueError, match="entries"):
-        plots.seed_bands(ax2, [0, 1, 2], curves, ["a", "b"])
-    with pytest.raises(ValueError, match="labels"):
-        plots.seed_bands(ax2, [0, 10], curves, "ab")
-    plt.close(fig)
-
-
 # ----------------------------------------------------------------------------- the stored study
 def test_study_config_checks_and_tiny_run(tmp_path):
     from companion import experiments as xp
