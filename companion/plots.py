@@ -2,7 +2,7 @@
 
 Each function draws on a matplotlib ``Axes`` (or makes a figure) and returns matplotlib
 objects; none calls ``plt.show()``.  The figure style is set once by
-:func:`companion.setup_notebook`; the helpers only remove what the chapters repeated:
+:func:`~companion.notebook.setup_notebook`; the helpers only remove what the chapters repeated:
 
 * :func:`tail_curves` -- tail probabilities on a log scale: exact curves with zeros masked,
   bounds clipped at 1 (a probability);
