@@ -94,9 +94,11 @@ def nnsight_sweep(lm, enc, layers, vector, scale, n_layers):
             blocks = lm.model.layers
             if layer == 0:
                 blocks[0].input = blocks[0].input + delta
-            else:
-                blocks[layer - 1].output[:] += delta
-            saved = [blocks[i].output.save() for i in range(n_layers)]
+            saved = []
+            for i in range(n_layers):                        # nnsight: in the order the model runs
+                if i == layer - 1:
+                    blocks[i].output[:] += delta
+                saved.append(blocks[i].output.save())
         outs.append(saved)
     return outs
 
