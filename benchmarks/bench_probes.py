@@ -90,11 +90,11 @@ def nnsight_sweep(lm, enc, layers, vector, scale, n_layers):
     delta = scale * vector * enc["attention_mask"].unsqueeze(-1).to(vector.dtype)
     outs = []
     for layer in layers:
+        saved = []                                           # filled inside the trace
         with torch.no_grad(), lm.trace(dict(enc)):
             blocks = lm.model.layers
             if layer == 0:
                 blocks[0].input = blocks[0].input + delta
-            saved = []
             for i in range(n_layers):                        # nnsight: in the order the model runs
                 if i == layer - 1:
                     blocks[i].output[:] += delta
