@@ -27,11 +27,10 @@ import numpy as np
 from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = [
-    "band", "channel_points", "count_comparison", "count_comparison_panels", "counts",
-    "depth_axis", "depth_colours", "depth_law_projections", "depth_outlier_statistics",
-    "depth_stream_growth", "depth_success_rates", "depth_training_curves", "depth_window_edges",
-    "finish", "interval_errorbars", "layer_profiles", "massive_activation_sink",
-    "outlier_feature_shares", "partial_dot_curves", "partial_dot_panels", "table", "tail_curves"]
+    "band", "counts", "depth_axis", "depth_colours", "depth_law_projections",
+    "depth_outlier_statistics", "depth_stream_growth", "depth_success_rates",
+    "depth_training_curves", "depth_window_edges", "finish", "interval_errorbars",
+    "layer_profiles", "table", "tail_curves"]
 
 
 def _check_axes(ax):
@@ -234,7 +233,7 @@ def table(columns, rows, fmts, *, sep: str = " ") -> str:
     return "\n".join(lines)
 
 
-# --- channel statistics, counts and attention logits ---
+# --- per-layer profiles ---
 def _curve_items(curves, name: str):
     if not isinstance(curves, dict) or not curves:
         raise TypeError(f"{name} must be a non-empty dict label -> values or label -> (values, fmt)")
@@ -247,100 +246,6 @@ def _curve_items(curves, name: str):
         if not isinstance(kw, dict):
             raise TypeError(f"{name}[{label!r}]: the keywords must be a dict, got {kw!r}")
         yield label, values, fmt, kw
-
-
-def channel_points(ax, st, layers, thresholds=None, *, title: str | None = None,
-                   colours=("C0", "C3", "C2", "C1")):
-    """Every channel of some layers as a point ``(sigma_j, |mu_j|)`` on log-log axes.
-
-    Parameters
-    ----------
-    ax : matplotlib.axes.Axes
-    st : companion.outliers.channel_statistics.ChannelStatistics
-    layers : sequence of int
-        Layers to draw (at most ``len(colours)``).
-    thresholds : sequence of float, optional
-        One threshold per layer, drawn as a dashed horizontal line ``|mu| = t`` (channels above
-        it are mean-dominated at ``t``).
-    title : str, optional
-    colours : sequence of matplotlib colours
-
-    Returns
-    -------
-    list of matplotlib.collections.PathCollection
-        One scatter per layer.
-    """
-    from companion.outliers.channel_statistics import ChannelStatistics
-
-    _check_axes(ax)
-    if not isinstance(st, ChannelStatistics):
-        raise TypeError(f"st must be a ChannelStatistics, got {type(st).__name__}")
-    layers = [check_int(l, "every layer", 0) for l in layers]
-    if not layers or len(layers) > len(colours) or max(layers) >= st.mean.shape[0]:
-        raise ValueError(f"layers must be 1 to {len(colours)} indices in [0, {st.mean.shape[0] - 1}]")
-    if thresholds is not None:
-        thresholds = _vector(thresholds, "thresholds", len(layers))
-    out = []
-    for i, (l, colour) in enumerate(zip(layers, colours)):
-        out.append(ax.scatter(st.std[l], np.abs(st.mean[l]) + 1e-4, s=6, color=colour, alpha=0.6,
-                              label=f"layer {l}"))
-        if thresholds is not None:
-            ax.axhline(thresholds[i], color=colour, ls="--", lw=1)
-    ax.set(xscale="log", yscale="log", xlabel=r"$\sigma_j$", ylabel=r"$|\mu_j|$", title=title)
-    from matplotlib.ticker import NullFormatter
-
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.legend(loc="lower right")
-    return out
-
-
-def count_comparison(ax, predicted, observed, regime, n_tokens, names, *, title: str | None = None,
-                     colours=("C2", "C0", "C3")):
-    """Observed counts ``C_j(t)`` against their predicted expectation, one colour per regime.
-
-    Parameters
-    ----------
-    ax : matplotlib.axes.Axes
-    predicted, observed : array_like, same shape
-        Expected and observed counts (e.g. ``[n_t, d]`` of one layer).
-    regime : array_like of int, same shape
-        Regime codes ``0 .. len(names) - 1`` (:func:`companion.outliers.regimes.classify_regime`).
-    n_tokens : int
-        ``N``, the upper end of both axes.
-    names : sequence of str
-        Regime names (:data:`companion.outliers.regimes.REGIMES`).
-
-    Returns
-    -------
-    list of matplotlib.collections.PathCollection
-
-    Notes
-    -----
-    Pairs with a prediction below 1e-3 and no observation are not drawn; zero counts are drawn
-    at 0.5 (a log axis cannot show 0); the diagonal is "prediction = observation".
-    """
-    _check_axes(ax)
-    pred, obs = as_float64(predicted, "predicted"), as_float64(observed, "observed")
-    reg = as_float64(regime, "regime")
-    if pred.shape != obs.shape or reg.shape != pred.shape:
-        raise ValueError(f"predicted, observed and regime must share one shape, got {pred.shape}, "
-                         f"{obs.shape} and {reg.shape}")
-    n = check_int(n_tokens, "n_tokens", 1)
-    if isinstance(names, str) or len(names) > len(colours):
-        raise TypeError(f"names must be a sequence of at most {len(colours)} regime names")
-    show = (pred > 1e-3) | (obs > 0)
-    out = []
-    for r, (name, colour) in enumerate(zip(names, colours)):
-        sel = show & (reg == r)
-        out.append(ax.scatter(np.maximum(pred[sel], 1e-3), np.maximum(obs[sel], 0.5), s=3, alpha=0.4,
-                              color=colour, label=name))
-    lim = [1e-3, 2 * n]
-    ax.plot(lim, lim, color="k", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlim=lim, ylim=[0.4, 2 * n],
-           xlabel="Gaussian-predicted E[C_j(t)]", ylabel="observed C_j(t) (0 drawn at 0.5)",
-           title=title)
-    ax.legend(loc="lower right", markerscale=3)
-    return out
 
 
 def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str | None = None,
@@ -393,45 +298,6 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
         ax.legend(fontsize=check_real(legend_fontsize, "legend_fontsize", lo=0.0, lo_open=True),
                   loc=legend_loc)
     return lines
-
-
-def partial_dot_curves(axes, part, label: str):
-    """Variance and signal-to-noise ratio of the partial logit ``z_m`` against ``m``, one head.
-
-    Parameters
-    ----------
-    axes : pair of matplotlib.axes.Axes
-        Left: ``Var(z_m)`` (solid) and ``Var(z_m / sqrt m)`` (dashed); right: the SNR (solid)
-        and the ``sqrt m`` law through its last point (dotted).
-    part : dict
-        The output of :func:`companion.outliers.attention_logits.partial_dot_statistics`.
-    label : str
-
-    Returns
-    -------
-    dict
-        ``"slope_var"``, ``"slope_snr"``: least-squares slopes of ``log Var(z_m)`` and
-        ``log SNR`` against ``log m``.
-    """
-    if not isinstance(axes, (list, tuple, np.ndarray)) or len(axes) != 2:
-        raise TypeError("axes must be a pair of matplotlib Axes")
-    ax_var, ax_snr = (_check_axes(a) for a in axes)
-    if not isinstance(part, dict) or not {"sizes", "var", "var_scaled", "snr"} <= set(part):
-        raise TypeError("part must be the dict of companion.outliers.attention_logits.partial_dot_statistics")
-    if not isinstance(label, str):
-        raise TypeError(f"label must be a string, got {type(label).__name__}")
-    m_ = _vector(part["sizes"], "part['sizes']")
-    var, var_scaled, snr = (_vector(part[k], f"part[{k!r}]", m_.size) for k in ("var", "var_scaled", "snr"))
-    line, = ax_var.plot(m_, var, label=f"{label}: Var($z_m$)")
-    ax_var.plot(m_, var_scaled, ls="--", color=line.get_color(), label=r"Var($z_m/\sqrt{m}$)")
-    ax_snr.plot(m_, snr, color=line.get_color(), label=label)
-    ax_snr.plot(m_, snr[-1] * np.sqrt(m_ / m_[-1]), ls=":", color=line.get_color(),
-                label=r"$\propto\sqrt{m}$")
-    ax_var.set(xscale="log", yscale="log", xlabel="coordinates used m", ylabel="variance")
-    ax_snr.set(xscale="log", yscale="log", xlabel="coordinates used m",
-               ylabel=r"$|E z_m| / \mathrm{sd}(z_m)$")
-    return {"slope_var": float(np.polyfit(np.log(m_), np.log(var), 1)[0]),
-            "slope_snr": float(np.polyfit(np.log(m_), np.log(snr), 1)[0])}
 
 
 # --- depth study ---
@@ -567,135 +433,6 @@ def depth_outlier_statistics(result):
 # functions only draw them.
 
 
-# Figures of the outliers chapter: the package's dataclasses of two real models.
-
-def _named(stats, layers, kind):
-    """``stats`` (name -> ``kind``) and ``layers`` (name -> layer(s)) checked for one figure."""
-    if not isinstance(layers, dict) or not layers or any(n not in stats for n in layers):
-        raise TypeError("layers must be a non-empty dict whose names are keys of stats")
-    for name in layers:
-        if not isinstance(stats[name], kind):
-            raise TypeError(f"stats[{name!r}] must be a {kind.__name__}, got "
-                            f"{type(stats[name]).__name__}")
-
-
-def count_comparison_panels(stats, layers):
-    """Observed counts against their Gaussian prediction (:func:`count_comparison`), one panel per
-    model at one layer; the regimes are those of
-    :func:`companion.outliers.regimes.classify_regime`.
-
-    Parameters
-    ----------
-    stats : dict
-        ``name -> companion.outliers.channel_statistics.ChannelStatistics``.
-    layers : dict
-        ``name -> layer`` (one panel each, in this order).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    from companion.outliers import regimes
-    from companion.outliers.channel_statistics import ChannelStatistics
-
-    _named(stats, layers, ChannelStatistics)
-    fig, axes = plt.subplots(1, len(layers), figsize=(10, 4.2), squeeze=False)
-    for ax, (name, l) in zip(axes[0], layers.items()):
-        st = stats[name]
-        l = check_int(l, f"layers[{name!r}]", 0, st.mean.shape[0] - 1)
-        pred = regimes.predicted_counts(st.mean[l], st.std[l], st.thresholds, st.n_tokens)
-        reg = regimes.classify_regime(st.mean[l], st.std[l], st.thresholds)
-        count_comparison(ax, pred["gaussian"], st.counts[l], reg, st.n_tokens, regimes.REGIMES,
-                         title=f"{name}, layer {l}")
-    fig.tight_layout()
-    return fig, axes[0]
-
-
-def massive_activation_sink(profile, sink, layer: int):
-    """A massive activation and the first-token attention sink (two panels).
-
-    Parameters
-    ----------
-    profile : companion.outliers.massive_activations.FirstTokenProfile
-        Left: its ratio to the median ``|h|`` per layer (log scale; dashed: 1000).
-    sink : dict
-        ``arm -> (mean, lo, hi)``: attention weight on the first token per block with its
-        interval (e.g. a bootstrap over prompts); at most 3 arms, drawn black, red, blue.
-    layer : int
-        The ablated layer (dotted vertical line in both panels).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    from companion.outliers.massive_activations import FirstTokenProfile
-
-    if not isinstance(profile, FirstTokenProfile):
-        raise TypeError(f"profile must be a FirstTokenProfile, got {type(profile).__name__}")
-    n_blocks = profile.values.shape[0] - 1
-    layer = check_int(layer, "layer", 0, n_blocks)
-    colours = ("k", "C3", "C0")
-    if not isinstance(sink, dict) or not 0 < len(sink) <= len(colours) or not all(
-            isinstance(v, tuple) and len(v) == 3 for v in sink.values()):
-        raise TypeError("sink must be a dict arm -> (mean, lo, hi) with 1 to 3 arms")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    layer_profiles(axes[0], {f"|h[0, {profile.channel}]| / median |h|": profile.ratio},
-                   np.arange(n_blocks + 1), ylabel="ratio", logy=True)
-    axes[0].axhline(1000, color="k", ls="--", lw=0.8)
-    axes[0].axvline(layer, color="grey", ls=":", lw=0.8)
-    for (arm, (mean, lo, hi)), colour in zip(sink.items(), colours):
-        band(axes[1], np.arange(n_blocks), mean, lo, hi, color=colour, label=arm, ms=2)
-    axes[1].axvline(layer, color="grey", ls=":", lw=0.8)
-    axes[1].set(xlabel="block", ylabel="attention weight on the first token", ylim=(0, 1))
-    axes[1].legend(fontsize=8)
-    fig.suptitle(f"SmolLM2: the massive activation (left) and the first-token sink under the "
-                 f"ablation at h_{layer} (right; bands: 95% bootstrap over prompts)", fontsize=9)
-    fig.tight_layout()
-    return fig, axes
-
-
-def outlier_feature_shares(features, position_share: float = 0.06):
-    """Share of positions at the outlier threshold per block, one curve per systematic feature
-    (:meth:`companion.outliers.outlier_features.OutlierFeatureStatistics.systematic`) of each model,
-    against the relative depth; the larger of a block's two linear inputs.
-
-    Parameters
-    ----------
-    features : dict
-        ``name -> OutlierFeatureStatistics``.
-    position_share : float, default 0.06
-        The criterion's share (dashed line).
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, matplotlib.axes.Axes)
-    """
-    import matplotlib.pyplot as plt
-
-    from companion.outliers.outlier_features import OutlierFeatureStatistics
-
-    if not isinstance(features, dict) or not features or not all(
-            isinstance(v, OutlierFeatureStatistics) for v in features.values()):
-        raise TypeError("features must be a non-empty dict name -> OutlierFeatureStatistics")
-    position_share = check_real(position_share, "position_share", lo=0.0, hi=1.0)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, ofs in features.items():
-        for j in ofs.systematic(position_share=position_share):
-            share = np.maximum(ofs.share[0::2, j], ofs.share[1::2, j])
-            layer_profiles(ax, {f"{name}, feature {j}": share},
-                           (np.arange(ofs.n_layers) + 0.5) / ofs.n_layers, legend_fontsize=None,
-                           xlabel="relative depth (block + 1/2) / L",
-                           ylabel=f"share of positions with |x| >= {ofs.threshold:g}")
-    ax.axhline(position_share, color="k", ls="--", lw=0.8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig, ax
-
-
 # --- block partfigs ---
 def _depth_scale(result, scale) -> int:
     scales = list(result.config["scales"])
@@ -798,33 +535,3 @@ def depth_law_projections(result):
     axes[0, 0].legend(fontsize=7)
     finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
     return fig, axes[0]
-
-
-def partial_dot_panels(parts):
-    """:func:`partial_dot_curves` of several heads in one figure (variance left, SNR right).
-
-    Parameters
-    ----------
-    parts : dict
-        ``label -> output of`` :func:`companion.outliers.attention_logits.partial_dot_statistics`.
-
-    Returns
-    -------
-    (matplotlib.figure.Figure, numpy.ndarray of two Axes, dict)
-        The dict maps each label to its slopes (as :func:`partial_dot_curves` returns them).
-
-    Raises
-    ------
-    TypeError
-        If ``parts`` is not a non-empty dict, or as :func:`partial_dot_curves`.
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(parts, dict) or not parts:
-        raise TypeError("parts must be a non-empty dict label -> partial_dot_statistics output")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    slopes = {label: partial_dot_curves(axes, part, label) for label, part in parts.items()}
-    for ax in axes:
-        ax.legend(fontsize=7)
-    finish(fig)
-    return fig, axes, slopes

@@ -293,49 +293,15 @@ def ax():
     plt.close(fig)
 
 
-def test_outlier_plots_draw(ax):
-    import matplotlib.pyplot as plt
-
-    st = _stats()
-    assert len(plots.channel_points(ax, st, [0, 1], [1.0, 2.0], title="t")) == 2
-    ax.clear()
-    reg = np.array([[0, 1, 2]])
-    assert len(plots.count_comparison(ax, [[0.5, 2.0, 9.0]], [[0, 3, 10]], reg, 10, cr.REGIMES)) == 3
-    ax.clear()
+def test_layer_profiles_draw_and_reject_bad_input(ax):
     lines = plots.layer_profiles(ax, {"a": [1, 2, 3], "b": ([3, 2, 1], "C1:")}, logy=True)
     assert [ln.get_label() for ln in lines] == ["a", "b"] and ax.get_yscale() == "log"
-    fig, axes = plt.subplots(1, 2)
-    m_ = np.array([1, 2, 4, 8])
-    slopes = plots.partial_dot_curves(axes, {"sizes": m_, "var": m_ * 1.0, "var_scaled": np.ones(4),
-                                             "snr": np.sqrt(m_)}, "h")
-    assert slopes["slope_var"] == pytest.approx(1.0) and slopes["slope_snr"] == pytest.approx(0.5)
-    plt.close(fig)
-
-
-def test_outlier_plots_reject_bad_input(ax):
-    st = _stats()
-    with pytest.raises(TypeError, match="Axes"):
-        plots.channel_points("ax", st, [0])
-    with pytest.raises(TypeError, match="ChannelStatistics"):
-        plots.channel_points(ax, {"mean": 1}, [0])
-    with pytest.raises(ValueError):
-        plots.channel_points(ax, st, [5])
-    with pytest.raises(ValueError):
-        plots.channel_points(ax, st, [0, 1], [1.0])
-    with pytest.raises(ValueError, match="share one shape"):
-        plots.count_comparison(ax, [1.0, 2.0], [1.0], [0, 0], 10, cr.REGIMES)
-    with pytest.raises(ValueError):
-        plots.count_comparison(ax, [1.0], [1.0], [0], 0, cr.REGIMES)
     with pytest.raises(TypeError):
         plots.layer_profiles(ax, [1, 2, 3])
     with pytest.raises(TypeError):
         plots.layer_profiles(ax, {"a": ([1, 2], 3)})
     with pytest.raises(ValueError):
         plots.layer_profiles(ax, {"a": [1, 2, 3]}, x=[0, 1])
-    with pytest.raises(TypeError):
-        plots.partial_dot_curves(ax, {}, "h")
-    with pytest.raises(TypeError):
-        plots.partial_dot_curves([ax, ax], {"sizes": [1]}, "h")
 
 
 # --------------------------------------------------------------------------- the stored Result

@@ -7,7 +7,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from companion import experiments as xp  # noqa: E402
@@ -43,17 +42,3 @@ def test_depth_scale_is_checked(depth):
         plots.depth_success_rates(depth, scale=2.0)
     with pytest.raises(TypeError, match="scale"):
         plots.depth_success_rates(depth, scale="1")
-
-
-
-
-def test_partial_dot_panels():
-    m = np.arange(1.0, 9.0)
-    part = {"sizes": m, "var": m, "var_scaled": np.ones(8), "snr": np.sqrt(m)}
-    fig, axes, slopes = plots.partial_dot_panels({"a": part, "b": part})
-    assert slopes["a"]["slope_var"] == pytest.approx(1.0)
-    assert slopes["b"]["slope_snr"] == pytest.approx(0.5)
-    assert axes[0].get_legend() is not None and axes[1].get_xlabel() == "coordinates used m"
-    plt.close(fig)
-    with pytest.raises(TypeError, match="parts"):
-        plots.partial_dot_panels([part])
