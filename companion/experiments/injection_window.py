@@ -113,7 +113,7 @@ def model_and_prompts(config, device) -> tuple:
 
 
 def _prompts(m, n_prompts, min_words, max_words, max_length):
-    """make_prompts of the first ``2 * n_prompts`` corpus sentences (even ones injected)."""
+    """Prompts of the first ``2 * n_prompts`` corpus sentences (even ones injected, odd ones later)."""
     from companion.corpus import corpus_sentences
     from companion.injection.directions import make_prompts
 
