@@ -14,6 +14,7 @@ import numpy as np
 
 from companion._validation import check_int, check_real
 from companion.experiments import check_result, register
+from companion.experiments.injection_window import _concept_units, _prompts
 
 __all__ = ["InjectionAttributionExperiment", "CONFIGS", "attributions_of", "half_streams_of"]
 
@@ -70,7 +71,6 @@ class InjectionAttributionExperiment:
         from companion.injection import attribution as at
         from companion.injection import directions as dr
         from companion.transformers import models
-        from companion.corpus import corpus_sentences
 
         n_prompts = check_int(self.n_prompts, "n_prompts", 1)
         n_random = check_int(self.n_random, "n_random", 0)
@@ -81,13 +81,8 @@ class InjectionAttributionExperiment:
         m = models.load(self.model, device=device, dtype=self.dtype)
         L = m.n_layers
         layers = list(self.layers) if self.layers else list(range(L))
-        sentences = corpus_sentences(2 * n_prompts, self.min_words, self.max_words)
-        prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=self.max_length)
-        units = []
-        for name in self.concepts:
-            c = dr.CONCEPTS[name]
-            units.append(dr.concept_vectors(m, *c.texts(), pool=c.pool, name=name,
-                                            max_length=self.max_length).unit)
+        prompts = _prompts(m, n_prompts, self.min_words, self.max_words, self.max_length)
+        units = _concept_units(m, self.concepts, self.max_length)[0]
         rand = dr.random_unit_vectors(m.d_model, max(n_random, 1), np.random.default_rng(self.seed))
         rand = np.repeat(rand[:n_random, None], L + 1, axis=1)
         dirs = np.concatenate([np.stack(units), rand]) if units else rand

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from companion._validation import as_float64, check_int, check_real, real_array
 from companion.experiments import check_result, register
-from companion.experiments.injection_window import check_fields, model_and_prompts, scale_index
+from companion.experiments.injection_window import _bar, _concept_units, check_fields, model_and_prompts, scale_index
 
 __all__ = [
     "InjectionSuccessExperiment",
@@ -138,19 +139,11 @@ class InjectionSuccessExperiment:
         sel = base.detach().to("cpu").double().numpy()[:, prompts.injected.numpy()]  # [L+1, N, d]
         gen = np.random.default_rng(self.seed)
 
-        C = len(self.concepts)
-        concept_units, concept_norm = [], np.zeros((C, L + 1))
-        for i, name in enumerate(self.concepts):
-            c = dr.CONCEPTS[name]
-            pos, neg = c.texts()
-            cv = dr.concept_vectors(m, pos, neg, pool=c.pool, name=name,
-                                    max_length=self.max_length)
-            concept_units.append(cv.unit)
-            concept_norm[i] = cv.norm
+        concept_units, concept_norm = _concept_units(m, self.concepts, self.max_length)
         units = {"concept": np.stack(concept_units)}  # [n_dir, L+1, d]
         rand = dr.random_unit_vectors(d, self.n_random, gen)
         units["random"] = np.broadcast_to(rand[:, None, :], (self.n_random, L + 1, d))
-        split_pool = np.arange(self.n_split) % C
+        split_pool = np.arange(self.n_split) % len(self.concepts)
         if self.n_split:
             nulls = np.empty((self.n_split, L + 1, d))
             for i, name in enumerate(self.concepts):
@@ -169,17 +162,15 @@ class InjectionSuccessExperiment:
         targets = concept_targets(m, self.concepts, self.max_length)
         out: dict = {}
         group_names = [g for g in GROUPS if g in units]
+        scales = {g: list(self.scales) if g in ("concept", "random") else [self.null_scale]
+                  for g in group_names}
         effect_name = readout_positions = None
-        items = [(g, j) for g in group_names for j in range(units[g].shape[0])]
-        if progress:
-            from tqdm.auto import tqdm
-
-            items = tqdm(items, desc=f"injection_success {m.name}", unit="direction")
+        items = _bar([(g, j) for g in group_names for j in range(units[g].shape[0])], progress,
+                     f"injection_success {m.name}", "direction")
         effects = {g: [] for g in group_names}
         readouts = {g: [] for g in group_names}
         for g, j in items:
-            scales = list(self.scales) if g in ("concept", "random") else [self.null_scale]
-            res = readout_sweep(m, prompts, layers, units[g][j][layers], scales, spreads,
+            res = readout_sweep(m, prompts, layers, units[g][j][layers], scales[g], spreads,
                                 targets, max_batch_tokens=self.max_batch_tokens)
             effects[g].append(res["effect"])
             readouts[g].append(res["readout"])
@@ -189,8 +180,7 @@ class InjectionSuccessExperiment:
             out[f"{g}_readout"] = np.stack(readouts[g]).astype(np.float64)
             proj = np.einsum("lnd,jld->jln", sel, units[g])  # token states along each direction
             out[f"{g}_token_sd"] = proj.std(axis=-1)
-            out[f"{g}_scales"] = np.asarray(
-                self.scales if g in ("concept", "random") else [self.null_scale], dtype=np.float64)
+            out[f"{g}_scales"] = np.asarray(scales[g], dtype=np.float64)
         out.update(
             layers=np.asarray(layers), typical_norm=norms, typical_spread=spreads, stream_mean=mu,
             concept_norm=concept_norm, split_pool=split_pool,
@@ -297,7 +287,6 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
     """
     import torch
 
-    from companion._validation import real_array
     from companion.injection.directions import InjectionPrompts
     from companion.injection.engine import sweep_injections
     from companion.injection.metrics import next_token_kl
@@ -403,6 +392,17 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
 # ============================================================================================
 # reading Results
 # ============================================================================================
+def _null(null: str) -> None:
+    if null not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
+
+
+def _boot_args(level, n_boot, seed) -> tuple:
+    """``level``, ``n_boot``, ``seed`` checked as the bootstrap readers need them."""
+    return (check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True),
+            check_int(n_boot, "n_boot", 10), check_int(seed, "seed", 0))
+
+
 def _group(result, group: str) -> None:
     if group not in result.scalars["groups"]:
         raise ValueError(f"unknown group {group!r}; this Result has {result.scalars['groups']}")
@@ -467,7 +467,6 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     >>> success_test(nulls[0], nulls[1:])["success"]
     False
     """
-    from companion._validation import as_float64, check_int, check_real
     from companion.theory.bootstrap import bootstrap_interval
 
     x = as_float64(concept_values, "concept_values")
@@ -523,8 +522,7 @@ def success_table(result, null: str = "random", position: str | None = None,
     >>> sum(r["success"] for r in rows)                   # doctest: +SKIP
     """
     check_result(result, "injection_success")
-    if null not in NULL_GROUPS:
-        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
+    _null(null)
     _group(result, null)
     sc, a = result.scalars, result.arrays
     L = int(sc["n_layers"])
@@ -611,14 +609,9 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
     >>> w = success_window(stored[0], "sea")              # doctest: +SKIP
     >>> w.first, w.last, w.last_ci                        # doctest: +SKIP
     """
-    from companion._validation import check_int, check_real
-
     check_result(result, "injection_success")
-    if null not in NULL_GROUPS:
-        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
-    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    n_boot = check_int(n_boot, "n_boot", 10)
-    seed = check_int(seed, "seed", 0)
+    _null(null)
+    level, n_boot, seed = _boot_args(level, n_boot, seed)
     sc, a = result.scalars, result.arrays
     ci = sc["concepts"].index(concept) if concept in sc["concepts"] else None
     own = _readout(result, "concept", concept, position, scale)[ci]          # [n_inj, B]
@@ -684,13 +677,9 @@ def effect_curve(result, group: str = "random", scale: float = 0.5, direction: i
     --------
     >>> c = effect_curve(stored[0], "random", 0.5)        # doctest: +SKIP
     """
-    from companion._validation import check_int, check_real
-
     check_result(result, "injection_success")
     _group(result, group)
-    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    n_boot = check_int(n_boot, "n_boot", 10)
-    seed = check_int(seed, "seed", 0)
+    level, n_boot, seed = _boot_args(level, n_boot, seed)
     s = scale_index(result, group, scale)
     e = result.arrays[f"{group}_effect"][:, :, s]                           # [n_dir, n_inj, B]
     if direction is not None:

@@ -14,6 +14,7 @@ import torch
 
 from companion._validation import check_choice, check_int, check_layer
 from companion.experiments import register
+from companion.experiments.injection_window import _bar
 
 __all__ = ["InjectionSweepExperiment", "TOKEN_GROUPS"]
 
@@ -123,11 +124,7 @@ class InjectionSweepExperiment:
         kl = np.zeros((n_l, n_s, len(texts)), dtype=np.float32)
         changed = np.zeros((n_l, n_s, len(texts)), dtype=np.int8)
 
-        batches = range(0, len(texts), self.batch_size)
-        if progress:
-            from tqdm.auto import tqdm
-
-            batches = tqdm(batches, desc=f"injection sweep {m.name}", unit="batch")
+        batches = _bar(range(0, len(texts), self.batch_size), progress, f"injection sweep {m.name}", "batch")
         for start in batches:
             enc = models.encode(m, texts[start:start + self.batch_size], self.max_length)
             sel = _injection_mask(enc["attention_mask"], self.positions)

@@ -99,10 +99,8 @@ def model_and_prompts(config, device) -> tuple:
         ``(model, layers, prompts, base)``: the injection layers (all if empty) and the baseline
         stream ``[L+1, B, T, d]``.
     """
-    from companion.injection import directions as dr
     from companion.transformers import models
     from companion.transformers import stream
-    from companion.corpus import corpus_sentences
 
     config.validate()
     m = models.load(config.model, device=device, dtype=config.dtype)
@@ -110,9 +108,30 @@ def model_and_prompts(config, device) -> tuple:
     layers = list(config.layers) if config.layers else list(range(L + 1))
     if layers[-1] > L:
         raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
-    sentences = corpus_sentences(2 * config.n_prompts, config.min_words, config.max_words)
-    prompts = dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=config.max_length)
+    prompts = _prompts(m, config.n_prompts, config.min_words, config.max_words, config.max_length)
     return m, layers, prompts, stream.residual_stream(m, prompts.encoding)
+
+
+def _prompts(m, n_prompts, min_words, max_words, max_length):
+    """Prompts of the first ``2 * n_prompts`` corpus sentences (even ones injected, odd ones later)."""
+    from companion.corpus import corpus_sentences
+    from companion.injection.directions import make_prompts
+
+    sentences = corpus_sentences(2 * n_prompts, min_words, max_words)
+    return make_prompts(m, sentences[0::2], sentences[1::2], max_length=max_length)
+
+
+def _concept_units(m, names, max_length) -> tuple:
+    """Unit concept vectors ``[L+1, d]`` (a list) and their norms ``[C, L+1]`` for ``names``."""
+    from companion.injection import directions as dr
+
+    units, norms = [], np.zeros((len(names), m.n_layers + 1))
+    for i, name in enumerate(names):
+        c = dr.CONCEPTS[name]
+        cv = dr.concept_vectors(m, *c.texts(), pool=c.pool, name=name, max_length=max_length)
+        units.append(cv.unit)
+        norms[i] = cv.norm
+    return units, norms
 
 
 def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
@@ -148,8 +167,6 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
     >>> m, p = corpus_prompts(CPU_CONFIGS["smollm2-135m"])  # doctest: +SKIP
     """
     from companion._validation import check_int
-    from companion.corpus import corpus_sentences
-    from companion.injection import directions as dr
     from companion.transformers import models
 
     if not isinstance(source, str):
@@ -160,8 +177,16 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
         raise ValueError("n_prompts is required with a model name")
     n = check_int(n_prompts, "n_prompts", 1)
     m = models.load(source, device=device)
-    sentences = corpus_sentences(2 * n, min_words, max_words)
-    return m, dr.make_prompts(m, sentences[0::2], sentences[1::2], max_length=max_length)
+    return m, _prompts(m, n, min_words, max_words, max_length)
+
+
+def _bar(items, progress: bool, desc: str, unit: str):
+    """``items`` in a tqdm bar if ``progress``."""
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit=unit)
 
 
 @register("injection_window", schema=1)
@@ -246,30 +271,17 @@ class InjectionWindowExperiment:
         del base
         ref_layer = int(round(self.abs_reference_fraction * L))
 
-        directions: dict[str, np.ndarray] = {}
-        units = {}
-        concept_norm = np.zeros((len(self.concepts), L + 1))
-        for i, name in enumerate(self.concepts):
-            c = dr.CONCEPTS[name]
-            pos, neg = c.texts()
-            cv = dr.concept_vectors(m, pos, neg, pool=c.pool, name=name, max_length=self.max_length)
-            units[name] = cv.unit
-            directions[name] = cv.unit[layers]
-            concept_norm[i] = cv.norm
+        units, concept_norm = _concept_units(m, self.concepts, self.max_length)
+        directions = {name: u[layers] for name, u in zip(self.concepts, units)}
         rand = dr.random_unit_vectors(m.d_model, max(self.n_random, 1), np.random.default_rng(self.seed))
         for k in range(self.n_random):
             directions[f"random{k}"] = rand[k]
-        cos_random = np.stack([units[name] @ rand[0] for name in self.concepts]) if self.concepts \
-            else np.zeros((0, L + 1))
+        cos_random = np.stack([u @ rand[0] for u in units]) if units else np.zeros((0, L + 1))
         out: dict = {}
         modes = [("rel", list(self.rel_scales), True)]
         if self.abs_scales:
             modes.append(("abs", [b * float(norms[ref_layer]) for b in self.abs_scales], False))
-        items = [(d, mode) for d in directions for mode in modes]
-        if progress:
-            from tqdm.auto import tqdm
-
-            items = tqdm(items, desc=f"injection {m.name}", unit="sweep")
+        items = _bar([(d, mode) for d in directions for mode in modes], progress, f"injection {m.name}", "sweep")
         effect_name = ""
         for dname, (mode, scales, relative) in items:
             tr = track_injection(m, prompts, layers, directions[dname], scales, relative=relative,
