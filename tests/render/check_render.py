@@ -96,6 +96,19 @@ def chromium(args: list[str], profile: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
 
 
+def ambiguous_links(text: str) -> list[str]:
+    """Link texts such as "Theorem 2" that lead to two different places on one page, or that lost
+    their number ("Theorem " for an unnumbered target): a reader cannot tell where they go."""
+    targets: dict[str, set[str]] = {}
+    for m in re.finditer(r'<a [^>]*href="([^"]+)"[^>]*>(.*?)</a>', text, re.S):
+        label = re.sub(r"<[^>]+>", "", m.group(2)).strip()
+        if re.fullmatch(r"(Theorem|Proposition|Lemma|Corollary|Definition|Remark|Example)( \d+)?", label):
+            targets.setdefault(label, set()).add(m.group(1).split("/")[-1])
+    problems = [f"link text {k!r} leads to {sorted(v)}" for k, v in targets.items() if len(v) > 1]
+    problems += [f"link text {k!r} has no number" for k in targets if " " not in k]
+    return problems
+
+
 def main(html_dir: str) -> int:
     root = Path(html_dir).resolve()
     pages = sorted(p.relative_to(root).as_posix() for p in (root / "book").glob("*.html"))
@@ -134,6 +147,7 @@ def main(html_dir: str) -> int:
                                 f"{res['scrolling_code'][:3]}")
             if res["unresolved"]:
                 problems.append(f"{res['unresolved']} unresolved '??' references")
+            problems += ambiguous_links((root / page).read_text())
             status = "ok " if not problems else "BAD"
             print(f"{status} {page}: {res['typeset']} formulas typeset (MathJax {res['mathjax_version']}), "
                   f"{res['images']} images, {res['theorems']} theorem/proof boxes"
