@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from companion._validation import check_int
-from companion.experiments import register
+from companion.experiments import check_result, register
+from companion.experiments._common import check_counts, load_model
 
 __all__ = ["ChannelStatisticsExperiment", "statistics_of"]
 
@@ -50,14 +50,12 @@ class ChannelStatisticsExperiment:
         """Stream the statistics; returns the Result's arrays and scalars."""
         from companion.corpus import corpus_sentences
         from companion.outliers.channel_statistics import channel_statistics
-        from companion.transformers import models
 
-        check_int(self.n_texts, "n_texts", 1)
-        check_int(self.batch_size, "batch_size", 1)
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        check_counts(self, {"n_texts": 1, "batch_size": 1})
+        m = load_model(self, device)
         texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
         st = channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
-                                       max_length=self.max_length, skip_first=self.skip_first, progress=progress)
+                                max_length=self.max_length, skip_first=self.skip_first, progress=progress)
         return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **m.facts()}
 
 
@@ -83,7 +81,6 @@ def statistics_of(result):
     --------
     >>> st = statistics_of(run_cached(make_config("channel_statistics", n_texts=8)))  # doctest: +SKIP
     """
-    from companion.experiments import check_result
     from companion.outliers.channel_statistics import ChannelStatistics
 
     check_result(result, "channel_statistics", ("mean", "var", "min", "max", "max_abs", "counts",
