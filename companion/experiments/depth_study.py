@@ -1,18 +1,15 @@
 """The depth study: trained Pre-LN, Post-LN and DSLM Post-LN language models from 4 to 64 layers.
 
-One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models (same width, data
-order, optimiser and schedule) is trained at every depth of ``depths`` and placement of
-``placements`` (``"pre"``, ``"post"``, ``"dslm"``: Post-LN with
-:func:`~companion.stacks.residual.dslm_scales`), and each is measured (:func:`measure_model`):
-(a) the injection window under an absolute criterion -- a target byte's centred unembedding
-row, injected at the last token with ``alpha`` times the centred spread, must raise that byte's
-log-probability more than every one of ``n_random`` random directions (chance
-``1/(n_random + 1)``, checked with ``n_heldout`` held-out directions); the window is the set of
-layers above the 99% binomial quantile of chance, with bootstrap intervals; (b) the stream's
-growth and the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) the
-outlier statistics per layer and Theorem 2's exceedance counts.  The default config is what the
-chapter *The depth study* renders; :data:`GPU_CONFIG` is the GPU size
-(``scripts/gpu_depth_study.py``).
+Byte-level :class:`~companion.stacks.tinylm.TinyLM` models (same width, data order, optimiser and
+schedule) are trained at every depth and placement (``"dslm"``: Post-LN with
+:func:`~companion.stacks.residual.dslm_scales`) and measured (:func:`measure_model`): (a) the
+injection window -- a target byte's centred unembedding row, injected at the last token with
+``alpha`` times the centred spread, must raise that byte's log-probability more than each of
+``n_random`` random directions (chance ``1/(n_random + 1)``, checked with held-out directions);
+the window is the layers above the 99% binomial quantile of chance; (b) the stream's growth and
+the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) per-layer outlier
+statistics and Theorem 2's exceedance counts.  Chapter *The depth study*; :data:`GPU_CONFIG` is
+the GPU size (``scripts/gpu_depth_study.py``).
 """
 
 from __future__ import annotations
@@ -145,13 +142,12 @@ class DepthStudy:
         return run_study(self, device, progress)
 
 
-#: The GPU size (``scripts/gpu_depth_study.py``, ``make gpu-results``); see that script for the
-#: sizing arithmetic.
+#: The GPU size (``scripts/gpu_depth_study.py``, which explains the sizing; ``make gpu-results``).
 GPU_CONFIG = DepthStudy(d_model=128, steps=1000, batch_size=32, seq_len=128, warmup=300,
                         dtype="float32", n_prompts=32, n_outlier_prompts=64)
 
 
-# =========================================================================== members
+# ------------------------------------------------------------------------------ members
 def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig:
     """The :class:`~companion.stacks.residual.StackConfig` of one member.
 
@@ -312,7 +308,7 @@ def _boot_rates(success: np.ndarray, n_boot: int, seed) -> np.ndarray:
                      for _ in range(n_boot)])
 
 
-# =========================================================================== measurements
+# ------------------------------------------------------------------------------ measurements
 @torch.no_grad()
 def _last_logprobs(model, ids, **inject):
     """Log-probabilities at the last position (float64) and the model's stream output."""
@@ -451,7 +447,7 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
                 eval_loss=eval_loss, targets=targets)
 
 
-# =========================================================================== the study
+# ------------------------------------------------------------------------------ the study
 def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     """Train and measure every member.
 

@@ -25,19 +25,9 @@ from companion.experiments import check_result, config_hash, make_config, regist
 from companion.experiments._common import bar, check_fields, concept_units, make_corpus_prompts
 from companion.experiments._common import model_and_prompts, model_facts
 
-__all__ = [
-    "InjectionWindowExperiment",
-    "CPU_CONFIGS",
-    "GPU_CONFIGS",
-    "tracks",
-    "window_summary",
-    "mean_window",
-    "gpu_results",
-    "cli_command",
-    "HAHAMI_LAST_TOKEN",
-    "corpus_prompts",
-    "scale_index",
-]
+__all__ = ["InjectionWindowExperiment", "CPU_CONFIGS", "GPU_CONFIGS", "tracks", "window_summary",
+           "mean_window", "gpu_results", "cli_command", "HAHAMI_LAST_TOKEN", "corpus_prompts",
+           "scale_index"]
 
 
 def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
@@ -57,9 +47,9 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
 
     Returns
     -------
-    (LoadedModel, Prompts)
-        The model and :func:`companion.injection.directions.make_prompts` of the first
-        ``2 * n_prompts`` corpus sentences (even ones injected, odd ones later).
+    (LoadedModel, InjectionPrompts)
+        The model and the prompts of the first ``2 * n_prompts`` corpus sentences (even ones
+        injected, odd ones later), from :func:`companion.injection.directions.make_prompts`.
 
     Raises
     ------
@@ -69,7 +59,6 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
     Examples
     --------
     >>> m, p = corpus_prompts("minilm-l6", 8)            # doctest: +SKIP
-    >>> m, p = corpus_prompts(CPU_CONFIGS["smollm2-135m"])  # doctest: +SKIP
     """
     from companion.transformers import models
 
@@ -94,7 +83,7 @@ class InjectionWindowExperiment:
     model : str
         A name for :func:`companion.transformers.models.load` (offline name or hub id).
     n_prompts : int
-        Number of two-sentence prompts (``2 * n_prompts`` consecutive corpus sentences).
+        Number of two-sentence prompts (``2 * n_prompts`` corpus sentences).
     min_words, max_words, max_length : int
         Word-count window of the sentences; token truncation (losing a second segment raises).
     layers : tuple of int
@@ -107,10 +96,8 @@ class InjectionWindowExperiment:
         ``n_ref`` is the typical norm at layer ``round(fraction * L)``.
     concepts : tuple of str
         Names in :data:`companion.injection.directions.CONCEPTS`.
-    n_random : int
-        Number of random unit directions (>= 0; at least one direction overall).
-    seed : int
-        Seed of the random directions.
+    n_random, seed : int
+        Random unit directions (at least one direction overall) and their seed.
     dtype : str
     max_batch_tokens : int
         Memory bound of the sweep (:func:`companion.injection.engine.sweep_injections`).
@@ -250,6 +237,10 @@ def scale_index(result, key: str, scale) -> int:
     ------
     ValueError
         If ``scale`` was not run.
+
+    Examples
+    --------
+    >>> k = scale_index(run_cached(CPU_CONFIGS["minilm-l6"]), "rel", 0.5)   # doctest: +SKIP
     """
     scale = check_real(scale, "scale", lo=0.0, lo_open=True)
     given = np.asarray(result.arrays[f"{key}_scales"], dtype=np.float64)
@@ -275,7 +266,7 @@ def tracks(result) -> dict:
     Parameters
     ----------
     result : Result
-        Of the ``injection_window`` experiment.
+        Of the ``injection_window`` experiment (so for every reader below).
 
     Returns
     -------
@@ -289,8 +280,7 @@ def tracks(result) -> dict:
 
     Examples
     --------
-    >>> tr = tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")]   # doctest: +SKIP
-    >>> tr.window(scale_index=1).best_fraction                             # doctest: +SKIP
+    >>> tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")].window(scale_index=1)  # doctest: +SKIP
     """
     from companion.injection.directions import GROUPS
     from companion.injection.engine import SweepResult
@@ -328,7 +318,6 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     Parameters
     ----------
     result : Result
-        Of the ``injection_window`` experiment.
     scale : float, default 0.5
         A magnitude the config ran (``alpha`` or ``beta``, by ``mode``).
     threshold : float, default 0.5
@@ -351,8 +340,7 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
 
     Examples
     --------
-    >>> rows = window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))   # doctest: +SKIP
-    >>> rows[0]["best_fraction"]                                     # doctest: +SKIP
+    >>> window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))[0]["best_fraction"]   # doctest: +SKIP
     """
     if not isinstance(contiguous, bool):
         raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
@@ -379,15 +367,13 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
 
     Parameters
     ----------
-    result : Result
-        Of the ``injection_window`` experiment.
-    scale, threshold, mode
+    result, scale, threshold, mode
         As in :func:`window_summary`.
 
     Returns
     -------
     companion.injection.metrics.Window
-        The window of the mean effect over directions (less prompt noise at the edges).
+        The window of the mean effect over directions (less noise at the edges).
 
     Raises
     ------
