@@ -23,17 +23,13 @@ class ChannelStatisticsExperiment:
     ----------
     model : str
         A name for :func:`companion.transformers.models.load`.
-    n_texts, min_words, max_words : int
-        The first ``n_texts`` corpus sentences with ``min_words``-``max_words`` words.
-    max_length : int
-        Token truncation.
-    batch_size : int
+    n_texts, min_words, max_words, max_length, batch_size : int
+        The first ``n_texts`` corpus sentences of ``min_words``-``max_words`` words; token truncation.
     thresholds : tuple of float
         The ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``.
     skip_first : bool
         Exclude the first token of each text (where massive activations sit).
     dtype : str
-        Weights' floating-point type.
     """
 
     model: str = "smollm2-135m"
@@ -70,7 +66,7 @@ def statistics_of(result):
     Returns
     -------
     companion.outliers.channel_statistics.ChannelStatistics
-        The object the experiment computed, so a chapter reads a stored pass as a live one.
+        As computed, so a chapter reads a stored pass as a live one.
 
     Raises
     ------

@@ -41,8 +41,7 @@ class InjectionAttributionExperiment:
         Relative size :math:`c = \\alpha n_\\ell`.
     half_check : bool
         Also run at ``alpha / 2`` (arrays ``half_l{l}_stream``, the projections only).
-    seed : int
-    batch_rows : int
+    seed, batch_rows : int
     dtype : str
 
     Notes

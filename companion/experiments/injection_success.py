@@ -361,18 +361,17 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
 
 
 # ------------------------------------------------------------------------------ reading Results
-def _null(null: str) -> None:
-    if null not in NULL_GROUPS:
-        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
-
-
 def _boot_args(level, n_boot, seed) -> tuple:
     """``level``, ``n_boot``, ``seed`` checked as the bootstrap readers need them."""
     return (check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True),
             check_int(n_boot, "n_boot", 10), check_int(seed, "seed", 0))
 
 
-def _group(result, group: str) -> None:
+def _group(result, group: str, null: bool = False) -> None:
+    """Check that ``result`` is an ``injection_success`` Result with the group (a null group if ``null``)."""
+    check_result(result, "injection_success")
+    if null and group not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {group!r}")
     if group not in result.scalars["groups"]:
         raise ValueError(f"unknown group {group!r}; this Result has {result.scalars['groups']}")
 
@@ -486,9 +485,7 @@ def success_table(result, null: str = "random", position: str | None = None,
     >>> rows = success_table(stored[0])                    # doctest: +SKIP
     >>> sum(r["success"] for r in rows)                   # doctest: +SKIP
     """
-    check_result(result, "injection_success")
-    _null(null)
-    _group(result, null)
+    _group(result, null, null=True)
     sc, a = result.scalars, result.arrays
     L = int(sc["n_layers"])
     rows = []
@@ -571,8 +568,7 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
     >>> w = success_window(stored[0], "sea")              # doctest: +SKIP
     >>> w.first, w.last, w.last_ci                        # doctest: +SKIP
     """
-    check_result(result, "injection_success")
-    _null(null)
+    _group(result, null, null=True)
     level, n_boot, seed = _boot_args(level, n_boot, seed)
     sc, a = result.scalars, result.arrays
     ci = sc["concepts"].index(concept) if concept in sc["concepts"] else None
@@ -638,7 +634,6 @@ def effect_curve(result, group: str = "random", scale: float = 0.5, direction: i
     --------
     >>> c = effect_curve(stored[0], "random", 0.5)        # doctest: +SKIP
     """
-    check_result(result, "injection_success")
     _group(result, group)
     level, n_boot, seed = _boot_args(level, n_boot, seed)
     s = scale_index(result, group, scale)
@@ -690,7 +685,6 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
     --------
     >>> regimes(stored[0])["regime"][3]                   # doctest: +SKIP
     """
-    check_result(result, "injection_success")
     _group(result, group)
     try:
         low, high = (float(t) for t in thresholds)
