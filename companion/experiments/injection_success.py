@@ -426,12 +426,9 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
 
     Examples
     --------
-    >>> g = np.random.default_rng(0)
-    >>> nulls = g.normal(0, 1, (16, 32))
-    >>> success_test(nulls[0] + 2.0, nulls[1:])["success"]
-    True
-    >>> success_test(nulls[0], nulls[1:])["success"]
-    False
+    >>> nulls = np.random.default_rng(0).normal(0, 1, (16, 32))
+    >>> success_test(nulls[0] + 2.0, nulls[1:])["success"], success_test(nulls[0], nulls[1:])["success"]
+    (True, False)
     """
     from companion.theory.bootstrap import bootstrap_interval
 
