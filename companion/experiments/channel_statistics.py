@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from companion._validation import check_int
-from companion.experiments import register
+from companion.experiments import check_result, register
+from companion.experiments._common import check_counts, load_model
 
 __all__ = ["ChannelStatisticsExperiment", "statistics_of"]
 
@@ -23,17 +23,13 @@ class ChannelStatisticsExperiment:
     ----------
     model : str
         A name for :func:`companion.transformers.models.load`.
-    n_texts, min_words, max_words : int
-        The first ``n_texts`` corpus sentences with ``min_words``-``max_words`` words.
-    max_length : int
-        Token truncation.
-    batch_size : int
+    n_texts, min_words, max_words, max_length, batch_size : int
+        The first ``n_texts`` corpus sentences of ``min_words``-``max_words`` words; token truncation.
     thresholds : tuple of float
         The ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``.
     skip_first : bool
         Exclude the first token of each text (where massive activations sit).
     dtype : str
-        Weights' floating-point type.
     """
 
     model: str = "smollm2-135m"
@@ -50,14 +46,12 @@ class ChannelStatisticsExperiment:
         """Stream the statistics; returns the Result's arrays and scalars."""
         from companion.corpus import corpus_sentences
         from companion.outliers.channel_statistics import channel_statistics
-        from companion.transformers import models
 
-        check_int(self.n_texts, "n_texts", 1)
-        check_int(self.batch_size, "batch_size", 1)
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        check_counts(self, {"n_texts": 1, "batch_size": 1})
+        m = load_model(self, device)
         texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
         st = channel_statistics(m, texts, self.thresholds, batch_size=self.batch_size,
-                                       max_length=self.max_length, skip_first=self.skip_first, progress=progress)
+                                max_length=self.max_length, skip_first=self.skip_first, progress=progress)
         return {**st.arrays(), "n_tokens": st.n_tokens, "n_texts": st.n_texts, **m.facts()}
 
 
@@ -72,7 +66,7 @@ def statistics_of(result):
     Returns
     -------
     companion.outliers.channel_statistics.ChannelStatistics
-        The object the experiment computed, so a chapter reads a stored pass as a live one.
+        As computed, so a chapter reads a stored pass as a live one.
 
     Raises
     ------
@@ -83,7 +77,6 @@ def statistics_of(result):
     --------
     >>> st = statistics_of(run_cached(make_config("channel_statistics", n_texts=8)))  # doctest: +SKIP
     """
-    from companion.experiments import check_result
     from companion.outliers.channel_statistics import ChannelStatistics
 
     check_result(result, "channel_statistics", ("mean", "var", "min", "max", "max_abs", "counts",

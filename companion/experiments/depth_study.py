@@ -1,18 +1,15 @@
 """The depth study: trained Pre-LN, Post-LN and DSLM Post-LN language models from 4 to 64 layers.
 
-One family of byte-level :class:`~companion.stacks.tinylm.TinyLM` models (same width, data
-order, optimiser and schedule) is trained at every depth of ``depths`` and placement of
-``placements`` (``"pre"``, ``"post"``, ``"dslm"``: Post-LN with
-:func:`~companion.stacks.residual.dslm_scales`), and each is measured (:func:`measure_model`):
-(a) the injection window under an absolute criterion -- a target byte's centred unembedding
-row, injected at the last token with ``alpha`` times the centred spread, must raise that byte's
-log-probability more than every one of ``n_random`` random directions (chance
-``1/(n_random + 1)``, checked with ``n_heldout`` held-out directions); the window is the set of
-layers above the 99% binomial quantile of chance, with bootstrap intervals; (b) the stream's
-growth and the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) the
-outlier statistics per layer and Theorem 2's exceedance counts.  The default config is what the
-chapter *The depth study* renders; :data:`GPU_CONFIG` is the GPU size
-(``scripts/gpu_depth_study.py``).
+Byte-level :class:`~companion.stacks.tinylm.TinyLM` models (same width, data order, optimiser and
+schedule) are trained at every depth and placement (``"dslm"``: Post-LN with
+:func:`~companion.stacks.residual.dslm_scales`) and measured (:func:`measure_model`): (a) the
+injection window -- a target byte's centred unembedding row, injected at the last token with
+``alpha`` times the centred spread, must raise that byte's log-probability more than each of
+``n_random`` random directions (chance ``1/(n_random + 1)``, checked with held-out directions);
+the window is the layers above the 99% binomial quantile of chance; (b) the stream's growth and
+the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) per-layer outlier
+statistics and Theorem 2's exceedance counts.  Chapter *The depth study*; :data:`GPU_CONFIG` is
+the GPU size (``scripts/gpu_depth_study.py``).
 """
 
 from __future__ import annotations
@@ -32,17 +29,8 @@ from companion.experiments import progress_bar, register
 from companion.stacks.residual import StackConfig, dslm_scales
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
-__all__ = [
-    "DepthStudy",
-    "GPU_CONFIG",
-    "PLACEMENTS",
-    "member_config",
-    "inject_layers",
-    "train_member",
-    "measure_model",
-    "window_from_success",
-    "chance_threshold",
-]
+__all__ = ["DepthStudy", "GPU_CONFIG", "PLACEMENTS", "member_config", "inject_layers", "train_member",
+           "measure_model", "window_from_success", "chance_threshold"]
 
 #: Placements a study may contain (see the module docstring).
 PLACEMENTS = ("pre", "post", "dslm")
@@ -58,7 +46,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class DepthStudy:
     """Config of the depth study (defaults: the CPU size rendered by the chapter).
 
-    Parameters
+    Attributes
     ----------
     depths : tuple of int
     placements : tuple of str
@@ -154,13 +142,12 @@ class DepthStudy:
         return run_study(self, device, progress)
 
 
-#: The GPU size (``scripts/gpu_depth_study.py``, ``make gpu-results``); see that script for the
-#: sizing arithmetic.
+#: The GPU size (``scripts/gpu_depth_study.py``, which explains the sizing; ``make gpu-results``).
 GPU_CONFIG = DepthStudy(d_model=128, steps=1000, batch_size=32, seq_len=128, warmup=300,
                         dtype="float32", n_prompts=32, n_outlier_prompts=64)
 
 
-# =========================================================================== members
+# ------------------------------------------------------------------------------ members
 def member_config(config: DepthStudy, placement: str, depth: int) -> StackConfig:
     """The :class:`~companion.stacks.residual.StackConfig` of one member.
 
@@ -312,26 +299,26 @@ def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, thresh
     return np.array([frac.min(), frac.max(), frac.mean(), inside.mean()])
 
 
-def _bootstrap_window(success: np.ndarray, layers, depth: int, threshold: float, n_boot: int,
-                     seed: int = 0) -> np.ndarray:
-    """Percentile intervals (2.5%, 97.5%) ``[4, 2]`` of the window over prompts and targets of ``success`` ``[G, K, P]``."""
-    rng = np.random.default_rng([seed, 11])
+def _boot_rates(success: np.ndarray, n_boot: int, seed) -> np.ndarray:
+    """Success rates ``[n_boot, G]`` of ``success`` ``[G, K, P]`` resampled over targets and prompts."""
+    rng = np.random.default_rng(seed)
     _, K, P = success.shape
-    rows = np.empty((n_boot, 4))
     s = success.astype(float)
-    for b in range(n_boot):
-        k = rng.integers(0, K, K)
-        p = rng.integers(0, P, P)
-        rate = s[:, k][:, :, p].mean(axis=(1, 2))
-        rows[b] = window_from_success(rate, layers, depth, threshold)
-    return np.stack([np.nanpercentile(rows, 2.5, axis=0), np.nanpercentile(rows, 97.5, axis=0)], axis=1)
+    return np.stack([s[:, rng.integers(0, K, K)][:, :, rng.integers(0, P, P)].mean(axis=(1, 2))
+                     for _ in range(n_boot)])
 
 
-# =========================================================================== measurements
+# ------------------------------------------------------------------------------ measurements
 @torch.no_grad()
 def _last_logprobs(model, ids, **inject):
+    """Log-probabilities at the last position (float64) and the model's stream output."""
     logits, out = model(ids, **inject)
     return torch.log_softmax(logits[:, -1].double(), dim=-1), out
+
+
+def _loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """Mean next-byte cross-entropy of ``logits`` on ``ids``."""
+    return float(F.cross_entropy(logits[:, :-1].reshape(-1, 256).double(), ids[:, 1:].reshape(-1)))
 
 
 def _stream_growth_laws(model, config, ids, dirs_random, spread, l0, device):
@@ -452,8 +439,7 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
         growth = _stream_growth_laws(model, config, ids, dirs[K:K + R], spread, l0, device)
         out_ids = _evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25).to(device)
         logits, o = model(out_ids)
-        eval_loss = float(F.cross_entropy(logits[:, :-1].reshape(-1, 256).double(),
-                                          out_ids[:, 1:].reshape(-1)))
+        eval_loss = _loss(logits, out_ids)
         outl = _outliers(o.stream)
     model.cpu()
     return dict(layers=layers, spread=spread, success=success, null_success=null_success,
@@ -461,7 +447,7 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
                 eval_loss=eval_loss, targets=targets)
 
 
-# =========================================================================== the study
+# ------------------------------------------------------------------------------ the study
 def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     """Train and measure every member.
 
@@ -482,26 +468,15 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
     P, D, M = len(config.placements), len(config.depths), max(config.depths)
     G = max(len(inject_layers(d, config.max_inject_layers)) for d in config.depths)
     S, K, C = len(config.scales), config.n_targets, len(COUNT_THRESHOLDS)
-    nan = np.nan
-    out = {
-        "train_loss": np.full((P, D, config.steps), nan),
-        "eval_loss": np.full((P, D), nan), "init_eval_loss": np.full((P, D), nan),
-        "train_seconds": np.full((P, D), nan),
-        "inject_layers": np.full((P, D, G), nan),
-        "success_rate": np.full((P, D, S, G), nan), "null_rate": np.full((P, D, S, G), nan),
-        "top1_rate": np.full((P, D, S, G), nan), "dlogp_target": np.full((P, D, S, G), nan),
-        "window": np.full((P, D, S, 4), nan), "window_lo": np.full((P, D, S, 4), nan),
-        "window_hi": np.full((P, D, S, 4), nan),
-        "success_lo": np.full((P, D, S, G), nan), "success_hi": np.full((P, D, S, G), nan),
-        "spread": np.full((P, D, M + 1), nan), "sq_norm": np.full((P, D, M + 1), nan),
-        "growth_c": np.full((P, D), nan), "law_l0": np.full((P, D), nan),
-        "proj": np.full((P, D, M + 1), nan), "proj_norm": np.full((P, D, M + 1), nan),
-        "pred_dilution": np.full((P, D, M + 1), nan), "pred_product": np.full((P, D, M + 1), nan),
-        "max_over_rms": np.full((P, D, M + 1), nan), "max_over_rms_median": np.full((P, D, M + 1), nan),
-        "max_mean_over_sd": np.full((P, D, M + 1), nan),
-        "n_mean_dominated": np.full((P, D, M + 1), nan),
-        "count_observed": np.full((P, D, M + 1, C), nan), "count_expected": np.full((P, D, M + 1, C), nan),
-    }
+    shapes = [(("eval_loss", "init_eval_loss", "train_seconds", "growth_c", "law_l0"), ()),
+              (("train_loss",), (config.steps,)), (("inject_layers",), (G,)),
+              (("success_rate", "null_rate", "top1_rate", "dlogp_target", "success_lo", "success_hi"),
+               (S, G)),
+              (("window", "window_lo", "window_hi"), (S, 4)),
+              (("spread", "sq_norm", "proj", "proj_norm", "pred_dilution", "pred_product", "max_over_rms",
+                "max_over_rms_median", "max_mean_over_sd", "n_mean_dominated"), (M + 1,)),
+              (("count_observed", "count_expected"), (M + 1, C))]
+    out = {k: np.full((P, D, *shape), np.nan) for keys, shape in shapes for k in keys}
     threshold = chance_threshold(K * config.n_prompts, config.n_random)
     bar = progress_bar(P * D, progress, "depth study")
     import time
@@ -510,9 +485,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
             init = TinyLM(member_config(config, placement, depth)).to(_DTYPES[config.dtype])
             ids = _evaluation_prompts(config.n_outlier_prompts, config.seq_len, offset=0.25)
             with torch.no_grad():
-                lg, _ = init(ids)
-                out["init_eval_loss"][pi, di] = float(F.cross_entropy(
-                    lg[:, :-1].reshape(-1, 256).double(), ids[:, 1:].reshape(-1)))
+                out["init_eval_loss"][pi, di] = _loss(init(ids)[0], ids)
             t0 = time.perf_counter()
             model, losses = train_member(config, placement, depth, device)
             out["train_seconds"][pi, di] = time.perf_counter() - t0
@@ -529,31 +502,23 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 out["top1_rate"][pi, di, si, :g] = m["top1"][si].mean(axis=(1, 2))
                 out["dlogp_target"][pi, di, si, :g] = m["dlogp_target"][si].mean(axis=(1, 2))
                 out["window"][pi, di, si] = window_from_success(rate, m["layers"], depth, threshold)
-                ci = _bootstrap_window(succ, m["layers"], depth, threshold, config.n_boot, config.seed)
-                out["window_lo"][pi, di, si], out["window_hi"][pi, di, si] = ci[:, 0], ci[:, 1]
-                rng = np.random.default_rng([config.seed, 13])
-                boots = np.stack([succ[:, rng.integers(0, K, K)][:, :, rng.integers(0, succ.shape[2],
-                                                                                  succ.shape[2])]
-                                  .mean(axis=(1, 2)) for _ in range(config.n_boot)])
+                rows = [window_from_success(r, m["layers"], depth, threshold)
+                        for r in _boot_rates(succ, config.n_boot, [config.seed, 11])]
+                out["window_lo"][pi, di, si] = np.nanpercentile(rows, 2.5, axis=0)
+                out["window_hi"][pi, di, si] = np.nanpercentile(rows, 97.5, axis=0)
+                boots = _boot_rates(succ, config.n_boot, [config.seed, 13])
                 out["success_lo"][pi, di, si, :g] = np.percentile(boots, 2.5, axis=0)
                 out["success_hi"][pi, di, si, :g] = np.percentile(boots, 97.5, axis=0)
-            gr = m["growth"]
-            n = depth + 1
-            out["spread"][pi, di, :n] = m["spread"]
-            out["sq_norm"][pi, di, :n] = gr["sq_norm"]
-            out["growth_c"][pi, di] = gr["growth_c"]
-            out["law_l0"][pi, di] = m["l0"]
-            out["proj"][pi, di, :n] = gr["proj"]
-            out["proj_norm"][pi, di, :n] = gr["norm_last"]
-            out["pred_dilution"][pi, di, :n] = gr["pred_dilution"]
-            out["pred_product"][pi, di, :n] = gr["pred_product"]
-            o = m["outliers"]
+            gr, o, n = m["growth"], m["outliers"], depth + 1
+            out["growth_c"][pi, di], out["law_l0"][pi, di] = gr["growth_c"], m["l0"]
+            out["spread"][pi, di, :n], out["proj_norm"][pi, di, :n] = m["spread"], gr["norm_last"]
+            for key in ("sq_norm", "proj", "pred_dilution", "pred_product"):
+                out[key][pi, di, :n] = gr[key]
+            for key in ("n_mean_dominated", "count_observed", "count_expected"):
+                out[key][pi, di, :n] = o[key]
             out["max_over_rms"][pi, di, :n] = o["max_over_rms"].max(axis=1)
             out["max_over_rms_median"][pi, di, :n] = np.median(o["max_over_rms"], axis=1)
             out["max_mean_over_sd"][pi, di, :n] = o["mean_over_sd"].max(axis=1)
-            out["n_mean_dominated"][pi, di, :n] = o["n_mean_dominated"]
-            out["count_observed"][pi, di, :n] = o["count_observed"]
-            out["count_expected"][pi, di, :n] = o["count_expected"]
             if bar is not None:
                 bar.update()
     if bar is not None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from companion._validation import check_int, check_real
+from companion._validation import check_real
 from companion.experiments import check_result, register
-from companion.experiments.injection_window import _concept_units, _prompts
+from companion.experiments._common import check_counts, concept_units, load_model, make_corpus_prompts
 
 __all__ = ["InjectionAttributionExperiment", "CONFIGS", "attributions_of", "half_streams_of"]
 
@@ -41,8 +41,7 @@ class InjectionAttributionExperiment:
         Relative size :math:`c = \\alpha n_\\ell`.
     half_check : bool
         Also run at ``alpha / 2`` (arrays ``half_l{l}_stream``, the projections only).
-    seed : int
-    batch_rows : int
+    seed, batch_rows : int
     dtype : str
 
     Notes
@@ -70,19 +69,18 @@ class InjectionAttributionExperiment:
         """Run the attributions; returns the Result's arrays and scalars."""
         from companion.injection import attribution as at
         from companion.injection import directions as dr
-        from companion.transformers import models
 
-        n_prompts = check_int(self.n_prompts, "n_prompts", 1)
-        n_random = check_int(self.n_random, "n_random", 0)
+        check_counts(self, {"n_prompts": 1, "n_random": 0})
+        n_random = self.n_random
         alpha = check_real(self.alpha, "alpha")
         unknown = [c for c in self.concepts if c not in dr.CONCEPTS]
         if unknown:
             raise ValueError(f"unknown concepts {unknown}; choose from {sorted(dr.CONCEPTS)}")
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        m = load_model(self, device)
         L = m.n_layers
         layers = list(self.layers) if self.layers else list(range(L))
-        prompts = _prompts(m, n_prompts, self.min_words, self.max_words, self.max_length)
-        units = _concept_units(m, self.concepts, self.max_length)[0]
+        prompts = make_corpus_prompts(m, self.n_prompts, self.min_words, self.max_words, self.max_length)
+        units = concept_units(m, self.concepts, self.max_length)[0]
         rand = dr.random_unit_vectors(m.d_model, max(n_random, 1), np.random.default_rng(self.seed))
         rand = np.repeat(rand[:n_random, None], L + 1, axis=1)
         dirs = np.concatenate([np.stack(units), rand]) if units else rand

@@ -1,21 +1,15 @@
 """Experiment ``injection_success``: does an injected concept reach the output, above chance?
 
-Default config: SmolLM2-135M (32 two-sentence prompts, 14 injection layers, four word
-concepts, 16 random directions, 8 split and 8 subspace nulls); :data:`CONFIGS` adds MiniLM-L6.
-One run: per layer, the typical norm, centred spread :math:`s_\\ell` and mean state over the
-injected (first-sentence) positions; four direction *groups* (``concept`` vectors, ``random``
-unit vectors, ``split`` nulls from random halves of a concept's word pool, ``subspace`` nulls in
-the top-``subspace_k`` principal subspace); each direction injected at every layer with
-:math:`\\alpha\\, s_\\ell\\, \\hat v_\\ell` (:func:`readout_sweep`), measuring the output *effect*
-(next-token KL at the last token, or :math:`1-\\cos` of an encoder's sentence embedding) and
-each concept's *readout* (the change of :math:`\\log P(\\text{concept})` at the last token and
-over the later positions, or of the cosine to the concept's mean embedding).
-
-Result arrays (group ``G``): ``<G>_effect`` ``[n_dir, n_inj, S, B]``, ``<G>_readout``
-``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd`` ``[n_dir, L+1]``, ``<G>_scales``; ``layers``,
-``typical_norm``, ``typical_spread``, ``stream_mean``, ``concept_norm``, ``split_pool``.
-Read it with :func:`success_table`, :func:`success_window`, :func:`effect_curve` and
-:func:`regimes`.
+Default config: SmolLM2-135M; :data:`CONFIGS` adds MiniLM-L6.  Four direction groups (concept
+vectors, random unit vectors, ``split`` nulls from random halves of a concept's word pool,
+``subspace`` nulls in the top principal subspace) are injected at every layer with
+:math:`\\alpha\\, s_\\ell\\, \\hat v_\\ell` (:func:`readout_sweep`; :math:`s_\\ell` the centred
+spread), measuring the output *effect* (next-token KL at the last token, or :math:`1-\\cos` of an
+encoder's sentence embedding) and each concept's *readout* (the change of
+:math:`\\log P(\\text{concept})` at the last and the later tokens, or of the cosine to the
+concept's mean embedding).  Result arrays (group ``G``): ``<G>_effect`` ``[n_dir, n_inj, S, B]``,
+``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd``, ``<G>_scales``; read them with
+:func:`success_table`, :func:`success_window`, :func:`effect_curve` and :func:`regimes`.
 """
 
 from __future__ import annotations
@@ -27,23 +21,12 @@ import numpy as np
 
 from companion._validation import as_float64, check_int, check_real, real_array
 from companion.experiments import check_result, register
-from companion.experiments.injection_window import _bar, _concept_units, check_fields, model_and_prompts, scale_index
+from companion.experiments._common import bar, check_fields, concept_units, model_and_prompts, model_facts
+from companion.experiments.injection_window import scale_index
 
-__all__ = [
-    "InjectionSuccessExperiment",
-    "CONFIGS",
-    "GROUPS",
-    "NULL_GROUPS",
-    "concept_targets",
-    "readout_sweep",
-    "success_test",
-    "SuccessWindow",
-    "success_table",
-    "success_window",
-    "effect_curve",
-    "regimes",
-    "REGIME_THRESHOLDS",
-]
+__all__ = ["InjectionSuccessExperiment", "CONFIGS", "GROUPS", "NULL_GROUPS", "concept_targets",
+           "readout_sweep", "success_test", "SuccessWindow", "success_table", "success_window",
+           "effect_curve", "regimes", "REGIME_THRESHOLDS"]
 
 #: The direction groups of a Result, in order.
 GROUPS = ("concept", "random", "split", "subspace")
@@ -64,17 +47,12 @@ class InjectionSuccessExperiment:
     ----------
     model : str
         A name for :func:`companion.transformers.models.load`.
-    n_prompts : int
-        Number of two-sentence prompts.
-    min_words, max_words, max_length : int
-        Corpus sentence lengths and token truncation.
-    layers : tuple of int
-        Injection layers (stream indices); empty = every layer ``0 .. L``.
+    n_prompts, min_words, max_words, max_length, layers
+        As in :class:`~companion.experiments.injection_window.InjectionWindowExperiment`.
     concepts : tuple of str
         Word concepts of :data:`companion.injection.directions.CONCEPTS` (at least one).
     scales : tuple of float
-        Magnitudes :math:`\\alpha` in units of the centred spread :math:`s_\\ell` (concept and
-        random groups), increasing.
+        Increasing magnitudes :math:`\\alpha` (units of :math:`s_\\ell`) of the concept and random groups.
     null_scale : float
         The magnitude of the split and subspace nulls; one of ``scales``.
     n_random, n_split, n_subspace : int
@@ -111,11 +89,9 @@ class InjectionSuccessExperiment:
         Raises
         ------
         ValueError
-            Non-positive counts, fewer than 2 prompts or random directions, unknown or
-            sentence concepts, scales not positive and increasing, ``null_scale`` not among
-            them, repeated or decreasing layers.
+            A count too small (a bootstrap and a null need two prompts and two random
+            directions), bad concepts, scales, ``null_scale`` or layers.
         """
-        # n_prompts and n_random >= 2: a bootstrap and a null need two
         check_fields(self, {"subspace_k": 1, "n_prompts": 2, "n_random": 2, "n_split": 0,
                             "n_subspace": 0}, word_concepts=True)
         if not self.concepts:
@@ -139,8 +115,8 @@ class InjectionSuccessExperiment:
         sel = base.detach().to("cpu").double().numpy()[:, prompts.injected.numpy()]  # [L+1, N, d]
         gen = np.random.default_rng(self.seed)
 
-        concept_units, concept_norm = _concept_units(m, self.concepts, self.max_length)
-        units = {"concept": np.stack(concept_units)}  # [n_dir, L+1, d]
+        c_units, concept_norm = concept_units(m, self.concepts, self.max_length)
+        units = {"concept": np.stack(c_units)}  # [n_dir, L+1, d]
         rand = dr.random_unit_vectors(d, self.n_random, gen)
         units["random"] = np.broadcast_to(rand[:, None, :], (self.n_random, L + 1, d))
         split_pool = np.arange(self.n_split) % len(self.concepts)
@@ -165,7 +141,7 @@ class InjectionSuccessExperiment:
         scales = {g: list(self.scales) if g in ("concept", "random") else [self.null_scale]
                   for g in group_names}
         effect_name = readout_positions = None
-        items = _bar([(g, j) for g in group_names for j in range(units[g].shape[0])], progress,
+        items = bar([(g, j) for g in group_names for j in range(units[g].shape[0])], progress,
                      f"injection_success {m.name}", "direction")
         effects = {g: [] for g in group_names}
         readouts = {g: [] for g in group_names}
@@ -185,9 +161,7 @@ class InjectionSuccessExperiment:
             layers=np.asarray(layers), typical_norm=norms, typical_spread=spreads, stream_mean=mu,
             concept_norm=concept_norm, split_pool=split_pool,
             groups=group_names, concepts=list(self.concepts), effect_name=effect_name,
-            readout_positions=list(readout_positions), n_prompts=prompts.batch,
-            model_name=m.name, n_layers=L, d_model=d, placement=m.placement, norm=m.norm,
-            kind=m.kind, weights_dtype=str(m.dtype).replace("torch.", ""),
+            readout_positions=list(readout_positions), n_prompts=prompts.batch, **model_facts(m),
         )
         return out
 
@@ -199,9 +173,7 @@ CONFIGS: dict[str, InjectionSuccessExperiment] = {
 }
 
 
-# ============================================================================================
-# the measurement
-# ============================================================================================
+# ------------------------------------------------------------------------------ the measurement
 def concept_targets(m, concepts, max_length: int | None = None) -> dict:
     """What the readout of each concept compares with at the output.
 
@@ -221,8 +193,7 @@ def concept_targets(m, concepts, max_length: int | None = None) -> dict:
     Raises
     ------
     TypeError, ValueError
-        As :func:`companion.injection.directions.concept_token_ids` and
-        :func:`companion.transformers.stream.residual_stream`.
+        Not a loaded model or a sequence of names; an unknown concept.
     """
     import torch
 
@@ -389,21 +360,18 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
     }
 
 
-# ============================================================================================
-# reading Results
-# ============================================================================================
-def _null(null: str) -> None:
-    if null not in NULL_GROUPS:
-        raise ValueError(f"null must be one of {NULL_GROUPS}, got {null!r}")
-
-
+# ------------------------------------------------------------------------------ reading Results
 def _boot_args(level, n_boot, seed) -> tuple:
     """``level``, ``n_boot``, ``seed`` checked as the bootstrap readers need them."""
     return (check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True),
             check_int(n_boot, "n_boot", 10), check_int(seed, "seed", 0))
 
 
-def _group(result, group: str) -> None:
+def _group(result, group: str, null: bool = False) -> None:
+    """Check that ``result`` is an ``injection_success`` Result with the group (a null group if ``null``)."""
+    check_result(result, "injection_success")
+    if null and group not in NULL_GROUPS:
+        raise ValueError(f"null must be one of {NULL_GROUPS}, got {group!r}")
     if group not in result.scalars["groups"]:
         raise ValueError(f"unknown group {group!r}; this Result has {result.scalars['groups']}")
 
@@ -431,16 +399,14 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     Parameters
     ----------
     concept_values : array_like, shape ``[B]``
-        The readout of the concept, per prompt, when its own concept vector is injected.
+        The concept's readout per prompt under its own concept vector.
     null_values : array_like, shape ``[n_null, B]``
-        The same readout, on the same prompts, under each of ``n_null >= 2`` null directions
-        injected with the same magnitude.
+        The same readout under each of ``n_null >= 2`` null directions of the same magnitude.
     level : float, default 0.95
         Level of the bootstrap interval.
     quantile : float, default 0.95
         The null's quantile the concept must exceed.
-    n_boot : int, default 1000
-    seed : int, default 0
+    n_boot, seed : int, default 1000, 0
 
     Returns
     -------
@@ -451,7 +417,7 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     Raises
     ------
     TypeError, ValueError
-        Non-real inputs; mismatched shapes, fewer than 2 prompts or nulls, NaN, a level outside (0, 1).
+        Non-real inputs; bad shapes (fewer than 2 prompts or nulls), NaN, a level outside (0, 1).
 
     Notes
     -----
@@ -460,12 +426,9 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
 
     Examples
     --------
-    >>> g = np.random.default_rng(0)
-    >>> nulls = g.normal(0, 1, (16, 32))
-    >>> success_test(nulls[0] + 2.0, nulls[1:])["success"]
-    True
-    >>> success_test(nulls[0], nulls[1:])["success"]
-    False
+    >>> nulls = np.random.default_rng(0).normal(0, 1, (16, 32))
+    >>> success_test(nulls[0] + 2.0, nulls[1:])["success"], success_test(nulls[0], nulls[1:])["success"]
+    (True, False)
     """
     from companion.theory.bootstrap import bootstrap_interval
 
@@ -495,21 +458,19 @@ def success_table(result, null: str = "random", position: str | None = None,
     Parameters
     ----------
     result : Result
-        Of the ``injection_success`` experiment.
+        Of the ``injection_success`` experiment (so for every reader below).
     null : {"random", "split", "subspace"}, default "random"
-        The null group; the magnitudes tested are those it ran (all ``scales`` for
-        ``random``, ``null_scale`` for the others).
+        The null group; the magnitudes tested are those it ran.
     position : str, optional
-        A readout position of the Result (``"last"`` or ``"later"`` for a causal LM,
-        ``"embedding"`` for an encoder); default the first.
+        A readout position of the Result (``"last"``, ``"later"`` or ``"embedding"``); default the first.
     level, n_boot, seed
         As in :func:`success_test`.
 
     Returns
     -------
     list of dict
-        One row per (concept, layer, scale): ``concept``, ``layer``, ``fraction``
-        (layer / L), ``scale``, ``null``, ``position`` and the keys of :func:`success_test`.
+        One row per (concept, layer, scale): ``concept``, ``layer``, ``fraction`` (layer / L),
+        ``scale``, ``null``, ``position`` and the keys of :func:`success_test`.
 
     Raises
     ------
@@ -521,9 +482,7 @@ def success_table(result, null: str = "random", position: str | None = None,
     >>> rows = success_table(stored[0])                    # doctest: +SKIP
     >>> sum(r["success"] for r in rows)                   # doctest: +SKIP
     """
-    check_result(result, "injection_success")
-    _null(null)
-    _group(result, null)
+    _group(result, null, null=True)
     sc, a = result.scalars, result.arrays
     L = int(sc["n_layers"])
     rows = []
@@ -553,8 +512,7 @@ class SuccessWindow:
     first, last : int or None
         Their smallest and largest (``None`` if empty).
     first_ci, last_ci : tuple of float
-        Percentile bootstrap intervals of the edges over prompt resamples (NaN if no
-        resample succeeds anywhere).
+        Bootstrap intervals of the edges over prompt resamples (NaN if none succeeds anywhere).
     p_empty : float
         Fraction of resamples in which no layer succeeds.
     n_boot : int
@@ -582,7 +540,6 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
     Parameters
     ----------
     result : Result
-        Of the ``injection_success`` experiment.
     concept : str
     scale : float, default 0.5
         A magnitude run by both the concept and the ``null`` group.
@@ -600,17 +557,15 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
 
     Notes
     -----
-    The window is the (not necessarily contiguous) set of layers that pass
-    :func:`success_test`; the edge intervals come from paired prompt resamples using criterion
-    (i) only.
+    The window (not necessarily contiguous) is the layers that pass :func:`success_test`; the edge
+    intervals resample prompts (paired) and use its criterion (i) only.
 
     Examples
     --------
     >>> w = success_window(stored[0], "sea")              # doctest: +SKIP
     >>> w.first, w.last, w.last_ci                        # doctest: +SKIP
     """
-    check_result(result, "injection_success")
-    _null(null)
+    _group(result, null, null=True)
     level, n_boot, seed = _boot_args(level, n_boot, seed)
     sc, a = result.scalars, result.arrays
     ci = sc["concepts"].index(concept) if concept in sc["concepts"] else None
@@ -651,14 +606,13 @@ def effect_curve(result, group: str = "random", scale: float = 0.5, direction: i
     Parameters
     ----------
     result : Result
-        Of the ``injection_success`` experiment.
     group : str, default "random"
         A direction group of the Result.
     scale : float, default 0.5
         A magnitude the group ran.
     direction : int or None
-        One direction of the group (a band over prompts), or ``None``: the mean over the
-        group's directions (a band over prompts *and* directions, resampled independently).
+        One direction of the group (a band over prompts), or ``None``: the mean over its
+        directions (a band over prompts and directions, resampled independently).
     level, n_boot, seed
         As in :func:`success_test`.
 
@@ -671,13 +625,12 @@ def effect_curve(result, group: str = "random", scale: float = 0.5, direction: i
     Raises
     ------
     TypeError, ValueError
-        Wrong types or another experiment's Result (TypeError), an unknown group, scale or direction.
+        Wrong types or another experiment's Result; an unknown group, scale or direction.
 
     Examples
     --------
     >>> c = effect_curve(stored[0], "random", 0.5)        # doctest: +SKIP
     """
-    check_result(result, "injection_success")
     _group(result, group)
     level, n_boot, seed = _boot_args(level, n_boot, seed)
     s = scale_index(result, group, scale)
@@ -705,7 +658,6 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
     Parameters
     ----------
     result : Result
-        Of the ``injection_success`` experiment.
     group : str, default "random"
         A group that ran several magnitudes (``concept`` or ``random``).
     thresholds : (float, float), default :data:`REGIME_THRESHOLDS`
@@ -726,15 +678,10 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
     TypeError, ValueError
         Another experiment's Result; an unknown group, one magnitude, not ``0 < low <= high``.
 
-    Notes
-    -----
-    The quadratic law of the chapter predicts a ratio ``k**2`` (16 for a step of 4).
-
     Examples
     --------
     >>> regimes(stored[0])["regime"][3]                   # doctest: +SKIP
     """
-    check_result(result, "injection_success")
     _group(result, group)
     try:
         low, high = (float(t) for t in thresholds)
@@ -755,13 +702,10 @@ def regimes(result, group: str = "random", thresholds=REGIME_THRESHOLDS) -> dict
         for i in range(scales.size):
             if e[j, i] == 0:
                 reg[j, i] = "no effect"
-                continue
-            if i == 0:
-                r, h = ratio[j, 0], hi_t[0]
-                reg[j, i] = "linear" if r >= h else "undetermined"
-                continue
-            r = ratio[j, i - 1]
-            reg[j, i] = ("linear" if r >= hi_t[i - 1] else
-                         "saturated" if r < lo_t[i - 1] else "transition")
+            elif i == 0:
+                reg[j, i] = "linear" if ratio[j, 0] >= hi_t[0] else "undetermined"
+            else:
+                r = ratio[j, i - 1]
+                reg[j, i] = "linear" if r >= hi_t[i - 1] else "saturated" if r < lo_t[i - 1] else "transition"
     return dict(layers=np.asarray(result.arrays["layers"]).astype(int), scales=scales,
                 ratio=ratio, expected=expected, regime=reg.astype(str))

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_choice, check_int, check_layer
+from companion._validation import check_choice, check_layer
 from companion.experiments import register
-from companion.experiments.injection_window import _bar
+from companion.experiments._common import bar, check_counts, load_model
 
 __all__ = ["InjectionSweepExperiment", "TOKEN_GROUPS"]
 
@@ -101,12 +101,11 @@ class InjectionSweepExperiment:
         from companion.injection.engine import sweep_injections
         from companion.injection.metrics import METRIC_NAMES, next_token_kl, perturbation_metrics
 
-        check_int(self.n_texts, "n_texts", 1)
-        check_int(self.batch_size, "batch_size", 1)
+        check_counts(self, {"n_texts": 1, "batch_size": 1})
         check_choice(self.positions, "positions", ("prefix", "all", "last"))
         if not self.scales:
             raise ValueError("scales must hold at least one magnitude")
-        m = models.load(self.model, device=device, dtype=self.dtype)
+        m = load_model(self, device)
         L = m.n_layers
         layers = tuple(check_layer(x, L, m.name, "layers") for x in self.layers or range(L + 1))
         texts = corpus_sentences(self.n_texts, min_words=self.min_words, max_words=self.max_words)
@@ -124,7 +123,7 @@ class InjectionSweepExperiment:
         kl = np.zeros((n_l, n_s, len(texts)), dtype=np.float32)
         changed = np.zeros((n_l, n_s, len(texts)), dtype=np.int8)
 
-        batches = _bar(range(0, len(texts), self.batch_size), progress, f"injection sweep {m.name}", "batch")
+        batches = bar(range(0, len(texts), self.batch_size), progress, f"injection sweep {m.name}", "batch")
         for start in batches:
             enc = models.encode(m, texts[start:start + self.batch_size], self.max_length)
             sel = _injection_mask(enc["attention_mask"], self.positions)

@@ -1,20 +1,14 @@
 """Experiment ``injection_window``: concept and random injections into a real model, per layer.
 
 The default config is the CPU-sized SmolLM2-135M run of the chapter *Injection in real
-Transformers*; :data:`CPU_CONFIGS` adds MiniLM-L6, and :data:`GPU_CONFIGS` holds hub models of
-several depths (``python -m companion run-suite injection-gpu``, or :func:`cli_command` per
-config; the chapter renders every stored one, :func:`gpu_results`).  One run builds
-``n_prompts`` two-sentence prompts (the first sentence injected), measures the typical norm
-``n_l`` per layer, and runs :func:`~companion.injection.engine.track_injection` for each concept
-vector and ``n_random`` random directions at ``layers``, with relative magnitudes
-``alpha * n_l`` and, if ``abs_scales``, absolute ones ``beta * n_ref`` (``n_ref`` the typical
-norm at ``abs_reference_fraction`` of the depth).
-
-Result arrays: ``<direction>_<rel|abs>_metrics`` ``[n_inj, S, L+1, B, 3, 6]`` (metrics of
-:data:`~companion.injection.metrics.METRIC_NAMES`), ``<direction>_<rel|abs>_effect``
-``[n_inj, S, B]``, ``<direction>_<rel|abs>_coefficient`` ``[n_inj, S]``, ``layers``,
-``typical_norm``, ``concept_norm``, ``concept_cos_random``; read them with :func:`tracks`,
-:func:`window_summary` and :func:`mean_window`.
+Transformers*; :data:`CPU_CONFIGS` adds MiniLM-L6, :data:`GPU_CONFIGS` holds hub models of several
+depths (``python -m companion run-suite injection-gpu``; :func:`gpu_results` reads them back).  One
+run measures the typical norm ``n_l`` per layer of ``n_prompts`` two-sentence prompts and runs
+:func:`~companion.injection.engine.track_injection` for each concept vector and ``n_random``
+random directions at relative magnitudes ``alpha * n_l`` and absolute ones ``beta * n_ref``
+(``n_ref``: the typical norm at ``abs_reference_fraction`` of the depth).  Arrays per direction
+and mode (``rel``/``abs``): ``<direction>_<mode>_metrics``, ``_effect``, ``_coefficient``; read
+them with :func:`tracks`, :func:`window_summary` and :func:`mean_window`.
 """
 
 from __future__ import annotations
@@ -26,112 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion import experiments as xp
-from companion._validation import check_layer_list, check_real
-from companion.experiments import (
-    check_result,
-    config_hash,
-    make_config,
-    register,
-)
+from companion._validation import check_int, check_real
+from companion.experiments import check_result, config_hash, make_config, register
+from companion.experiments._common import bar, check_fields, concept_units, make_corpus_prompts
+from companion.experiments._common import model_and_prompts, model_facts
 
-__all__ = [
-    "InjectionWindowExperiment",
-    "CPU_CONFIGS",
-    "GPU_CONFIGS",
-    "tracks",
-    "window_summary",
-    "mean_window",
-    "gpu_results",
-    "cli_command",
-    "HAHAMI_LAST_TOKEN",
-    "check_fields",
-    "model_and_prompts",
-    "corpus_prompts",
-    "scale_index",
-]
-
-
-def check_fields(config, minimum: dict, word_concepts: bool = False) -> None:
-    """Field checks shared by the injection configs: counts >= ``minimum``, known distinct concepts, layers.
-
-    Parameters
-    ----------
-    config : InjectionWindowExperiment or InjectionSuccessExperiment
-    minimum : dict of str to int
-        Lower bounds of extra fields.
-    word_concepts : bool
-        Only word concepts are allowed.
-
-    Raises
-    ------
-    ValueError
-        If a check fails.
-    """
-    from companion.injection.directions import CONCEPTS
-
-    for key, lo in {"min_words": 1, "max_words": 1, "max_length": 1, "max_batch_tokens": 1,
-                    **minimum}.items():
-        if getattr(config, key) < lo:
-            raise ValueError(f"{key} must be >= {lo}, got {getattr(config, key)}")
-    if config.max_words < config.min_words:
-        raise ValueError(f"max_words ({config.max_words}) must be >= min_words ({config.min_words})")
-    known = sorted(k for k, v in CONCEPTS.items() if v.template is not None or not word_concepts)
-    for c in config.concepts:
-        if c not in known:
-            raise ValueError(f"concepts entries must be {'word concepts ' * word_concepts}among "
-                             f"{known}, got {c!r}")
-    if len(set(config.concepts)) != len(config.concepts):
-        raise ValueError(f"concepts must not repeat entries, got {config.concepts!r}")
-    check_layer_list(config.layers)
-
-
-def model_and_prompts(config, device) -> tuple:
-    """Validate ``config``, load its model and build its prompts (both injection experiments).
-
-    Parameters
-    ----------
-    config : InjectionWindowExperiment or InjectionSuccessExperiment
-    device : str or torch.device
-
-    Returns
-    -------
-    tuple
-        ``(model, layers, prompts, base)``: the injection layers (all if empty) and the baseline
-        stream ``[L+1, B, T, d]``.
-    """
-    from companion.transformers import models
-    from companion.transformers import stream
-
-    config.validate()
-    m = models.load(config.model, device=device, dtype=config.dtype)
-    L = m.n_layers
-    layers = list(config.layers) if config.layers else list(range(L + 1))
-    if layers[-1] > L:
-        raise ValueError(f"layers must lie in [0, {L}] for {m.name}, got {layers[-1]}")
-    prompts = _prompts(m, config.n_prompts, config.min_words, config.max_words, config.max_length)
-    return m, layers, prompts, stream.residual_stream(m, prompts.encoding)
-
-
-def _prompts(m, n_prompts, min_words, max_words, max_length):
-    """Prompts of the first ``2 * n_prompts`` corpus sentences (even ones injected, odd ones later)."""
-    from companion.corpus import corpus_sentences
-    from companion.injection.directions import make_prompts
-
-    sentences = corpus_sentences(2 * n_prompts, min_words, max_words)
-    return make_prompts(m, sentences[0::2], sentences[1::2], max_length=max_length)
-
-
-def _concept_units(m, names, max_length) -> tuple:
-    """Unit concept vectors ``[L+1, d]`` (a list) and their norms ``[C, L+1]`` for ``names``."""
-    from companion.injection import directions as dr
-
-    units, norms = [], np.zeros((len(names), m.n_layers + 1))
-    for i, name in enumerate(names):
-        c = dr.CONCEPTS[name]
-        cv = dr.concept_vectors(m, *c.texts(), pool=c.pool, name=name, max_length=max_length)
-        units.append(cv.unit)
-        norms[i] = cv.norm
-    return units, norms
+__all__ = ["InjectionWindowExperiment", "CPU_CONFIGS", "GPU_CONFIGS", "tracks", "window_summary",
+           "mean_window", "gpu_results", "cli_command", "HAHAMI_LAST_TOKEN", "corpus_prompts",
+           "scale_index"]
 
 
 def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
@@ -142,8 +38,7 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
     ----------
     source : str or config
         A model name for :func:`companion.transformers.models.load`, or an injection config
-        (``injection_window``, ``injection_success``, ``injection_attribution``) whose
-        ``model``, ``n_prompts``, ``min_words``, ``max_words`` and ``max_length`` are used.
+        whose ``model``, ``n_prompts``, ``min_words``, ``max_words`` and ``max_length`` are used.
     n_prompts : int, optional
         Number of prompts (the config's by default; required with a model name).
     min_words, max_words, max_length : int
@@ -152,9 +47,9 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
 
     Returns
     -------
-    (LoadedModel, Prompts)
-        The model and :func:`companion.injection.directions.make_prompts` of the first
-        ``2 * n_prompts`` corpus sentences (even ones injected, odd ones later).
+    (LoadedModel, InjectionPrompts)
+        The model and the prompts of the first ``2 * n_prompts`` corpus sentences (even ones
+        injected, odd ones later), from :func:`companion.injection.directions.make_prompts`.
 
     Raises
     ------
@@ -164,9 +59,7 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
     Examples
     --------
     >>> m, p = corpus_prompts("minilm-l6", 8)            # doctest: +SKIP
-    >>> m, p = corpus_prompts(CPU_CONFIGS["smollm2-135m"])  # doctest: +SKIP
     """
-    from companion._validation import check_int
     from companion.transformers import models
 
     if not isinstance(source, str):
@@ -177,16 +70,7 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
         raise ValueError("n_prompts is required with a model name")
     n = check_int(n_prompts, "n_prompts", 1)
     m = models.load(source, device=device)
-    return m, _prompts(m, n, min_words, max_words, max_length)
-
-
-def _bar(items, progress: bool, desc: str, unit: str):
-    """``items`` in a tqdm bar if ``progress``."""
-    if not progress:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, unit=unit)
+    return m, make_corpus_prompts(m, n, min_words, max_words, max_length)
 
 
 @register("injection_window", schema=1)
@@ -199,11 +83,9 @@ class InjectionWindowExperiment:
     model : str
         A name for :func:`companion.transformers.models.load` (offline name or hub id).
     n_prompts : int
-        Number of two-sentence prompts (``2 * n_prompts`` consecutive corpus sentences).
-    min_words, max_words : int
-        Word-count window of the corpus sentences.
-    max_length : int
-        Token truncation (prompts that lose their second segment raise an error).
+        Number of two-sentence prompts (``2 * n_prompts`` corpus sentences).
+    min_words, max_words, max_length : int
+        Word-count window of the sentences; token truncation (losing a second segment raises).
     layers : tuple of int
         Injection layers (stream indices); empty = every layer ``0 .. L``.
     rel_scales : tuple of float
@@ -214,12 +96,9 @@ class InjectionWindowExperiment:
         ``n_ref`` is the typical norm at layer ``round(fraction * L)``.
     concepts : tuple of str
         Names in :data:`companion.injection.directions.CONCEPTS`.
-    n_random : int
-        Number of random unit directions (>= 0; at least one direction overall).
-    seed : int
-        Seed of the random directions.
+    n_random, seed : int
+        Random unit directions (at least one direction overall) and their seed.
     dtype : str
-        Weights' type.
     max_batch_tokens : int
         Memory bound of the sweep (:func:`companion.injection.engine.sweep_injections`).
     """
@@ -271,7 +150,7 @@ class InjectionWindowExperiment:
         del base
         ref_layer = int(round(self.abs_reference_fraction * L))
 
-        units, concept_norm = _concept_units(m, self.concepts, self.max_length)
+        units, concept_norm = concept_units(m, self.concepts, self.max_length)
         directions = {name: u[layers] for name, u in zip(self.concepts, units)}
         rand = dr.random_unit_vectors(m.d_model, max(self.n_random, 1), np.random.default_rng(self.seed))
         for k in range(self.n_random):
@@ -281,7 +160,8 @@ class InjectionWindowExperiment:
         modes = [("rel", list(self.rel_scales), True)]
         if self.abs_scales:
             modes.append(("abs", [b * float(norms[ref_layer]) for b in self.abs_scales], False))
-        items = _bar([(d, mode) for d in directions for mode in modes], progress, f"injection {m.name}", "sweep")
+        items = bar([(d, mode) for d in directions for mode in modes], progress, f"injection {m.name}",
+                    "sweep")
         effect_name = ""
         for dname, (mode, scales, relative) in items:
             tr = track_injection(m, prompts, layers, directions[dname], scales, relative=relative,
@@ -296,9 +176,7 @@ class InjectionWindowExperiment:
             concept_cos_random=cos_random, rel_scales=np.asarray(self.rel_scales, dtype=np.float64),
             abs_scales=np.asarray(self.abs_scales, dtype=np.float64),
             directions=list(directions), modes=[m_[0] for m_ in modes], effect_name=effect_name,
-            abs_reference_layer=ref_layer, n_prompts=prompts.batch, model_name=m.name, n_layers=L,
-            d_model=m.d_model, placement=m.placement, norm=m.norm, kind=m.kind,
-            weights_dtype=str(m.dtype).replace("torch.", ""),
+            abs_reference_layer=ref_layer, n_prompts=prompts.batch, **model_facts(m),
         )
         return out
 
@@ -308,21 +186,12 @@ class InjectionWindowExperiment:
 #: github.com/elyhahami18/llama-introspection-new): ``layer`` their decoder index ``k`` (stream
 #: ``k + 1`` here), ``cos`` at the last token, ``norm_ratio`` and ``projection`` ranges over layers.
 HAHAMI_LAST_TOKEN: dict = {
-    "model": "Llama-3.1-8B-Instruct",
-    "n_layers": 32,
-    "inject_layer": 2,
-    "coefficient": 6.0,
-    "layer": (0, 1, 2, 3, 19, 31),
-    "fraction": tuple((k + 1) / 32 for k in (0, 1, 2, 3, 19, 31)),
-    "cos": (1.0, 1.0, 1.0, 0.936, 0.50, 0.917),
-    "norm_ratio": (0.84, 1.02),
-    "projection": (-0.93, 0.60),
+    "model": "Llama-3.1-8B-Instruct", "n_layers": 32, "inject_layer": 2, "coefficient": 6.0,
+    "layer": (0, 1, 2, 3, 19, 31), "fraction": tuple((k + 1) / 32 for k in (0, 1, 2, 3, 19, 31)),
+    "cos": (1.0, 1.0, 1.0, 0.936, 0.50, 0.917), "norm_ratio": (0.84, 1.02), "projection": (-0.93, 0.60),
 }
 
 
-# ============================================================================================
-# the configurations
-# ============================================================================================
 #: The CPU-sized runs of the chapter (about two minutes together on a 2-core CPU).
 CPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
     "smollm2-135m": InjectionWindowExperiment(),
@@ -332,18 +201,13 @@ CPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
 }
 
 
-def _gpu(model: str) -> InjectionWindowExperiment:
-    return InjectionWindowExperiment(
-        model=model, n_prompts=32, min_words=6, max_words=16, max_length=96, layers=(),
-        rel_scales=(0.125, 0.5, 2.0), abs_scales=(0.5,), concepts=("sea", "joy"), n_random=2,
-        max_batch_tokens=32768,
-    )
-
-
 #: The GPU-scale runs (every layer, 32 prompts, two concepts, two random directions) of hub
 #: models of several depths: ``python -m companion run-suite injection-gpu``.
 GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
-    name: _gpu(name)
+    name: InjectionWindowExperiment(
+        model=name, n_prompts=32, min_words=6, max_words=16, max_length=96, layers=(),
+        rel_scales=(0.125, 0.5, 2.0), abs_scales=(0.5,), concepts=("sea", "joy"), n_random=2,
+        max_batch_tokens=32768)
     for name in (
         "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
         "EleutherAI/pythia-70m", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
@@ -354,9 +218,7 @@ GPU_CONFIGS: dict[str, InjectionWindowExperiment] = {
 }
 
 
-# ============================================================================================
-# reading Results
-# ============================================================================================
+# ------------------------------------------------------------------------------ reading Results
 def scale_index(result, key: str, scale) -> int:
     """Index of ``scale`` in the Result's ``<key>_scales`` (a mode or a group).
 
@@ -364,6 +226,7 @@ def scale_index(result, key: str, scale) -> int:
     ----------
     result : Result
     key : str
+        A mode (``"rel"``, ``"abs"``) or a direction group.
     scale : float
 
     Returns
@@ -374,6 +237,10 @@ def scale_index(result, key: str, scale) -> int:
     ------
     ValueError
         If ``scale`` was not run.
+
+    Examples
+    --------
+    >>> k = scale_index(run_cached(CPU_CONFIGS["minilm-l6"]), "rel", 0.5)   # doctest: +SKIP
     """
     scale = check_real(scale, "scale", lo=0.0, lo_open=True)
     given = np.asarray(result.arrays[f"{key}_scales"], dtype=np.float64)
@@ -384,7 +251,7 @@ def scale_index(result, key: str, scale) -> int:
 
 
 def _mode_scale_index(result, mode: str, scale) -> int:
-    # scale_index of one magnitude of the rel or abs sweep, with the checks both readers need
+    """:func:`scale_index` in the ``rel`` or ``abs`` sweep of an ``injection_window`` Result."""
     check_result(result, "injection_window")
     if mode not in ("rel", "abs"):
         raise ValueError(f"mode must be 'rel' or 'abs', got {mode!r}")
@@ -399,7 +266,7 @@ def tracks(result) -> dict:
     Parameters
     ----------
     result : Result
-        Of the ``injection_window`` experiment.
+        Of the ``injection_window`` experiment (so for every reader below).
 
     Returns
     -------
@@ -413,8 +280,7 @@ def tracks(result) -> dict:
 
     Examples
     --------
-    >>> tr = tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")]   # doctest: +SKIP
-    >>> tr.window(scale_index=1).best_fraction                             # doctest: +SKIP
+    >>> tracks(run_cached(CPU_CONFIGS["minilm-l6"]))[("joy", "rel")].window(scale_index=1)  # doctest: +SKIP
     """
     from companion.injection.directions import GROUPS
     from companion.injection.engine import SweepResult
@@ -422,8 +288,9 @@ def tracks(result) -> dict:
 
     check_result(result, "injection_window")
     a, sc = result.arrays, result.scalars
+    n_ref = float(a["typical_norm"][sc["abs_reference_layer"]])
     scales = {"rel": np.asarray(a["rel_scales"], dtype=np.float64),
-              "abs": np.asarray(a["abs_scales"], dtype=np.float64) * float(a["typical_norm"][sc["abs_reference_layer"]])}
+              "abs": np.asarray(a["abs_scales"], dtype=np.float64) * n_ref}
     out = {}
     for dname in sc["directions"]:
         for mode in sc["modes"]:
@@ -433,7 +300,8 @@ def tracks(result) -> dict:
                 effect = a[f"{key}_effect"]
                 coef = a[f"{key}_coefficient"]
             except KeyError as exc:
-                raise ValueError(f"the Result lacks the array {exc.args[0]!r}; it is not a complete injection_window Result") from None
+                raise ValueError(f"the Result lacks the array {exc.args[0]!r}; it is not a complete "
+                                 "injection_window Result") from None
             out[(dname, mode)] = SweepResult(
                 layers=np.asarray(a["layers"]), scales=scales[mode],
                 n_layers=int(sc["n_layers"]), metrics={k: met[..., i] for i, k in enumerate(METRIC_NAMES)},
@@ -450,7 +318,6 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     Parameters
     ----------
     result : Result
-        Of the ``injection_window`` experiment.
     scale : float, default 0.5
         A magnitude the config ran (``alpha`` or ``beta``, by ``mode``).
     threshold : float, default 0.5
@@ -473,8 +340,7 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
 
     Examples
     --------
-    >>> rows = window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))   # doctest: +SKIP
-    >>> rows[0]["best_fraction"]                                     # doctest: +SKIP
+    >>> window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))[0]["best_fraction"]   # doctest: +SKIP
     """
     if not isinstance(contiguous, bool):
         raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
@@ -486,8 +352,9 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
             continue
         w = tr.window(scale_index=k, threshold=threshold, contiguous=contiguous)
         rows.append(dict(
-            model=sc["model_name"], placement=sc["placement"], norm=sc["norm"], n_layers=int(sc["n_layers"]),
-            direction=dname, layers=w.layers.tolist(), best=w.best, first=w.first, last=w.last, best_fraction=w.best_fraction,
+            model=sc["model_name"], placement=sc["placement"], norm=sc["norm"],
+            n_layers=int(sc["n_layers"]), direction=dname, layers=w.layers.tolist(), best=w.best,
+            first=w.first, last=w.last, best_fraction=w.best_fraction,
             first_fraction=w.first_fraction, last_fraction=w.last_fraction, size_fraction=w.size_fraction,
             max_effect=float(tr.effect()[:, k].max()), effect_name=tr.effect_name,
             device=result.device, versions=dict(result.versions),
@@ -500,15 +367,13 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
 
     Parameters
     ----------
-    result : Result
-        Of the ``injection_window`` experiment.
-    scale, threshold, mode
+    result, scale, threshold, mode
         As in :func:`window_summary`.
 
     Returns
     -------
     companion.injection.metrics.Window
-        The window of the mean effect over directions (less prompt noise at the edges).
+        The window of the mean effect over directions (less noise at the edges).
 
     Raises
     ------
@@ -519,12 +384,12 @@ def mean_window(result, scale: float = 0.5, threshold: float = 0.5, mode: str = 
     --------
     >>> mean_window(run_cached(CPU_CONFIGS["minilm-l6"])).best_fraction   # doctest: +SKIP
     """
-    k = _mode_scale_index(result, mode, scale)
     from companion.injection.metrics import effect_window
 
+    k = _mode_scale_index(result, mode, scale)
     effects = [tr.effect()[:, k] for (d, m_), tr in tracks(result).items() if m_ == mode]
     return effect_window(np.mean(effects, axis=0), layers=np.asarray(result.arrays["layers"]),
-                            n_layers=int(result.scalars["n_layers"]), threshold=threshold)
+                         n_layers=int(result.scalars["n_layers"]), threshold=threshold)
 
 
 def gpu_results(configs: dict | None = None, folder=None) -> dict:
@@ -548,7 +413,8 @@ def gpu_results(configs: dict | None = None, folder=None) -> dict:
         If ``configs`` is not a dict of injection_window configs.
     """
     configs = GPU_CONFIGS if configs is None else configs
-    if not isinstance(configs, dict) or not all(isinstance(c, InjectionWindowExperiment) for c in configs.values()):
+    if not (isinstance(configs, dict)
+            and all(isinstance(c, InjectionWindowExperiment) for c in configs.values())):
         raise TypeError("configs must be a dict of name -> InjectionWindowExperiment")
     by_hash = {r.config_hash: r for r in xp.stored_results("injection_window", folder)
                if r.config_hash == config_hash(make_config(InjectionWindowExperiment, r.config))}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from companion._validation import check_int
 from companion.experiments import check_result, register
+from companion.experiments._common import check_counts, load_model
 
 __all__ = ["MassiveAblationExperiment", "profile_of", "runs_of"]
 
@@ -58,15 +58,14 @@ class MassiveAblationExperiment:
 
     def compute(self, device, progress):
         """Run the three arms; returns the Result's arrays and scalars."""
-        from companion.outliers import massive_activations as ma
-        from companion.transformers import models
         from companion.corpus import corpus_sentences
+        from companion.outliers import massive_activations as ma
 
-        n = check_int(self.n_texts, "n_texts", 2)
-        n_cal = check_int(self.n_calibration, "n_calibration", 1)
-        m = models.load(self.model, device=device, dtype=self.dtype)
-        texts = corpus_sentences(n + n_cal, min_words=self.min_words, max_words=self.max_words)
-        evaluation, calibration = texts[:n], texts[n:]
+        check_counts(self, {"n_texts": 2, "n_calibration": 1})
+        m = load_model(self, device)
+        texts = corpus_sentences(self.n_texts + self.n_calibration, min_words=self.min_words,
+                                 max_words=self.max_words)
+        evaluation, calibration = texts[:self.n_texts], texts[self.n_texts:]
         prof = ma.first_token_profile(m, evaluation, self.channel, max_length=self.max_length)
         cal = ma.first_token_profile(m, calibration, self.channel, max_length=self.max_length)
         mean_value = float(cal.values[self.layer].mean())
