@@ -1,32 +1,8 @@
 """Command line of the companion package: ``python -m companion`` (or ``companion``).
 
-Examples
---------
-List the models and the experiments::
-
-    python -m companion models
-    python -m companion experiments
-
-Run an experiment with overrides, on a GPU, storing the Result where the chapters find it
-(from the root of a clone of the repository)::
-
-    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 \\
-        --set thresholds=1,5,20,100 --device cuda --out companion/data/results
-
-Show a stored Result::
-
-    python -m companion show companion/data/results/channel_statistics/<hash>.json
-
-Run a suite of configurations, one submitit job each (here, or on a SLURM cluster)::
-
-    python -m companion run-suite smoke
-    python -m companion run-suite injection-gpu --executor slurm --partition gpu --gpus 1 \\
-        --time 2:00 --out /shared/results
-
-Print the version; log more (-v, -vv) or only errors and no progress bars (--quiet)::
-
-    python -m companion --version
-    python -m companion -v run channel_statistics --model minilm-l6
+Commands: ``models``, ``experiments``, ``run``, ``show`` and ``run-suite``
+(:func:`~companion.suites.run_suite`); ``python -m companion --help`` explains every option, and the
+README and the chapter *Running experiments* show them at work.
 """
 
 from __future__ import annotations
@@ -58,26 +34,31 @@ Messages of the 'companion' logger go to stderr: warnings by default, -v adds pr
 
 
 def _verbosity_options(parser: argparse.ArgumentParser, top: bool) -> None:
-    # The same options on the top-level parser and on every command, so that both
-    # `python -m companion -v run ...` and `python -m companion run ... -v` work; a command's
-    # copies default to SUPPRESS so that they never overwrite what was given before the command.
-    default = {} if top else {"default": argparse.SUPPRESS}
-    parser.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else default),
+    # On the top-level parser and on every command (`-v run ...` and `run ... -v`); a command's
+    # copies default to SUPPRESS, so they never overwrite what came before the command.
+    parser.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
                         help="log more: -v progress messages (INFO), -vv details (DEBUG)")
-    parser.add_argument("-q", "--quiet", action="store_true", **({"default": False} if top else default),
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if top else argparse.SUPPRESS,
                         help="errors only and no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for the tests and for ``--help``)."""
+    """The argument parser (exposed for the tests and for ``--help``).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The parser of every command.
+    """
+    from companion import __version__
+    from companion.suites import NAMED_SUITES
+
     parser = argparse.ArgumentParser(
         prog="python -m companion",
         description="Run the real-model experiments of the book and manage their Results.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from companion import __version__
-
     parser.add_argument("--version", action="version", version=f"companion {__version__}",
                         help="print the version of the companion package and exit")
     _verbosity_options(parser, top=True)
@@ -127,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "process (--executor debug).  Configurations whose valid Result is already in the "
                     "store are skipped, so running a suite again resumes it.  Ends with a summary; the "
                     "exit code is 1 if any configuration failed.",
-        epilog="SUITE is a named suite (" + ", ".join(_suite_names()) + ") or a JSON/YAML file: a list "
+        epilog="SUITE is a named suite (" + ", ".join(NAMED_SUITES) + ") or a JSON/YAML file: a list "
                "of {experiment: NAME, config: {field: value}, label: optional}.  See companion.suites.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p_suite.add_argument("suite", nargs="?", help="a named suite or a suite file (.json, .yaml)")
@@ -161,12 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (p_models, p_exps, p_run, p_show, p_suite):
         _verbosity_options(p, top=False)
     return parser
-
-
-def _suite_names() -> list[str]:
-    from companion.suites import NAMED_SUITES
-
-    return list(NAMED_SUITES)
 
 
 def _parse_overrides(items: list[str], model: str | None) -> dict:
@@ -293,17 +268,9 @@ def _cmd_run_suite(args) -> int:
 
 @contextlib.contextmanager
 def _logging(verbose: int, quiet: bool):
-    """Send the 'companion' logger to stderr at the chosen level while a command runs.
-
-    The library itself only has a NullHandler (companion/__init__.py); the command line is the one
-    place that configures logging, and it undoes that when the command returns (main() may be
-    called more than once in a process, e.g. from a notebook or a test).
-    """
+    """Log 'companion' to stderr while a command runs; undone on return, as main() may run again."""
     log = logging.getLogger("companion")
-    if quiet:
-        level = logging.ERROR
-    else:
-        level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     saved = (log.level, log.propagate)
@@ -327,7 +294,12 @@ def _logging(verbose: int, quiet: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse ``argv`` (default ``sys.argv[1:]``) and run the command.
+    """Entry point: parse ``argv`` and run the command.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``).
 
     Returns
     -------
