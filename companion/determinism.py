@@ -20,8 +20,7 @@ import warnings
 from importlib import metadata
 
 __all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "cpu_has_avx2", "kernel_environment",
-           "pin_cpu_kernels", "kernel_report", "check_kernels",
-           "available_kernel_sets"]
+           "pin_cpu_kernels", "kernel_report", "check_kernels", "available_kernel_sets"]
 
 #: The kernel set every stored output of the book was produced with.
 PINNED_KERNEL_SET = "avx2"
@@ -33,24 +32,12 @@ _NUMPY_ALL_TARGETS = "X86_V3 " + _NUMPY_AVX512_TARGETS
 #: Environment of each kernel set that ``make test-portable`` can force.  ``default`` is the
 #: portable scalar/SSE code path; ``avx512`` lets every library use AVX-512 where the CPU has it.
 KERNEL_SETS: dict[str, dict[str, str]] = {
-    "default": {
-        "ATEN_CPU_CAPABILITY": "default",
-        "MKL_CBWR": "COMPATIBLE",
-        "ONEDNN_MAX_CPU_ISA": "SSE41",
-        "NPY_DISABLE_CPU_FEATURES": _NUMPY_ALL_TARGETS,
-    },
-    "avx2": {
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "MKL_CBWR": "AVX2",
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "NPY_DISABLE_CPU_FEATURES": _NUMPY_AVX512_TARGETS,
-    },
-    "avx512": {
-        "ATEN_CPU_CAPABILITY": "avx512",
-        "MKL_CBWR": "AUTO",
-        "ONEDNN_MAX_CPU_ISA": "ALL",
-        "NPY_DISABLE_CPU_FEATURES": "",
-    },
+    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "NPY_DISABLE_CPU_FEATURES": _NUMPY_ALL_TARGETS},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "NPY_DISABLE_CPU_FEATURES": _NUMPY_AVX512_TARGETS},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO", "ONEDNN_MAX_CPU_ISA": "ALL",
+               "NPY_DISABLE_CPU_FEATURES": ""},
 }
 
 
@@ -98,8 +85,8 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        Variable name to value.  ``NPY_DISABLE_CPU_FEATURES`` is omitted for NumPy < 2.3 (an
-        unknown feature name makes NumPy's import fail).
+        Variable name to value; without ``NPY_DISABLE_CPU_FEATURES`` for NumPy < 2.3 (which fails
+        on the unknown names).
 
     Raises
     ------
@@ -117,9 +104,7 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
 def pin_cpu_kernels(environ=None) -> dict[str, str]:
     """Pin the AVX2 kernel set for torch, MKL, oneDNN and NumPy, unless already chosen.
 
-    Must run before ``torch`` and ``numpy`` are imported (the libraries read the variables once).
-    Variables that are already set are left as they are, so ``make test-portable`` (or a reader)
-    can force another kernel set.
+    Run it before ``torch`` and ``numpy`` are imported; a variable already set is kept.
 
     Parameters
     ----------
@@ -151,24 +136,18 @@ def kernel_report() -> dict[str, str]:
         ``torch`` (e.g. ``"AVX2"``; ``"not imported"``), ``numpy`` (the enabled dispatch targets),
         and the kernel variables as set in the environment.
     """
-    out = {}
     torch = sys.modules.get("torch")
-    out["torch"] = torch.backends.cpu.get_cpu_capability() if torch is not None else "not imported"
     np_core = sys.modules.get("numpy._core._multiarray_umath")
+    out = {"torch": torch.backends.cpu.get_cpu_capability() if torch is not None else "not imported",
+           "numpy": "not imported"}
     if np_core is not None:
         feats = np_core.__cpu_features__
         out["numpy"] = " ".join(t for t in np_core.__cpu_dispatch__ if feats.get(t)) or "baseline"
-    else:
-        out["numpy"] = "not imported"
-    for key in KERNEL_SETS[PINNED_KERNEL_SET]:
-        out[key] = os.environ.get(key, "")
-    return out
+    return {**out, **{key: os.environ.get(key, "") for key in KERNEL_SETS[PINNED_KERNEL_SET]}}
 
 
 def check_kernels() -> bool:
-    """Warn if torch or NumPy runs other kernels than the environment asks for.
-
-    That happens when the library was imported before :func:`pin_cpu_kernels` ran.
+    """Warn if torch or NumPy runs other kernels than the environment asks for (imported too early).
 
     Returns
     -------
@@ -226,10 +205,7 @@ def available_kernel_sets() -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m companion.determinism available | env SET | run SET -- COMMAND...``.
-
-    ``run`` executes COMMAND with the kernel set's variables forced (``make test-portable``).
-    """
+    """``python -m companion.determinism available | env SET | run SET -- COMMAND`` (SET forced)."""
     if argv == ["available"]:
         print(" ".join(available_kernel_sets()))
         return 0

@@ -16,6 +16,8 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     Call it first, before importing torch or NumPy: it pins the AVX2 kernel set
     (:func:`companion.determinism.pin_cpu_kernels`), which those libraries read once at import.
+    It also sets offline and quiet environment variables, deterministic torch algorithms, print
+    precision 4 and a fixed PNG figure size and dpi.
 
     Parameters
     ----------
@@ -40,11 +42,6 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
     -----
     RuntimeWarning
         If torch was imported before this call and runs another kernel set than the pinned one.
-
-    Notes
-    -----
-    Also sets offline and quiet environment variables, deterministic torch algorithms, print
-    precision 4 and a fixed PNG figure size and dpi.
 
     Examples
     --------
