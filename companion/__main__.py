@@ -54,16 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     from companion.suites import NAMED_SUITES
 
     parser = argparse.ArgumentParser(
-        prog="python -m companion",
-        description="Run the real-model experiments of the book and manage their Results.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        prog="python -m companion", description="Run the real-model experiments of the book and manage "
+        "their Results.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"companion {__version__}",
                         help="print the version of the companion package and exit")
     _verbosity_options(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p_models = sub.add_parser("models", help="list the offline models and example hub ids",
                               description="List the models companion.transformers.models.load accepts: the offline models "
@@ -95,19 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the resolved config, its hash and the output path, and run nothing")
 
-    show_text = ("Print the metadata of a Result JSON file and the shapes of its arrays, after "
-                 "checking the pair (fields, shapes, dtypes, checksums); a damaged Result is an "
-                 "error (exit code 2) that says what to do.")
-    p_show = sub.add_parser("show", help="summarise a stored Result", description=show_text)
+    p_show = sub.add_parser("show", help="summarise a stored Result", description=(
+        "Print the metadata of a Result JSON file and the shapes of its arrays, after checking the "
+        "pair (fields, shapes, dtypes, checksums); a damaged Result is an error (exit code 2)."))
     p_show.add_argument("path", help="path of the Result's .json file")
 
     p_suite = sub.add_parser(
         "run-suite", help="run a suite of configurations, one submitit job each (local or SLURM)",
-        description="Submit one job per configuration of SUITE through submitit: subprocesses here "
-                    "(--executor local), a SLURM job array (--executor slurm, on the login node) or this "
-                    "process (--executor debug).  Configurations whose valid Result is already in the "
-                    "store are skipped, so running a suite again resumes it.  Ends with a summary; the "
-                    "exit code is 1 if any configuration failed.",
+        description="Submit one job per configuration of SUITE through submitit (see --executor).  "
+                    "Configurations whose valid Result is stored are skipped, so running a suite again "
+                    "resumes it.  Ends with a summary; the exit code is 1 if any configuration failed.",
         epilog="SUITE is a named suite (" + ", ".join(NAMED_SUITES) + ") or a JSON/YAML file: a list "
                "of {experiment: NAME, config: {field: value}, label: optional}.  See companion.suites.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_suite.add_argument("--list", action="store_true",
                          help="print the named suites, or the configurations of SUITE, and run nothing")
     p_suite.add_argument("--executor", choices=("local", "slurm", "debug"), default="local",
-                         help="submitit executor: local subprocesses (default), a SLURM cluster, "
+                         help="local subprocesses (default), a SLURM job array (from the login node), "
                               "or this process (pdb on failure)")
     p_suite.add_argument("--partition", default=None, help="SLURM partition (sbatch --partition)")
     p_suite.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
@@ -136,9 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_suite.add_argument("--force", action="store_true",
                          help="run every configuration, even those with a stored Result")
     p_suite.add_argument("--no-wait", action="store_true",
-                         help="submit and exit; once the jobs have ended, run the suite again: it skips "
-                              "the stored Results and resubmits the rest (a job still running would be "
-                              "submitted twice)")
+                         help="submit and exit; once the jobs have ended, run the suite again to collect "
+                              "(a job still running would be submitted twice)")
     for p in (p_models, p_exps, p_run, p_show, p_suite):
         _verbosity_options(p, top=False)
     return parser
