@@ -48,18 +48,10 @@ EXECUTORS = ("local", "slurm", "debug")
 
 @dataclass(frozen=True)
 class SuiteEntry:
-    """One configuration of a suite.
+    """One configuration of a suite: a label (unique within the suite) and a registered config."""
 
-    Attributes
-    ----------
-    label : str
-        A name for the summary (unique within the suite).
-    config : dataclass
-        A registered experiment's config.
-    """
-
-    label: str
-    config: Any
+    label: str  #: A name for the summary.
+    config: Any  #: A registered experiment's config.
 
     @property
     def experiment(self) -> str:
@@ -74,42 +66,24 @@ class SuiteEntry:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """What happened to one entry.
+    """What happened to one entry of a suite."""
 
-    Attributes
-    ----------
-    entry : SuiteEntry
-        The entry.
-    status : {"skipped", "done", "failed", "submitted"}
-        A valid Result was stored already; the job computed it; it raised or did not complete;
-        it was not waited for.
-    path, job_id, error : str or None
-        The Result's JSON file; submitit's job id (names its logs); the job's exception line.
-    wall_time : float or None
-        The Result's wall time in seconds.
-    """
-
-    entry: SuiteEntry
+    entry: SuiteEntry  #: The entry.
+    #: ``"skipped"`` (a valid Result was stored), ``"done"``, ``"failed"`` (the job raised or did not
+    #: complete) or ``"submitted"`` (not waited for).
     status: str
-    path: str | None = None
-    job_id: str | None = None
-    error: str | None = None
-    wall_time: float | None = None
+    path: str | None = None  #: The Result's JSON file (skipped or done).
+    job_id: str | None = None  #: submitit's job id (names its logs).
+    error: str | None = None  #: The job's exception line, for a failure.
+    wall_time: float | None = None  #: The Result's wall time in seconds.
 
 
 @dataclass
 class SuiteReport:
-    """The outcome of :func:`run_suite`, entry by entry, in the suite's order.
+    """The outcome of :func:`run_suite`, entry by entry, in the suite's order."""
 
-    Attributes
-    ----------
-    outcomes : list of JobOutcome
-        One per entry.
-    log_folder : pathlib.Path or None
-        submitit's folder (pickled jobs, ``<job id>_log.out`` / ``.err``); None if nothing ran.
-    """
-
-    outcomes: list[JobOutcome] = field(default_factory=list)
+    outcomes: list[JobOutcome] = field(default_factory=list)  #: One JobOutcome per entry.
+    #: submitit's folder (pickled jobs, ``<job id>_log.out`` / ``.err``); None if nothing ran.
     log_folder: Path | None = None
 
     def count(self, status: str) -> int:
@@ -168,7 +142,6 @@ def entries_from_configs(configs) -> list[SuiteEntry]:
         If an item is not a registered experiment config.
     ValueError
         If two entries share a label.
-
     """
     items = list(configs.items()) if isinstance(configs, dict) else [(None, c) for c in configs]
     entries = []
@@ -246,6 +219,7 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
     Returns
     -------
     list of SuiteEntry
+        One per configuration, in the suite's order.
 
     Raises
     ------
@@ -461,11 +435,7 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
         folder.mkdir(parents=True, exist_ok=True)
         ex = _executor(executor, folder, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args)
         wave = len(todo) if executor == "slurm" else (parallel or 1)
-        bar = None
-        if progress and wait:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(todo), desc="suite", unit="job")
+        bar = xp.progress_bar(len(todo), progress and wait, "suite")
         for start in range(0, len(todo), wave):
             chunk = todo[start:start + wave]
             with ex.batch():
