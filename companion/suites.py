@@ -2,16 +2,8 @@
 
 Each job calls :func:`~companion.experiments.run_cached`, so its Result lands in the
 (concurrency-safe) store; configurations whose valid Result is stored are skipped, so running a
-suite again resumes it.  Command line: ``python -m companion run-suite``.  A suite file is JSON or
-YAML (needs PyYAML), a list of entries or a mapping with a ``configs`` list; each ``config``
-overrides fields of the experiment's default configuration, typed like ``--set``::
-
-    configs:
-      - experiment: channel_statistics
-        label: minilm-small            # optional; default: the experiment name and the hash
-        config: {model: minilm-l6, n_texts: 64}
-
-Named suites (:data:`NAMED_SUITES`) need no file.
+suite again resumes it.  Command line: ``python -m companion run-suite``.  The suite file format
+(JSON or YAML) and the named suites: chapter :doc:`/book/running_experiments`, section *Suites*.
 """
 
 from __future__ import annotations
@@ -214,7 +206,8 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
     Parameters
     ----------
     source : str or pathlib.Path
-        A name in :data:`NAMED_SUITES`, or the path of a suite file (see the module docstring).
+        A name in :data:`NAMED_SUITES`, or the path of a suite file: a list of ``{experiment: NAME,
+        config: {field: value}, label: optional}``, or a mapping with that list under ``configs``.
 
     Returns
     -------
