@@ -20,16 +20,14 @@ import warnings
 __all__ = ["main", "build_parser"]
 
 _EPILOG = """\
-Results are written as <out>/<experiment>/<config hash>.json + .npz.  Without --out they go to
-the cache folder: results/cache/ in a clone of the repository (git-ignored), else
-~/.cache/companion/results/cache/ ($COMPANION_RESULTS/cache if that is set).  The stored Results
-that chapters read are installed with the package (companion/data/results/); in a clone, write
-new ones there with --out companion/data/results and commit them.
+Results are written as <out>/<experiment>/<config hash>.json + .npz; without --out, to the cache:
+results/cache/ in a clone of the repository (git-ignored), else ~/.cache/companion/results/cache/
+($COMPANION_RESULTS/cache if that is set).  The stored Results that chapters read are installed with
+the package (companion/data/results/); in a clone, write new ones there with --out and commit them.
 A Result whose config hash or schema does not match, or whose files are damaged (checksums in the
 JSON), is recomputed, never reused; run checks that --out is writable before computing anything.
-Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
-Messages of the 'companion' logger go to stderr: warnings by default, -v adds progress messages
-(INFO), -vv details (DEBUG); --quiet shows errors only.
+Progress bars are tqdm's (TQDM_DISABLE=1 or --quiet hides them).  The 'companion' logger writes to
+stderr: warnings by default, -v progress messages (INFO), -vv details (DEBUG), --quiet errors only.
 """
 
 

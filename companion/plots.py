@@ -48,12 +48,10 @@ def tail_curves(ax, t, exact=None, bounds=None, *, lw_bound: float = 0.9, ms: fl
     t : array_like, 1-D
         The abscissa.
     exact : dict, optional
-        ``label -> values`` or ``label -> (values, fmt)``: exact or simulated tails; zeros are
-        masked (not drawn), as a log scale cannot show them.  ``fmt`` is a matplotlib format
-        string such as ``"C0"`` or ``"ko"``; default: the next colour, solid.
+        ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as ``"ko"``;
+        default: the next colour, solid): exact or simulated tails, zeros masked (log scale).
     bounds : dict, optional
-        The same for bounds, drawn as ``min(1, value)`` with lines of width ``lw_bound``;
-        default format: the next colour, dashed.
+        The same for bounds, drawn as ``min(1, value)``; default format: the next colour, dashed.
     lw_bound, ms : float
         Line width of the bounds; marker size, for formats with markers.
 
@@ -421,10 +419,10 @@ def _depth_scale(result, scale) -> int:
 
 
 def depth_success_rates(result, scale: float = 1.0):
-    """Success rate of the target directions against injection layer / L in a depth_study
-    Result, one panel per placement: each member with its bootstrap band (darker = deeper),
-    the chance level (dotted) and the window threshold (dashed); each title gives the mean rate
-    of the held-out random directions.
+    """Success rate of the target directions against injection layer / L, one panel per placement.
+
+    Each member of the depth_study Result with its bootstrap band (darker = deeper), the chance
+    level (dotted) and the window threshold (dashed); titles give the held-out random rate.
 
     Parameters
     ----------
