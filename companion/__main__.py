@@ -17,6 +17,8 @@ import sys
 import typing
 import warnings
 
+from companion import __version__, experiments, suites
+
 __all__ = ["main", "build_parser"]
 
 _EPILOG = """\
@@ -48,9 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     argparse.ArgumentParser
         The parser of every command.
     """
-    from companion import __version__
-    from companion.suites import NAMED_SUITES
-
     parser = argparse.ArgumentParser(
         prog="python -m companion", description="Run the real-model experiments of the book and manage "
         "their Results.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Submit one job per configuration of SUITE through submitit (see --executor).  "
                     "Configurations whose valid Result is stored are skipped, so running a suite again "
                     "resumes it.  Ends with a summary; the exit code is 1 if any configuration failed.",
-        epilog="SUITE is a named suite (" + ", ".join(NAMED_SUITES) + ") or a JSON/YAML file: a list "
+        epilog="SUITE is a named suite (" + ", ".join(suites.NAMED_SUITES) + ") or a JSON/YAML file: a list "
                "of {experiment: NAME, config: {field: value}, label: optional}.  See companion.suites.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p_suite.add_argument("suite", nargs="?", help="a named suite or a suite file (.json, .yaml)")
@@ -175,8 +174,6 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_experiments(args) -> int:
-    from companion import experiments
-
     out = []
     for name in args.names or experiments.experiment_names():
         cls = experiments.get_experiment(name)
@@ -197,8 +194,6 @@ def _cmd_experiments(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from companion import experiments
-
     cls = experiments.get_experiment(args.name)
     config = experiments.make_config(cls, _parse_overrides(args.overrides, args.model))
     target = experiments.result_path(config, args.out)
@@ -218,8 +213,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from companion import experiments
-
     r = experiments.load_result(args.path)
     print(f"{r.name}  hash {r.config_hash}  schema {r.schema}  created {r.created}")
     print(f"device {r.device}  wall time {r.wall_time:.1f} s")
@@ -233,8 +226,6 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_run_suite(args) -> int:
-    from companion import suites
-
     if args.suite is None:
         if not args.list:
             raise ValueError("name a suite (" + ", ".join(suites.NAMED_SUITES) + ") or a suite file")
