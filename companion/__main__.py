@@ -1,32 +1,8 @@
 """Command line of the companion package: ``python -m companion`` (or ``companion``).
 
-Examples
---------
-List the models and the experiments::
-
-    python -m companion models
-    python -m companion experiments
-
-Run an experiment with overrides, on a GPU, storing the Result where the chapters find it
-(from the root of a clone of the repository)::
-
-    python -m companion run channel_statistics --model gpt2-xl --set n_texts=2048 \\
-        --set thresholds=1,5,20,100 --device cuda --out companion/data/results
-
-Show a stored Result::
-
-    python -m companion show companion/data/results/channel_statistics/<hash>.json
-
-Run a suite of configurations, one submitit job each (here, or on a SLURM cluster)::
-
-    python -m companion run-suite smoke
-    python -m companion run-suite injection-gpu --executor slurm --partition gpu --gpus 1 \\
-        --time 2:00 --out /shared/results
-
-Print the version; log more (-v, -vv) or only errors and no progress bars (--quiet)::
-
-    python -m companion --version
-    python -m companion -v run channel_statistics --model minilm-l6
+Commands: ``models``, ``experiments``, ``run``, ``show`` and ``run-suite``
+(:func:`~companion.suites.run_suite`); ``python -m companion --help`` explains every option, and the
+README and the chapter *Running experiments* show them at work.
 """
 
 from __future__ import annotations
@@ -41,48 +17,46 @@ import sys
 import typing
 import warnings
 
+from companion import __version__, experiments, suites
+
 __all__ = ["main", "build_parser"]
 
 _EPILOG = """\
-Results are written as <out>/<experiment>/<config hash>.json + .npz.  Without --out they go to
-the cache folder: results/cache/ in a clone of the repository (git-ignored), else
-~/.cache/companion/results/cache/ ($COMPANION_RESULTS/cache if that is set).  The stored Results
-that chapters read are installed with the package (companion/data/results/); in a clone, write
-new ones there with --out companion/data/results and commit them.
+Results are written as <out>/<experiment>/<config hash>.json + .npz; without --out, to the cache:
+results/cache/ in a clone of the repository (git-ignored), else ~/.cache/companion/results/cache/
+($COMPANION_RESULTS/cache if that is set).  The stored Results that chapters read are installed with
+the package (companion/data/results/); in a clone, write new ones there with --out and commit them.
 A Result whose config hash or schema does not match, or whose files are damaged (checksums in the
 JSON), is recomputed, never reused; run checks that --out is writable before computing anything.
-Progress bars are tqdm bars; set TQDM_DISABLE=1 (or pass --quiet) to hide them.
-Messages of the 'companion' logger go to stderr: warnings by default, -v adds progress messages
-(INFO), -vv details (DEBUG); --quiet shows errors only.
+Progress bars are tqdm's (TQDM_DISABLE=1 or --quiet hides them).  The 'companion' logger writes to
+stderr: warnings by default, -v progress messages (INFO), -vv details (DEBUG), --quiet errors only.
 """
 
 
 def _verbosity_options(parser: argparse.ArgumentParser, top: bool) -> None:
-    # The same options on the top-level parser and on every command, so that both
-    # `python -m companion -v run ...` and `python -m companion run ... -v` work; a command's
-    # copies default to SUPPRESS so that they never overwrite what was given before the command.
-    default = {} if top else {"default": argparse.SUPPRESS}
-    parser.add_argument("-v", "--verbose", action="count", **({"default": 0} if top else default),
+    # On the top-level parser and on every command (`-v run ...` and `run ... -v`); a command's
+    # copies default to SUPPRESS, so they never overwrite what came before the command.
+    parser.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
                         help="log more: -v progress messages (INFO), -vv details (DEBUG)")
-    parser.add_argument("-q", "--quiet", action="store_true", **({"default": False} if top else default),
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if top else argparse.SUPPRESS,
                         help="errors only and no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for the tests and for ``--help``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m companion",
-        description="Run the real-model experiments of the book and manage their Results.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    from companion import __version__
+    """The argument parser (exposed for the tests and for ``--help``).
 
+    Returns
+    -------
+    argparse.ArgumentParser
+        The parser of every command.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m companion", description="Run the real-model experiments of the book and manage "
+        "their Results.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"companion {__version__}",
                         help="print the version of the companion package and exit")
     _verbosity_options(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p_models = sub.add_parser("models", help="list the offline models and example hub ids",
                               description="List the models companion.transformers.models.load accepts: the offline models "
@@ -114,27 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the resolved config, its hash and the output path, and run nothing")
 
-    show_text = ("Print the metadata of a Result JSON file and the shapes of its arrays, after "
-                 "checking the pair (fields, shapes, dtypes, checksums); a damaged Result is an "
-                 "error (exit code 2) that says what to do.")
-    p_show = sub.add_parser("show", help="summarise a stored Result", description=show_text)
+    p_show = sub.add_parser("show", help="summarise a stored Result", description=(
+        "Print the metadata of a Result JSON file and the shapes of its arrays, after checking the "
+        "pair (fields, shapes, dtypes, checksums); a damaged Result is an error (exit code 2)."))
     p_show.add_argument("path", help="path of the Result's .json file")
 
     p_suite = sub.add_parser(
         "run-suite", help="run a suite of configurations, one submitit job each (local or SLURM)",
-        description="Submit one job per configuration of SUITE through submitit: subprocesses here "
-                    "(--executor local), a SLURM job array (--executor slurm, on the login node) or this "
-                    "process (--executor debug).  Configurations whose valid Result is already in the "
-                    "store are skipped, so running a suite again resumes it.  Ends with a summary; the "
-                    "exit code is 1 if any configuration failed.",
-        epilog="SUITE is a named suite (" + ", ".join(_suite_names()) + ") or a JSON/YAML file: a list "
+        description="Submit one job per configuration of SUITE through submitit (see --executor).  "
+                    "Configurations whose valid Result is stored are skipped, so running a suite again "
+                    "resumes it.  Ends with a summary; the exit code is 1 if any configuration failed.",
+        epilog="SUITE is a named suite (" + ", ".join(suites.NAMED_SUITES) + ") or a JSON/YAML file: a list "
                "of {experiment: NAME, config: {field: value}, label: optional}.  See companion.suites.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p_suite.add_argument("suite", nargs="?", help="a named suite or a suite file (.json, .yaml)")
     p_suite.add_argument("--list", action="store_true",
                          help="print the named suites, or the configurations of SUITE, and run nothing")
     p_suite.add_argument("--executor", choices=("local", "slurm", "debug"), default="local",
-                         help="submitit executor: local subprocesses (default), a SLURM cluster, "
+                         help="local subprocesses (default), a SLURM job array (from the login node), "
                               "or this process (pdb on failure)")
     p_suite.add_argument("--partition", default=None, help="SLURM partition (sbatch --partition)")
     p_suite.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
@@ -155,18 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_suite.add_argument("--force", action="store_true",
                          help="run every configuration, even those with a stored Result")
     p_suite.add_argument("--no-wait", action="store_true",
-                         help="submit and exit; once the jobs have ended, run the suite again: it skips "
-                              "the stored Results and resubmits the rest (a job still running would be "
-                              "submitted twice)")
+                         help="submit and exit; once the jobs have ended, run the suite again to collect "
+                              "(a job still running would be submitted twice)")
     for p in (p_models, p_exps, p_run, p_show, p_suite):
         _verbosity_options(p, top=False)
     return parser
-
-
-def _suite_names() -> list[str]:
-    from companion.suites import NAMED_SUITES
-
-    return list(NAMED_SUITES)
 
 
 def _parse_overrides(items: list[str], model: str | None) -> dict:
@@ -210,8 +174,6 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_experiments(args) -> int:
-    from companion import experiments
-
     out = []
     for name in args.names or experiments.experiment_names():
         cls = experiments.get_experiment(name)
@@ -232,8 +194,6 @@ def _cmd_experiments(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from companion import experiments
-
     cls = experiments.get_experiment(args.name)
     config = experiments.make_config(cls, _parse_overrides(args.overrides, args.model))
     target = experiments.result_path(config, args.out)
@@ -253,8 +213,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from companion import experiments
-
     r = experiments.load_result(args.path)
     print(f"{r.name}  hash {r.config_hash}  schema {r.schema}  created {r.created}")
     print(f"device {r.device}  wall time {r.wall_time:.1f} s")
@@ -268,8 +226,6 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_run_suite(args) -> int:
-    from companion import suites
-
     if args.suite is None:
         if not args.list:
             raise ValueError("name a suite (" + ", ".join(suites.NAMED_SUITES) + ") or a suite file")
@@ -293,17 +249,9 @@ def _cmd_run_suite(args) -> int:
 
 @contextlib.contextmanager
 def _logging(verbose: int, quiet: bool):
-    """Send the 'companion' logger to stderr at the chosen level while a command runs.
-
-    The library itself only has a NullHandler (companion/__init__.py); the command line is the one
-    place that configures logging, and it undoes that when the command returns (main() may be
-    called more than once in a process, e.g. from a notebook or a test).
-    """
+    """Log 'companion' to stderr while a command runs; undone on return, as main() may run again."""
     log = logging.getLogger("companion")
-    if quiet:
-        level = logging.ERROR
-    else:
-        level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     saved = (log.level, log.propagate)
@@ -327,7 +275,12 @@ def _logging(verbose: int, quiet: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse ``argv`` (default ``sys.argv[1:]``) and run the command.
+    """Entry point: parse ``argv`` and run the command.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``).
 
     Returns
     -------

@@ -1,31 +1,14 @@
 """CPU kernel sets: make printed numbers independent of the reader's instruction set.
 
-torch, MKL, oneDNN and NumPy each choose vectorised code paths from the CPU they run on.  An
-AVX-512 machine and an AVX2 machine therefore round differently in the last bits, and through
-rounding flips, long training runs and fake quantisation the difference can reach printed
-digits.  The book fixes one kernel set, **AVX2**, which every x86-64 CPU sold since about 2015
-has, and every stored output of the book was produced with it.
-
-The settings are environment variables that each library reads once, when it is first loaded:
-
-==========================  =============================  =====================================
-library                     variable                       pinned value
-==========================  =============================  =====================================
-torch (ATen kernels)        ``ATEN_CPU_CAPABILITY``        ``avx2``
-MKL (torch's CPU BLAS)      ``MKL_CBWR``                   ``AVX2``
-oneDNN (torch's mkldnn)     ``ONEDNN_MAX_CPU_ISA``         ``AVX2``
-NumPy (SIMD dispatch)       ``NPY_DISABLE_CPU_FEATURES``   the AVX-512 targets of NumPy >= 2.3
-==========================  =============================  =====================================
-
-so :func:`pin_cpu_kernels` must run before ``torch`` and ``numpy`` are imported.
-:func:`companion.notebook.setup_notebook` calls it first (``import companion`` imports neither library),
-the Makefile exports the same variables for ``make test``, and ``make test-portable`` re-runs
-the tests with the other kernel sets forced (:data:`KERNEL_SETS`).  A variable the user has set
-already is never overwritten, so a forced kernel set wins.  Nothing is pinned on CPUs without
-AVX2 (forcing AVX2 kernels there would crash) or that are not x86-64.
-
-``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are deliberately left alone: some machines set
-them to avoid OpenBLAS bugs.
+torch, MKL, oneDNN and NumPy choose vectorised code from the CPU, so AVX-512 and AVX2 machines round
+differently in the last bits, and long training runs or fake quantisation can carry that into printed
+digits.  The book pins one kernel set, **AVX2** (every x86-64 CPU since about 2015), by variables each
+library reads once, at import: ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_CBWR=AVX2``,
+``ONEDNN_MAX_CPU_ISA=AVX2`` and ``NPY_DISABLE_CPU_FEATURES`` = NumPy's AVX-512 targets (NumPy >= 2.3).
+So :func:`pin_cpu_kernels` runs before torch and NumPy are imported (first thing in
+:func:`~companion.notebook.setup_notebook`); ``make test-portable`` forces the other sets of
+:data:`KERNEL_SETS`.  A variable already set is never overwritten, and nothing is pinned on CPUs that
+lack AVX2 or are not x86-64.  ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are deliberately left alone.
 """
 
 from __future__ import annotations
@@ -37,8 +20,7 @@ import warnings
 from importlib import metadata
 
 __all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "cpu_has_avx2", "kernel_environment",
-           "pin_cpu_kernels", "kernel_report", "check_kernels",
-           "available_kernel_sets"]
+           "pin_cpu_kernels", "kernel_report", "check_kernels", "available_kernel_sets"]
 
 #: The kernel set every stored output of the book was produced with.
 PINNED_KERNEL_SET = "avx2"
@@ -50,24 +32,12 @@ _NUMPY_ALL_TARGETS = "X86_V3 " + _NUMPY_AVX512_TARGETS
 #: Environment of each kernel set that ``make test-portable`` can force.  ``default`` is the
 #: portable scalar/SSE code path; ``avx512`` lets every library use AVX-512 where the CPU has it.
 KERNEL_SETS: dict[str, dict[str, str]] = {
-    "default": {
-        "ATEN_CPU_CAPABILITY": "default",
-        "MKL_CBWR": "COMPATIBLE",
-        "ONEDNN_MAX_CPU_ISA": "SSE41",
-        "NPY_DISABLE_CPU_FEATURES": _NUMPY_ALL_TARGETS,
-    },
-    "avx2": {
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "MKL_CBWR": "AVX2",
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "NPY_DISABLE_CPU_FEATURES": _NUMPY_AVX512_TARGETS,
-    },
-    "avx512": {
-        "ATEN_CPU_CAPABILITY": "avx512",
-        "MKL_CBWR": "AUTO",
-        "ONEDNN_MAX_CPU_ISA": "ALL",
-        "NPY_DISABLE_CPU_FEATURES": "",
-    },
+    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "NPY_DISABLE_CPU_FEATURES": _NUMPY_ALL_TARGETS},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "NPY_DISABLE_CPU_FEATURES": _NUMPY_AVX512_TARGETS},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO", "ONEDNN_MAX_CPU_ISA": "ALL",
+               "NPY_DISABLE_CPU_FEATURES": ""},
 }
 
 
@@ -75,12 +45,9 @@ def _cpu_flags() -> set[str] | None:
     """The CPU's feature flags from ``/proc/cpuinfo``; None where they cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), None)
     except OSError:
         return None
-    return None
 
 
 def cpu_has_avx2() -> bool:
@@ -118,8 +85,8 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        Variable name to value.  ``NPY_DISABLE_CPU_FEATURES`` is omitted for NumPy < 2.3 (an
-        unknown feature name makes NumPy's import fail).
+        Variable name to value; without ``NPY_DISABLE_CPU_FEATURES`` for NumPy < 2.3 (which fails
+        on the unknown names).
 
     Raises
     ------
@@ -137,9 +104,7 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
 def pin_cpu_kernels(environ=None) -> dict[str, str]:
     """Pin the AVX2 kernel set for torch, MKL, oneDNN and NumPy, unless already chosen.
 
-    Must run before ``torch`` and ``numpy`` are imported (the libraries read the variables once).
-    Variables that are already set are left as they are, so ``make test-portable`` (or a reader)
-    can force another kernel set.
+    Run it before ``torch`` and ``numpy`` are imported; a variable already set is kept.
 
     Parameters
     ----------
@@ -171,24 +136,18 @@ def kernel_report() -> dict[str, str]:
         ``torch`` (e.g. ``"AVX2"``; ``"not imported"``), ``numpy`` (the enabled dispatch targets),
         and the kernel variables as set in the environment.
     """
-    out = {}
     torch = sys.modules.get("torch")
-    out["torch"] = torch.backends.cpu.get_cpu_capability() if torch is not None else "not imported"
     np_core = sys.modules.get("numpy._core._multiarray_umath")
+    out = {"torch": torch.backends.cpu.get_cpu_capability() if torch is not None else "not imported",
+           "numpy": "not imported"}
     if np_core is not None:
         feats = np_core.__cpu_features__
         out["numpy"] = " ".join(t for t in np_core.__cpu_dispatch__ if feats.get(t)) or "baseline"
-    else:
-        out["numpy"] = "not imported"
-    for key in KERNEL_SETS[PINNED_KERNEL_SET]:
-        out[key] = os.environ.get(key, "")
-    return out
+    return {**out, **{key: os.environ.get(key, "") for key in KERNEL_SETS[PINNED_KERNEL_SET]}}
 
 
 def check_kernels() -> bool:
-    """Warn if torch or NumPy runs other kernels than the environment asks for.
-
-    That happens when the library was imported before :func:`pin_cpu_kernels` ran.
+    """Warn if torch or NumPy runs other kernels than the environment asks for (imported too early).
 
     Returns
     -------
@@ -246,26 +205,18 @@ def available_kernel_sets() -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m companion.determinism available | env SET | run SET -- COMMAND...``.
-
-    ``run`` executes COMMAND with the kernel set's variables forced (``make test-portable``).
-    """
-    if len(argv) >= 4 and argv[0] == "run" and argv[2] == "--":
-        try:
-            env = kernel_environment(argv[1])
-        except ValueError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        os.execvpe(argv[3], argv[3:], {**os.environ, **env})
-    if len(argv) == 1 and argv[0] == "available":
+    """``python -m companion.determinism available | env SET | run SET -- COMMAND`` (SET forced)."""
+    if argv == ["available"]:
         print(" ".join(available_kernel_sets()))
         return 0
-    if len(argv) == 2 and argv[0] == "env":
+    if (len(argv) >= 4 and argv[0] == "run" and argv[2] == "--") or (len(argv) == 2 and argv[0] == "env"):
         try:
             env = kernel_environment(argv[1])
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
+        if argv[0] == "run":
+            os.execvpe(argv[3], argv[3:], {**os.environ, **env})
         print(" ".join(f"{k}={v!r}" if " " in v else f"{k}={v}" for k, v in env.items()))
         return 0
     print("usage: python -m companion.determinism available | env SET | run SET -- COMMAND...",

@@ -16,6 +16,8 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     Call it first, before importing torch or NumPy: it pins the AVX2 kernel set
     (:func:`companion.determinism.pin_cpu_kernels`), which those libraries read once at import.
+    It also sets offline and quiet environment variables, deterministic torch algorithms, print
+    precision 4 and a fixed PNG figure size and dpi.
 
     Parameters
     ----------
@@ -41,11 +43,6 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
     RuntimeWarning
         If torch was imported before this call and runs another kernel set than the pinned one.
 
-    Notes
-    -----
-    Also sets offline and quiet environment variables, deterministic torch algorithms, print
-    precision 4 and a fixed PNG figure size and dpi.
-
     Examples
     --------
     >>> import numpy as np
@@ -62,19 +59,12 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     seed, threads = check_int(seed, "seed", 0), check_int(threads, "threads", 1)
 
-    for key, value in {
-        "TQDM_DISABLE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONHASHSEED": str(seed),
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-    }.items():
-        os.environ[key] = value
+    os.environ.update({
+        "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+        "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": str(seed), "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads), "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    })
 
     random.seed(seed)
     np.random.seed(seed)
@@ -83,8 +73,8 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
     try:
         import torch
     except ImportError:  # the pure-maths chapters do not need torch
-        torch = None
-    if torch is not None:
+        pass
+    else:
         torch.manual_seed(seed)
         torch.set_num_threads(int(threads))
         torch.use_deterministic_algorithms(True)
@@ -100,17 +90,9 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     import matplotlib
 
-    matplotlib.rcParams.update(
-        {
-            "figure.figsize": (7.0, 4.0),
-            "figure.dpi": 100,
-            "savefig.dpi": 100,
-            "font.size": 10,
-            "axes.grid": True,
-            "grid.alpha": 0.3,
-            "svg.hashsalt": "companion",
-        }
-    )
+    matplotlib.rcParams.update({"figure.figsize": (7.0, 4.0), "figure.dpi": 100, "savefig.dpi": 100,
+                                "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
+                                "svg.hashsalt": "companion"})
     try:  # inside IPython: PNG only (nbval ignores PNG bytes; SVG would not be stable)
         from IPython import get_ipython
 

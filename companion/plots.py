@@ -1,21 +1,9 @@
-"""Figure helpers that the chapters call (reader-facing).
+"""Figure helpers that two chapters share, or that a reader calls on their own Results.
 
-Each function draws on a matplotlib ``Axes`` (or makes a figure) and returns matplotlib
-objects; none calls ``plt.show()``.  The figure style is set once by
-:func:`~companion.notebook.setup_notebook`; the helpers only remove what the chapters repeated:
-
-* :func:`tail_curves` -- tail probabilities on a log scale: exact curves with zeros masked,
-  bounds clipped at 1 (a probability);
-* :func:`counts` -- simulated counts (zeros masked) beside their expectation and bounds, on
-  log axes;
-* :func:`band` -- a profile with its interval as a shaded band (non-finite abscissae dropped);
-* :func:`interval_errorbars` -- estimates with asymmetric intervals ``[lo, hi]``;
-* :func:`depth_axis` -- a depth axis on a base-2 log scale with a tick at every depth;
-* :func:`depth_colours` -- one viridis colour per depth, shallow to deep;
-* :func:`finish` -- the figure's title and a tight layout;
-* :func:`table` -- an aligned text table (header right-aligned over formatted columns).
-
-Matplotlib is imported inside the functions, so importing the package never loads it.
+Each helper draws on a matplotlib ``Axes`` (or makes a figure) and returns matplotlib objects; none
+calls ``plt.show()``.  The style is set by :func:`~companion.notebook.setup_notebook`, and matplotlib
+is imported inside the functions, so importing the package never loads it.  The ``depth_*`` helpers
+draw a stored ``depth_study`` Result (chapter :doc:`/book/depth_study`).
 """
 
 from __future__ import annotations
@@ -56,17 +44,16 @@ def tail_curves(ax, t, exact=None, bounds=None, *, lw_bound: float = 0.9, ms: fl
     Parameters
     ----------
     ax : matplotlib.axes.Axes
+        Where to draw.
     t : array_like, 1-D
         The abscissa.
     exact : dict, optional
-        ``label -> values`` or ``label -> (values, fmt)``: exact or simulated tails; zeros are
-        masked (not drawn), as a log scale cannot show them.  ``fmt`` is a matplotlib format
-        string such as ``"C0"`` or ``"ko"``; default: the next colour, solid.
+        ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as ``"ko"``;
+        default: the next colour, solid): exact or simulated tails, zeros masked (log scale).
     bounds : dict, optional
-        The same for bounds, drawn as ``min(1, value)`` with lines of width ``lw_bound``;
-        default format: the next colour, dashed.
-    ms : float
-        Marker size, for formats with markers.
+        The same for bounds, drawn as ``min(1, value)``; default format: the next colour, dashed.
+    lw_bound, ms : float
+        Line width of the bounds; marker size, for formats with markers.
 
     Returns
     -------
@@ -75,8 +62,6 @@ def tail_curves(ax, t, exact=None, bounds=None, *, lw_bound: float = 0.9, ms: fl
     """
     _check_axes(ax)
     t = _vector(t, "t")
-    lw_bound = check_real(lw_bound, "lw_bound", lo=0.0, lo_open=True)
-    ms = check_real(ms, "ms", lo=0.0)
     lines = []
     for kind, curves in (("exact", exact), ("bounds", bounds)):
         if curves is None:
@@ -256,6 +241,7 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     Parameters
     ----------
     ax : matplotlib.axes.Axes
+        Where to draw.
     curves : dict
         ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as
         ``"C0o-"`` or ``"C0:"``; default: the next colour, ``"o-"``) or
@@ -264,6 +250,7 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     x : array_like, optional
         Abscissa (default ``0, 1, ...``).
     xlabel, ylabel, title : str
+        Axis labels and title.
     logy, logx : bool
         Logarithmic y-axis, x-axis.
     ms : float
@@ -283,7 +270,6 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
         x = np.arange(as_float64(items[0][1], "values").size)
     x = _vector(x, "x")
     logy, logx = check_bool(logy, "logy"), check_bool(logx, "logx")
-    ms = check_real(ms, "ms", lo=0.0)
     lines = []
     for label, values, fmt, kw in items:
         y = _vector(values, f"curves[{label!r}]", x.size)
@@ -295,15 +281,11 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     if logy:
         ax.set_yscale("log")
     if legend_fontsize is not None:
-        ax.legend(fontsize=check_real(legend_fontsize, "legend_fontsize", lo=0.0, lo_open=True),
-                  loc=legend_loc)
+        ax.legend(fontsize=legend_fontsize, loc=legend_loc)
     return lines
 
 
-# --- depth study ---
-# Figures of a stored depth_study Result (book/depth_study.ipynb): one panel per placement or
-# per statistic, the members coloured by depth.
-
+# --- depth study: one panel per placement or statistic, the members coloured by depth ---
 _PLACEMENT_NAMES = {"pre": "Pre-LN", "post": "Post-LN", "dslm": "DSLM Post-LN"}
 
 
@@ -429,11 +411,6 @@ def depth_outlier_statistics(result):
     return fig, axes
 
 
-# Figures of the concentration and three-effect chapters: the chapter computes every curve, these
-# functions only draw them.
-
-
-# --- block partfigs ---
 def _depth_scale(result, scale) -> int:
     scales = list(result.config["scales"])
     if check_real(scale, "scale") not in scales:
@@ -442,10 +419,10 @@ def _depth_scale(result, scale) -> int:
 
 
 def depth_success_rates(result, scale: float = 1.0):
-    """Success rate of the target directions against injection layer / L in a depth_study
-    Result, one panel per placement: each member with its bootstrap band (darker = deeper),
-    the chance level (dotted) and the window threshold (dashed); each title gives the mean rate
-    of the held-out random directions.
+    """Success rate of the target directions against injection layer / L, one panel per placement.
+
+    Each member of the depth_study Result with its bootstrap band (darker = deeper), the chance
+    level (dotted) and the window threshold (dashed); titles give the held-out random rate.
 
     Parameters
     ----------

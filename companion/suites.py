@@ -1,25 +1,9 @@
-"""Experiment suites: many configurations, one job each, through submitit (local or SLURM).
+"""Experiment suites: many configurations, one submitit job each (local, SLURM or debug executor).
 
-A *suite* is a list of experiment configurations.  :func:`~companion.suites.run_suite` submits
-one job per configuration through `submitit <https://github.com/facebookincubator/submitit>`_
-(local, SLURM or debug executor); each job calls ``companion.experiments.run_cached``, so its
-Result lands in the (concurrency-safe) Result store.  Configurations whose valid Result is stored
-are skipped, so running a suite again resumes it.  Command line: ``python -m companion run-suite``.
-
-A suite file is JSON or YAML (needs PyYAML), a list of entries or a mapping with a ``configs`` list::
-
-    # suite.yaml
-    configs:
-      - experiment: channel_statistics
-        label: minilm-small            # optional; default: the experiment name and the hash
-        config: {model: minilm-l6, n_texts: 64}
-      - experiment: injection_window
-        config: {model: gpt2-xl, n_prompts: 32, dtype: bfloat16}
-
-Each ``config`` overrides fields of the experiment's default configuration, typed like ``--set``.
-Named suites (``NAMED_SUITES``) need no file: ``injection-gpu`` (the injection-window
-``GPU_CONFIGS``, hub models for CUDA machines with network), ``framework-gpu`` (the two large
-framework configurations) and ``smoke`` (three CPU-sized configurations).
+Each job calls :func:`~companion.experiments.run_cached`, so its Result lands in the
+(concurrency-safe) store; configurations whose valid Result is stored are skipped, so running a
+suite again resumes it.  Command line: ``python -m companion run-suite``.  The suite file format
+(JSON or YAML) and the named suites: chapter :doc:`/book/running_experiments`, section *Suites*.
 """
 
 from __future__ import annotations
@@ -56,17 +40,10 @@ EXECUTORS = ("local", "slurm", "debug")
 
 @dataclass(frozen=True)
 class SuiteEntry:
-    """One configuration of a suite.
+    """One configuration of a suite: a label (unique within the suite) and a registered config."""
 
-    Attributes
-    ----------
-    label : str
-        A name for the summary (unique within the suite).
-    config : a registered experiment config instance
-    """
-
-    label: str
-    config: Any
+    label: str  #: A name for the summary.
+    config: Any  #: A registered experiment's config.
 
     @property
     def experiment(self) -> str:
@@ -81,44 +58,24 @@ class SuiteEntry:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """What happened to one entry.
+    """What happened to one entry of a suite."""
 
-    Attributes
-    ----------
-    entry : SuiteEntry
-    status : {"skipped", "done", "failed", "submitted"}
-        ``"skipped"``: a valid Result was already stored; ``"done"``: the job computed (or found)
-        it; ``"failed"``: the job raised or did not complete; ``"submitted"``: not waited for.
-    path : str or None
-        The Result's JSON file (skipped or done).
-    job_id : str or None
-        submitit's job id (its logs are in the log folder under that id).
-    error : str or None
-        The last line of the job's exception, for a failure.
-    wall_time : float or None
-        The Result's wall time in seconds.
-    """
-
-    entry: SuiteEntry
+    entry: SuiteEntry  #: The entry.
+    #: ``"skipped"`` (a valid Result was stored), ``"done"``, ``"failed"`` (the job raised or did not
+    #: complete) or ``"submitted"`` (not waited for).
     status: str
-    path: str | None = None
-    job_id: str | None = None
-    error: str | None = None
-    wall_time: float | None = None
+    path: str | None = None  #: The Result's JSON file (skipped or done).
+    job_id: str | None = None  #: submitit's job id (names its logs).
+    error: str | None = None  #: The job's exception line, for a failure.
+    wall_time: float | None = None  #: The Result's wall time in seconds.
 
 
 @dataclass
 class SuiteReport:
-    """The outcome of :func:`run_suite`, entry by entry, in the suite's order.
+    """The outcome of :func:`run_suite`, entry by entry, in the suite's order."""
 
-    Attributes
-    ----------
-    outcomes : list of JobOutcome
-    log_folder : pathlib.Path
-        submitit's folder (pickled jobs, ``<job id>_log.out`` / ``.err``).
-    """
-
-    outcomes: list[JobOutcome] = field(default_factory=list)
+    outcomes: list[JobOutcome] = field(default_factory=list)  #: One JobOutcome per entry.
+    #: submitit's folder (pickled jobs, ``<job id>_log.out`` / ``.err``); None if nothing ran.
     log_folder: Path | None = None
 
     def count(self, status: str) -> int:
@@ -158,7 +115,6 @@ class SuiteReport:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- building suites
 def entries_from_configs(configs) -> list[SuiteEntry]:
     """Suite entries from configs.
 
@@ -250,17 +206,18 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
     Parameters
     ----------
     source : str or pathlib.Path
-        A name in :data:`NAMED_SUITES`, or the path of a suite file (see the module docstring).
+        A name in :data:`NAMED_SUITES`, or the path of a suite file: a list of ``{experiment: NAME,
+        config: {field: value}, label: optional}``, or a mapping with that list under ``configs``.
 
     Returns
     -------
     list of SuiteEntry
+        One per configuration, in the suite's order.
 
     Raises
     ------
     ValueError
-        If the name or file is unknown or malformed, an experiment or field is unknown or bad,
-        or two labels repeat.
+        If the name, file, an experiment or a field is unknown or malformed, or a label repeats.
 
     Examples
     --------
@@ -339,7 +296,6 @@ def parse_time(value) -> float:
     return minutes
 
 
-# --------------------------------------------------------------------------- running
 def _valid_result(config, results_dir) -> Path | None:
     """The path of a valid stored Result of ``config`` (where run_cached would find it), or None."""
     candidates = [Path(results_dir)] if results_dir is not None else [xp.stored_root(), xp.cache_root()]
@@ -368,8 +324,6 @@ def _job(experiment: str, config: dict, results_dir: str | None, device: str | N
 def _executor(kind: str, folder: Path, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args):
     import submitit
 
-    if kind not in EXECUTORS:
-        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
     params: dict[str, Any] = {"timeout_min": max(1, int(round(minutes))), "name": "companion-suite"}
     if gpus:
         params["gpus_per_node"] = int(gpus)
@@ -389,24 +343,12 @@ def _executor(kind: str, folder: Path, partition, gpus, minutes, cpus, mem_gb, p
     return ex
 
 
-def run_suite(
-    entries,
-    executor: str = "local",
-    results_dir: str | Path | None = None,
-    device: str | None = None,
-    log_folder: str | Path | None = None,
-    partition: str | None = None,
-    gpus: int = 0,
-    time_limit="60",
-    cpus: int | None = None,
-    mem_gb: float | None = None,
-    parallel: int | None = None,
-    slurm_args: dict | None = None,
-    force: bool = False,
-    wait: bool = True,
-    progress: bool = False,
-    poll_s: float = 1.0,
-) -> SuiteReport:
+def run_suite(entries, executor: str = "local", results_dir: str | Path | None = None,
+              device: str | None = None, log_folder: str | Path | None = None,
+              partition: str | None = None, gpus: int = 0, time_limit="60", cpus: int | None = None,
+              mem_gb: float | None = None, parallel: int | None = None, slurm_args: dict | None = None,
+              force: bool = False, wait: bool = True, progress: bool = False,
+              poll_s: float = 1.0) -> SuiteReport:
     """Submit one job per suite entry, skipping entries whose Result is stored, and wait.
 
     Parameters
@@ -414,35 +356,31 @@ def run_suite(
     entries : list of SuiteEntry, dict label -> config, or a suite name or file
         What to run (:func:`load_suite`, :func:`entries_from_configs`).
     executor : {"local", "slurm", "debug"}, default "local"
-        ``local``: subprocesses on this machine (``parallel`` at a time, default 1);
-        ``slurm``: one SLURM job array (sbatch; run this on the cluster's login node);
-        ``debug``: in this process, one after another (pdb opens on a failure).
+        Subprocesses here (``parallel`` at a time); one SLURM job array (run it on the login
+        node); or this process, one job after another (pdb opens on a failure).
     results_dir : path or None
-        Result store (as ``--out``; shared on a cluster).  ``None``: the stored Results and the
-        cache, saving into the cache.
+        Result store (as ``--out``); None: the stored Results and the cache, saving into the cache.
     device : str or None
-        Passed to every job (``None``: CUDA if the job sees a GPU, else CPU).
+        Passed to every job (None: CUDA if the job sees a GPU, else CPU).
     log_folder : path or None
-        submitit's folder (default ``<results store>/suite-logs``, or the cache's).
-    partition : str or None
-        SLURM partition.
-    gpus : int, default 0
-        GPUs per job (``gpus_per_node``).
+        The submitit folder (default ``<results store>/suite-logs``, or the cache's).
+    partition, gpus : optional
+        SLURM partition; GPUs per job.
     time_limit : minutes or "h:mm[:ss]", default "60"
-        Time limit per job (SLURM's ``--time``; the local executor kills a job after it).
+        Per job (SLURM's ``--time``; the local executor kills a job after it).
     cpus, mem_gb : optional
-        CPUs and memory per job.
+        CPUs and memory (GB) per job.
     parallel : int or None
         Jobs at a time (SLURM array parallelism; local default 1).
     slurm_args : dict or None
-        More sbatch options (``slurm_additional_parameters``), e.g. ``{"account": "proj"}``.
+        More sbatch options, e.g. ``{"account": "proj"}``.
     force : bool, default False
         Recompute entries with a valid stored Result too.
     wait : bool, default True
-        ``False`` returns after submitting (status ``"submitted"``); run the suite again later
-        to collect (a job still running would be submitted twice).
+        False returns after submitting; run the suite again later to collect (a job still running
+        would be submitted twice).
     progress : bool, default False
-        tqdm bars inside each job (written to its log) and over the suite here.
+        The tqdm bars in each job's log and over the suite here.
     poll_s : float, default 1.0
         Seconds between checks on running jobs.
 
@@ -453,8 +391,9 @@ def run_suite(
 
     Raises
     ------
-    ValueError
-        Unknown executor, bad time, an unwritable results folder, or a malformed suite.
+    TypeError, ValueError
+        Entries that are not SuiteEntry objects; an unknown executor, a bad time or
+        ``parallel``, an unwritable results folder, or a malformed suite.
     ImportError
         If submitit is not installed (``pip install fading-outliers-companion[suite]``).
     """
@@ -489,11 +428,7 @@ def run_suite(
         folder.mkdir(parents=True, exist_ok=True)
         ex = _executor(executor, folder, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args)
         wave = len(todo) if executor == "slurm" else (parallel or 1)
-        bar = None
-        if progress and wait:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(todo), desc="suite", unit="job")
+        bar = xp.progress_bar(len(todo), progress and wait, "suite")
         for start in range(0, len(todo), wave):
             chunk = todo[start:start + wave]
             with ex.batch():
@@ -525,7 +460,7 @@ def run_suite(
     return report
 
 
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|[A-Za-z_][\w.]*Error)\b.*")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b")
 
 
 def _error_line(text: str) -> str | None:
