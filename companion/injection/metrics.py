@@ -1,19 +1,8 @@
-"""Perturbation metrics, output effects, linearised predictions and the injection window.
+"""The one metric vocabulary of every injection: perturbation metrics, output effects, the
+linearised Post-LN and Pre-LN laws, and the injection window.
 
-The one metric vocabulary of the package: every injection (random stack, trained
-:class:`~companion.stacks.tinylm.TinyLM`, real model through :mod:`companion.injection.engine`)
-is measured here.  A *stream pair* is ``base`` and ``inj`` of one shape ``[L+1, ..., d]``
-(index ``l`` = the stream before block ``l``; the middle axes are arbitrary), and
-``delta = inj - base``.  Torch is imported only inside :func:`next_token_kl`.
-
-* :func:`perturbation_metrics`, :data:`METRIC_NAMES`: the per-layer metrics.
-* :func:`next_token_kl`, :func:`embedding_change`: the output effects.
-* :func:`normalisation_scale`, :func:`postln_contraction_factors`, :func:`predicted_projection`:
-  the linearised Post-LN prediction.
-* :func:`fit_norm_growth`, :func:`dilution_factor`: the Pre-LN dilution law.
-* :func:`effect_window`, :func:`predicted_window`, :class:`Window`: the injection window.
-
-Derivations: chapter :doc:`/book/three_effect_framework`.
+A *stream pair* is ``base`` and ``inj`` of one shape ``[L+1, ..., d]`` (index ``l`` = the stream
+before block ``l``), ``delta = inj - base``.  Derivations: chapter :doc:`/book/three_effect_framework`.
 """
 
 from __future__ import annotations
@@ -43,8 +32,6 @@ __all__ = [
 #: metric vocabulary of every injection measurement (stacks, real models, experiments).
 METRIC_NAMES = ("projection", "cos_delta_v", "delta_norm", "relative_size", "cos_inj_base", "norm_ratio")
 
-
-
 def _unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(v / ||v||, ||v|| == 0)`` along the last axis for any magnitude (``flat``: ``v`` is one vector)."""
     _, e = np.frexp(np.max(np.abs(v), axis=-1, keepdims=True))
@@ -65,16 +52,13 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
 
     Parameters
     ----------
-    base : array_like or torch.Tensor, shape ``[L+1, ..., d]``
-        Baseline stream; the middle axes (batch, tokens, ...) are kept in the output.
-    inj : array_like or torch.Tensor, same shape as ``base``
-        Stream of the injected run.
+    base, inj : array_like or torch.Tensor, shape ``[L+1, ..., d]``
+        Baseline and injected streams; the middle axes (batch, tokens, ...) are kept.
     v : array_like or torch.Tensor, shape ``[d]`` or broadcastable to ``base.shape[1:]``
         Injected direction (normalised here; may be per position).
     centre : array_like, shape ``[L+1, d]``, optional
-        A centre :math:`\mu_\ell` (e.g. :func:`companion.injection.directions.stream_means`):
-        ``relative_size``, ``cos_inj_base`` and ``norm_ratio`` are then computed on
-        :math:`h - \mu_\ell`.
+        :math:`\mu_\ell` (:func:`companion.injection.directions.stream_means`): the size and
+        angle metrics are then computed on :math:`h - \mu_\ell`.
 
     Returns
     -------
@@ -95,9 +79,8 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
 
     Notes
     -----
-    Each layer is converted to float64 on the CPU on its own (memory O(one layer)).  The first
-    three are the measures of :cite:t:`hahami2025disturbance`; the rest separate the three
-    effects of the chapter :doc:`/book/three_effect_framework`.
+    The first three are the measures of :cite:t:`hahami2025disturbance`.  Memory: one layer at
+    a time in float64.
 
     Examples
     --------
@@ -106,9 +89,6 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     >>> perturbation_metrics(base, inj, np.array([0.0, 2.0, 0.0, 0.0]))["projection"].tolist()
     [0.0, 0.5, 0.25]
     """
-    for arr, name in ((base, "base"), (inj, "inj")):
-        if arr is None:
-            raise TypeError(f"{name} must be an array or tensor, got None")
     if not (hasattr(base, "shape") and hasattr(base, "__getitem__")):
         base = as_float64(base, "base")
     if not (hasattr(inj, "shape") and hasattr(inj, "__getitem__")):
@@ -144,17 +124,17 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
 
 
 def _perturbation_metrics(base, inj, v_hat: np.ndarray, mu: np.ndarray | None = None) -> dict:
-    """:func:`perturbation_metrics` of checked inputs (``v_hat`` unit, ``mu`` float64 or None)."""
+    """:func:`perturbation_metrics` of checked ``v_hat`` (unit) and ``mu`` (float64 or None)."""
     shape = tuple(base.shape)
     out = {k: np.empty(shape[:-1], dtype=np.float64) for k in METRIC_NAMES}
     with np.errstate(invalid="ignore", divide="ignore"):
-        for layer in range(shape[0]):  # one layer at a time: bounded float64 temporaries
+        for layer in range(shape[0]):
             hb = as_float64(base[layer], "base")
             hi = as_float64(inj[layer], "inj")
             check_finite(hb, f"base[{layer}]")
             check_finite(hi, f"inj[{layer}]")
             delta = hi - hb
-            if mu is not None:  # centred states for the size and angle to the baseline
+            if mu is not None:
                 hb = hb - mu[layer]
                 hi = hi - mu[layer]
             proj = np.sum(delta * v_hat, axis=-1)
@@ -196,7 +176,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     TypeError
         If ``x`` or ``eps`` is not real.
     ValueError
-        If ``d < 2``, ``x`` holds NaN/inf, ``eps < 0``, ``norm`` is unknown, or the scale overflows.
+        For ``d < 2``, NaN/inf, ``eps < 0``, an unknown ``norm`` or an overflowing scale.
 
     Examples
     --------
@@ -217,8 +197,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
             s = np.sqrt(np.mean(arr**2, axis=-1) + eps)
         else:
             s = np.sqrt(np.var(arr, axis=-1) + eps)
-        # rows whose squares leave the normal float64 range (|x| beyond 1e150 or, with eps = 0,
-        # below 1e-150): the same scale from the rows divided by a power of two (exact),
+        # rows whose squares leave the normal range: rescale by a power of two (exact),
         # sqrt(var + eps) = hypot(sd, sqrt(eps))
         big = np.max(np.abs(arr), axis=-1)
         odd = (big > _SAFE_MAX) | ((big < _SAFE_MIN) & (big > 0) & (eps < _SAFE_MIN**2 * 1e6))
@@ -240,16 +219,14 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     ----------
     ln_inputs : array_like or torch.Tensor, shape ``[L, ..., d]``
         Baseline input :math:`u_l` of each block's norm (``StackOutput.pre_norm``).
-    eps : float, default 0.0
-        The norm's ``eps``.
+    eps, norm
+        As in :func:`normalisation_scale`.
     residual_scale : float, default 1.0
         Skip-path weight :math:`\lambda > 0`.
     ln_weight : array_like, shape ``[d]`` or ``[L, ..., d]``, optional
         Norm gains :math:`\gamma_l` (default ones); needs ``v``.
     v : array_like, shape ``[d]``, optional
         Perturbation direction (only with ``ln_weight``).
-    norm : {"layernorm", "rmsnorm"}, default "layernorm"
-        See :func:`normalisation_scale`.
 
     Returns
     -------
@@ -261,8 +238,8 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     TypeError
         If an argument is not real.
     ValueError
-        For a bad shape, NaN/inf, ``eps < 0``, ``residual_scale <= 0``, ``ln_weight`` without
-        ``v``, a zero ``v`` or an unknown ``norm``.
+        For a bad shape or value (as :func:`normalisation_scale`), ``residual_scale <= 0``,
+        ``ln_weight`` without ``v``, or a zero ``v``.
 
     Notes
     -----
@@ -329,8 +306,7 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     TypeError
         If ``inject_layer`` is not an integer or an array is not real.
     ValueError
-        For empty or non-finite ``factors``, ``inject_layer`` outside ``[0, L]``, or a
-        non-broadcasting ``initial``.
+        For empty or non-finite ``factors``, ``inject_layer`` outside ``[0, L]``, or bad ``initial``.
 
     Examples
     --------
@@ -379,10 +355,6 @@ def fit_norm_growth(sq_norms) -> float:
         If ``sq_norms`` is not real.
     ValueError
         If not 1-D with >= 2 entries, non-finite, negative, ``sq_norms[0] == 0``, or the slope overflows.
-
-    Notes
-    -----
-    The linear Pre-LN growth law: chapter :doc:`/book/three_effect_framework`.
 
     Examples
     --------
@@ -481,27 +453,27 @@ class Window:
     relative: bool
 
     @property
-    def best_fraction(self) -> float:
+    def best_fraction(self) -> float:  # numpydoc ignore=RT01
         """``best / L``."""
         return self.best / self.n_layers
 
     @property
-    def first_fraction(self) -> float:
+    def first_fraction(self) -> float:  # numpydoc ignore=RT01
         """``first / L``."""
         return self.first / self.n_layers
 
     @property
-    def last_fraction(self) -> float:
+    def last_fraction(self) -> float:  # numpydoc ignore=RT01
         """``last / L``."""
         return self.last / self.n_layers
 
     @property
-    def size_fraction(self) -> float:
+    def size_fraction(self) -> float:  # numpydoc ignore=RT01
         """Number of injection layers in the window divided by ``L``."""
         return len(self.layers) / self.n_layers
 
     @property
-    def fractions(self) -> list[float]:
+    def fractions(self) -> list[float]:  # numpydoc ignore=RT01
         """``[best, first, last, size]`` as fractions of depth (a row of a stored window array)."""
         return [self.best_fraction, self.first_fraction, self.last_fraction, self.size_fraction]
 
@@ -520,7 +492,7 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
         Depth ``L`` (default ``K``).
     threshold : float, default 0.5
         :math:`\tau`: :math:`E(\ell) \ge \tau \max E` (``relative``, :math:`0 < \tau \le 1`) or
-        :math:`E(\ell) \ge \tau` (absolute, :math:`\tau > 0`).
+        :math:`E(\ell) \ge \tau` (:math:`\tau > 0`).
     relative : bool, default True
         Whether ``threshold`` is a fraction of the largest effect.
     contiguous : bool, default True
@@ -540,8 +512,7 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
 
     Notes
     -----
-    The book's operational definition of the "introspection window" of
-    :cite:t:`hahami2025disturbance` (chapter :doc:`/book/three_effect_framework`).
+    The book's definition of the "introspection window" of :cite:t:`hahami2025disturbance`.
 
     Examples
     --------
@@ -630,8 +601,7 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
 
     Notes
     -----
-    Derivation: chapter :doc:`/book/three_effect_framework` (Post-LN: a fixed number of last
-    layers; Pre-LN: lower edge :math:`\to \tau^2 L`).
+    Post-LN: a fixed number of last layers; Pre-LN: lower edge :math:`\to \tau^2 L`.
 
     Examples
     --------
@@ -684,14 +654,14 @@ def next_token_kl(logits_base, logits_inj) -> np.ndarray:
     Returns
     -------
     numpy.ndarray, shape ``[...]``
-        Non-negative; computed from ``log_softmax`` in float64.
+        Non-negative; from ``log_softmax`` in float64.
 
     Raises
     ------
     TypeError
         If an input is not real.
     ValueError
-        If the shapes differ, the vocabulary axis is empty, or a value is NaN/inf.
+        For different shapes, an empty vocabulary axis, or NaN/inf.
 
     Examples
     --------
@@ -716,7 +686,7 @@ def _next_token_kl(a, b) -> np.ndarray:
     la = torch.log_softmax(a, dim=-1)
     lb = torch.log_softmax(b, dim=-1)
     terms = la.exp() * (la - lb)
-    # a token with p_base = 0 (log-probability -inf: logits 1e308 apart) contributes 0, not 0 * inf
+    # a token with p_base = 0 (logits 1e308 apart) contributes 0, not 0 * inf
     terms = torch.where(torch.isneginf(la), torch.zeros_like(terms), terms)
     kl = terms.sum(-1)
     return kl.clamp_min(0.0).numpy()
@@ -740,7 +710,7 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
     TypeError
         If an input is not real.
     ValueError
-        If the shapes differ, a vector is zero, or a value is NaN/inf.
+        For different shapes, a zero vector, or NaN/inf.
 
     Examples
     --------
@@ -758,8 +728,7 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
 
 def _embedding_change(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """:func:`embedding_change` of two float64 arrays of one shape."""
-    # divide each vector by a power of two near its largest entry (exact): the norms neither
-    # overflow (entries near 1e200 gave cos = 0) nor underflow (near 1e-200: "zero vector")
+    # divide each vector by a power of two near its largest entry (exact): no over/underflow
     a, b = (np.ldexp(x, -np.frexp(np.max(np.abs(x), axis=-1, keepdims=True))[1]) for x in (a, b))
     na = np.linalg.norm(a, axis=-1)
     nb = np.linalg.norm(b, axis=-1)
