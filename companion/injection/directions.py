@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import as_generator, check_int, check_texts, is_int
+from companion._validation import as_float64, as_generator, check_finite, check_int, check_texts, is_int
 from companion.transformers.models import check_model
 from companion.transformers.stream import forward_states
 
@@ -423,14 +423,8 @@ def _random_direction(d: int, seed: int, mean_zero: bool = True) -> np.ndarray:
 # --- the stream's typical sizes (``stream`` ``[L+1, batch, tokens, d]``, boolean ``mask`` ``[batch, tokens]``)
 def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
     """The stream's states at the mask's positions ``[L+1, n_selected, d]`` (float64), and the mask."""
-    if isinstance(stream, torch.Tensor):
-        stream = stream.detach().to("cpu", torch.float64).numpy()
-    h = np.asarray(stream)
-    if h.dtype == object or not (np.issubdtype(h.dtype, np.floating) or np.issubdtype(h.dtype, np.integer)):
-        raise TypeError(f"stream must hold real numbers, got dtype {h.dtype}")
-    h = h.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(h)):
-        raise ValueError("stream contains NaN or infinite values; check the run that produced it")
+    h = as_float64(stream, "stream")
+    check_finite(h, "stream")
     mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
     if mk.dtype != np.bool_:
         raise TypeError(f"mask must be boolean, got dtype {mk.dtype}")

@@ -434,25 +434,22 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
     batch, tokens = sel.shape
     selmask = sel.unsqueeze(-1).to(ad.dtype)
     full_args = measure is not None and _arity(measure) >= 4
-
-    def reduce(h_inj, i, group):
-        if measure is None:
-            return h_inj
-        if full_args:
-            ids = torch.tensor(group, dtype=torch.long).reshape(-1, 2)
-            return measure(h_inj, base[i], i, ids)
-        return measure(h_inj, base[i])
-
     # conditions (layer index j, scale index s), ordered by injection layer
     conds = sorted(((j, s) for j in range(len(layers)) for s in range(len(scales))), key=lambda c: layers[c[0]])
     per_batch = 1 if isinstance(ad, StackAdapter) else max(1, int(max_batch_tokens) // (batch * tokens))
     out: torch.Tensor | None = None   # [conditions in (layer, scale) order, L+1, ...], filled in place
 
-    def store(c, i, value):
+    def store(h, i, group):
+        """Store ``measure`` (or the streams) of the runs ``group`` ``[K, B, T, d]`` at layer ``i``."""
         nonlocal out
+        if full_args:
+            h = measure(h, base[i], i, torch.tensor(group, dtype=torch.long).reshape(-1, 2))
+        elif measure is not None:
+            h = measure(h, base[i])
         if out is None:
-            out = value.new_empty((len(conds), L + 1, *value.shape))
-        out[c[0] * len(scales) + c[1], i] = value
+            out = h.new_empty((len(conds), L + 1, *h.shape[1:]))
+        for k, c in enumerate(group):
+            out[c[0] * len(scales) + c[1], i] = h[k]
 
     with torch.no_grad():
         for start in range(0, len(conds), per_batch):
@@ -467,19 +464,10 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
                     h = new if h is None else torch.cat([h, new])
                     active.extend(entering)
                 if active:
-                    red = reduce(h.reshape(len(active), batch, tokens, -1), i, active)
-                    for k, c in enumerate(active):
-                        store(c, i, red[k])
-                # runs not injected yet equal the baseline at this layer
+                    store(h.reshape(len(active), batch, tokens, -1), i, active)
                 waiting = [c for c in chunk if layers[c[0]] > i]
-                if waiting:
-                    if measure is None:
-                        for c in waiting:
-                            store(c, i, base[i])
-                    else:
-                        red = reduce(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
-                        for k, c in enumerate(waiting):
-                            store(c, i, red[k])
+                if waiting:  # runs not injected yet equal the baseline at this layer
+                    store(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
                 if i < L and active:
                     h = ad.block(i, h, len(active))
 
@@ -624,8 +612,8 @@ def _prompts_adapter(m, prompts) -> ModelAdapter:
     """The adapter of ``m`` on ``prompts`` (the one check of the model); TypeError for other prompts."""
     if not isinstance(prompts, InjectionPrompts):
         check_model(m)
-        raise TypeError("prompts must come from companion.injection.directions.make_prompts, got "
-                        f"{type(prompts).__name__}")
+        raise TypeError("prompts must be InjectionPrompts from companion.injection.directions.make_prompts, "
+                        f"got {type(prompts).__name__}")
     return ModelAdapter(m, prompts.encoding)
 
 

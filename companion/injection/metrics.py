@@ -89,10 +89,8 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     >>> perturbation_metrics(base, inj, np.array([0.0, 2.0, 0.0, 0.0]))["projection"].tolist()
     [0.0, 0.5, 0.25]
     """
-    if not (hasattr(base, "shape") and hasattr(base, "__getitem__")):
-        base = as_float64(base, "base")
-    if not (hasattr(inj, "shape") and hasattr(inj, "__getitem__")):
-        inj = as_float64(inj, "inj")
+    base, inj = (x if hasattr(x, "shape") and hasattr(x, "__getitem__") else as_float64(x, name)
+                 for x, name in ((base, "base"), (inj, "inj")))  # tensors stay: converted per layer
     shape, ishape = tuple(base.shape), tuple(inj.shape)
     vv = as_float64(v, "v")
     if len(shape) < 2:
@@ -114,12 +112,9 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     v_hat, zero = _unit_vectors(vv)
     if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
-    mu = None
-    if centre is not None:
-        mu = as_float64(centre, "centre")
-        if mu.shape != (shape[0], shape[-1]):
-            raise ValueError(f"centre must have shape [L+1, d] = {(shape[0], shape[-1])}, got {mu.shape}")
-        check_finite(mu, "centre")
+    mu = None if centre is None else real_array("centre", centre)
+    if mu is not None and mu.shape != (shape[0], shape[-1]):
+        raise ValueError(f"centre must have shape [L+1, d] = {(shape[0], shape[-1])}, got {mu.shape}")
     return _perturbation_metrics(base, inj, v_hat, mu)
 
 
@@ -525,10 +520,9 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     check_finite(e, "effect")
     if np.any(e < 0):
         raise ValueError("effect must be non-negative (it measures a size of change)")
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
-    if not isinstance(contiguous, bool):
-        raise TypeError(f"contiguous must be a bool, got {type(contiguous).__name__}")
+    for flag, name in ((relative, "relative"), (contiguous, "contiguous")):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if layers is None:
         lay = np.arange(e.size)
     else:
@@ -550,16 +544,9 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     cut = tau * e.max() if relative else tau
     above = (e >= cut) if (not relative or e.max() > 0) else np.ones(e.shape, dtype=bool)
     i_best = int(np.argmax(e))
-    if contiguous:
-        keep = np.zeros_like(above)
-        if above[i_best]:
-            lo = hi = i_best
-            while lo > 0 and above[lo - 1]:
-                lo -= 1
-            while hi < e.size - 1 and above[hi + 1]:
-                hi += 1
-            keep[lo : hi + 1] = True
-        above = keep
+    if contiguous:  # the run of layers through the best one: a run has one value of cumsum(~above)
+        run = np.cumsum(~above)
+        above = above & (run == run[i_best]) & above[i_best]
     inside = lay[above]
     best = int(lay[i_best])
     first = int(inside[0]) if inside.size else -1
