@@ -1,6 +1,7 @@
-r"""Where an injected direction goes: its projection split over the sublayers (*stages*,
-:data:`STAGES`) of every block after the injection, per position group; a post-norm block's
-LayerNorms also get two predictions (:func:`layernorm_response`).  The identity
+r"""Where an injected direction goes: its projection split over the sublayers of every block.
+
+The sublayers are the *stages* (:data:`STAGES`), the projection is read per position group, and
+a post-norm block's LayerNorms also get two predictions (:func:`layernorm_response`).  The identity
 :math:`p_{m+1} - p_m = \sum_s w_{m,s}` is checked on every run.  Chapter :doc:`/book/injection_real_models`.
 """
 
@@ -211,7 +212,7 @@ class Attribution:
 
         Parameters
         ----------
-        group, directions
+        group, directions : optional
             As in :meth:`block_ratios`.
 
         Returns

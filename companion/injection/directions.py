@@ -19,20 +19,9 @@ from companion.transformers.models import check_model
 from companion.transformers.stream import forward_states
 
 __all__ = [
-    "GROUPS",
-    "ConceptSet",
-    "CONCEPTS",
-    "InjectionPrompts",
-    "make_prompts",
-    "ConceptVectors",
-    "concept_vectors",
-    "random_unit_vectors",
-    "random_direction",
-    "typical_norms",
-    "typical_spreads",
-    "stream_means",
-    "concept_token_ids",
-    "split_null_vectors",
+    "GROUPS", "ConceptSet", "CONCEPTS", "InjectionPrompts", "make_prompts", "ConceptVectors",
+    "concept_vectors", "random_unit_vectors", "random_direction", "typical_norms",
+    "typical_spreads", "stream_means", "concept_token_ids", "split_null_vectors",
     "subspace_random_vectors",
 ]
 
@@ -102,7 +91,7 @@ CONCEPTS: dict[str, ConceptSet] = {
     "food": _word_set("food", ("food", "bread", "cheese", "soup", "apple", "rice", "butter",
                                "meat", "cake", "pasta", "salad", "sandwich")),
     "joy": ConceptSet(
-        name="joy",
+        "joy",
         positive=(
             "We laughed all evening and the whole house felt warm and bright.",
             "She opened the letter and cried out with happiness at the good news.",
@@ -123,13 +112,10 @@ CONCEPTS: dict[str, ConceptSet] = {
             "I feel gloomy and bitter about every cruel word you have said to me.",
             "The team lost the final and the crowd left in deep despair.",
         ),
-        template=None,
-        pool="mean",
     ),
 }
 
 
-# --- tokenisation (the model is checked by the public function that calls these)
 def _skip_first(m, skip_first) -> bool:
     """``skip_first`` checked; ``None`` means ``True`` for a causal LM."""
     if skip_first is None:
@@ -140,8 +126,7 @@ def _skip_first(m, skip_first) -> bool:
 
 
 def _encode(m, texts, max_length, skip_first: bool):
-    """Encoding of ``texts`` as :func:`~companion.transformers.models.tokenize` makes it, the
-    character offsets and the mask of content tokens."""
+    """Encoding as :func:`~companion.transformers.models.tokenize` makes it, offsets, content mask."""
     max_length = m.max_length if max_length is None else max_length
     if not is_int(max_length) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
@@ -163,7 +148,6 @@ def _last_index(content: torch.Tensor) -> torch.Tensor:
     return torch.where(content, idx, torch.full_like(idx, -1)).max(dim=1).values
 
 
-# --- prompts
 @dataclass(frozen=True)
 class InjectionPrompts:
     """Tokenised two-segment prompts and the position groups of the injection protocol.
@@ -203,10 +187,8 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     ----------
     m : LoadedModel
         The model whose tokenizer is used.
-    first : sequence of str
-        Segments that receive the injection.
-    second : sequence of str
-        Segments that follow them (never injected), same length.
+    first, second : sequence of str
+        Segments that receive the injection, and the segments that follow them (same length).
     skip_first : bool or None
         Leave the first token out of every group (default: ``True`` for a causal LM).
     max_length : int or None
@@ -250,21 +232,18 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     return InjectionPrompts(texts=tuple(texts), encoding=enc, injected=injected, later=later, last=last)
 
 
-# --- directions
 @dataclass(frozen=True)
 class ConceptVectors:
     """A concept direction read at every layer.
 
     Attributes
     ----------
-    name : str
-        Label.
+    name, pool : str
+        Label; the pooling used.
     unit : numpy.ndarray, shape ``[L+1, d]``
         ``v_l / ||v_l||``, the direction injected at layer ``l``.
     norm : numpy.ndarray, shape ``[L+1]``
         ``||v_l||``.
-    pool : str
-        The pooling used.
     """
 
     name: str
@@ -302,7 +281,7 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
         Average each text's content tokens, or take its last content token.
     name : str
         Label of the result.
-    skip_first, max_length
+    skip_first, max_length : optional
         As in :func:`make_prompts`.
 
     Returns
@@ -342,10 +321,8 @@ def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = No
 
     Parameters
     ----------
-    d : int
-        Dimension, >= 1.
-    n : int, default 1
-        Number of vectors, >= 1.
+    d, n : int
+        Dimension and number of vectors (default 1), both >= 1.
     rng : numpy.random.Generator or None
         Randomness (default ``np.random.default_rng(0)``).
 
@@ -420,7 +397,6 @@ def _random_direction(d: int, seed: int, mean_zero: bool = True) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-# --- the stream's typical sizes (``stream`` ``[L+1, batch, tokens, d]``, boolean ``mask`` ``[batch, tokens]``)
 def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
     """The stream's states at the mask's positions ``[L+1, n_selected, d]`` (float64), and the mask."""
     h = as_float64(stream, "stream")
@@ -472,7 +448,7 @@ def stream_means(stream, mask) -> np.ndarray:
 
     Parameters
     ----------
-    stream, mask
+    stream, mask : torch.Tensor or array_like
         As in :func:`typical_norms`.
 
     Returns
@@ -495,7 +471,7 @@ def typical_spreads(stream, mask) -> np.ndarray:
 
     Parameters
     ----------
-    stream, mask
+    stream, mask : torch.Tensor or array_like
         As in :func:`typical_norms` (the mask selects at least two positions).
 
     Returns
@@ -526,7 +502,6 @@ def typical_spreads(stream, mask) -> np.ndarray:
     return out
 
 
-# --- output readouts and null directions (the injection_success experiment)
 def _word_concept(concept) -> ConceptSet:
     """``concept`` (a name of :data:`CONCEPTS` or a ConceptSet) checked to be a word concept."""
     if isinstance(concept, str):
@@ -579,8 +554,7 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
                        max_length: int | None = None) -> np.ndarray:
     """Null concept vectors: difference of means between two random halves of one word pool.
 
-    Same construction and token statistics as a concept vector, but no concept: the level a
-    concept vector's readout must beat.
+    The level a concept vector's readout must beat: the same construction, but no concept.
 
     Parameters
     ----------
@@ -592,7 +566,7 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
         Number of null vectors, >= 1.
     rng : None, int or numpy.random.Generator
         The random halves (default seed 0).
-    skip_first, max_length
+    skip_first, max_length : optional
         As in :func:`make_prompts`.
 
     Returns
@@ -634,12 +608,10 @@ def subspace_random_vectors(stream, mask, k: int, n: int, rng=None) -> np.ndarra
 
     Parameters
     ----------
-    stream, mask
+    stream, mask : torch.Tensor or array_like
         As in :func:`typical_norms`; the mask's positions define the subspace.
-    k : int
-        Subspace dimension, ``1 <= k <= min(d, positions - 1)``.
-    n : int
-        Number of vectors, >= 1.
+    k, n : int
+        Subspace dimension, ``1 <= k <= min(d, positions - 1)``; number of vectors, >= 1.
     rng : None, int or numpy.random.Generator
         Default seed 0.
 

@@ -18,17 +18,13 @@ import torch
 
 from companion.injection import metrics as pt
 from companion._validation import check_bool, check_int, check_layer, check_real, is_int, is_real, real_array
-from companion.injection.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
+from companion.injection.directions import GROUPS, InjectionPrompts, _random_direction, typical_norms
 from companion.transformers.models import LoadedModel, check_model
 from companion.transformers.stream import ModelAdapter
 from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
-    "adapt",
-    "sweep_injections",
-    "SweepResult",
-    "EFFECT_KINDS",
-    "sweep_stack_injections",
+    "adapt", "sweep_injections", "SweepResult", "EFFECT_KINDS", "sweep_stack_injections",
     "track_injection",
 ]
 
@@ -284,10 +280,12 @@ class SweepResult:
 
         Parameters
         ----------
-        threshold, relative, contiguous
+        threshold : float, default 0.5
             As in :func:`~companion.injection.metrics.effect_window`.
-        kind, positions
+        kind, positions : str, optional
             As in :meth:`effect`.
+        relative, contiguous : bool, default True
+            As in :func:`~companion.injection.metrics.effect_window`.
         scale_index : int, default 0
             Which magnitude, when the sweep ran several.
 
@@ -479,7 +477,6 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
     )
 
 
-# --- stacks: every metric per layer and position
 def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relative: bool = True, direction=None,
                            positions=None, seed: int = 0) -> SweepResult:
     r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
@@ -537,8 +534,9 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     seed = check_int(seed, "seed", 0)
     lay = np.asarray(_injection_layers(range(n_layers) if layers is None else layers, n_layers,
                                        ad.name, increasing=True))
-    v = _unit_directions(random_direction(d, seed) if direction is None else direction, d)
+    v = _unit_directions(_random_direction(d, seed) if direction is None else direction, d)
     v_t = torch.as_tensor(v, dtype=ad.dtype, device=ad.device)
+    v_hat = pt._unit_vectors(v)[0]  # as perturbation_metrics normalises a direction
 
     base = ad.record                                     # the baseline StackOutput
     stream_b = base.stream                               # [L+1, B, T, d]
@@ -579,7 +577,7 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     kl = np.empty_like(output_change) if is_lm else None
 
     def measure(h_inj, h_base, layer, conditions):        # h_inj: [1, B, T, d], one run
-        m = pt.perturbation_metrics(h_base[None], h_inj, v)
+        m = pt._perturbation_metrics(h_base[None], h_inj, v_hat)
         if layer == n_layers:
             k = int(conditions[0, 0])
             dy = ad.output(h_inj[0]).double() - final_b
@@ -607,7 +605,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     )
 
 
-# --- real models: metrics per position group, output effects
 def _prompts_adapter(m, prompts) -> ModelAdapter:
     """The adapter of ``m`` on ``prompts`` (the one check of the model); TypeError for other prompts."""
     if not isinstance(prompts, InjectionPrompts):

@@ -1,7 +1,7 @@
-"""The one metric vocabulary of every injection: perturbation metrics, output effects, the
-linearised Post-LN and Pre-LN laws, and the injection window.
+"""The one metric vocabulary of every injection.
 
-A *stream pair* is ``base`` and ``inj`` of one shape ``[L+1, ..., d]`` (index ``l`` = the stream
+Perturbation metrics, output effects, the linearised Post-LN and Pre-LN laws, and the injection
+window.  A *stream pair* is ``base`` and ``inj`` of one shape ``[L+1, ..., d]`` (index ``l`` = the stream
 before block ``l``), ``delta = inj - base``.  Derivations: chapter :doc:`/book/three_effect_framework`.
 """
 
@@ -14,23 +14,15 @@ import numpy as np
 from companion._validation import as_float64, check_finite, check_int, check_real, real_array
 
 __all__ = [
-    "METRIC_NAMES",
-    "perturbation_metrics",
-    "next_token_kl",
-    "embedding_change",
-    "normalisation_scale",
-    "postln_contraction_factors",
-    "predicted_projection",
-    "fit_norm_growth",
-    "dilution_factor",
-    "Window",
-    "effect_window",
-    "predicted_window",
+    "METRIC_NAMES", "perturbation_metrics", "next_token_kl", "embedding_change",
+    "normalisation_scale", "postln_contraction_factors", "predicted_projection", "fit_norm_growth",
+    "dilution_factor", "Window", "effect_window", "predicted_window",
 ]
 
 #: Keys of the dictionary returned by :func:`perturbation_metrics`, in a stable order: the
 #: metric vocabulary of every injection measurement (stacks, real models, experiments).
 METRIC_NAMES = ("projection", "cos_delta_v", "delta_norm", "relative_size", "cos_inj_base", "norm_ratio")
+
 
 def _unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(v / ||v||, ||v|| == 0)`` along the last axis for any magnitude (``flat``: ``v`` is one vector)."""
@@ -46,7 +38,6 @@ def _unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.nda
 _SAFE_MIN, _SAFE_MAX = 1e-150, 1e150
 
 
-# --- metrics over a stream pair
 def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     r"""Per-layer metrics of the difference between an injected and a baseline run.
 
@@ -148,7 +139,6 @@ def _perturbation_metrics(base, inj, v_hat: np.ndarray, mu: np.ndarray | None = 
     return out
 
 
-# --- the Post-LN linearised prediction
 def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndarray:
     r"""The scale a normalisation divides by: :math:`\sqrt{\operatorname{Var}(x) + \varepsilon}`.
 
@@ -214,14 +204,16 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     ----------
     ln_inputs : array_like or torch.Tensor, shape ``[L, ..., d]``
         Baseline input :math:`u_l` of each block's norm (``StackOutput.pre_norm``).
-    eps, norm
-        As in :func:`normalisation_scale`.
+    eps : float, default 0.0
+        The norm's ``eps``.
     residual_scale : float, default 1.0
         Skip-path weight :math:`\lambda > 0`.
     ln_weight : array_like, shape ``[d]`` or ``[L, ..., d]``, optional
         Norm gains :math:`\gamma_l` (default ones); needs ``v``.
     v : array_like, shape ``[d]``, optional
         Perturbation direction (only with ``ln_weight``).
+    norm : {"layernorm", "rmsnorm"}, default "layernorm"
+        See :func:`normalisation_scale`.
 
     Returns
     -------
@@ -257,13 +249,9 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
         return lam / s
     if v is None:
         raise ValueError("ln_weight was given without v; pass the injected direction v as well")
-    g = as_float64(ln_weight, "ln_weight")
-    vv = as_float64(v, "v")
+    g = real_array("ln_weight", ln_weight)
     d = u.shape[-1]
-    if vv.shape != (d,):
-        raise ValueError(f"v must have shape ({d},), got {vv.shape}")
-    check_finite(vv, "v")
-    check_finite(g, "ln_weight")
+    vv = real_array("v", v, shape=(d,))
     if g.ndim == 0 or g.shape[-1] != d or g.ndim not in (1, u.ndim):
         raise ValueError(f"ln_weight must have shape [d] or as many axes as ln_inputs ({u.ndim}), ending "
                          f"in d = {d}, e.g. [L, 1, 1, d]; got {g.shape}")
@@ -316,8 +304,7 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     ell = check_int(inject_layer, "inject_layer", 0)
     if ell > n_layers:
         raise ValueError(f"inject_layer must be in [0, {n_layers}] (L = {n_layers}), got {ell}")
-    p0 = as_float64(initial, "initial")
-    check_finite(p0, "initial")
+    p0 = real_array("initial", initial)
     try:
         p0 = np.broadcast_to(p0, f.shape[1:])
     except ValueError:
@@ -330,7 +317,6 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     return out
 
 
-# --- the Pre-LN dilution law
 def fit_norm_growth(sq_norms) -> float:
     r"""Fit the slope :math:`c` of :math:`\|h_l\|^2/\|h_0\|^2 \approx 1 + c\,l` by least squares (through 1 at 0).
 
@@ -420,7 +406,6 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
     return np.sqrt(ratio)
 
 
-# --- the window
 @dataclass(frozen=True)
 class Window:
     """The injection window of one stack (see :func:`effect_window`).
@@ -629,7 +614,6 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     return max(0, int(np.ceil(edge))), L - 1
 
 
-# --- output effects
 def next_token_kl(logits_base, logits_inj) -> np.ndarray:
     r""":math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of next-token distributions, in nats.
 
