@@ -26,6 +26,8 @@ STAGES = {"pre": ("attn", "mlp"), "post": ("attn", "ln1", "mlp", "ln2")}
 def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     r"""First-order response of a LayerNorm, read along :math:`\hat v`.
 
+    The LayerNorm Jacobian: chapter :doc:`/book/layernorm_geometry`.
+
     Parameters
     ----------
     x, delta : array_like or torch.Tensor, shape ``[..., d]``
@@ -50,10 +52,6 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
         For non-real inputs.
     ValueError
         For mismatched shapes, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
-
-    Notes
-    -----
-    The LayerNorm Jacobian: chapter :doc:`/book/layernorm_geometry`.
 
     Examples
     --------
@@ -276,11 +274,6 @@ def _check_directions(directions, d: int, n_layers: int, layer: int) -> np.ndarr
     return arr / norms[:, None]
 
 
-def _group_mean(x: torch.Tensor, G: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """``x`` [k, B, T] -> [k, B, 3] means over each group's tokens."""
-    return torch.einsum("kbt,gbt->kbg", x, G) / counts
-
-
 def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, scale=None,
                         alpha=None, batch_rows: int = 256) -> Attribution:
     r"""Inject each direction at layer :math:`\ell` and split its projection over the sublayers.
@@ -347,6 +340,11 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     dev = m.device
     G = prompts.groups.to(dev, torch.float64)  # [3, B, T]
     counts = G.sum(-1).T[None]  # [1, B, 3]
+
+    def group_mean(x):
+        """``x`` [k, B, T] -> [k, B, 3] means over each group's tokens."""
+        return torch.einsum("kbt,gbt->kbg", x, G) / counts
+
     inj = prompts.injected.to(dev, m.dtype)[..., None]  # [B, T, 1]
     stream = np.zeros((n, B, 3, nb + 1))
     writes = np.zeros((n, B, 3, nb, ns))
@@ -369,13 +367,13 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         def out_hook(i, s):
             def hook(module, args, output):
                 y = output[0] if isinstance(output, tuple) else output
-                captured[(i, s)] = _group_mean(proj(y)[0], G, counts)
+                captured[(i, s)] = group_mean(proj(y)[0])
             return hook
 
         def ln_pre(i, s):
             def hook(module, args):
                 pr, dx, x0 = proj(args[0])
-                captured[(i, s, "in")] = _group_mean(pr, G, counts)
+                captured[(i, s, "in")] = group_mean(pr)
                 gamma = module.weight.detach().to(torch.float64) if module.weight is not None \
                     else torch.ones(m.d_model, dtype=torch.float64, device=dev)
                 sigma = torch.sqrt(x0.var(-1, unbiased=False) + module.eps)  # [B, T]
@@ -386,8 +384,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
                 jac = (torch.einsum("kbtd,kd->kbt", dx - dx.mean(-1, keepdim=True), gv)
                        - torch.einsum("btd,kd->kbt", z, gv) * torch.einsum("btd,kbtd->kbt", z, dx)
                        / m.d_model) / sigma
-                captured[(i, s, "rule")] = _group_mean(f * pr, G, counts)
-                captured[(i, s, "jac")] = _group_mean(jac, G, counts)
+                captured[(i, s, "rule")] = group_mean(f * pr)
+                captured[(i, s, "jac")] = group_mean(jac)
             return hook
 
         fwd, pre = {}, {}
@@ -399,11 +397,11 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         h = base[layer].repeat(k + 1, 1, 1)
         delta = (c * Vc.to(m.dtype))[:, None, None, :] * inj[None]  # [k, B, T, d]
         h = h + torch.cat([torch.zeros_like(delta[:1]), delta]).reshape(h.shape)
-        ps = [_group_mean(proj(h)[0], G, counts)]
+        ps = [group_mean(proj(h)[0])]
         with hooks(forward=fwd, pre=pre), torch.no_grad():
             for i in range(layer, L):
                 h = ad.block(i, h, k + 1)
-                ps.append(_group_mean(proj(h)[0], G, counts))
+                ps.append(group_mean(proj(h)[0]))
         stream[j] = torch.stack(ps, -1).cpu().numpy()
         for bi, i in enumerate(range(layer, L)):
             if post:
@@ -412,9 +410,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
                        captured[(i, "b", "in")], captured[(i, "b")]]
                 w = torch.stack([pts[s + 1] - pts[s] for s in range(4)], -1)
                 for q, s in enumerate(("a", "b")):
-                    ln_in[j, :, :, bi, q] = captured[(i, s, "in")].cpu().numpy()
-                    ln_rule[j, :, :, bi, q] = captured[(i, s, "rule")].cpu().numpy()
-                    ln_jac[j, :, :, bi, q] = captured[(i, s, "jac")].cpu().numpy()
+                    for arr, key in ((ln_in, "in"), (ln_rule, "rule"), (ln_jac, "jac")):
+                        arr[j, :, :, bi, q] = captured[(i, s, key)].cpu().numpy()
             else:
                 w = torch.stack([captured[(i, "a")], captured[(i, "b")]], -1)
             writes[j, :, :, bi] = w.cpu().numpy()

@@ -358,6 +358,11 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
                      max_batch_tokens: int = 16384, max_length: int | None = None) -> SweepResult:
     """Baseline run and one injected run per (layer, scale), sharing all common computation.
 
+    At block ``i`` all runs injected at ``l <= i`` are stacked into one batch: about
+    ``L(L+1)/2`` block calls instead of ``L(L+1)``.  Equals
+    :func:`companion.transformers.stream.inject` to ``1e-4``, a stack's
+    ``forward(inject_layer=...)`` bit for bit.
+
     Parameters
     ----------
     model : LoadedModel, ResidualStack, TinyLM, or an adapter from :func:`adapt`
@@ -393,13 +398,6 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
     ValueError
         For a layer out of range or repeated, a bad or overflowing vector, a non-finite scale,
         empty texts or bad positions.
-
-    Notes
-    -----
-    At block ``i`` all runs injected at ``l <= i`` are stacked into one batch: about
-    ``L(L+1)/2`` block calls instead of ``L(L+1)``.  Equals
-    :func:`companion.transformers.stream.inject` to ``1e-4``, a stack's
-    ``forward(inject_layer=...)`` bit for bit.
 
     Examples
     --------
@@ -481,6 +479,8 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
                            positions=None, seed: int = 0) -> SweepResult:
     r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
 
+    The skip-path prediction: :func:`~companion.injection.metrics.postln_contraction_factors`.
+
     Parameters
     ----------
     model : companion.stacks.residual.ResidualStack or companion.stacks.tinylm.TinyLM
@@ -513,10 +513,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
         If ``model`` is not a stack or an argument has the wrong type.
     ValueError
         If ``scale <= 0``, ``layers`` is bad, ``direction`` is bad or zero, or the vectors overflow.
-
-    Notes
-    -----
-    The skip-path prediction: :func:`~companion.injection.metrics.postln_contraction_factors`.
 
     Examples
     --------
@@ -642,6 +638,9 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
                     norms=None, max_batch_tokens: int = 16384, centre=None) -> SweepResult:
     r"""Inject ``c * v_hat`` into a real model at each layer and magnitude; measure every layer and the output.
 
+    One :func:`sweep_injections` whose ``measure`` keeps only the group means and the output
+    row: memory O(runs x (layers + d) x batch).  Chapter :doc:`/book/injection_real_models`.
+
     Parameters
     ----------
     m : LoadedModel
@@ -676,11 +675,6 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         For wrong argument types.
     ValueError
         For bad layers, directions, scales, ``norms`` or ``centre``, or overflowing vectors.
-
-    Notes
-    -----
-    One :func:`sweep_injections` whose ``measure`` keeps only the group means and the output
-    row: memory O(runs x (layers + d) x batch).  Chapter :doc:`/book/injection_real_models`.
 
     Examples
     --------

@@ -41,6 +41,9 @@ _SAFE_MIN, _SAFE_MAX = 1e-150, 1e150
 def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     r"""Per-layer metrics of the difference between an injected and a baseline run.
 
+    The first three are the measures of :cite:t:`hahami2025disturbance`; computed one layer at a
+    time in float64.
+
     Parameters
     ----------
     base, inj : array_like or torch.Tensor, shape ``[L+1, ..., d]``
@@ -67,11 +70,6 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
         If an input is not a real array or tensor.
     ValueError
         For mismatched shapes, a ``v`` that is zero or does not broadcast, or NaN/inf.
-
-    Notes
-    -----
-    The first three are the measures of :cite:t:`hahami2025disturbance`.  Memory: one layer at
-    a time in float64.
 
     Examples
     --------
@@ -200,6 +198,8 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
                                norm: str = "layernorm") -> np.ndarray:
     r"""Per-layer factors by which Post-LN multiplies the component of a perturbation along ``v``.
 
+    Proof: proposition ``tef-prop-postln`` of the chapter :doc:`/book/three_effect_framework`.
+
     Parameters
     ----------
     ln_inputs : array_like or torch.Tensor, shape ``[L, ..., d]``
@@ -227,10 +227,6 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     ValueError
         For a bad shape or value (as :func:`normalisation_scale`), ``residual_scale <= 0``,
         ``ln_weight`` without ``v``, or a zero ``v``.
-
-    Notes
-    -----
-    Proof: proposition ``tef-prop-postln`` of the chapter :doc:`/book/three_effect_framework`.
 
     Examples
     --------
@@ -462,6 +458,8 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
                   contiguous: bool = True) -> Window:
     r"""The window: injection layers whose output effect reaches a threshold.
 
+    The book's definition of the "introspection window" of :cite:t:`hahami2025disturbance`.
+
     Parameters
     ----------
     effect : array_like, shape ``[K]``
@@ -489,10 +487,6 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
         If ``relative``/``contiguous`` are not bool or ``layers``/``n_layers`` not integers.
     ValueError
         For a bad ``effect`` (shape, NaN/inf, negative), bad ``layers`` or a threshold out of range.
-
-    Notes
-    -----
-    The book's definition of the "introspection window" of :cite:t:`hahami2025disturbance`.
 
     Examples
     --------
@@ -546,6 +540,8 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
                      c: float | None = None) -> tuple[int, int]:
     r"""Window of the readable projection predicted by the first-order laws, ``(first, last)``.
 
+    Post-LN: a fixed number of last layers; Pre-LN: lower edge :math:`\to \tau^2 L`.
+
     Parameters
     ----------
     placement : {"pre", "post"}
@@ -570,10 +566,6 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
         If an argument has the wrong type.
     ValueError
         For an unknown ``placement``, a missing or out-of-range parameter, or bad ``n_layers``/``threshold``.
-
-    Notes
-    -----
-    Post-LN: a fixed number of last layers; Pre-LN: lower edge :math:`\to \tau^2 L`.
 
     Examples
     --------
