@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import as_float64, as_generator, check_finite, check_int, check_texts, is_int
+from companion._validation import as_generator, check_int, check_texts, is_int, real_array
 from companion.transformers.models import check_model
 from companion.transformers.stream import forward_states
 
@@ -399,8 +399,7 @@ def _random_direction(d: int, seed: int, mean_zero: bool = True) -> np.ndarray:
 
 def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
     """The stream's states at the mask's positions ``[L+1, n_selected, d]`` (float64), and the mask."""
-    h = as_float64(stream, "stream")
-    check_finite(h, "stream")
+    h = real_array("stream", stream)
     mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
     if mk.dtype != np.bool_:
         raise TypeError(f"mask must be boolean, got dtype {mk.dtype}")
