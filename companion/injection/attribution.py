@@ -1,13 +1,8 @@
 r"""Where an injected direction goes: its projection split over the sublayers of every block.
 
-:func:`attribute_injection` runs the baseline and the injected model in one batch (blocks
-before :math:`\ell` never recomputed, :class:`companion.transformers.stream.ModelAdapter`)
-with hooks on the sublayers of every block :math:`m \ge \ell`, and records per position group
-the projection on :math:`\hat v` of the change after every *stage* (:data:`STAGES`):
-``("attn", "mlp")`` for a pre-norm block, ``("attn", "ln1", "mlp", "ln2")`` for a post-norm
-block, whose LayerNorm stages also get two predictions (:func:`layernorm_response`).  The
-identity :math:`p_{m+1} - p_m = \sum_s w_{m,s}` is checked on every run.  Chapter
-:doc:`/book/injection_real_models`.
+The sublayers are the *stages* (:data:`STAGES`), the projection is read per position group, and
+a post-norm block's LayerNorms also get two predictions (:func:`layernorm_response`).  The identity
+:math:`p_{m+1} - p_m = \sum_s w_{m,s}` is checked on every run.  Chapter :doc:`/book/injection_real_models`.
 """
 
 from __future__ import annotations
@@ -19,9 +14,8 @@ import torch
 
 from companion._validation import check_int, check_layer, check_real, real_array
 from companion.injection.directions import GROUPS, InjectionPrompts, typical_norms
+from companion.injection.engine import _prompts_adapter
 from companion.transformers.hooks import hooks
-from companion.transformers.models import check_model
-from companion.transformers.stream import ModelAdapter
 
 __all__ = ["STAGES", "Attribution", "attribute_injection", "layernorm_response"]
 
@@ -29,16 +23,15 @@ __all__ = ["STAGES", "Attribution", "attribute_injection", "layernorm_response"]
 STAGES = {"pre": ("attn", "mlp"), "post": ("attn", "ln1", "mlp", "ln2")}
 
 
-# --- LayerNorm's first-order response along a direction
 def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     r"""First-order response of a LayerNorm, read along :math:`\hat v`.
 
+    The LayerNorm Jacobian: chapter :doc:`/book/layernorm_geometry`.
+
     Parameters
     ----------
-    x : array_like or torch.Tensor, shape ``[..., d]``
-        Baseline LayerNorm inputs, ``d >= 2``.
-    delta : array_like or torch.Tensor, shape ``[..., d]``
-        Changes of the inputs (broadcast with ``x``).
+    x, delta : array_like or torch.Tensor, shape ``[..., d]``
+        Baseline LayerNorm inputs (``d >= 2``) and their changes (broadcast with ``x``).
     v : array_like, shape ``[d]``
         The direction (normalised here).
     weight : array_like, shape ``[d]``, optional
@@ -59,10 +52,6 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
         For non-real inputs.
     ValueError
         For mismatched shapes, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
-
-    Notes
-    -----
-    Derivation of the LayerNorm Jacobian: chapter :doc:`/book/layernorm_geometry`.
 
     Examples
     --------
@@ -103,27 +92,21 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     return factor, response
 
 
-# --- the result
 @dataclass(frozen=True)
 class Attribution:
     r"""The projection of an injected direction, stage by stage, per direction, prompt and group.
 
     Attributes
     ----------
-    model : str
-        Model name.
-    placement : {"pre", "post"}
-        Norm placement.
+    model, placement : str
+        Model name; norm placement, ``"pre"`` or ``"post"``.
     layer, n_layers : int
         Injection layer :math:`\ell` (blocks :math:`\ell .. L-1` are attributed) and depth ``L``.
     stages : tuple of str
         :data:`STAGES` of the placement.
-    scale : float
-        Size :math:`c` of the injected vector.
-    alpha : float or None
-        :math:`c / n_\ell` for a relative magnitude.
-    typical_norm : float
-        :math:`n_\ell`.
+    scale, alpha, typical_norm : float
+        Size :math:`c` of the injected vector; :math:`c / n_\ell` (``None`` for an absolute
+        magnitude); :math:`n_\ell`.
     directions : numpy.ndarray, shape ``[n, d]``
         The unit directions injected.
     stream : numpy.ndarray, shape ``[n, batch, 3, L - ell + 1]``
@@ -153,16 +136,18 @@ class Attribution:
     identity_error: float
 
     @property
-    def blocks(self) -> np.ndarray:
+    def blocks(self) -> np.ndarray:  # numpydoc ignore=RT01
         """The attributed blocks :math:`m = \\ell, \\dots, L-1`."""
         return np.arange(self.layer, self.n_layers)
 
     def _g(self, group) -> int:
+        """Index of a position group."""
         if group not in GROUPS:
             raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
         return GROUPS.index(group)
 
     def _dirs(self, directions) -> np.ndarray:
+        """Direction indices checked (default all)."""
         n = self.directions.shape[0]
         if directions is None:
             return np.arange(n)
@@ -225,10 +210,8 @@ class Attribution:
 
         Parameters
         ----------
-        group : str, default "injected"
-            A position group.
-        directions : int or sequence of int, optional
-            Direction indices (default all).
+        group, directions : optional
+            As in :meth:`block_ratios`.
 
         Returns
         -------
@@ -252,7 +235,6 @@ class Attribution:
                     "jacobian": self.ln_jacobian[idx, :, g].sum(axis=(0, 1)) / den}
 
 
-# --- the computation
 def _sublayers(m):
     """Per block, the modules to hook: pre -> (attn, mlp); post -> (LN1, LN2)."""
     out = []
@@ -274,6 +256,7 @@ def _sublayers(m):
 
 
 def _check_directions(directions, d: int, n_layers: int, layer: int) -> np.ndarray:
+    """``directions`` ``[n, d]`` or ``[n, L+1, d]`` (row ``layer`` taken) as unit rows ``[n, d]``."""
     arr = real_array("directions", directions, 1)
     if arr.ndim == 1:
         arr = arr[None]
@@ -289,11 +272,6 @@ def _check_directions(directions, d: int, n_layers: int, layer: int) -> np.ndarr
     if np.any(norms == 0):
         raise ValueError(f"directions {np.nonzero(norms == 0)[0].tolist()} are zero vectors")
     return arr / norms[:, None]
-
-
-def _group_mean(x: torch.Tensor, G: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """``x`` [k, B, T] -> [k, B, 3] means over each group's tokens."""
-    return torch.einsum("kbt,gbt->kbg", x, G) / counts
 
 
 def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, scale=None,
@@ -318,26 +296,22 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     Returns
     -------
     Attribution
-        The attribution; baseline and injected runs share each forward, projections in float64.
+        Projections in float64; baseline and injected runs share each forward.
 
     Raises
     ------
     TypeError
         For arguments of the wrong type.
     ValueError
-        For a layer outside ``[0, L-1]``, bad or zero directions, both or neither of
-        ``scale``/``alpha``, a bad magnitude, prompts of another model, ``batch_rows < 2 * batch``,
-        or an unsupported block.
+        For a layer outside ``[0, L-1]``, bad or zero directions, not exactly one of
+        ``scale``/``alpha``, prompts of another model, ``batch_rows < 2 * batch``, or an
+        unsupported block.
 
     Examples
     --------
     >>> a = attribute_injection(m, p, 3, random_unit_vectors(m.d_model, 4), alpha=0.1)  # doctest: +SKIP
     """
-    if not isinstance(prompts, InjectionPrompts):
-        check_model(m)
-        raise TypeError(f"prompts must be InjectionPrompts from directions.make_prompts, got "
-                        f"{type(prompts).__name__}")
-    ad = ModelAdapter(m, prompts.encoding)  # the one check of the model
+    ad = _prompts_adapter(m, prompts)
     L = m.n_layers
     layer = check_layer(layer, L, m.name)
     if layer == L:
@@ -352,9 +326,7 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     if tuple(ad.attention_mask.shape) != tuple(prompts.injected.shape):
         raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
     base = ad.baseline
-    stack = torch.stack(base).to("cpu", torch.float64)
-    n_ell = float(typical_norms(stack, prompts.injected.cpu())[layer])
-    del stack
+    n_ell = float(typical_norms(torch.stack(base).to("cpu", torch.float64), prompts.injected.cpu())[layer])
     if alpha is not None:
         alpha = check_real(alpha, "alpha")
         c = alpha * n_ell
@@ -368,6 +340,11 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     dev = m.device
     G = prompts.groups.to(dev, torch.float64)  # [3, B, T]
     counts = G.sum(-1).T[None]  # [1, B, 3]
+
+    def group_mean(x):
+        """``x`` [k, B, T] -> [k, B, 3] means over each group's tokens."""
+        return torch.einsum("kbt,gbt->kbg", x, G) / counts
+
     inj = prompts.injected.to(dev, m.dtype)[..., None]  # [B, T, 1]
     stream = np.zeros((n, B, 3, nb + 1))
     writes = np.zeros((n, B, 3, nb, ns))
@@ -390,13 +367,13 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         def out_hook(i, s):
             def hook(module, args, output):
                 y = output[0] if isinstance(output, tuple) else output
-                captured[(i, s)] = _group_mean(proj(y)[0], G, counts)
+                captured[(i, s)] = group_mean(proj(y)[0])
             return hook
 
         def ln_pre(i, s):
             def hook(module, args):
                 pr, dx, x0 = proj(args[0])
-                captured[(i, s, "in")] = _group_mean(pr, G, counts)
+                captured[(i, s, "in")] = group_mean(pr)
                 gamma = module.weight.detach().to(torch.float64) if module.weight is not None \
                     else torch.ones(m.d_model, dtype=torch.float64, device=dev)
                 sigma = torch.sqrt(x0.var(-1, unbiased=False) + module.eps)  # [B, T]
@@ -407,8 +384,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
                 jac = (torch.einsum("kbtd,kd->kbt", dx - dx.mean(-1, keepdim=True), gv)
                        - torch.einsum("btd,kd->kbt", z, gv) * torch.einsum("btd,kbtd->kbt", z, dx)
                        / m.d_model) / sigma
-                captured[(i, s, "rule")] = _group_mean(f * pr, G, counts)
-                captured[(i, s, "jac")] = _group_mean(jac, G, counts)
+                captured[(i, s, "rule")] = group_mean(f * pr)
+                captured[(i, s, "jac")] = group_mean(jac)
             return hook
 
         fwd, pre = {}, {}
@@ -420,11 +397,11 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         h = base[layer].repeat(k + 1, 1, 1)
         delta = (c * Vc.to(m.dtype))[:, None, None, :] * inj[None]  # [k, B, T, d]
         h = h + torch.cat([torch.zeros_like(delta[:1]), delta]).reshape(h.shape)
-        ps = [_group_mean(proj(h)[0], G, counts)]
+        ps = [group_mean(proj(h)[0])]
         with hooks(forward=fwd, pre=pre), torch.no_grad():
             for i in range(layer, L):
                 h = ad.block(i, h, k + 1)
-                ps.append(_group_mean(proj(h)[0], G, counts))
+                ps.append(group_mean(proj(h)[0]))
         stream[j] = torch.stack(ps, -1).cpu().numpy()
         for bi, i in enumerate(range(layer, L)):
             if post:
@@ -433,9 +410,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
                        captured[(i, "b", "in")], captured[(i, "b")]]
                 w = torch.stack([pts[s + 1] - pts[s] for s in range(4)], -1)
                 for q, s in enumerate(("a", "b")):
-                    ln_in[j, :, :, bi, q] = captured[(i, s, "in")].cpu().numpy()
-                    ln_rule[j, :, :, bi, q] = captured[(i, s, "rule")].cpu().numpy()
-                    ln_jac[j, :, :, bi, q] = captured[(i, s, "jac")].cpu().numpy()
+                    for arr, key in ((ln_in, "in"), (ln_rule, "rule"), (ln_jac, "jac")):
+                        arr[j, :, :, bi, q] = captured[(i, s, key)].cpu().numpy()
             else:
                 w = torch.stack([captured[(i, "a")], captured[(i, "b")]], -1)
             writes[j, :, :, bi] = w.cpu().numpy()

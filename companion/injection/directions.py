@@ -1,19 +1,10 @@
-"""Directions to inject and the prompts to inject them into.
+"""Directions to inject and the prompts to inject them into (chapter :doc:`/book/injection_real_models`).
 
-Concept sets and concept vectors read from a real model (difference of mean activations),
-seeded random directions (the control), two-segment prompts with their position groups, and
-the typical norms that scale a relative injection.  The injection is
-:mod:`companion.injection.engine`; the metrics :mod:`companion.injection.metrics`.
-
-Indexing as :mod:`companion.transformers.stream`: injecting at layer ``l`` adds ``c * v`` to
-``h_l`` (the output of block ``l - 1``); :cite:t:`hahami2025disturbance` add to the output of
-decoder layer ``L_H``, stream index ``L_H + 1`` here.
-
-Protocol: a prompt is ``first + " " + second``.  The vector is added at the tokens of ``first``
-(*injected*; without the first token of a causal LM, an attention sink, and without special
-tokens) and the perturbation is measured at three groups (:data:`GROUPS`): the injected
-tokens, the *later* tokens of ``second``, and the *last* token (where a causal LM predicts).
-Chapter :doc:`/book/injection_real_models`.
+Protocol: a prompt is ``first + " " + second``; the vector is added to ``h_l`` (stream index
+as in :mod:`companion.transformers.stream`) at the tokens of ``first`` (*injected*; without
+special tokens and, in a causal LM, without the first token, an attention sink), and the
+perturbation is measured at the position groups :data:`GROUPS`: the injected tokens, the
+*later* tokens of ``second``, and the *last* token (where a causal LM predicts).
 """
 
 from __future__ import annotations
@@ -23,25 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion.transformers import models
-from companion.transformers import stream as probes
-from companion._validation import as_generator, check_int, check_texts
+from companion._validation import as_generator, check_int, check_texts, is_int, real_array
+from companion.transformers.models import check_model
+from companion.transformers.stream import forward_states
 
 __all__ = [
-    "GROUPS",
-    "ConceptSet",
-    "CONCEPTS",
-    "InjectionPrompts",
-    "make_prompts",
-    "ConceptVectors",
-    "concept_vectors",
-    "random_unit_vectors",
-    "random_direction",
-    "typical_norms",
-    "typical_spreads",
-    "stream_means",
-    "concept_token_ids",
-    "split_null_vectors",
+    "GROUPS", "ConceptSet", "CONCEPTS", "InjectionPrompts", "make_prompts", "ConceptVectors",
+    "concept_vectors", "random_unit_vectors", "random_direction", "typical_norms",
+    "typical_spreads", "stream_means", "concept_token_ids", "split_null_vectors",
     "subspace_random_vectors",
 ]
 
@@ -49,7 +29,6 @@ __all__ = [
 GROUPS = ("injected", "later", "last")
 
 
-# --- concept sets
 @dataclass(frozen=True)
 class ConceptSet:
     """Two sets of texts whose difference of mean activations defines a concept direction.
@@ -90,17 +69,18 @@ class ConceptSet:
 _NEUTRAL_WORDS = ("table", "pencil", "idea", "window", "number", "carpet", "ladder", "button",
                   "letter", "garden", "minute", "bottle")
 
+
 def _word_set(name: str, words: tuple[str, ...]) -> ConceptSet:
-    # a word concept: its words against the neutral words, read at the last token of one request
+    """A word concept: its words against the neutral words, read at the last token of a request."""
     return ConceptSet(name=name, positive=words, negative=_NEUTRAL_WORDS,
                       template="Tell me about the {}", pool="last")
 
 
-#: The concept sets used by the chapter.  ``"sea"`` follows the word protocol of
-#: :cite:t:`hahami2025disturbance` (a concept's words against neutral baseline words, read at
-#: the last token of a short request), and ``"fire"``, ``"music"`` and ``"food"`` follow it with
-#: the same template and neutral words; ``"joy"`` the sentence protocol (mean over the tokens of
-#: cheerful minus sorrowful sentences).  The texts were written for this book.
+#: The concept sets of the chapter.  ``"sea"`` follows the word protocol of
+#: :cite:t:`hahami2025disturbance` (a concept's words against neutral words, read at the last
+#: token of a short request), as do ``"fire"``, ``"music"`` and ``"food"``; ``"joy"`` the
+#: sentence protocol (mean over the tokens of cheerful minus sorrowful sentences).  The texts
+#: were written for this book.
 CONCEPTS: dict[str, ConceptSet] = {
     "sea": _word_set("sea", ("ocean", "sea", "waves", "tide", "sailor", "harbour", "ship",
                              "coral", "whale", "beach", "anchor", "seagull")),
@@ -111,7 +91,7 @@ CONCEPTS: dict[str, ConceptSet] = {
     "food": _word_set("food", ("food", "bread", "cheese", "soup", "apple", "rice", "butter",
                                "meat", "cake", "pasta", "salad", "sandwich")),
     "joy": ConceptSet(
-        name="joy",
+        "joy",
         positive=(
             "We laughed all evening and the whole house felt warm and bright.",
             "She opened the letter and cried out with happiness at the good news.",
@@ -132,58 +112,42 @@ CONCEPTS: dict[str, ConceptSet] = {
             "I feel gloomy and bitter about every cruel word you have said to me.",
             "The team lost the final and the crowd left in deep despair.",
         ),
-        template=None,
-        pool="mean",
     ),
 }
 
 
-# --- argument checks
+def _skip_first(m, skip_first) -> bool:
+    """``skip_first`` checked; ``None`` means ``True`` for a causal LM."""
+    if skip_first is None:
+        return m.kind == "causal-lm"
+    if not isinstance(skip_first, bool):
+        raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
+    return skip_first
 
 
-def _to_numpy(x, name: str) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().to("cpu", torch.float64).numpy()
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise TypeError(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or infinite values; check the run that produced it")
-    return arr
-
-
-def _encode_with_offsets(m, texts, max_length):
-    """Encoding of ``texts`` exactly as the probes tokenise them, plus offsets and special-token mask."""
-    enc = models.tokenize(m, texts, max_length)
-    extra = m.tokenizer(
-        texts, padding=True, truncation=True,
-        max_length=int(m.max_length if max_length is None else max_length),
-        return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt",
-    )
-    if not torch.equal(extra["input_ids"].to(enc["input_ids"].device), enc["input_ids"]):
-        raise RuntimeError("the tokenizer's offsets do not match companion.transformers.models.tokenize; report this")
-    real = enc["attention_mask"].bool().cpu()
-    special = extra["special_tokens_mask"].bool() & real
-    return enc, extra["offset_mapping"], real, special
-
-
-def _content_mask(m, real: torch.Tensor, special: torch.Tensor, skip_first: bool) -> torch.Tensor:
-    content = real & ~special
+def _encode(m, texts, max_length, skip_first: bool):
+    """Encoding as :func:`~companion.transformers.models.tokenize` makes it, offsets, content mask."""
+    max_length = m.max_length if max_length is None else max_length
+    if not is_int(max_length) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
+    tok = m.tokenizer(texts, padding=True, truncation=True, max_length=int(max_length),
+                      return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+    real = tok["attention_mask"].bool()
+    if not real.any(dim=1).all():
+        raise ValueError("a text produced no tokens; pass texts with visible characters")
+    enc = {k: v.to(m.device) for k, v in tok.items() if k not in ("offset_mapping", "special_tokens_mask")}
+    content = real & ~tok["special_tokens_mask"].bool()
     if skip_first:
-        first = real.int().argmax(dim=1)  # index of the first real token (0 with right padding)
-        content[torch.arange(real.shape[0]), first] = False
-    return content
+        content[torch.arange(real.shape[0]), real.int().argmax(dim=1)] = False  # first real token
+    return enc, tok["offset_mapping"], content
 
 
-def _default_skip_first(m) -> bool:
-    return m.kind == "causal-lm"
+def _last_index(content: torch.Tensor) -> torch.Tensor:
+    """Index of the last ``True`` of each row."""
+    idx = torch.arange(content.shape[1]).expand_as(content)
+    return torch.where(content, idx, torch.full_like(idx, -1)).max(dim=1).values
 
 
-# --- prompts
 @dataclass(frozen=True)
 class InjectionPrompts:
     """Tokenised two-segment prompts and the position groups of the injection protocol.
@@ -205,12 +169,12 @@ class InjectionPrompts:
     last: torch.Tensor
 
     @property
-    def groups(self) -> torch.Tensor:
+    def groups(self) -> torch.Tensor:  # numpydoc ignore=RT01
         """``[3, batch, tokens]`` boolean stack in the order of :data:`GROUPS`."""
         return torch.stack([self.injected, self.later, self.last])
 
     @property
-    def batch(self) -> int:
+    def batch(self) -> int:  # numpydoc ignore=RT01
         """Number of prompts."""
         return int(self.injected.shape[0])
 
@@ -223,10 +187,8 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     ----------
     m : LoadedModel
         The model whose tokenizer is used.
-    first : sequence of str
-        Segments that receive the injection.
-    second : sequence of str
-        Segments that follow them (never injected), same length.
+    first, second : sequence of str
+        Segments that receive the injection, and the segments that follow them (same length).
     skip_first : bool or None
         Leave the first token out of every group (default: ``True`` for a causal LM).
     max_length : int or None
@@ -248,24 +210,17 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     --------
     >>> p = make_prompts(m, ["The sea was calm."], ["We went home."])   # doctest: +SKIP
     """
-    models.check_model(m)
+    check_model(m)
     first = check_texts(first, "first")
     second = check_texts(second, "second")
     if len(first) != len(second):
         raise ValueError(f"first and second must have the same length, got {len(first)} and {len(second)}")
-    if skip_first is None:
-        skip_first = _default_skip_first(m)
-    if not isinstance(skip_first, bool):
-        raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
+    skip_first = _skip_first(m, skip_first)
     texts = [a.strip() + " " + b.strip() for a, b in zip(first, second)]
-    enc, offsets, real, special = _encode_with_offsets(m, texts, max_length)
-    content = _content_mask(m, real, special, skip_first)
+    enc, offsets, content = _encode(m, texts, max_length, skip_first)
     bound = torch.tensor([len(a.strip()) for a in first]).unsqueeze(1)
-    starts = offsets[..., 0]
-    injected = content & (starts < bound)
-    later = content & (starts >= bound)
-    idx = torch.arange(content.shape[1]).expand_as(content)
-    last_idx = torch.where(content, idx, torch.full_like(idx, -1)).max(dim=1).values
+    injected = content & (offsets[..., 0] < bound)
+    later = content & (offsets[..., 0] >= bound)
     for name, mask in (("injected", injected), ("later", later)):
         empty = ~mask.any(dim=1)
         if empty.any():
@@ -273,25 +228,22 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
             raise ValueError(f"prompt {row} has no {name} token after tokenisation/truncation "
                              f"({texts[row]!r}); use longer segments or a larger max_length")
     last = torch.zeros_like(content)
-    last[torch.arange(content.shape[0]), last_idx] = True
-    return InjectionPrompts(texts=tuple(texts), encoding=dict(enc), injected=injected, later=later, last=last)
+    last[torch.arange(content.shape[0]), _last_index(content)] = True
+    return InjectionPrompts(texts=tuple(texts), encoding=enc, injected=injected, later=later, last=last)
 
 
-# --- directions
 @dataclass(frozen=True)
 class ConceptVectors:
     """A concept direction read at every layer.
 
     Attributes
     ----------
-    name : str
-        Label.
+    name, pool : str
+        Label; the pooling used.
     unit : numpy.ndarray, shape ``[L+1, d]``
         ``v_l / ||v_l||``, the direction injected at layer ``l``.
     norm : numpy.ndarray, shape ``[L+1]``
         ``||v_l||``.
-    pool : str
-        The pooling used.
     """
 
     name: str
@@ -302,16 +254,13 @@ class ConceptVectors:
 
 def _pooled(m, texts, pool, skip_first, max_length) -> torch.Tensor:
     """Per-text pooled residual stream ``[L+1, len(texts), d]`` (float64, CPU)."""
-    enc, _, real, special = _encode_with_offsets(m, texts, max_length)
-    content = _content_mask(m, real, special, skip_first)
+    enc, _, content = _encode(m, texts, max_length, skip_first)
     if not content.any(dim=1).all():
         row = int(torch.nonzero(~content.any(dim=1))[0, 0])
         raise ValueError(f"text {texts[row]!r} has no content token; use longer texts")
-    h = probes.residual_stream(m, dict(enc)).to("cpu", torch.float64)  # [L+1, B, T, d]
+    h = torch.stack(forward_states(m, enc)).to("cpu", torch.float64)  # [L+1, B, T, d]
     if pool == "last":
-        idx = torch.arange(content.shape[1]).expand_as(content)
-        last = torch.where(content, idx, torch.full_like(idx, -1)).max(dim=1).values
-        return h[:, torch.arange(h.shape[1]), last]  # [L+1, B, d]
+        return h[:, torch.arange(h.shape[1]), _last_index(content)]  # [L+1, B, d]
     w = content.to(torch.float64)
     return (h * w[None, :, :, None]).sum(2) / w.sum(1)[None, :, None]
 
@@ -319,6 +268,8 @@ def _pooled(m, texts, pool, skip_first, max_length) -> torch.Tensor:
 def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "concept",
                     skip_first: bool | None = None, max_length: int | None = None) -> ConceptVectors:
     """Difference of mean activations between two sets of texts, at every layer.
+
+    The construction of :cite:t:`hahami2025disturbance` and :cite:t:`turner2023activation`.
 
     Parameters
     ----------
@@ -330,10 +281,8 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
         Average each text's content tokens, or take its last content token.
     name : str
         Label of the result.
-    skip_first : bool or None
+    skip_first, max_length : optional
         As in :func:`make_prompts`.
-    max_length : int or None
-        Truncation length.
 
     Returns
     -------
@@ -347,23 +296,16 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
     ValueError
         For empty sets, an unknown ``pool``, a text without content, or equal means at a layer.
 
-    Notes
-    -----
-    The construction of :cite:t:`hahami2025disturbance` and :cite:t:`turner2023activation`.
-
     Examples
     --------
     >>> cv = concept_vectors(m, *CONCEPTS["joy"].texts())   # doctest: +SKIP
     """
-    models.check_model(m)
+    check_model(m)
     if pool not in ("mean", "last"):
         raise ValueError(f"pool must be 'mean' or 'last', got {pool!r}")
     if not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
-    if skip_first is None:
-        skip_first = _default_skip_first(m)
-    if not isinstance(skip_first, bool):
-        raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
+    skip_first = _skip_first(m, skip_first)
     pos = check_texts(positive, "positive")
     neg = check_texts(negative, "negative")
     means = [_pooled(m, texts, pool, skip_first, max_length).mean(1) for texts in (pos, neg)]
@@ -379,10 +321,8 @@ def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = No
 
     Parameters
     ----------
-    d : int
-        Dimension, >= 1.
-    n : int, default 1
-        Number of vectors, >= 1.
+    d, n : int
+        Dimension and number of vectors (default 1), both >= 1.
     rng : numpy.random.Generator or None
         Randomness (default ``np.random.default_rng(0)``).
 
@@ -411,37 +351,6 @@ def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = No
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     g = rng.standard_normal((n, d))
     return g / np.linalg.norm(g, axis=1, keepdims=True)
-
-
-def typical_norms(stream, mask) -> np.ndarray:
-    """Median residual norm per layer over the selected positions, the unit of a relative injection.
-
-    Parameters
-    ----------
-    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
-        A residual stream.
-    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
-        Positions to include (e.g. ``InjectionPrompts.injected``).
-
-    Returns
-    -------
-    numpy.ndarray, shape ``[L+1]``
-        :math:`n_l`; the median, because a few tokens carry massive activations :cite:p:`sun2024massive`.
-
-    Raises
-    ------
-    TypeError
-        If ``mask`` is not boolean.
-    ValueError
-        If the shapes do not match, the mask selects nothing, or the stream is not finite.
-
-    Examples
-    --------
-    >>> h = np.ones((2, 1, 3, 4)); h[1] *= 2
-    >>> typical_norms(h, np.ones((1, 3), bool)).tolist()
-    [2.0, 4.0]
-    """
-    return np.median(np.linalg.norm(_stream_and_mask(stream, mask)[0], axis=-1), axis=1)
 
 
 def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarray:
@@ -477,15 +386,20 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
     seed = check_int(seed, "seed", 0)
     if not isinstance(mean_zero, bool):
         raise TypeError(f"mean_zero must be a bool, got {type(mean_zero).__name__}")
+    return _random_direction(d, seed, mean_zero)
+
+
+def _random_direction(d: int, seed: int, mean_zero: bool = True) -> np.ndarray:
+    """:func:`random_direction` of checked arguments."""
     v = np.random.default_rng(seed).standard_normal(d)
     if mean_zero:
         v -= v.mean()
     return v / np.linalg.norm(v)
 
 
-# --- centred magnitudes, output readouts and null directions (the injection_success experiment)
 def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
-    h = _to_numpy(stream, "stream")
+    """The stream's states at the mask's positions ``[L+1, n_selected, d]`` (float64), and the mask."""
+    h = real_array("stream", stream)
     mk = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
     if mk.dtype != np.bool_:
         raise TypeError(f"mask must be boolean, got dtype {mk.dtype}")
@@ -494,7 +408,38 @@ def _stream_and_mask(stream, mask) -> tuple[np.ndarray, np.ndarray]:
                          f"got {h.shape} and {mk.shape}")
     if not mk.any():
         raise ValueError("mask selects no position")
-    return h[:, mk], mk  # [L+1, n_selected, d]
+    return h[:, mk], mk
+
+
+def typical_norms(stream, mask) -> np.ndarray:
+    """Median residual norm per layer over the selected positions, the unit of a relative injection.
+
+    Parameters
+    ----------
+    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
+        A residual stream.
+    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
+        Positions to include (e.g. ``InjectionPrompts.injected``).
+
+    Returns
+    -------
+    numpy.ndarray, shape ``[L+1]``
+        :math:`n_l`; the median, because a few tokens carry massive activations :cite:p:`sun2024massive`.
+
+    Raises
+    ------
+    TypeError
+        If ``mask`` is not boolean or the stream is not real.
+    ValueError
+        If the shapes do not match, the mask selects nothing, or the stream is not finite.
+
+    Examples
+    --------
+    >>> h = np.ones((2, 1, 3, 4)); h[1] *= 2
+    >>> typical_norms(h, np.ones((1, 3), bool)).tolist()
+    [2.0, 4.0]
+    """
+    return np.median(np.linalg.norm(_stream_and_mask(stream, mask)[0], axis=-1), axis=1)
 
 
 def stream_means(stream, mask) -> np.ndarray:
@@ -502,10 +447,8 @@ def stream_means(stream, mask) -> np.ndarray:
 
     Parameters
     ----------
-    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
-        A residual stream.
-    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
-        Positions to include.
+    stream, mask : torch.Tensor or array_like
+        As in :func:`typical_norms`.
 
     Returns
     -------
@@ -517,8 +460,7 @@ def stream_means(stream, mask) -> np.ndarray:
     TypeError, ValueError
         As :func:`typical_norms`.
     """
-    sel, _ = _stream_and_mask(stream, mask)
-    return sel.mean(axis=1)
+    return _stream_and_mask(stream, mask)[0].mean(axis=1)
 
 
 def typical_spreads(stream, mask) -> np.ndarray:
@@ -528,10 +470,8 @@ def typical_spreads(stream, mask) -> np.ndarray:
 
     Parameters
     ----------
-    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
-        A residual stream.
-    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
-        At least two positions to include.
+    stream, mask : torch.Tensor or array_like
+        As in :func:`typical_norms` (the mask selects at least two positions).
 
     Returns
     -------
@@ -541,9 +481,9 @@ def typical_spreads(stream, mask) -> np.ndarray:
     Raises
     ------
     TypeError
-        If ``mask`` is not boolean or the stream is not real.
+        As :func:`typical_norms`.
     ValueError
-        For mismatched shapes, fewer than two positions, a non-finite stream, or zero spread.
+        As :func:`typical_norms`, and for fewer than two positions or zero spread.
 
     Examples
     --------
@@ -562,6 +502,7 @@ def typical_spreads(stream, mask) -> np.ndarray:
 
 
 def _word_concept(concept) -> ConceptSet:
+    """``concept`` (a name of :data:`CONCEPTS` or a ConceptSet) checked to be a word concept."""
     if isinstance(concept, str):
         if concept not in CONCEPTS:
             raise ValueError(f"unknown concept {concept!r}; choose from {sorted(CONCEPTS)}")
@@ -596,13 +537,12 @@ def concept_token_ids(m, concept) -> np.ndarray:
     ValueError
         For an encoder, an unknown concept or a sentence concept.
     """
-    models.check_model(m)
+    check_model(m)
     if m.kind != "causal-lm":
         raise ValueError(f"{m.name} is an encoder without a next-token head: concept token ids are "
                          "read at the output of a causal LM (use smollm2-135m)")
-    c = _word_concept(concept)
     ids = []
-    for w in c.positive:
+    for w in _word_concept(concept).positive:
         tok = m.tokenizer(" " + w, add_special_tokens=False)["input_ids"]
         if tok and tok[0] not in ids:
             ids.append(int(tok[0]))
@@ -613,8 +553,7 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
                        max_length: int | None = None) -> np.ndarray:
     """Null concept vectors: difference of means between two random halves of one word pool.
 
-    Same construction and token statistics as a concept vector, but no concept: the level a
-    concept vector's readout must beat.
+    The level a concept vector's readout must beat: the same construction, but no concept.
 
     Parameters
     ----------
@@ -626,10 +565,8 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
         Number of null vectors, >= 1.
     rng : None, int or numpy.random.Generator
         The random halves (default seed 0).
-    skip_first : bool or None
+    skip_first, max_length : optional
         As in :func:`make_prompts`.
-    max_length : int or None
-        Truncation length.
 
     Returns
     -------
@@ -643,16 +580,13 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
     ValueError
         For ``n < 1``, an unknown or sentence concept, or a split with equal means.
     """
-    models.check_model(m)
+    check_model(m)
     c = _word_concept(concept)
     n = check_int(n, "n", 1)
     gen = as_generator(0 if rng is None else rng)
-    if skip_first is None:
-        skip_first = _default_skip_first(m)
-    if not isinstance(skip_first, bool):
-        raise TypeError(f"skip_first must be True, False or None, got {skip_first!r}")
+    skip_first = _skip_first(m, skip_first)
     pos, neg = c.texts()
-    per_text = _pooled(m, pos + neg, c.pool, skip_first, max_length).numpy()  # [L+1, N, d]
+    per_text = _pooled(m, check_texts(pos + neg), c.pool, skip_first, max_length).numpy()  # [L+1, N, d]
     N = per_text.shape[1]
     out = np.empty((per_text.shape[0], n, per_text.shape[2]))
     for j in range(n):
@@ -673,14 +607,10 @@ def subspace_random_vectors(stream, mask, k: int, n: int, rng=None) -> np.ndarra
 
     Parameters
     ----------
-    stream : torch.Tensor or array_like, shape ``[L+1, batch, tokens, d]``
-        A residual stream.
-    mask : torch.Tensor or array_like of bool, shape ``[batch, tokens]``
-        Positions whose states define the subspace.
-    k : int
-        Subspace dimension, ``1 <= k <= min(d, positions - 1)``.
-    n : int
-        Number of vectors, >= 1.
+    stream, mask : torch.Tensor or array_like
+        As in :func:`typical_norms`; the mask's positions define the subspace.
+    k, n : int
+        Subspace dimension, ``1 <= k <= min(d, positions - 1)``; number of vectors, >= 1.
     rng : None, int or numpy.random.Generator
         Default seed 0.
 

@@ -1,23 +1,10 @@
-"""The one injection and measurement engine: random stacks, trained stacks and real models.
+"""The one injection engine for random stacks, trained stacks and real models.
 
-:func:`sweep_injections` adds ``c * v`` to the stream ``h_l`` at chosen positions, runs the
-rest of the model and keeps the injected streams, or with a ``measure`` only what you ask for.
-The model is seen through an adapter (:func:`adapt`):
-:class:`companion.stacks.tinylm.StackAdapter` for a stack,
-:class:`companion.transformers.stream.ModelAdapter` for a real Transformer.  The adapter checks
-the model once (validate once) and :func:`sweep_injections` takes it as it is.  A run injected
-at ``l`` starts from the baseline's ``h_l`` and replays only blocks ``l .. L-1`` (about half a
-forward per layer, ``benchmarks/bench_probes.py``).
-
-* :func:`sweep_injections`, :func:`adapt`: the engine.
-* :func:`sweep_stack_injections`: every metric of a stack per layer and position, the output
-  change, the KL of a language model, and the skip-path prediction.
-* :func:`track_injection`: a real model with two-segment prompts, metrics per position group
-  and the output effect.
-* :class:`SweepResult`, :data:`EFFECT_KINDS`: the one result type and its output effects.
-
-Indexing: ``h_0`` is the input of block 0, ``h_l`` the output of block ``l - 1``.  Metrics:
-:mod:`companion.injection.metrics`.
+:func:`sweep_injections` adds ``c * v`` to ``h_l`` (the output of block ``l - 1``) at chosen
+positions and replays only blocks ``l .. L-1`` from the baseline, through an adapter
+(:func:`adapt`) that checks the model once.  :func:`sweep_stack_injections` (stacks) and
+:func:`track_injection` (real models, per position group) measure every layer and the output
+with :mod:`companion.injection.metrics`.
 """
 
 from __future__ import annotations
@@ -31,17 +18,13 @@ import torch
 
 from companion.injection import metrics as pt
 from companion._validation import check_bool, check_int, check_layer, check_real, is_int, is_real, real_array
-from companion.injection.directions import GROUPS, InjectionPrompts, random_direction, typical_norms
+from companion.injection.directions import GROUPS, InjectionPrompts, _random_direction, typical_norms
 from companion.transformers.models import LoadedModel, check_model
 from companion.transformers.stream import ModelAdapter
 from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
-    "adapt",
-    "sweep_injections",
-    "SweepResult",
-    "EFFECT_KINDS",
-    "sweep_stack_injections",
+    "adapt", "sweep_injections", "SweepResult", "EFFECT_KINDS", "sweep_stack_injections",
     "track_injection",
 ]
 
@@ -81,7 +64,7 @@ def adapt(model, inputs, max_length: int | None = None):
 
 
 def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> tuple:
-    """``layers`` (``"all"``, an int or ints in ``[0, L]``, distinct, with ``increasing`` increasing) as a tuple."""
+    """``layers`` (``"all"``, an int or distinct ints in ``[0, L]``) as a tuple."""
     if isinstance(layers, str):
         if layers != "all":
             raise ValueError(f"layers must be a list of integers or 'all', got {layers!r}")
@@ -101,7 +84,7 @@ def _injection_layers(layers, L: int, model: str, increasing: bool = False) -> t
 
 
 def _unit_directions(directions, d: int, n: int | None = None) -> np.ndarray:
-    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all) divided by their norms (non-zero)."""
+    """``directions`` (``[d]``, or ``[n, d]`` / one ``[d]`` for all) divided by their (non-zero) norms."""
     name = "direction" if n is None else "directions"
     dirs = real_array(name, directions)
     if n is not None and dirs.shape == (d,):
@@ -126,13 +109,12 @@ def _arity(fn) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-# --- the one result type
 @dataclass(frozen=True)
 class SweepResult:
     r"""What every injection sweep returns: the streams, or the measurements you asked for.
 
     Runs are indexed ``[layer]`` for a scalar scale, ``[layer, scale]`` otherwise; a field a
-    sweep does not fill is ``None``.  The accessors average over prompts and positions.
+    sweep does not fill is ``None``.
 
     Attributes
     ----------
@@ -153,10 +135,8 @@ class SweepResult:
         ``[runs..., L+1, batch, tokens]`` or ``[..., batch, len(groups)]``.
     groups : tuple of str
         Position groups of the metrics' last axis (:data:`~companion.injection.directions.GROUPS`).
-    effects : dict of str to numpy.ndarray
-        Output effect per run, keyed by :data:`EFFECT_KINDS`.
-    effect_name : str
-        Default kind of :meth:`effect`.
+    effects, effect_name : dict of str to numpy.ndarray, str
+        Output effect per run keyed by :data:`EFFECT_KINDS`; the default kind of :meth:`effect`.
     coefficient : numpy.ndarray
         Length of the added vector of each run.
     relative : bool
@@ -165,14 +145,9 @@ class SweepResult:
         Name of a real model.
     typical_norm : numpy.ndarray, shape ``[L+1]``
         Magnitude unit per layer (:func:`track_injection`).
-    base_norm, base_sq_norm : numpy.ndarray
-        ``||h_l||`` per position and :math:`\mathbb E\|h_l\|^2` per layer (stacks).
-    direction : numpy.ndarray, shape ``[d]``
-        The unit direction (stacks).
-    placement : str
-        ``"pre"`` or ``"post"`` (stacks).
-    predicted_projection : numpy.ndarray
-        Skip-path prediction of ``metrics["projection"]`` (stacks).
+    base_norm, base_sq_norm, direction, placement, predicted_projection
+        Stacks: ``||h_l||`` per position, :math:`\mathbb E\|h_l\|^2` per layer, the unit
+        direction, ``"pre"``/``"post"``, and the skip-path prediction of ``metrics["projection"]``.
     """
 
     layers: np.ndarray
@@ -204,8 +179,8 @@ class SweepResult:
         metric : str
             A key of ``metrics``.
         where : str, optional
-            A position group (default ``"last"``), or for per-token metrics ``"all"`` (default),
-            ``"injected"`` or ``"later"``.
+            A position group (default ``"last"``), or for per-token metrics a set of
+            :meth:`position_mask` (default ``"all"``).
 
         Returns
         -------
@@ -227,11 +202,7 @@ class SweepResult:
         else:
             a = self.metrics[metric][..., self.position_mask(where or "all")]
             a = a.reshape(*a.shape[:-2], -1)
-        with np.errstate(invalid="ignore"):
-            ok = np.isfinite(a)
-            n = ok.sum(-1)
-            s = np.where(ok, a, 0.0).sum(-1)
-            return np.where(n > 0, s / np.maximum(n, 1), np.nan)
+        return _nanmean(a, np.isfinite(a))
 
     def effect(self, kind: str | None = None, positions: str = "all") -> np.ndarray:
         """Output effect of each run averaged over prompts (and tokens), shape ``[runs...]``.
@@ -239,10 +210,10 @@ class SweepResult:
         Parameters
         ----------
         kind : str, optional
-            One of :data:`EFFECT_KINDS` (default ``effect_name``); ``"output_projection"`` gives the
-            absolute mean.
+            One of :data:`EFFECT_KINDS` (default ``effect_name``); ``"output_projection"`` gives
+            the absolute mean.
         positions : {"all", "injected", "later"}
-            Tokens averaged for per-token kinds (``"later"``: after the last injected one).
+            Tokens averaged for per-token kinds (:meth:`position_mask`).
 
         Returns
         -------
@@ -270,7 +241,7 @@ class SweepResult:
         return np.abs(mean) if kind == "output_projection" else mean
 
     def position_mask(self, positions: str = "all") -> np.ndarray:
-        """Boolean mask over tokens: ``"all"``, ``"injected"`` or ``"later"``.
+        """Boolean mask over tokens: ``"all"``, ``"injected"`` or ``"later"`` (after the last injected one).
 
         Parameters
         ----------
@@ -311,9 +282,7 @@ class SweepResult:
         ----------
         threshold : float, default 0.5
             As in :func:`~companion.injection.metrics.effect_window`.
-        kind : str, optional
-            As in :meth:`effect`.
-        positions : str, default "all"
+        kind, positions : str, optional
             As in :meth:`effect`.
         relative, contiguous : bool, default True
             As in :func:`~companion.injection.metrics.effect_window`.
@@ -366,7 +335,7 @@ class SweepResult:
         TypeError
             If ``layer`` is not an integer.
         ValueError
-            If ``layer`` is out of range or has no injection below it, or ``kind``/``positions`` is unknown.
+            For ``layer`` out of range or without an injection below, or unknown ``kind``/``positions``.
         """
         m = check_int(layer, "layer", 1)
         if m > self.n_layers:
@@ -389,12 +358,17 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
                      max_batch_tokens: int = 16384, max_length: int | None = None) -> SweepResult:
     """Baseline run and one injected run per (layer, scale), sharing all common computation.
 
+    At block ``i`` all runs injected at ``l <= i`` are stacked into one batch: about
+    ``L(L+1)/2`` block calls instead of ``L(L+1)``.  Equals
+    :func:`companion.transformers.stream.inject` to ``1e-4``, a stack's
+    ``forward(inject_layer=...)`` bit for bit.
+
     Parameters
     ----------
     model : LoadedModel, ResidualStack, TinyLM, or an adapter from :func:`adapt`
         The model (an adapter is used as it is, without a second check).
     inputs : texts, encoding, ``[B, T, d]`` stream or ``[B, T]`` token ids
-        Ignored when ``model`` is an adapter.
+        As in :func:`adapt`; ignored when ``model`` is an adapter.
     layers : sequence of int in ``[0, L]``, or ``"all"``
         Injection layers, without repeats.
     vector : array, shape ``[d]`` or ``[n_layers, d]``
@@ -410,7 +384,7 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
     max_batch_tokens : int, default 16384
         Most token rows through a block at once (real models).
     max_length : int or None
-        Truncation length of a real model's texts.
+        As in :func:`adapt`.
 
     Returns
     -------
@@ -424,13 +398,6 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
     ValueError
         For a layer out of range or repeated, a bad or overflowing vector, a non-finite scale,
         empty texts or bad positions.
-
-    Notes
-    -----
-    At block ``i`` all runs injected at ``l <= i`` are stacked into one batch, with the exact
-    block arguments recorded in the baseline: about ``L(L+1)/2`` block calls instead of
-    ``L(L+1)``.  Equals :func:`companion.transformers.stream.inject` to ``1e-4``; on a stack,
-    ``ResidualStack.forward(inject_layer=...)`` bit for bit.
 
     Examples
     --------
@@ -463,25 +430,22 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
     batch, tokens = sel.shape
     selmask = sel.unsqueeze(-1).to(ad.dtype)
     full_args = measure is not None and _arity(measure) >= 4
-
-    def reduce(h_inj, i, group):
-        if measure is None:
-            return h_inj
-        if full_args:
-            ids = torch.tensor(group, dtype=torch.long).reshape(-1, 2)
-            return measure(h_inj, base[i], i, ids)
-        return measure(h_inj, base[i])
-
     # conditions (layer index j, scale index s), ordered by injection layer
     conds = sorted(((j, s) for j in range(len(layers)) for s in range(len(scales))), key=lambda c: layers[c[0]])
     per_batch = 1 if isinstance(ad, StackAdapter) else max(1, int(max_batch_tokens) // (batch * tokens))
     out: torch.Tensor | None = None   # [conditions in (layer, scale) order, L+1, ...], filled in place
 
-    def store(c, i, value):
+    def store(h, i, group):
+        """Store ``measure`` (or the streams) of the runs ``group`` ``[K, B, T, d]`` at layer ``i``."""
         nonlocal out
+        if full_args:
+            h = measure(h, base[i], i, torch.tensor(group, dtype=torch.long).reshape(-1, 2))
+        elif measure is not None:
+            h = measure(h, base[i])
         if out is None:
-            out = value.new_empty((len(conds), L + 1, *value.shape))
-        out[c[0] * len(scales) + c[1], i] = value
+            out = h.new_empty((len(conds), L + 1, *h.shape[1:]))
+        for k, c in enumerate(group):
+            out[c[0] * len(scales) + c[1], i] = h[k]
 
     with torch.no_grad():
         for start in range(0, len(conds), per_batch):
@@ -496,19 +460,10 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
                     h = new if h is None else torch.cat([h, new])
                     active.extend(entering)
                 if active:
-                    red = reduce(h.reshape(len(active), batch, tokens, -1), i, active)
-                    for k, c in enumerate(active):
-                        store(c, i, red[k])
-                # runs not injected yet equal the baseline at this layer
+                    store(h.reshape(len(active), batch, tokens, -1), i, active)
                 waiting = [c for c in chunk if layers[c[0]] > i]
-                if waiting:
-                    if measure is None:
-                        for c in waiting:
-                            store(c, i, base[i])
-                    else:
-                        red = reduce(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
-                        for k, c in enumerate(waiting):
-                            store(c, i, red[k])
+                if waiting:  # runs not injected yet equal the baseline at this layer
+                    store(base[i].unsqueeze(0).expand(len(waiting), -1, -1, -1), i, waiting)
                 if i < L and active:
                     h = ad.block(i, h, len(active))
 
@@ -520,10 +475,11 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
     )
 
 
-# --- stacks: every metric per layer and position
 def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relative: bool = True, direction=None,
                            positions=None, seed: int = 0) -> SweepResult:
     r"""Inject :math:`a_\ell v` at every layer of a stack in turn and measure what follows.
+
+    The skip-path prediction: :func:`~companion.injection.metrics.postln_contraction_factors`.
 
     Parameters
     ----------
@@ -558,11 +514,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     ValueError
         If ``scale <= 0``, ``layers`` is bad, ``direction`` is bad or zero, or the vectors overflow.
 
-    Notes
-    -----
-    The skip-path prediction is the first-order law of the chapter
-    :doc:`/book/three_effect_framework` (:func:`~companion.injection.metrics.postln_contraction_factors`).
-
     Examples
     --------
     >>> from companion.stacks.residual import StackConfig, ResidualStack
@@ -579,12 +530,13 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     seed = check_int(seed, "seed", 0)
     lay = np.asarray(_injection_layers(range(n_layers) if layers is None else layers, n_layers,
                                        ad.name, increasing=True))
-    v = _unit_directions(random_direction(d, seed) if direction is None else direction, d)
+    v = _unit_directions(_random_direction(d, seed) if direction is None else direction, d)
     v_t = torch.as_tensor(v, dtype=ad.dtype, device=ad.device)
+    v_hat = pt._unit_vectors(v)[0]  # as perturbation_metrics normalises a direction
 
     base = ad.record                                     # the baseline StackOutput
     stream_b = base.stream                               # [L+1, B, T, d]
-    mask = ad.position_mask(positions)[0].cpu()          # [T]
+    mask_np = ad.position_mask(positions)[0].cpu().numpy()  # [T]
     base_sq = stream_b.double().pow(2).sum(-1)           # [L+1, B, T]
     sq = base_sq.mean(dim=(1, 2)).cpu().numpy()          # [L+1]
     base_norm = base_sq.sqrt().cpu().numpy()
@@ -609,7 +561,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
         factors = np.prod(f, axis=1)
     else:
         factors = np.full(stream_b.shape[1:3], lam**n_sub)[None].repeat(n_layers, axis=0)
-    mask_np = mask.numpy()
 
     K = lay.size
     with torch.no_grad():
@@ -622,7 +573,7 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     kl = np.empty_like(output_change) if is_lm else None
 
     def measure(h_inj, h_base, layer, conditions):        # h_inj: [1, B, T, d], one run
-        m = pt.perturbation_metrics(h_base[None], h_inj, v)
+        m = pt._perturbation_metrics(h_base[None], h_inj, v_hat)
         if layer == n_layers:
             k = int(conditions[0, 0])
             dy = ad.output(h_inj[0]).double() - final_b
@@ -650,18 +601,29 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     )
 
 
-# --- real models: metrics per position group, output effects
-def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
-    ok = groups[None] & np.isfinite(values)[:, None]  # [K, G, B, T]
-    s = np.where(ok, values[:, None], 0.0).sum(-1)
+def _prompts_adapter(m, prompts) -> ModelAdapter:
+    """The adapter of ``m`` on ``prompts`` (the one check of the model); TypeError for other prompts."""
+    if not isinstance(prompts, InjectionPrompts):
+        check_model(m)
+        raise TypeError("prompts must be InjectionPrompts from companion.injection.directions.make_prompts, "
+                        f"got {type(prompts).__name__}")
+    return ModelAdapter(m, prompts.encoding)
+
+
+def _nanmean(values: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Mean over the last axis of the ``values`` where ``ok`` (NaN where none is)."""
     n = ok.sum(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(n > 0, s / np.maximum(n, 1), np.nan)
-    return np.moveaxis(out, 1, 2)
+        return np.where(n > 0, np.where(ok, values, 0.0).sum(-1) / np.maximum(n, 1), np.nan)
+
+
+def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``values`` ``[K, B, T]``, ``groups`` ``[G, B, T]`` bool -> NaN-aware means ``[K, B, G]``."""
+    return np.moveaxis(_nanmean(values[:, None], groups[None] & np.isfinite(values)[:, None]), 1, 2)
 
 
 def _check_scales(scales) -> np.ndarray:
+    """``scales`` (a number or a non-empty sequence of numbers > 0) as an array."""
     if is_real(scales):
         scales = [scales]
     if isinstance(scales, (str, bytes)) or not isinstance(scales, (Sequence, np.ndarray)):
@@ -675,6 +637,9 @@ def _check_scales(scales) -> np.ndarray:
 def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, relative: bool = True,
                     norms=None, max_batch_tokens: int = 16384, centre=None) -> SweepResult:
     r"""Inject ``c * v_hat`` into a real model at each layer and magnitude; measure every layer and the output.
+
+    One :func:`sweep_injections` whose ``measure`` keeps only the group means and the output
+    row: memory O(runs x (layers + d) x batch).  Chapter :doc:`/book/injection_real_models`.
 
     Parameters
     ----------
@@ -691,8 +656,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     relative : bool, default True
         See ``scales``.
     norms : array_like, shape ``[L+1]``, optional
-        Magnitude unit per layer (default
-        :func:`~companion.injection.directions.typical_norms` of the baseline run).
+        Magnitude unit per layer (default: :func:`~companion.injection.directions.typical_norms`).
     max_batch_tokens : int, default 16384
         As in :func:`sweep_injections`.
     centre : array_like, shape ``[L+1, d]``, optional
@@ -712,21 +676,13 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     ValueError
         For bad layers, directions, scales, ``norms`` or ``centre``, or overflowing vectors.
 
-    Notes
-    -----
-    One :func:`sweep_injections` with a ``measure`` that keeps only the group means and the
-    output row, so memory is O(runs x (layers + d) x batch).  Chapter :doc:`/book/injection_real_models`.
-
     Examples
     --------
     >>> tr = track_injection(m, p, [0, 3, 6], random_unit_vectors(m.d_model)[0], [0.5, 2.0])  # doctest: +SKIP
     >>> tr.mean("relative_size", "last").shape                                                # doctest: +SKIP
     (3, 2, 31)
     """
-    if not isinstance(prompts, InjectionPrompts):
-        check_model(m)
-        raise TypeError(f"prompts must come from companion.injection.directions.make_prompts, got {type(prompts).__name__}")
-    ad = ModelAdapter(m, prompts.encoding)  # the one check of the model
+    ad = _prompts_adapter(m, prompts)
     relative = check_bool(relative, "relative")
     L, d = m.n_layers, m.d_model
     lay = list(_injection_layers(layers, L, m.name, increasing=True))
@@ -757,8 +713,7 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     v_hat = pt._unit_vectors(unit)[0]  # as perturbation_metrics normalises a direction
 
     def measure(h_inj, h_base, layer, conditions):
-        # conditions[k] = (index into lay, index into sc) of run k: each run is measured
-        # against the direction it was injected along
+        # conditions[k] = (index into lay, index into sc) of run k, measured along its direction
         hi = h_inj.detach().to("cpu", torch.float64)
         hi64 = hi.numpy()[None]  # one "layer" axis of K runs for perturbation_metrics
         hb64 = np.broadcast_to(h_base.detach().to("cpu", torch.float64).numpy(), hi64.shape[1:])[None]

@@ -1,19 +1,8 @@
-"""Perturbation metrics, output effects, linearised predictions and the injection window.
+"""The one metric vocabulary of every injection.
 
-The one metric vocabulary of the package: every injection (random stack, trained
-:class:`~companion.stacks.tinylm.TinyLM`, real model through :mod:`companion.injection.engine`)
-is measured here.  A *stream pair* is ``base`` and ``inj`` of one shape ``[L+1, ..., d]``
-(index ``l`` = the stream before block ``l``; the middle axes are arbitrary), and
-``delta = inj - base``.  Torch is imported only inside :func:`next_token_kl`.
-
-* :func:`perturbation_metrics`, :data:`METRIC_NAMES`: the per-layer metrics.
-* :func:`next_token_kl`, :func:`embedding_change`: the output effects.
-* :func:`normalisation_scale`, :func:`postln_contraction_factors`, :func:`predicted_projection`:
-  the linearised Post-LN prediction.
-* :func:`fit_norm_growth`, :func:`dilution_factor`: the Pre-LN dilution law.
-* :func:`effect_window`, :func:`predicted_window`, :class:`Window`: the injection window.
-
-Derivations: chapter :doc:`/book/three_effect_framework`.
+Perturbation metrics, output effects, the linearised Post-LN and Pre-LN laws, and the injection
+window.  A *stream pair* is ``base`` and ``inj`` of one shape ``[L+1, ..., d]`` (index ``l`` = the stream
+before block ``l``), ``delta = inj - base``.  Derivations: chapter :doc:`/book/three_effect_framework`.
 """
 
 from __future__ import annotations
@@ -25,24 +14,14 @@ import numpy as np
 from companion._validation import as_float64, check_finite, check_int, check_real, real_array
 
 __all__ = [
-    "METRIC_NAMES",
-    "perturbation_metrics",
-    "next_token_kl",
-    "embedding_change",
-    "normalisation_scale",
-    "postln_contraction_factors",
-    "predicted_projection",
-    "fit_norm_growth",
-    "dilution_factor",
-    "Window",
-    "effect_window",
-    "predicted_window",
+    "METRIC_NAMES", "perturbation_metrics", "next_token_kl", "embedding_change",
+    "normalisation_scale", "postln_contraction_factors", "predicted_projection", "fit_norm_growth",
+    "dilution_factor", "Window", "effect_window", "predicted_window",
 ]
 
 #: Keys of the dictionary returned by :func:`perturbation_metrics`, in a stable order: the
 #: metric vocabulary of every injection measurement (stacks, real models, experiments).
 METRIC_NAMES = ("projection", "cos_delta_v", "delta_norm", "relative_size", "cos_inj_base", "norm_ratio")
-
 
 
 def _unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -59,22 +38,21 @@ def _unit_vectors(v: np.ndarray, flat: bool = False) -> tuple[np.ndarray, np.nda
 _SAFE_MIN, _SAFE_MAX = 1e-150, 1e150
 
 
-# --- metrics over a stream pair
 def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     r"""Per-layer metrics of the difference between an injected and a baseline run.
 
+    The first three are the measures of :cite:t:`hahami2025disturbance`; computed one layer at a
+    time in float64.
+
     Parameters
     ----------
-    base : array_like or torch.Tensor, shape ``[L+1, ..., d]``
-        Baseline stream; the middle axes (batch, tokens, ...) are kept in the output.
-    inj : array_like or torch.Tensor, same shape as ``base``
-        Stream of the injected run.
+    base, inj : array_like or torch.Tensor, shape ``[L+1, ..., d]``
+        Baseline and injected streams; the middle axes (batch, tokens, ...) are kept.
     v : array_like or torch.Tensor, shape ``[d]`` or broadcastable to ``base.shape[1:]``
         Injected direction (normalised here; may be per position).
     centre : array_like, shape ``[L+1, d]``, optional
-        A centre :math:`\mu_\ell` (e.g. :func:`companion.injection.directions.stream_means`):
-        ``relative_size``, ``cos_inj_base`` and ``norm_ratio`` are then computed on
-        :math:`h - \mu_\ell`.
+        :math:`\mu_\ell` (:func:`companion.injection.directions.stream_means`): the size and
+        angle metrics are then computed on :math:`h - \mu_\ell`.
 
     Returns
     -------
@@ -93,12 +71,6 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     ValueError
         For mismatched shapes, a ``v`` that is zero or does not broadcast, or NaN/inf.
 
-    Notes
-    -----
-    Each layer is converted to float64 on the CPU on its own (memory O(one layer)).  The first
-    three are the measures of :cite:t:`hahami2025disturbance`; the rest separate the three
-    effects of the chapter :doc:`/book/three_effect_framework`.
-
     Examples
     --------
     >>> base = np.zeros((3, 4)); base[:, 0] = 1.0
@@ -106,13 +78,8 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     >>> perturbation_metrics(base, inj, np.array([0.0, 2.0, 0.0, 0.0]))["projection"].tolist()
     [0.0, 0.5, 0.25]
     """
-    for arr, name in ((base, "base"), (inj, "inj")):
-        if arr is None:
-            raise TypeError(f"{name} must be an array or tensor, got None")
-    if not (hasattr(base, "shape") and hasattr(base, "__getitem__")):
-        base = as_float64(base, "base")
-    if not (hasattr(inj, "shape") and hasattr(inj, "__getitem__")):
-        inj = as_float64(inj, "inj")
+    base, inj = (x if hasattr(x, "shape") and hasattr(x, "__getitem__") else as_float64(x, name)
+                 for x, name in ((base, "base"), (inj, "inj")))  # tensors stay: converted per layer
     shape, ishape = tuple(base.shape), tuple(inj.shape)
     vv = as_float64(v, "v")
     if len(shape) < 2:
@@ -134,27 +101,24 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     v_hat, zero = _unit_vectors(vv)
     if np.any(zero):
         raise ValueError("v must be a non-zero vector (at every position); it gives the direction")
-    mu = None
-    if centre is not None:
-        mu = as_float64(centre, "centre")
-        if mu.shape != (shape[0], shape[-1]):
-            raise ValueError(f"centre must have shape [L+1, d] = {(shape[0], shape[-1])}, got {mu.shape}")
-        check_finite(mu, "centre")
+    mu = None if centre is None else real_array("centre", centre)
+    if mu is not None and mu.shape != (shape[0], shape[-1]):
+        raise ValueError(f"centre must have shape [L+1, d] = {(shape[0], shape[-1])}, got {mu.shape}")
     return _perturbation_metrics(base, inj, v_hat, mu)
 
 
 def _perturbation_metrics(base, inj, v_hat: np.ndarray, mu: np.ndarray | None = None) -> dict:
-    """:func:`perturbation_metrics` of checked inputs (``v_hat`` unit, ``mu`` float64 or None)."""
+    """:func:`perturbation_metrics` of checked ``v_hat`` (unit) and ``mu`` (float64 or None)."""
     shape = tuple(base.shape)
     out = {k: np.empty(shape[:-1], dtype=np.float64) for k in METRIC_NAMES}
     with np.errstate(invalid="ignore", divide="ignore"):
-        for layer in range(shape[0]):  # one layer at a time: bounded float64 temporaries
+        for layer in range(shape[0]):
             hb = as_float64(base[layer], "base")
             hi = as_float64(inj[layer], "inj")
             check_finite(hb, f"base[{layer}]")
             check_finite(hi, f"inj[{layer}]")
             delta = hi - hb
-            if mu is not None:  # centred states for the size and angle to the baseline
+            if mu is not None:
                 hb = hb - mu[layer]
                 hi = hi - mu[layer]
             proj = np.sum(delta * v_hat, axis=-1)
@@ -173,7 +137,6 @@ def _perturbation_metrics(base, inj, v_hat: np.ndarray, mu: np.ndarray | None = 
     return out
 
 
-# --- the Post-LN linearised prediction
 def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndarray:
     r"""The scale a normalisation divides by: :math:`\sqrt{\operatorname{Var}(x) + \varepsilon}`.
 
@@ -196,7 +159,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     TypeError
         If ``x`` or ``eps`` is not real.
     ValueError
-        If ``d < 2``, ``x`` holds NaN/inf, ``eps < 0``, ``norm`` is unknown, or the scale overflows.
+        For ``d < 2``, NaN/inf, ``eps < 0``, an unknown ``norm`` or an overflowing scale.
 
     Examples
     --------
@@ -217,8 +180,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
             s = np.sqrt(np.mean(arr**2, axis=-1) + eps)
         else:
             s = np.sqrt(np.var(arr, axis=-1) + eps)
-        # rows whose squares leave the normal float64 range (|x| beyond 1e150 or, with eps = 0,
-        # below 1e-150): the same scale from the rows divided by a power of two (exact),
+        # rows whose squares leave the normal range: rescale by a power of two (exact),
         # sqrt(var + eps) = hypot(sd, sqrt(eps))
         big = np.max(np.abs(arr), axis=-1)
         odd = (big > _SAFE_MAX) | ((big < _SAFE_MIN) & (big > 0) & (eps < _SAFE_MIN**2 * 1e6))
@@ -235,6 +197,8 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
 def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: float = 1.0, ln_weight=None, v=None,
                                norm: str = "layernorm") -> np.ndarray:
     r"""Per-layer factors by which Post-LN multiplies the component of a perturbation along ``v``.
+
+    Proof: proposition ``tef-prop-postln`` of the chapter :doc:`/book/three_effect_framework`.
 
     Parameters
     ----------
@@ -261,12 +225,8 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     TypeError
         If an argument is not real.
     ValueError
-        For a bad shape, NaN/inf, ``eps < 0``, ``residual_scale <= 0``, ``ln_weight`` without
-        ``v``, a zero ``v`` or an unknown ``norm``.
-
-    Notes
-    -----
-    Proof: proposition ``tef-prop-postln`` of the chapter :doc:`/book/three_effect_framework`.
+        For a bad shape or value (as :func:`normalisation_scale`), ``residual_scale <= 0``,
+        ``ln_weight`` without ``v``, or a zero ``v``.
 
     Examples
     --------
@@ -285,13 +245,9 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
         return lam / s
     if v is None:
         raise ValueError("ln_weight was given without v; pass the injected direction v as well")
-    g = as_float64(ln_weight, "ln_weight")
-    vv = as_float64(v, "v")
+    g = real_array("ln_weight", ln_weight)
     d = u.shape[-1]
-    if vv.shape != (d,):
-        raise ValueError(f"v must have shape ({d},), got {vv.shape}")
-    check_finite(vv, "v")
-    check_finite(g, "ln_weight")
+    vv = real_array("v", v, shape=(d,))
     if g.ndim == 0 or g.shape[-1] != d or g.ndim not in (1, u.ndim):
         raise ValueError(f"ln_weight must have shape [d] or as many axes as ln_inputs ({u.ndim}), ending "
                          f"in d = {d}, e.g. [L, 1, 1, d]; got {g.shape}")
@@ -329,8 +285,7 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     TypeError
         If ``inject_layer`` is not an integer or an array is not real.
     ValueError
-        For empty or non-finite ``factors``, ``inject_layer`` outside ``[0, L]``, or a
-        non-broadcasting ``initial``.
+        For empty or non-finite ``factors``, ``inject_layer`` outside ``[0, L]``, or bad ``initial``.
 
     Examples
     --------
@@ -345,8 +300,7 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     ell = check_int(inject_layer, "inject_layer", 0)
     if ell > n_layers:
         raise ValueError(f"inject_layer must be in [0, {n_layers}] (L = {n_layers}), got {ell}")
-    p0 = as_float64(initial, "initial")
-    check_finite(p0, "initial")
+    p0 = real_array("initial", initial)
     try:
         p0 = np.broadcast_to(p0, f.shape[1:])
     except ValueError:
@@ -359,7 +313,6 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     return out
 
 
-# --- the Pre-LN dilution law
 def fit_norm_growth(sq_norms) -> float:
     r"""Fit the slope :math:`c` of :math:`\|h_l\|^2/\|h_0\|^2 \approx 1 + c\,l` by least squares (through 1 at 0).
 
@@ -379,10 +332,6 @@ def fit_norm_growth(sq_norms) -> float:
         If ``sq_norms`` is not real.
     ValueError
         If not 1-D with >= 2 entries, non-finite, negative, ``sq_norms[0] == 0``, or the slope overflows.
-
-    Notes
-    -----
-    The linear Pre-LN growth law: chapter :doc:`/book/three_effect_framework`.
 
     Examples
     --------
@@ -453,7 +402,6 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
     return np.sqrt(ratio)
 
 
-# --- the window
 @dataclass(frozen=True)
 class Window:
     """The injection window of one stack (see :func:`effect_window`).
@@ -481,27 +429,27 @@ class Window:
     relative: bool
 
     @property
-    def best_fraction(self) -> float:
+    def best_fraction(self) -> float:  # numpydoc ignore=RT01
         """``best / L``."""
         return self.best / self.n_layers
 
     @property
-    def first_fraction(self) -> float:
+    def first_fraction(self) -> float:  # numpydoc ignore=RT01
         """``first / L``."""
         return self.first / self.n_layers
 
     @property
-    def last_fraction(self) -> float:
+    def last_fraction(self) -> float:  # numpydoc ignore=RT01
         """``last / L``."""
         return self.last / self.n_layers
 
     @property
-    def size_fraction(self) -> float:
+    def size_fraction(self) -> float:  # numpydoc ignore=RT01
         """Number of injection layers in the window divided by ``L``."""
         return len(self.layers) / self.n_layers
 
     @property
-    def fractions(self) -> list[float]:
+    def fractions(self) -> list[float]:  # numpydoc ignore=RT01
         """``[best, first, last, size]`` as fractions of depth (a row of a stored window array)."""
         return [self.best_fraction, self.first_fraction, self.last_fraction, self.size_fraction]
 
@@ -509,6 +457,8 @@ class Window:
 def effect_window(effect, layers=None, n_layers: int | None = None, threshold: float = 0.5, relative: bool = True,
                   contiguous: bool = True) -> Window:
     r"""The window: injection layers whose output effect reaches a threshold.
+
+    The book's definition of the "introspection window" of :cite:t:`hahami2025disturbance`.
 
     Parameters
     ----------
@@ -520,7 +470,7 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
         Depth ``L`` (default ``K``).
     threshold : float, default 0.5
         :math:`\tau`: :math:`E(\ell) \ge \tau \max E` (``relative``, :math:`0 < \tau \le 1`) or
-        :math:`E(\ell) \ge \tau` (absolute, :math:`\tau > 0`).
+        :math:`E(\ell) \ge \tau` (:math:`\tau > 0`).
     relative : bool, default True
         Whether ``threshold`` is a fraction of the largest effect.
     contiguous : bool, default True
@@ -538,11 +488,6 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     ValueError
         For a bad ``effect`` (shape, NaN/inf, negative), bad ``layers`` or a threshold out of range.
 
-    Notes
-    -----
-    The book's operational definition of the "introspection window" of
-    :cite:t:`hahami2025disturbance` (chapter :doc:`/book/three_effect_framework`).
-
     Examples
     --------
     >>> effect_window([0.9, 0.1, 0.8, 1.0]).layers.tolist()
@@ -554,10 +499,9 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     check_finite(e, "effect")
     if np.any(e < 0):
         raise ValueError("effect must be non-negative (it measures a size of change)")
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be a bool, got {type(relative).__name__}")
-    if not isinstance(contiguous, bool):
-        raise TypeError(f"contiguous must be a bool, got {type(contiguous).__name__}")
+    for flag, name in ((relative, "relative"), (contiguous, "contiguous")):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if layers is None:
         lay = np.arange(e.size)
     else:
@@ -579,16 +523,9 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     cut = tau * e.max() if relative else tau
     above = (e >= cut) if (not relative or e.max() > 0) else np.ones(e.shape, dtype=bool)
     i_best = int(np.argmax(e))
-    if contiguous:
-        keep = np.zeros_like(above)
-        if above[i_best]:
-            lo = hi = i_best
-            while lo > 0 and above[lo - 1]:
-                lo -= 1
-            while hi < e.size - 1 and above[hi + 1]:
-                hi += 1
-            keep[lo : hi + 1] = True
-        above = keep
+    if contiguous:  # the run of layers through the best one: a run has one value of cumsum(~above)
+        run = np.cumsum(~above)
+        above = above & (run == run[i_best]) & above[i_best]
     inside = lay[above]
     best = int(lay[i_best])
     first = int(inside[0]) if inside.size else -1
@@ -602,6 +539,8 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
 def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, factor: float | None = None,
                      c: float | None = None) -> tuple[int, int]:
     r"""Window of the readable projection predicted by the first-order laws, ``(first, last)``.
+
+    Post-LN: a fixed number of last layers; Pre-LN: lower edge :math:`\to \tau^2 L`.
 
     Parameters
     ----------
@@ -627,11 +566,6 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
         If an argument has the wrong type.
     ValueError
         For an unknown ``placement``, a missing or out-of-range parameter, or bad ``n_layers``/``threshold``.
-
-    Notes
-    -----
-    Derivation: chapter :doc:`/book/three_effect_framework` (Post-LN: a fixed number of last
-    layers; Pre-LN: lower edge :math:`\to \tau^2 L`).
 
     Examples
     --------
@@ -672,7 +606,6 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     return max(0, int(np.ceil(edge))), L - 1
 
 
-# --- output effects
 def next_token_kl(logits_base, logits_inj) -> np.ndarray:
     r""":math:`\mathrm{KL}(p_{base}\,\|\,p_{inj})` of next-token distributions, in nats.
 
@@ -684,14 +617,14 @@ def next_token_kl(logits_base, logits_inj) -> np.ndarray:
     Returns
     -------
     numpy.ndarray, shape ``[...]``
-        Non-negative; computed from ``log_softmax`` in float64.
+        Non-negative; from ``log_softmax`` in float64.
 
     Raises
     ------
     TypeError
         If an input is not real.
     ValueError
-        If the shapes differ, the vocabulary axis is empty, or a value is NaN/inf.
+        For different shapes, an empty vocabulary axis, or NaN/inf.
 
     Examples
     --------
@@ -716,7 +649,7 @@ def _next_token_kl(a, b) -> np.ndarray:
     la = torch.log_softmax(a, dim=-1)
     lb = torch.log_softmax(b, dim=-1)
     terms = la.exp() * (la - lb)
-    # a token with p_base = 0 (log-probability -inf: logits 1e308 apart) contributes 0, not 0 * inf
+    # a token with p_base = 0 (logits 1e308 apart) contributes 0, not 0 * inf
     terms = torch.where(torch.isneginf(la), torch.zeros_like(terms), terms)
     kl = terms.sum(-1)
     return kl.clamp_min(0.0).numpy()
@@ -740,7 +673,7 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
     TypeError
         If an input is not real.
     ValueError
-        If the shapes differ, a vector is zero, or a value is NaN/inf.
+        For different shapes, a zero vector, or NaN/inf.
 
     Examples
     --------
@@ -758,8 +691,7 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
 
 def _embedding_change(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """:func:`embedding_change` of two float64 arrays of one shape."""
-    # divide each vector by a power of two near its largest entry (exact): the norms neither
-    # overflow (entries near 1e200 gave cos = 0) nor underflow (near 1e-200: "zero vector")
+    # divide each vector by a power of two near its largest entry (exact): no over/underflow
     a, b = (np.ldexp(x, -np.frexp(np.max(np.abs(x), axis=-1, keepdims=True))[1]) for x in (a, b))
     na = np.linalg.norm(a, axis=-1)
     nb = np.linalg.norm(b, axis=-1)
