@@ -162,13 +162,7 @@ class LinearQuantization:
             raise ValueError("static ranges are per tensor or per channel; per-token ranges are dynamic")
 
     def describe(self) -> str:
-        """Short name, e.g. ``'W4 per-channel | A8 per-token dynamic asymmetric'``.
-
-        Returns
-        -------
-        str
-            The name (``'float'`` when nothing is quantised).
-        """
+        """Short name, e.g. ``'W4 per-channel | A8 per-token dynamic asymmetric'`` or ``'float'``."""
         parts = []
         if self.weight_bits is not None:
             parts.append(f"W{self.weight_bits} per-channel{'' if self.weight_symmetric else ' asymmetric'}")
