@@ -19,19 +19,9 @@ from companion._validation import (
 )
 from companion.transformers.hooks import hooks
 
-__all__ = [
-    "LinearInputStatistics",
-    "linear_input_statistics",
-    "capture_linear_inputs",
-    "linear_input_medians",
-    "top_channels",
-    "PRUNING_SCORES",
-    "neuron_scores",
-    "lowest_fraction",
-    "zero_linear_inputs",
-    "compensated_bias",
-    "removal_error",
-]
+__all__ = ["LinearInputStatistics", "linear_input_statistics", "capture_linear_inputs",
+           "linear_input_medians", "top_channels", "PRUNING_SCORES", "neuron_scores", "lowest_fraction",
+           "zero_linear_inputs", "compensated_bias", "removal_error"]
 
 
 def _split_inputs(inputs):
@@ -76,11 +66,11 @@ def _tokens(x: torch.Tensor, mask) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LinearInputStatistics:
-    """Per-channel statistics of the input of one linear layer over a corpus.
+    """Per-channel statistics of the input of one linear layer over a corpus (float64 arrays).
 
     Attributes
     ----------
-    mean, var, max_abs : numpy.ndarray, shape (in_features,), float64
+    mean, var, max_abs : numpy.ndarray, shape (in_features,)
         Channel mean ``μ_j``, population variance ``σ_j²`` and ``max |x_j|`` over the tokens.
     n_tokens : int
         Number of tokens that entered (pads excluded).
@@ -273,7 +263,6 @@ def top_channels(values, k: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray of int64, shape (k,)
-        The channel indices.
 
     Raises
     ------
@@ -389,7 +378,6 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
     Returns
     -------
     numpy.ndarray of int64
-        The selected indices.
 
     Raises
     ------
@@ -444,9 +432,7 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     --------
     >>> lin = torch.nn.Linear(2, 1)
     >>> with zero_linear_inputs({"lin": lin}, {"lin": [1]}):
-    ...     y = lin(torch.tensor([[2.0, 3.0]]))
-    >>> bool(y == lin(torch.tensor([[2.0, 0.0]])))
-    True
+    ...     y = lin(torch.tensor([[2.0, 3.0]]))  # y = lin(torch.tensor([[2.0, 0.0]]))
     """
     modules = check_linears(modules)
     if not isinstance(channels, Mapping):
@@ -500,7 +486,6 @@ def compensated_bias(weight, bias, channels, mean):
     Returns
     -------
     numpy.ndarray, shape (out,), float64
-        The new bias.
 
     Raises
     ------
