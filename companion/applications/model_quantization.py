@@ -100,7 +100,6 @@ def quantize_linear_inputs(
                 cx = c.to(x.dtype)
                 _check_cast(cx, c, f"centers[{name!r}] (cast to the input's dtype)")
             return (_fake_quantize(x, q, granularity, cx, k),) + tuple(args[1:])
-
         return hook
 
     with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]) as handles:
@@ -177,7 +176,6 @@ def _act_quantizer(spec: LinearQuantization, rng):
             g = spec.act_granularity
             lo, hi = _per_group(x, g, torch.amin), _per_group(x, g, torch.amax)
         return _quantize_range(x, spec.act_bits, lo, hi, spec.act_symmetric)
-
     return quantize
 
 
@@ -218,7 +216,6 @@ def quantized_linears(
     Parameters
     ----------
     modules : mapping name -> nn.Linear
-        The layers.
     spec : LinearQuantization
         What is quantised, and how.
     ranges : mapping name -> (lo, hi), optional
@@ -256,21 +253,17 @@ def quantized_linears(
     _check_names(output_shift, modules, "output_shift")
     shifts = {name: _channel_vector(v, modules[name].out_features, modules[name].weight,
                                     f"output_shift[{name!r}]") for name, v in output_shift.items()}
-    saved = {}
-    pre, post = [], []
+    saved, pre, post = {}, [], []
     try:
-        with torch.no_grad():
-            for name, mod in modules.items():
-                s = prepared[name][0]
-                if s is None and spec.weight_bits is None:
-                    continue
+        for name, mod in modules.items():
+            s, quant = prepared[name]
+            if s is not None or spec.weight_bits is not None:  # the weight is replaced, restored on exit
                 saved[name] = mod.weight.detach().clone()
                 new = saved[name] * s if s is not None else saved[name]
                 if spec.weight_bits is not None:
                     new = quantize_weight(new, spec.weight_bits, symmetric=spec.weight_symmetric)
-                mod.weight.copy_(new)
-        for name, mod in modules.items():
-            s, quant = prepared[name]
+                with torch.no_grad():
+                    mod.weight.copy_(new)
             if s is not None or quant is not None:
                 def pre_hook(_m, args, s=s, quant=quant):
                     x = args[0]
@@ -358,7 +351,6 @@ def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[st
     model : torch.nn.Module
         Called as ``model(batch)`` for a tensor or ``model(**batch)`` for a mapping.
     batches : iterable of tensors or mappings
-        The calibration data.
     modules, ranges, smooth
         As in :func:`quantized_linears`.
     spec : LinearQuantization

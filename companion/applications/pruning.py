@@ -44,7 +44,6 @@ def _run_batches(model, batches, modules, observe) -> None:
     def make_hook(name):
         def hook(_module, args):
             observe(name, args[0].detach(), mask[0])
-
         return hook
 
     seen = 0
@@ -327,7 +326,6 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     Returns
     -------
     numpy.ndarray, shape (in,), float64
-        One score per neuron.
 
     Raises
     ------
@@ -410,7 +408,6 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     Parameters
     ----------
     modules : mapping name -> nn.Linear
-        The layers.
     channels : mapping name -> sequence of int
         Input channels to zero, per layer (every key must be in ``modules``).
     fill : mapping name -> array_like of shape (in,), optional
@@ -462,7 +459,6 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
             if add is not None:
                 x = x + add.to(x.dtype)
             return (x,) + tuple(args[1:])
-
         return hook
 
     with hooks(pre=[(modules[name], make_hook(mask, fills.get(name))) for name, mask in masks.items()]):
@@ -475,7 +471,6 @@ def compensated_bias(weight, bias, channels, mean):
     Parameters
     ----------
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The layer's weight.
     bias : torch.Tensor, numpy.ndarray of shape (out,), or None
         The layer's bias (``None``: zero).
     channels : sequence of int
@@ -512,7 +507,6 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
     x : torch.Tensor or numpy.ndarray, shape (n_tokens, in)
         Captured inputs of the layer (:func:`capture_linear_inputs`).
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The layer's weight.
     channels : sequence of int
         The removed set ``S``.
     center : array_like of shape (in,), optional
