@@ -1,5 +1,4 @@
-"""Statistics of the inputs of linear layers, and pruning input neurons with or without mean
-compensation.
+"""Statistics of linear layers' inputs, and pruning input neurons with or without mean compensation.
 
 Weights use the ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``; column ``w_j = W[:, j]`` reads
 input neuron ``j``.  Derivations: the chapter :doc:`/book/applications`.

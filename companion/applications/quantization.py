@@ -1,12 +1,11 @@
-"""Fake quantisers: symmetric or asymmetric grids, per-tensor, per-channel or per-token scales,
-dynamic or calibrated ranges, centring, mixed precision and SmoothQuant's migration.
+"""Fake quantisers: grids, scales, calibrated ranges, centring, mixed precision, SmoothQuant.
 
 *Fake* quantisation (quantise, then dequantise, in floating point) reproduces the error of an
 integer kernel exactly.  The channel axis is the **last** axis of ``x``; every other axis indexes
 tokens.  A symmetric ``b``-bit quantiser maps ``x`` to ``Δ · clamp(round(x / Δ), -q, q)`` with
-``q = 2**(b-1) - 1`` and ``Δ = max|x| / q`` over the group that shares the scale.  Applying them to
-a model's linear layers: :mod:`companion.applications.model_quantization`.  Derivations: the
-chapter :doc:`/book/applications`.
+``q = 2**(b-1) - 1`` and ``Δ = max|x| / q`` over the group that shares the scale (the tensor, a
+channel or a token).  Applying them to a model's linear layers:
+:mod:`companion.applications.model_quantization`.  Derivations: the chapter :doc:`/book/applications`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The outlier note's training controls (§6) on a byte-level :class:`~companion.stacks.tinylm.TinyLM`:
-gradient clipping at a sub-Gaussian tail threshold, the regulariser ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``,
+"""The outlier note's training controls (§6), made testable on a byte-level TinyLM.
+
+Gradient clipping at a sub-Gaussian tail threshold, the regulariser ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``,
 a training loop with both, and the measurements of the residual stream's mean drift and outliers.
 
 Weights use the ``nn.Linear`` layout ``(out, in)``; the note's *column* ``j`` (the weights feeding
@@ -387,14 +388,10 @@ def train_with_controls(
         Byte ids (:func:`~companion.stacks.tinylm.byte_tokenize`) of the training and held-out text.
     controls : TrainingControls
         Clipping rule and regulariser.
-    steps, batch_size, seq_len : int
-        Optimiser steps, windows per step, and tokens per window.
+    steps, batch_size, seq_len, warmup, seed
+        As in :func:`~companion.stacks.tinylm.train_tiny_lm`.
     lr : float > 0
         Peak learning rate of Adam (no weight decay: the only penalty is the regulariser).
-    warmup : int or None
-        Linear warm-up steps (``None``: ``steps // 10``), then cosine decay to ``lr/10``.
-    seed : int
-        Seed of the window sampling (the weights are seeded by ``config.seed``).
     dtype : torch.float32 or torch.float64, default float32
         Precision of training; float64 keeps the trajectory the same under every CPU kernel set.
     callback : callable or None
@@ -406,8 +403,8 @@ def train_with_controls(
 
     Raises
     ------
-    ValueError
-        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a
+    TypeError, ValueError
+        For a bad argument, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a
         training loss that becomes NaN/inf (the message says at which step).
 
     Examples
