@@ -63,8 +63,7 @@ def quantize_linear_inputs(
     Raises
     ------
     TypeError, ValueError
-        For a bad argument, a mapping that names a layer not hooked, or a bad center (also when
-        cast to the input's dtype during the forward pass).
+        For a bad argument, a mapping naming a layer not hooked, or a center beyond the dtype.
 
     Examples
     --------
@@ -219,14 +218,12 @@ def quantized_linears(
     spec : LinearQuantization
         What is quantised, and how.
     ranges : mapping name -> (lo, hi), optional
-        Calibrated input ranges (numbers or ``(in,)`` arrays, in the smoothed coordinates), required
-        for every module when ``spec.static``.
+        Calibrated input ranges (in the smoothed coordinates); required when ``spec.static``.
     smooth : mapping name -> array of shape (in,), optional
         SmoothQuant scales ``s`` (:func:`~companion.applications.quantization.smoothquant_scales`):
         the input is divided by ``s`` and the weight's columns multiplied by it before quantisation.
     output_shift : mapping name -> array of shape (out,), optional
-        Bias correction subtracted from the layer's output (:func:`weight_bias_correction`,
-        :func:`activation_bias_correction`).
+        Subtracted from the output (bias correction: :func:`activation_bias_correction`, ...).
 
     Yields
     ------
@@ -236,8 +233,7 @@ def quantized_linears(
     Raises
     ------
     ValueError
-        If a mapping names a layer not in ``modules``, has the wrong shape or is not finite, or
-        ``ranges`` is missing a module for a static spec.
+        If a mapping names an unknown layer, has the wrong shape or is not finite, or lacks a range.
 
     Examples
     --------

@@ -329,8 +329,7 @@ def neuron_scores(method: str, stats: LinearInputStatistics | None = None, weigh
     Raises
     ------
     ValueError
-        If ``method`` is unknown, a needed argument is missing, the shapes disagree, ``weight`` is
-        not finite, or ``seed`` < 0.
+        If ``method`` is unknown, a needed argument is missing or invalid, or the shapes disagree.
 
     Examples
     --------
@@ -421,8 +420,7 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     Raises
     ------
     ValueError
-        If a mapping names an unknown layer, an index is out of range or repeated, or ``fill`` has
-        the wrong shape or non-finite values.
+        If a mapping names an unknown layer, or an index or ``fill`` is invalid.
 
     Examples
     --------

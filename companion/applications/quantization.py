@@ -394,8 +394,7 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
     Raises
     ------
     ValueError
-        For an empty or non-finite ``x`` or range, ``bits`` out of range, a range that does not
-        broadcast to ``x``, or ``lo > hi``.
+        For a bad ``x`` or ``bits``, or a range that is not finite, does not broadcast, or has ``lo > hi``.
 
     Examples
     --------

@@ -404,8 +404,7 @@ def train_with_controls(
     Raises
     ------
     TypeError, ValueError
-        For a bad argument, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a
-        training loss that becomes NaN/inf (the message says at which step).
+        For a bad argument or text, or a training loss that becomes NaN/inf (the message says when).
 
     Examples
     --------
