@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from companion._validation import (
-    check_choice, check_indices, check_int, check_linears, check_real, real_vector,
+    check_choice, check_finite, check_indices, check_int, check_linears, check_real, real_vector,
 )
 from companion.transformers.hooks import hooks
 
@@ -124,8 +124,7 @@ def linear_input_statistics(
 
     def observe(name, x, mask):
         x = _tokens(x, mask).double()
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"the input of {name!r} contains NaN or infinite values")
+        check_finite(x, f"the input of {name!r}")
         nb = x.shape[0]
         if nb == 0:
             return
