@@ -1,13 +1,7 @@
-"""Fake quantisation applied to the linear layers of a real model, and the corrections around it.
+"""Fake quantisation of a model's linear layers while it runs, and Nagel et al.'s bias corrections.
 
-:func:`quantize_linear_inputs` and :func:`quantized_linears` are context managers that quantise the
-inputs (and, with :class:`LinearQuantization`, the weights) of chosen ``nn.Linear`` modules while a
-model runs; :func:`weight_bias_correction` and :func:`activation_bias_correction` are Nagel et al.'s
-bias corrections; :func:`mean_quantization_error` measures the mean output error they target.  The
-quantisers themselves are :mod:`companion.applications.quantization`.
-Derivations: the chapter :doc:`/book/applications`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+The quantisers are :mod:`companion.applications.quantization`.  Derivations: the chapter
+:doc:`/book/applications`.
 """
 
 from __future__ import annotations
@@ -22,9 +16,10 @@ import torch
 from companion._validation import (
     check_choice, check_int, check_linears, float_tensor, real_array,
 )
+from companion.applications.pruning import _check_names, _run_batches
 from companion.applications.quantization import (
-    GRANULARITIES, _channel_vector, _check_cast, _fake_quantize, _keep_mask, _quantize_range, _range_tensor,
-    qmax, quantize_weight,
+    GRANULARITIES, _channel_vector, _check_cast, _fake_quantize, _keep_mask, _per_group, _quantize_range,
+    _range_tensor, qmax, quantize_weight,
 )
 from companion.transformers.hooks import hooks
 
@@ -44,19 +39,19 @@ def quantize_linear_inputs(
 ) -> Iterator[dict[str, torch.utils.hooks.RemovableHandle]]:
     """Context manager: fake-quantise the input of every chosen ``nn.Linear`` during forward passes.
 
+    Each input is quantised by :func:`~companion.applications.quantization.fake_quantize` on the
+    range of the current batch (dynamic quantisation).
+
     Parameters
     ----------
     model : torch.nn.Module
-        The model whose linear layers are hooked (used to find them if ``modules`` is None).
-    bits : int
-        Bit width for every hooked input.
-    granularity : {"tensor", "channel", "token"}
-        Scale sharing, applied to each input tensor of shape (batch, seq, d) separately (dynamic quantisation: the range is that of the current
-        batch).
+        The model; its linear layers are hooked if ``modules`` is None.
+    bits, granularity
+        As in :func:`~companion.applications.quantization.fake_quantize`.
     modules : mapping name -> nn.Linear, optional
-        The layers to hook.  Default: every ``nn.Linear`` of ``model`` except one named ``lm_head``.
+        The layers to hook (default: every ``nn.Linear`` except one named ``lm_head``).
     centers : mapping name -> tensor of shape (in,), optional
-        Bias correction per layer (usually the calibration channel means); layers not in the mapping are quantised without centring.
+        The ``center`` of each layer (usually the calibration means); others are not centred.
     keep_channels : mapping name -> sequence of int, optional
         Mixed precision per layer: channels kept in floating point.
 
@@ -67,47 +62,32 @@ def quantize_linear_inputs(
 
     Raises
     ------
-    ValueError
-        For bad ``bits``/``granularity``, or ``centers``/``keep_channels`` naming layers that are not hooked or having the wrong length, or a center
-        beyond the range of the layer's dtype (during the forward pass: of the input's dtype).
+    TypeError, ValueError
+        For a bad argument, a mapping naming a layer not hooked, or a center beyond the dtype.
 
     Examples
     --------
-    >>> from companion.applications.quantization import fake_quantize
     >>> lin = torch.nn.Linear(3, 2)
-    >>> x = torch.tensor([[0.1, -2.0, 0.7]])
-    >>> with quantize_linear_inputs(lin, 2, modules={"lin": lin}):
-    ...     y = lin(x)
-    >>> torch.allclose(y, lin(fake_quantize(x, 2)))
-    True
+    >>> with quantize_linear_inputs(lin, 8, modules={"lin": lin}):
+    ...     y = lin(torch.randn(4, 3))  # y = lin(fake_quantize(x, 8))
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    check_int(bits, "bits", 2, 16)
+    q = qmax(bits)
     check_choice(granularity, "granularity", GRANULARITIES)
     if modules is None:
-        modules = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
-    if not modules:
-        raise ValueError("no linear layers to hook; pass modules={name: nn.Linear}")
-    for name, mod in modules.items():
-        if not isinstance(mod, torch.nn.Linear):
-            raise TypeError(f"module {name!r} is a {type(mod).__name__}, not torch.nn.Linear")
-    centers = dict(centers or {})
-    keep_channels = dict(keep_channels or {})
-    for label, mapping in (("centers", centers), ("keep_channels", keep_channels)):
-        unknown = sorted(set(mapping) - set(modules))
-        if unknown:
-            raise ValueError(f"{label} names layers that are not hooked: {unknown[:3]}")
-    prepared_c: dict[str, torch.Tensor] = {}
-    prepared_k: dict[str, torch.Tensor] = {}
-    for name, mod in modules.items():
-        w = mod.weight
-        if name in centers:
-            prepared_c[name] = _channel_vector(centers[name], mod.in_features, w, f"centers[{name!r}]")
-        if name in keep_channels:
-            mask = _keep_mask(keep_channels[name], mod.in_features, w.device)
-            prepared_k[name] = mask
-    q = qmax(bits)
+        modules = {n: m for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
+        if not modules:
+            raise ValueError("no linear layers to hook; pass modules={name: nn.Linear}")
+    modules = check_linears(modules)
+    centers, keep_channels = dict(centers or {}), dict(keep_channels or {})
+    _check_names(centers, modules, "centers", "that are not hooked")
+    _check_names(keep_channels, modules, "keep_channels", "that are not hooked")
+    prepared_c = {name: _channel_vector(c, modules[name].in_features, modules[name].weight,
+                                        f"centers[{name!r}]") for name, c in centers.items()}
+    prepared_k = {name: _keep_mask(k, modules[name].in_features, modules[name].weight.device)
+                  for name, k in keep_channels.items()}
 
     def make_hook(name):
         c, k = prepared_c.get(name), prepared_k.get(name)
@@ -118,9 +98,7 @@ def quantize_linear_inputs(
             if c is not None:
                 cx = c.to(x.dtype)
                 _check_cast(cx, c, f"centers[{name!r}] (cast to the input's dtype)")
-            xq = _fake_quantize(x, q, granularity, cx, k)
-            return (xq,) + tuple(args[1:])
-
+            return (_fake_quantize(x, q, granularity, cx, k),) + tuple(args[1:])
         return hook
 
     with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]) as handles:
@@ -136,20 +114,20 @@ class LinearQuantization:
     act_bits : int or None
         Bit width of the inputs (``None``: inputs stay in floating point).
     act_granularity : {"tensor", "token", "channel"}
-        Which entries share a range (the range is the current batch's unless ``static``).
+        Which entries share a range (the current batch's range unless ``static``).
     act_symmetric : bool
-        Symmetric grid or asymmetric with a zero-point.
+        Symmetric grid, or asymmetric with a zero-point.
     static : bool
-        Use the calibrated ranges passed to :func:`quantized_linears` (per tensor or per channel), fixed in advance; values beyond them are clipped.
+        Use the calibrated ranges passed to :func:`quantized_linears`; values beyond them are clipped.
     weight_bits : int or None
-        Bit width of the weights, per output row (``None``: float weights).
+        Bit width of the weights, one range per output row (``None``: float weights).
     weight_symmetric : bool
+        Symmetric or asymmetric weight grid.
 
     Raises
     ------
     TypeError, ValueError
-        For bit widths or granularities that :func:`~companion.applications.quantization.fake_quantize` rejects, or ``static`` with per-token ranges (a token's range is not known in
-        advance).
+        For a bad bit width or granularity, or ``static`` with per-token ranges.
 
     Examples
     --------
@@ -177,7 +155,7 @@ class LinearQuantization:
             raise ValueError("static ranges are per tensor or per channel; per-token ranges are dynamic")
 
     def describe(self) -> str:
-        """Short name, e.g. ``'W4 per-channel | A8 per-token dynamic asymmetric'``."""
+        """Short name, e.g. ``'W4 per-channel | A8 per-token dynamic asymmetric'`` or ``'float'``."""
         parts = []
         if self.weight_bits is not None:
             parts.append(f"W{self.weight_bits} per-channel{'' if self.weight_symmetric else ' asymmetric'}")
@@ -189,22 +167,38 @@ class LinearQuantization:
 
 
 def _act_quantizer(spec: LinearQuantization, rng):
-    bits, gran, sym = spec.act_bits, spec.act_granularity, spec.act_symmetric
-
+    """The input quantiser of ``spec``, on the static range ``rng`` or the batch's range."""
     def quantize(x):
         if spec.static:
-            lo, hi = rng
-            lo, hi = lo.to(x.dtype), hi.to(x.dtype)
-        elif gran == "tensor":
-            lo, hi = x.amin(), x.amax()
-        elif gran == "channel":
-            flat = x.reshape(-1, x.shape[-1])
-            lo, hi = flat.amin(dim=0), flat.amax(dim=0)
+            lo, hi = rng[0].to(x.dtype), rng[1].to(x.dtype)
         else:
-            lo, hi = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
-        return _quantize_range(x, bits, lo, hi, sym)
-
+            g = spec.act_granularity
+            lo, hi = _per_group(x, g, torch.amin), _per_group(x, g, torch.amax)
+        return _quantize_range(x, spec.act_bits, lo, hi, spec.act_symmetric)
     return quantize
+
+
+def _prepared(modules, spec, ranges, smooth):
+    """Per layer, the validated SmoothQuant scales and input quantiser (None where unused)."""
+    ranges, smooth = dict(ranges or {}), dict(smooth or {})
+    _check_names(ranges, modules, "ranges")
+    _check_names(smooth, modules, "smooth")
+    static = spec.static and spec.act_bits is not None
+    missing = sorted(set(modules) - set(ranges)) if static else []
+    if missing:
+        raise ValueError(f"a static spec needs calibrated ranges for every module; missing {missing[:3]}")
+    out = {}
+    for name, mod in modules.items():
+        w, s, rng = mod.weight, None, None
+        if name in smooth:
+            s = _channel_vector(smooth[name], mod.in_features, w, f"smooth[{name!r}]")
+            if not bool((s > 0).all()):
+                raise ValueError(f"smooth[{name!r}] must be positive")
+        if static:
+            lo, hi = ranges[name]
+            rng = (_range_tensor(lo, w, f"ranges[{name!r}]"), _range_tensor(hi, w, f"ranges[{name!r}]"))
+        out[name] = (s, None if spec.act_bits is None else _act_quantizer(spec, rng))
+    return out
 
 
 @contextlib.contextmanager
@@ -222,76 +216,50 @@ def quantized_linears(
     ----------
     modules : mapping name -> nn.Linear
     spec : LinearQuantization
+        What is quantised, and how.
     ranges : mapping name -> (lo, hi), optional
-        Calibrated input ranges for ``spec.static`` (numbers for per-tensor, ``(in,)`` arrays for per-channel), in the *smoothed* coordinates if
-        ``smooth`` is given.  Required for every module when ``spec.static``.
+        Calibrated input ranges (in the smoothed coordinates); required when ``spec.static``.
     smooth : mapping name -> array of shape (in,), optional
-        SmoothQuant scales ``s`` (:func:`~companion.applications.quantization.smoothquant_scales`): the input is divided by ``s`` before it is quantised and the weight is multiplied by
-        ``s`` (column-wise) before it is quantised.
+        SmoothQuant scales ``s`` (:func:`~companion.applications.quantization.smoothquant_scales`):
+        the input is divided by ``s`` and the weight's columns multiplied by it before quantisation.
     output_shift : mapping name -> array of shape (out,), optional
-        Bias correction: subtracted from the layer's output (i.e. folded into its bias), e.g. :func:`weight_bias_correction` or
-        :func:`activation_bias_correction`.
+        Subtracted from the output (bias correction: :func:`activation_bias_correction`, ...).
 
     Yields
     ------
     None
+        The weights are restored and the hooks removed on exit.
 
     Raises
     ------
     ValueError
-        If a mapping names a module that is not in ``modules``, has the wrong shape or is not finite, or ``ranges`` is missing a module for a static
-        spec.
+        If a mapping names an unknown layer, has the wrong shape or is not finite, or lacks a range.
 
     Examples
     --------
-    >>> lin = torch.nn.Linear(2, 1, bias=False).double()
-    >>> with torch.no_grad(): _ = lin.weight.copy_(torch.tensor([[1.0, 0.25]]))
-    >>> with quantized_linears({"l": lin}, LinearQuantization(act_bits=None, weight_bits=2)):
-    ...     y = lin(torch.tensor([[1.0, 1.0]], dtype=torch.float64))
-    >>> y.item(), lin.weight[0, 1].item()   # 0.25 is rounded to 0 inside the block, restored after
-    (1.0, 0.25)
+    >>> lin = torch.nn.Linear(4, 2)
+    >>> with quantized_linears({"lin": lin}, LinearQuantization(act_bits=8, weight_bits=4)):
+    ...     y = lin(torch.randn(3, 4))  # W4 per-channel, A8 per-tensor dynamic
     """
     modules = check_linears(modules)
     if not isinstance(spec, LinearQuantization):
         raise TypeError(f"spec must be a LinearQuantization, got {type(spec).__name__}")
-    ranges, smooth, output_shift = dict(ranges or {}), dict(smooth or {}), dict(output_shift or {})
-    for label, mapping in (("ranges", ranges), ("smooth", smooth), ("output_shift", output_shift)):
-        unknown = sorted(set(mapping) - set(modules))
-        if unknown:
-            raise ValueError(f"{label} names layers that are not in modules: {unknown[:3]}")
-    if spec.static and spec.act_bits is not None:
-        missing = sorted(set(modules) - set(ranges))
-        if missing:
-            raise ValueError(f"a static spec needs calibrated ranges for every module; missing {missing[:3]}")
-    prepared = {}
-    for name, mod in modules.items():
-        w = mod.weight
-        s = None if name not in smooth else _channel_vector(smooth[name], mod.in_features, w, f"smooth[{name!r}]")
-        if s is not None and not bool((s > 0).all()):
-            raise ValueError(f"smooth[{name!r}] must be positive")
-        shift = None if name not in output_shift else _channel_vector(
-            output_shift[name], mod.out_features, w, f"output_shift[{name!r}]")
-        rng = None
-        if spec.static and spec.act_bits is not None:
-            lo, hi = ranges[name]
-            rng = (_range_tensor(lo, w, f"ranges[{name!r}]"), _range_tensor(hi, w, f"ranges[{name!r}]"))
-        prepared[name] = (s, shift, rng)
-    saved = {}
-    pre, post = [], []
+    prepared = _prepared(modules, spec, ranges, smooth)
+    output_shift = dict(output_shift or {})
+    _check_names(output_shift, modules, "output_shift")
+    shifts = {name: _channel_vector(v, modules[name].out_features, modules[name].weight,
+                                    f"output_shift[{name!r}]") for name, v in output_shift.items()}
+    saved, pre, post = {}, [], []
     try:
-        with torch.no_grad():
-            for name, mod in modules.items():
-                s = prepared[name][0]
-                if s is None and spec.weight_bits is None:
-                    continue
+        for name, mod in modules.items():
+            s, quant = prepared[name]
+            if s is not None or spec.weight_bits is not None:  # the weight is replaced, restored on exit
                 saved[name] = mod.weight.detach().clone()
                 new = saved[name] * s if s is not None else saved[name]
                 if spec.weight_bits is not None:
                     new = quantize_weight(new, spec.weight_bits, symmetric=spec.weight_symmetric)
-                mod.weight.copy_(new)
-        for name, mod in modules.items():
-            s, shift, rng = prepared[name]
-            quant = _act_quantizer(spec, rng) if spec.act_bits is not None else None
+                with torch.no_grad():
+                    mod.weight.copy_(new)
             if s is not None or quant is not None:
                 def pre_hook(_m, args, s=s, quant=quant):
                     x = args[0]
@@ -301,8 +269,8 @@ def quantized_linears(
                         x = quant(x)
                     return (x,) + tuple(args[1:])
                 pre.append((mod, pre_hook))
-            if shift is not None:
-                post.append((mod, lambda _m, _a, out, shift=shift: out - shift.to(out.dtype)))
+            if name in shifts:
+                post.append((mod, lambda _m, _a, out, shift=shifts[name]: out - shift.to(out.dtype)))
         with hooks(forward=post, pre=pre):
             yield None
     finally:
@@ -312,8 +280,7 @@ def quantized_linears(
 
 
 def weight_bias_correction(weight, weight_q, input_mean):
-    """Nagel et al.'s bias correction for weight quantisation: the expected output shift
-    ``(W̃ − W) E[x]``, to be subtracted from the bias.
+    """Nagel et al.'s bias correction for weight quantisation, ``(W̃ − W) E[x]``.
 
     Parameters
     ----------
@@ -325,6 +292,7 @@ def weight_bias_correction(weight, weight_q, input_mean):
     Returns
     -------
     numpy.ndarray, shape (out,), float64
+        The expected output shift, to be subtracted from the bias.
 
     Raises
     ------
@@ -347,13 +315,14 @@ def activation_bias_correction(weight, mean_error):
     Parameters
     ----------
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The weight that reads the quantised input (the smoothed / quantised one if those are used).
+        The weight that reads the quantised input (the smoothed one if smoothing is used).
     mean_error : array_like, shape (in,)
-        ``E[Q(x) − x]`` per input channel on calibration data (:func:`mean_quantization_error`).
+        ``E[Q(x) − x]`` per input channel (:func:`mean_quantization_error`).
 
     Returns
     -------
     numpy.ndarray, shape (out,), float64
+        The expected output shift.
 
     Raises
     ------
@@ -378,67 +347,37 @@ def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[st
     model : torch.nn.Module
         Called as ``model(batch)`` for a tensor or ``model(**batch)`` for a mapping.
     batches : iterable of tensors or mappings
-    modules : mapping name -> nn.Linear
+    modules, ranges, smooth
+        As in :func:`quantized_linears`.
     spec : LinearQuantization
         Only the activation part is used (``act_bits`` must be set).
-    ranges, smooth : mappings, optional
-        As in :func:`quantized_linears`.
 
     Returns
     -------
     dict name -> numpy.ndarray of shape (in,), float64
-        The mean over all tokens (pads included: pass unpadded batches) of ``Q(x/s) − x/s``, in the smoothed coordinates.
+        The mean of ``Q(x/s) − x/s`` over all tokens (pads included: pass unpadded batches).
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`quantized_linears`; ``ValueError`` if ``spec.act_bits`` is None or ``batches`` is empty.
-
-    Examples
-    --------
-    >>> lin = torch.nn.Linear(2, 1).double()
-    >>> x = torch.tensor([[0.0, 0.3], [1.0, 0.3]], dtype=torch.float64)
-    >>> err = mean_quantization_error(lin, [x], {"l": lin}, LinearQuantization(act_bits=2))
+        As :func:`quantized_linears`; also if ``spec.act_bits`` is None or ``batches`` is empty.
     """
     modules = check_linears(modules, model)
     if not isinstance(spec, LinearQuantization) or spec.act_bits is None:
         raise ValueError("spec must be a LinearQuantization with act_bits set")
-    ranges, smooth = dict(ranges or {}), dict(smooth or {})
+    prepared = _prepared(modules, spec, ranges, smooth)
     acc = {name: [0, None] for name in modules}
-    quants, scales = {}, {}
-    for name, mod in modules.items():
-        rng = None
-        if spec.static:
-            if name not in ranges:
-                raise ValueError(f"a static spec needs ranges for every module; missing {name!r}")
-            lo, hi = ranges[name]
-            rng = (_range_tensor(lo, mod.weight, "lo"), _range_tensor(hi, mod.weight, "hi"))
-        quants[name] = _act_quantizer(spec, rng)
-        scales[name] = (None if name not in smooth
-                        else _channel_vector(smooth[name], mod.in_features, mod.weight, f"smooth[{name!r}]"))
 
-    def make_hook(name):
-        def hook(_m, args):
-            x = args[0].detach()
-            if scales[name] is not None:
-                x = x / scales[name].to(x.dtype)
-            e = (quants[name](x) - x).reshape(-1, x.shape[-1]).double()
-            a = acc[name]
-            a[1] = e.sum(0) if a[1] is None else a[1] + e.sum(0)
-            a[0] += e.shape[0]
+    def observe(name, x, _mask):
+        s, quant = prepared[name]
+        if s is not None:
+            x = x / s.to(x.dtype)
+        e = (quant(x) - x).reshape(-1, x.shape[-1]).double()
+        a = acc[name]
+        a[1] = e.sum(0) if a[1] is None else a[1] + e.sum(0)
+        a[0] += e.shape[0]
 
-        return hook
-
-    seen = 0
-    with hooks(pre=[(mod, make_hook(name)) for name, mod in modules.items()]), torch.no_grad():
-        for batch in batches:
-            if isinstance(batch, Mapping):
-                model(**batch)
-            else:
-                model(batch)
-            seen += 1
-    if seen == 0:
-        raise ValueError("batches is empty; pass at least one batch")
+    _run_batches(model, batches, modules, observe)
     out = {}
     for name, (n, total) in acc.items():
         if n == 0:

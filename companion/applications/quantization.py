@@ -1,21 +1,11 @@
-"""Fake quantisation of activations and weights: per-tensor, per-channel and per-token scales,
-dynamic or static (calibrated) ranges, symmetric or asymmetric (zero-point) grids, centring and
-mixed precision for outlier channels, weight quantisation per output row, SmoothQuant's migration
-(:func:`smoothquant_scales`).  Applying them to the linear layers of a real model, and Nagel et
-al.'s bias corrections, are :mod:`companion.applications.model_quantization`.
+"""Fake quantisers: grids, scales, calibrated ranges, centring, mixed precision, SmoothQuant.
 
-Everything here is *fake* quantisation (quantise, then dequantise, in floating point): it reproduces
-the numerical error of an integer kernel exactly, which is all that the error analysis needs.
-
-Convention: the channel axis is the **last** axis of an activation tensor ``x`` of shape
-``(..., d)``; every other axis indexes tokens.
-
-A symmetric ``b``-bit quantiser with step ``Δ`` maps ``x`` to ``Δ · clamp(round(x / Δ), -q, q)``,
-``q = 2**(b-1) - 1``, with ``Δ = max|x| / q`` over the group that shares the scale; centring quantises
-``x - μ`` and folds ``W μ`` into the bias (:func:`fold_center_into_bias`).  Derivations: the chapter
-:doc:`/book/applications`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+*Fake* quantisation (quantise, then dequantise, in floating point) reproduces the error of an
+integer kernel exactly.  The channel axis is the **last** axis of ``x``; every other axis indexes
+tokens.  A symmetric ``b``-bit quantiser maps ``x`` to ``Δ · clamp(round(x / Δ), -q, q)`` with
+``q = 2**(b-1) - 1`` and ``Δ = max|x| / q`` over the group that shares the scale (the tensor, a
+channel or a token).  Applying them to a model's linear layers:
+:mod:`companion.applications.model_quantization`.  Derivations: the chapter :doc:`/book/applications`.
 """
 
 from __future__ import annotations
@@ -27,26 +17,24 @@ from companion._validation import (
     check_choice, check_indices, check_int, check_real, float_tensor, real_array,
 )
 
-__all__ = [
-    "GRANULARITIES",
-    "qmax",
-    "quantization_scale",
-    "fake_quantize",
-    "max_rounding_error",
-    "channel_mse",
-    "fold_center_into_bias",
-    "dynamic_range",
-    "quantize_with_range",
-    "quantize_weight",
-    "smoothquant_scales",
-]
+__all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "max_rounding_error",
+           "channel_mse", "fold_center_into_bias", "dynamic_range", "quantize_with_range", "quantize_weight",
+           "smoothquant_scales"]
 
 #: The groups that can share one scale: the whole tensor, one channel (last axis), one token (row).
 GRANULARITIES = ("tensor", "channel", "token")
 
+#: The wider dtype a quantiser falls back to; half precision always works in float32.
+_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
 
-# --------------------------------------------------------------------------- argument checks
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision dtypes, ``dtype`` otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _channel_vector(v, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
+    """``v`` checked to shape ``(d,)`` and cast to the device and dtype of ``like``."""
     t, _ = float_tensor(v, name)
     if t.shape != (d,):
         raise ValueError(f"{name} must have shape ({d},) (one value per channel), got {tuple(t.shape)}")
@@ -65,12 +53,8 @@ def _check_cast(cast: torch.Tensor, original: torch.Tensor, name: str) -> None:
         )
 
 
-#: Half-precision dtypes: their quantiser runs in float32 and the result is rounded once.
-_HALF = (torch.float16, torch.bfloat16)
-_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
-
-
 def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
+    """Boolean mask of the channels kept in floating point, or None."""
     if keep_channels is None:
         return None
     mask = torch.zeros(d, dtype=torch.bool, device=device)
@@ -78,24 +62,27 @@ def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
     return mask
 
 
+def _per_group(t: torch.Tensor, granularity: str, reduce) -> torch.Tensor:
+    """``reduce`` (``torch.amax`` or ``torch.amin``) over each group that shares a scale."""
+    if granularity == "tensor":
+        return reduce(t)
+    if granularity == "channel":
+        return reduce(t.reshape(-1, t.shape[-1]), dim=0)
+    return reduce(t, dim=-1, keepdim=True)
+
+
 def _scale_of(y: torch.Tensor, q: int, granularity: str, mask: torch.Tensor | None) -> torch.Tensor:
     """``max|y| / q`` per group (kept channels excluded), 1 where that is 0; inputs validated."""
     a = y.abs()
     if mask is not None:
         a = a.masked_fill(mask, 0.0)
-    if granularity == "tensor":
-        m = a.amax()
-    elif granularity == "channel":
-        m = a.reshape(-1, y.shape[-1]).amax(dim=0)
-    else:
-        m = a.amax(dim=-1, keepdim=True)
-    scale = m / q
+    scale = _per_group(a, granularity, torch.amax) / q
     return torch.where(scale > 0, scale, torch.ones_like(scale))  # range 0 (or subnormal): any scale is exact
 
 
 def _centred(t: torch.Tensor, c: torch.Tensor | None):
-    """``(x - c, c, dtype)`` in the dtype the quantiser works in: float32 for half-precision"""
-    work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
+    """``(x - c, c, dtype)`` in the dtype the quantiser works in, widened if ``x - c`` overflows."""
+    work = _work_dtype(t.dtype)
     while True:
         tw = t.to(work)
         cw = None if c is None else c.to(work)
@@ -126,7 +113,16 @@ def _fake_quantize(t: torch.Tensor, q: int, granularity: str, c: torch.Tensor | 
     return out.to(t.dtype)
 
 
-# --------------------------------------------------------------------------- core functions
+def _quantizer_args(x, bits, granularity, center, keep_channels):
+    """Validated ``(tensor, was_numpy, q, centre, mask)`` of the :func:`fake_quantize` family."""
+    t, was_numpy = float_tensor(x)
+    q = qmax(bits)
+    check_choice(granularity, "granularity", GRANULARITIES)
+    d = t.shape[-1]
+    c = None if center is None else _channel_vector(center, d, t, "center")
+    return t, was_numpy, q, c, _keep_mask(keep_channels, d, t.device)
+
+
 def qmax(bits: int) -> int:
     """Largest integer level of a symmetric signed ``bits``-bit quantiser, ``2**(bits-1) - 1``.
 
@@ -144,11 +140,6 @@ def qmax(bits: int) -> int:
     ------
     ValueError
         If ``bits`` is outside [2, 16].
-
-    Examples
-    --------
-    >>> qmax(8), qmax(4)
-    (127, 7)
     """
     return 2 ** (check_int(bits, "bits", 2, 16) - 1) - 1
 
@@ -158,38 +149,26 @@ def quantization_scale(x, bits: int, granularity: str = "tensor", *, keep_channe
 
     Parameters
     ----------
-    x : torch.Tensor or numpy.ndarray, shape (..., d)
-        Activations; the last axis indexes channels.
-    bits : int
-        Bit width (``q = 2**(bits-1) - 1``).
-    granularity : {"tensor", "channel", "token"}
-        ``"tensor"``: one scale; ``"channel"``: one per channel (max over all other axes); ``"token"``: one per row (max over the channel axis).
-    keep_channels : sequence of int, optional
-        Channels excluded from the range (they are kept in floating point by :func:`fake_quantize`).
+    x, bits, granularity, keep_channels
+        As in :func:`fake_quantize` (kept channels are left out of the range).
 
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        Shape ``()`` for ``"tensor"``, ``(d,)`` for ``"channel"``, ``x.shape[:-1] + (1,)`` for ``"token"``; same type as ``x``.  Groups whose range is
-        0 get scale 1 (every value is 0 there, so any positive scale reproduces it exactly); so do groups whose ``max|x|/q`` underflows to 0
-        (subnormal ranges), which are then rounded to 0.
+        Shape ``()``, ``(d,)`` or ``x.shape[:-1] + (1,)``; type of ``x``.  A group whose
+        ``max|x| / q`` is 0 (or underflows) gets scale 1.
 
     Raises
     ------
-    ValueError
-        If ``x`` is empty, 0-dimensional or not finite; ``bits`` is outside [2, 16]; ``granularity`` is unknown; ``keep_channels`` is out of range or
-        repeated.
+    TypeError, ValueError
+        As in :func:`fake_quantize`.
 
     Examples
     --------
-    >>> x = np.array([[1.0, -4.0], [0.5, 2.0]])
-    >>> float(quantization_scale(x, 8, "tensor")) * 127
+    >>> float(quantization_scale(np.array([[1.0, -4.0], [0.5, 2.0]]), 8)) * 127
     4.0
     """
-    t, was_numpy = float_tensor(x)
-    q = qmax(bits)
-    check_choice(granularity, "granularity", GRANULARITIES)
-    mask = _keep_mask(keep_channels, t.shape[-1], t.device)
+    t, was_numpy, q, _, mask = _quantizer_args(x, bits, granularity, None, keep_channels)
     y, _, _ = _centred(t, None)
     scale = _scale_of(y, q, granularity, mask).to(t.dtype)  # float32 for half inputs, rounded
     return scale.numpy() if was_numpy else scale
@@ -205,12 +184,11 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     bits : int
         Bit width, 2 ≤ bits ≤ 16 (8 = int8, 4 = int4).
     granularity : {"tensor", "channel", "token"}
-        Which elements share a scale (see :func:`quantization_scale`).
+        Which elements share a scale: all; each channel (last axis); each token (row).
     center : array_like of shape (d,), optional
-        Bias correction: quantise ``x - center`` and add ``center`` back.  With ``center = μ`` (the channel means) the quantiser sees only the
-        fluctuation of each channel.
+        Quantise ``x - center`` and add ``center`` back (``center = μ``: bias correction).
     keep_channels : sequence of int, optional
-        Mixed precision: these channels are passed through unchanged (floating point) and are excluded from the range that sets the scale.
+        Mixed precision: channels passed through unchanged and left out of the range.
 
     Returns
     -------
@@ -220,8 +198,8 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     Raises
     ------
     ValueError
-        For an empty, 0-dimensional or non-finite ``x``; ``bits`` outside [2, 16]; an unknown ``granularity``; a ``center`` of the wrong shape, not
-        finite or beyond the range of ``x.dtype`` (e.g. 1e5 for float16); bad ``keep_channels``; ``x - center`` beyond the float64 range.
+        For an empty, 0-dimensional or non-finite ``x``, an argument out of range, a ``center``
+        of the wrong shape or beyond the range of ``x.dtype``, or ``x - center`` beyond float64.
 
     Examples
     --------
@@ -229,12 +207,7 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     >>> fake_quantize(x, 8, "tensor").round(4).tolist()
     [[0.0, 1.0, -0.6], [2.54, 0.0, 0.2]]
     """
-    t, was_numpy = float_tensor(x)
-    q = qmax(bits)
-    check_choice(granularity, "granularity", GRANULARITIES)
-    d = t.shape[-1]
-    c = None if center is None else _channel_vector(center, d, t, "center")
-    mask = _keep_mask(keep_channels, d, t.device)
+    t, was_numpy, q, c, mask = _quantizer_args(x, bits, granularity, center, keep_channels)
     out = _fake_quantize(t, q, granularity, c, mask)
     return out.numpy() if was_numpy else out
 
@@ -250,27 +223,16 @@ def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        ``Δ/2`` for every element (0 for kept channels), same shape and type as ``x``; for float16/bfloat16 ``Δ`` is computed in float32 (see
-        :func:`fake_quantize`) and rounded.
+        ``Δ/2`` for every element (0 for kept channels); shape and type of ``x``.
 
     Raises
     ------
     TypeError, ValueError
         As in :func:`fake_quantize`.
-
-    Examples
-    --------
-    >>> x = np.array([[1.0, -4.0], [0.5, 2.0]])
-    >>> bool((np.abs(fake_quantize(x, 4) - x) <= max_rounding_error(x, 4)).all())
-    True
     """
-    t, was_numpy = float_tensor(x)
-    check_choice(granularity, "granularity", GRANULARITIES)
-    d = t.shape[-1]
-    c = None if center is None else _channel_vector(center, d, t, "center")
-    mask = _keep_mask(keep_channels, d, t.device)
+    t, was_numpy, q, c, mask = _quantizer_args(x, bits, granularity, center, keep_channels)
     y, _, _ = _centred(t, c)
-    half = torch.broadcast_to(_scale_of(y, qmax(bits), granularity, mask) / 2, t.shape).to(t.dtype)
+    half = torch.broadcast_to(_scale_of(y, q, granularity, mask) / 2, t.shape).to(t.dtype)
     if mask is not None:
         half = torch.where(mask, torch.zeros_like(half), half)
     return half.numpy() if was_numpy else half
@@ -292,8 +254,7 @@ def channel_mse(x, x_hat):
     Raises
     ------
     ValueError
-        If the shapes differ, a tensor is empty, 0-dimensional or not finite, or a mean square exceeds the range of ``x.dtype`` (e.g. above 65504 for
-        float16: pass ``x.float()``).
+        If the shapes differ, a tensor is empty or not finite, or a result overflows ``x.dtype``.
 
     Examples
     --------
@@ -312,12 +273,14 @@ def channel_mse(x, x_hat):
 
 
 def fold_center_into_bias(weight, bias, center):
-    """Bias of a linear layer that absorbs a centre added back to its input: ``b + W c``.
+    """Bias ``b + W c`` of a linear layer whose centred input is quantised.
+
+    ``W (Q(x - c) + c) + b = W Q(x - c) + (b + W c)``: centring costs nothing at inference.
 
     Parameters
     ----------
     weight : torch.Tensor, shape (out, in)
-        Weight of ``y = W x + b`` (PyTorch's ``nn.Linear`` layout).
+        Weight of ``y = W x + b`` (``nn.Linear`` layout).
     bias : torch.Tensor of shape (out,) or None
         Existing bias (``None`` means zero).
     center : torch.Tensor or numpy.ndarray, shape (in,)
@@ -326,29 +289,25 @@ def fold_center_into_bias(weight, bias, center):
     Returns
     -------
     torch.Tensor, shape (out,)
-        ``b + W c``.  Then ``W (Q(x - c) + c) + b = W Q(x - c) + (b + W c)``: bias correction costs nothing at inference time.
+        ``b + W c``.
 
     Raises
     ------
     ValueError
-        If ``weight`` is not 2-D, ``bias``/``center`` has the wrong shape, is not finite or exceeds the range of ``weight.dtype``, or ``b + W c``
-        overflows that dtype.
+        For a weight that is not 2-D, a wrong shape, or values (or ``b + W c``) beyond ``weight.dtype``.
 
     Examples
     --------
-    >>> W = torch.tensor([[1.0, 2.0], [0.0, -1.0]])
-    >>> fold_center_into_bias(W, None, torch.tensor([1.0, 1.0])).tolist()
+    >>> fold_center_into_bias(torch.tensor([[1.0, 2.0], [0.0, -1.0]]), None, torch.ones(2)).tolist()
     [3.0, -1.0]
     """
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
     if weight.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
-    c = _channel_vector(center, weight.shape[1], weight, "center")
-    out = weight @ c
+    out = weight @ _channel_vector(center, weight.shape[1], weight, "center")
     if bias is not None:
-        b = _channel_vector(bias, weight.shape[0], weight, "bias")
-        out = out + b
+        out = out + _channel_vector(bias, weight.shape[0], weight, "bias")
     if not bool(torch.isfinite(out).all()):
         raise ValueError(
             f"b + W c overflows {weight.dtype} (max {torch.finfo(weight.dtype).max:.4g}); the "
@@ -358,11 +317,9 @@ def fold_center_into_bias(weight, bias, center):
     return out
 
 
-# =========================================================================== deployable schemes
-# Static (calibrated) ranges, asymmetric zero-points, weight quantisation, SmoothQuant's
-# migration and Nagel et al.'s bias correction, applied to the linear layers of a model.
-
+# --------------------------------------------------------------------------- deployable schemes
 def _range_tensor(v, like: torch.Tensor, name: str) -> torch.Tensor:
+    """A finite range end point as a tensor on the device and dtype of ``like``."""
     t = v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v, dtype=np.float64))
     if not t.is_floating_point():
         t = t.double()
@@ -392,8 +349,8 @@ def dynamic_range(x, granularity: str = "tensor"):
 
     Parameters
     ----------
-    x : torch.Tensor or numpy.ndarray, shape (..., d)
-    granularity : {"tensor", "channel", "token"}
+    x, granularity
+        As in :func:`fake_quantize`.
 
     Returns
     -------
@@ -407,19 +364,12 @@ def dynamic_range(x, granularity: str = "tensor"):
 
     Examples
     --------
-    >>> lo, hi = dynamic_range(np.array([[1.0, -4.0], [0.5, 2.0]]), "token")
-    >>> lo.ravel().tolist(), hi.ravel().tolist()
-    ([-4.0, 0.5], [1.0, 2.0])
+    >>> [v.ravel().tolist() for v in dynamic_range(np.array([[1.0, -4.0], [0.5, 2.0]]), "token")]
+    [[-4.0, 0.5], [1.0, 2.0]]
     """
     t, was_numpy = float_tensor(x)
     check_choice(granularity, "granularity", GRANULARITIES)
-    if granularity == "tensor":
-        lo, hi = t.amin(), t.amax()
-    elif granularity == "channel":
-        flat = t.reshape(-1, t.shape[-1])
-        lo, hi = flat.amin(dim=0), flat.amax(dim=0)
-    else:
-        lo, hi = t.amin(dim=-1, keepdim=True), t.amax(dim=-1, keepdim=True)
+    lo, hi = _per_group(t, granularity, torch.amin), _per_group(t, granularity, torch.amax)
     return (lo.numpy(), hi.numpy()) if was_numpy else (lo, hi)
 
 
@@ -428,38 +378,34 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
 
     Parameters
     ----------
-    x : torch.Tensor or numpy.ndarray, shape (..., d)
-    bits : int
-        Bit width, 2 ≤ bits ≤ 16.
+    x, bits
+        As in :func:`fake_quantize`.
     lo, hi : float or array_like broadcastable to ``x``
-        The calibrated range: a number (per tensor), shape ``(d,)`` (per channel) or ``x.shape[:-1] + (1,)`` (per token).  ``lo ≤ hi`` is required.
+        The calibrated range, ``lo ≤ hi``: a number, shape ``(d,)`` or ``x.shape[:-1] + (1,)``.
     symmetric : bool, default True
-        ``True``: step ``Δ = max(|lo|, |hi|)/q`` on ``{-q, …, q}``, ``q = 2**(bits-1) − 1``. ``False``: asymmetric (affine) grid of ``2**bits``
-        levels, ``Δ = (hi − lo)/(2**bits − 1)`` with the integer zero-point ``z = round(−lo/Δ)`` (the range is first widened to contain 0, so that 0
-        is represented exactly).
+        ``True``: step ``max(|lo|, |hi|)/q`` on ``{-q, …, q}``.  ``False``: affine grid of
+        ``2**bits`` levels with an integer zero-point (the range is widened to contain 0).
 
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        Same shape, dtype and type as ``x``.  Values outside the range are clipped to its end points (static scales clip; dynamic ones never do).
+        Same shape, dtype and type as ``x``; values outside the range are clipped to it.
 
     Raises
     ------
     ValueError
-        For an empty or non-finite ``x``, ``bits`` out of range, a non-finite range, a range that does not broadcast to ``x``, or ``lo > hi``.
+        For a bad ``x`` or ``bits``, or a range that is not finite, does not broadcast, or has ``lo > hi``.
 
     Examples
     --------
-    >>> x = np.array([[0.0, 1.0, 3.0]])
-    >>> quantize_with_range(x, 2, 0.0, 3.0, symmetric=False).tolist()
+    >>> quantize_with_range(np.array([[0.0, 1.0, 3.0]]), 2, 0.0, 3.0, symmetric=False).tolist()
     [[0.0, 1.0, 3.0]]
     """
     t, was_numpy = float_tensor(x)
     b = check_int(bits, "bits", 2, 16)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False, got {type(symmetric).__name__}")
-    work = _WIDER[t.dtype] if t.dtype in _HALF else t.dtype
-    tw = t.to(work)
+    tw = t.to(_work_dtype(t.dtype))
     lo_t, hi_t = _range_tensor(lo, tw, "lo"), _range_tensor(hi, tw, "hi")
     try:
         torch.broadcast_shapes(lo_t.shape, hi_t.shape, tw.shape)
@@ -478,10 +424,11 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     Parameters
     ----------
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-    bits : int
+        The weight (``nn.Linear`` layout).
+    bits, symmetric
+        As in :func:`quantize_with_range`.
     granularity : {"channel", "tensor"}
-        ``"channel"``: one range per output row (per-output-channel, the usual weight scheme); ``"tensor"``: one range for the matrix.
-    symmetric : bool, default True
+        One range per output row (the usual weight scheme) or one for the matrix.
 
     Returns
     -------
@@ -490,7 +437,7 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     Raises
     ------
     TypeError, ValueError
-        As :func:`quantize_with_range`; also for a matrix that is not 2-D or a granularity other than ``"channel"``/``"tensor"``.
+        As :func:`quantize_with_range`; also for a matrix that is not 2-D or another granularity.
 
     Examples
     --------
@@ -501,7 +448,8 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     if t.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(t.shape)}")
     if granularity not in ("channel", "tensor"):
-        raise ValueError(f"weight granularity must be 'channel' (per output row) or 'tensor', got {granularity!r}")
+        raise ValueError(
+            f"weight granularity must be 'channel' (per output row) or 'tensor', got {granularity!r}")
     if granularity == "channel":
         lo, hi = t.amin(dim=1, keepdim=True), t.amax(dim=1, keepdim=True)
     else:
@@ -518,15 +466,14 @@ def smoothquant_scales(act_max, weight, alpha: float):
     act_max : array_like, shape (in,)
         Calibrated ``max_i |x_ij|`` of each input channel.
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The layer's weight; ``max|W_j|`` is taken over column ``j`` (the weights that read input ``j``).
+        The layer's weight; ``max|W_j|`` is taken over column ``j``.
     alpha : float in [0, 1]
-        Migration strength: 0 leaves the activations' ranges alone (only the weights' are equalised), 1 moves all of the activation range into the
-        weights.
+        Migration strength: 0 equalises only the weights, 1 moves all the activation range into them.
 
     Returns
     -------
     numpy.ndarray, shape (in,), float64
-        Positive scales; a channel with ``max|X_j| = 0`` or ``max|W_j| = 0`` gets 1.
+        Positive scales; 1 where ``max|X_j|`` or ``max|W_j|`` is 0.
 
     Raises
     ------
@@ -550,5 +497,3 @@ def smoothquant_scales(act_max, weight, alpha: float):
     s = np.ones_like(a)
     s[ok] = a[ok] ** al / wmax[ok] ** (1.0 - al)
     return s
-
-

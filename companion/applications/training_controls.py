@@ -1,24 +1,10 @@
-"""Training controls of the outlier note (§6), made testable: clipping and the regulariser.
+"""The outlier note's training controls (§6), made testable on a byte-level TinyLM.
 
-Two proposals of the note for training are turned into measurements on a byte-level
-:class:`companion.stacks.tinylm.TinyLM`:
+Gradient clipping at a sub-Gaussian tail threshold, the regulariser ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``,
+a training loop with both, and the measurements of the residual stream's mean drift and outliers.
 
-* **clipping** -- a gradient-norm threshold from a sub-Gaussian tail bound
-  (:func:`tail_clip_threshold`, :class:`TailClipper`);
-* **the regulariser** -- ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²`` (:func:`column_means`,
-  :func:`mean_frobenius_penalty`, :func:`regularised_weights`);
-* a training loop with both controls (:class:`TrainingControls`, :func:`train_with_controls`,
-  its record :class:`ControlledRun`), the held-out loss (:func:`tiny_lm_loss`), the mean drift,
-  the outlier counts and the per-channel peaks ``max_t |x_tj| / rms`` of the residual stream
-  (:func:`stream_drift`, :class:`StreamDrift`), and the interval over seeds that every
-  multi-seed comparison reports (:func:`seed_interval`).
-
-Conventions: weights use PyTorch's ``nn.Linear`` layout ``(out, in)``, ``y = W x + b``.  The note
-writes ``X = Wᵀ Z + b`` with ``W`` of shape ``(in, out)``, so its *column* ``j`` (the weights
-feeding output ``j``) is row ``j`` here; :func:`column_means` follows the note.
-Derivations: the chapter :doc:`/book/training_controls`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+Weights use the ``nn.Linear`` layout ``(out, in)``; the note's *column* ``j`` (the weights feeding
+output ``j``) is row ``j`` here.  Derivations: the chapter :doc:`/book/training_controls`.
 """
 
 from __future__ import annotations
@@ -33,24 +19,35 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from companion._validation import check_int, check_real, real_vector
+from companion._validation import check_int, check_real, real_array, real_vector
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM
 
-__all__ = [
-    "tail_clip_threshold",
-    "TailClipper",
-    "column_means",
-    "mean_frobenius_penalty",
-    "regularised_weights",
-    "TrainingControls",
-    "ControlledRun",
-    "train_with_controls",
-    "tiny_lm_loss",
-    "StreamDrift",
-    "stream_drift",
-    "seed_interval",
-]
+__all__ = ["tail_clip_threshold", "TailClipper", "column_means", "mean_frobenius_penalty",
+           "regularised_weights", "TrainingControls", "ControlledRun", "train_with_controls", "tiny_lm_loss",
+           "StreamDrift", "stream_drift", "seed_interval"]
+
+
+def _check_probability(delta, name: str = "delta") -> float:
+    """``delta`` as a float in the open interval (0, 1)."""
+    return check_real(delta, name, lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+
+
+def _check_tinylm(model) -> None:
+    """TypeError unless ``model`` is a TinyLM."""
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+
+
+def _check_ids(ids, name: str, min_len: int) -> torch.Tensor:
+    """``ids`` checked to be a 1-D integer tensor of at least ``min_len`` tokens."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be a 1-D integer tensor of token ids (e.g. byte_tokenize(text))")
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+    if ids.numel() < min_len:
+        raise ValueError(f"{name} has {ids.numel()} tokens; need at least {min_len}")
+    return ids
 
 
 # =========================================================================== clipping
@@ -81,14 +78,8 @@ def tail_clip_threshold(mean, std, delta: float):
     >>> round(tail_clip_threshold(1.0, 0.5, 0.01), 4)
     2.5174
     """
-    d = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    try:
-        m = np.asarray(mean, dtype=np.float64)
-        s = np.asarray(std, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError("mean and std must be real numbers or arrays of them") from exc
-    if not (np.isfinite(m).all() and np.isfinite(s).all()):
-        raise ValueError("mean and std must be finite")
+    d = _check_probability(delta)
+    m, s = real_array("mean", mean), real_array("std", std)
     if (s < 0).any():
         raise ValueError(f"std must be >= 0, got {s.min()}")
     return _tail_clip_threshold(m, s, d)
@@ -126,17 +117,16 @@ class TailClipper:
     Raises
     ------
     TypeError, ValueError
-        For non-integer or non-positive sizes, ``min_history > window``, or a bad ``delta``.
+        For non-integer or too small sizes, ``min_history > window``, or a bad ``delta``.
 
     Examples
     --------
-    >>> c = TailClipper(delta=0.01, window=3, min_history=2)
-    >>> c.threshold
+    >>> TailClipper(delta=0.01, window=3, min_history=2).threshold
     inf
     """
 
     def __init__(self, delta: float = 0.01, window: int = 50, min_history: int = 20):
-        self.delta = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+        self.delta = _check_probability(delta)
         self.window = check_int(window, "window", 2)
         self.min_history = check_int(min_history, "min_history", 2)
         if self.min_history > self.window:
@@ -144,15 +134,8 @@ class TailClipper:
         self._norms: deque[float] = deque(maxlen=self.window)
 
     def update(self, grad_norm: float) -> None:
-        """Record one (unclipped) gradient norm.
-
-        Raises
-        ------
-        ValueError
-            If the norm is negative or not finite.
-        """
-        g = check_real(grad_norm, "grad_norm", lo=0.0)
-        self._norms.append(g)
+        """Record one (unclipped) gradient norm; ValueError if it is negative or not finite."""
+        self._norms.append(check_real(grad_norm, "grad_norm", lo=0.0))
 
     @property
     def threshold(self) -> float:
@@ -164,6 +147,14 @@ class TailClipper:
 
 
 # =========================================================================== the regulariser
+def _check_weight(w, name: str) -> None:
+    """TypeError/ValueError unless ``w`` is a 2-D floating tensor."""
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError(f"{name} must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (out, in), got shape {tuple(w.shape)}")
+
+
 def column_means(weight: torch.Tensor) -> torch.Tensor:
     """The note's column means: for each output ``j``, the mean of the weights feeding it.
 
@@ -179,45 +170,45 @@ def column_means(weight: torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    ValueError
-        If ``weight`` is not 2-D.
+    TypeError, ValueError
+        If ``weight`` is not a 2-D floating tensor.
 
     Examples
     --------
     >>> column_means(torch.tensor([[1.0, 3.0], [2.0, -2.0]])).tolist()
     [2.0, 0.0]
     """
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
-    if weight.ndim != 2:
-        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+    _check_weight(weight, "weight")
     return weight.mean(dim=1)
 
 
-def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float, lam_colmean: float) -> torch.Tensor:
+def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float,
+                           lam_colmean: float) -> torch.Tensor:
     """The note's regulariser ``Σ_W λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``.
 
     Parameters
     ----------
     weights : sequence of torch.Tensor, each (out, in)
+        The regularised matrices (:func:`regularised_weights`).
     lam_frobenius : float ≥ 0
-        ``λ_F`` (controls the scale of the weights: "the variance").
+        ``λ_F``, on the scale of the weights ("the variance").
     lam_colmean : float ≥ 0
-        ``λ_μ`` (controls the column means: "the systematic bias").
+        ``λ_μ``, on the column means ("the systematic bias").
 
     Returns
     -------
-    torch.Tensor (scalar, differentiable)
+    torch.Tensor
+        A differentiable scalar.
 
     Raises
     ------
-    ValueError
-        If ``weights`` is empty, a λ is negative or not finite, or a weight is not 2-D.
+    TypeError, ValueError
+        If ``weights`` is empty or not a list of 2-D floating tensors, or a λ is negative or not finite.
 
     Examples
     --------
     >>> W = torch.tensor([[1.0, 3.0], [2.0, -2.0]])
-    >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)    # 0.1*18 + 1*(4 + 0)
+    >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)  # 0.1*18 + 1*(4 + 0)
     5.8
     """
     lf = check_real(lam_frobenius, "lam_frobenius", lo=0.0)
@@ -227,10 +218,7 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
     if len(weights) == 0:
         raise ValueError("weights is empty; pass at least one matrix")
     for k, w in enumerate(weights):
-        if not isinstance(w, torch.Tensor) or not w.is_floating_point():
-            raise TypeError(f"weights[{k}] must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
-        if w.ndim != 2:
-            raise ValueError(f"weights[{k}] must be 2-D (out, in), got shape {tuple(w.shape)}")
+        _check_weight(w, f"weights[{k}]")
     return _mean_frobenius_penalty(weights, lf, lm)
 
 
@@ -243,19 +231,21 @@ def _mean_frobenius_penalty(weights, lf: float, lm: float) -> torch.Tensor:
     return total
 
 
-def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[tuple[str, torch.nn.Parameter]]:
+def regularised_weights(model: torch.nn.Module,
+                        targets: Sequence[str]) -> list[tuple[str, torch.nn.Parameter]]:
     """The weight matrices of the ``nn.Linear`` modules whose attribute name is in ``targets``.
 
     Parameters
     ----------
     model : torch.nn.Module
-        E.g. a :class:`companion.stacks.tinylm.TinyLM` (attention ``w_q, w_k, w_v, w_o``; MLP ``w_in, w_out``; ``unembed``).
+        E.g. a TinyLM (attention ``w_q, w_k, w_v, w_o``; MLP ``w_in, w_out``; ``unembed``).
     targets : sequence of str
         Attribute names, e.g. ``("w_v", "w_o")`` for the note's "value and output matrices".
 
     Returns
     -------
-    list of (qualified name, weight parameter), in module order
+    list of (str, torch.nn.Parameter)
+        Qualified name and weight of each matched layer, in module order.
 
     Raises
     ------
@@ -270,7 +260,8 @@ def regularised_weights(model: torch.nn.Module, targets: Sequence[str]) -> list[
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(targets, str) or not isinstance(targets, Sequence) or not all(isinstance(t, str) for t in targets):
+    if isinstance(targets, str) or not isinstance(targets, Sequence) or not all(
+            isinstance(t, str) for t in targets):
         raise TypeError("targets must be a list of attribute names such as ['w_v', 'w_o']")
     if not targets:
         raise ValueError("targets is empty; name at least one kind of matrix, e.g. 'w_o'")
@@ -292,11 +283,11 @@ class TrainingControls:
     Parameters
     ----------
     clip : {"none", "fixed", "tail"}, default "fixed"
-        ``"fixed"``: clip the global gradient norm at ``clip_value``; ``"tail"``: at the :class:`TailClipper` threshold; ``"none"``: never clip.
+        Clip the global gradient norm never, at ``clip_value``, or at the :class:`TailClipper` threshold.
     clip_value : float > 0, default 1.0
-    tail_delta : float in (0, 1), default 0.01
-    tail_window : int ≥ 2, default 50
-    tail_min_history : int ≥ 2, default 20
+        The fixed threshold.
+    tail_delta, tail_window, tail_min_history
+        The :class:`TailClipper`'s ``delta``, ``window`` and ``min_history``.
     lam_frobenius, lam_colmean : float ≥ 0, default 0
         ``λ_F`` and ``λ_μ`` of :func:`mean_frobenius_penalty`.
     reg_targets : tuple of str, default ("w_v", "w_o")
@@ -346,17 +337,15 @@ class ControlledRun:
     ----------
     model : TinyLM
         Trained, in ``eval()`` mode.
-    losses : numpy.ndarray, shape (steps,)
-        Training cross-entropy (nats/byte) at each step, without the penalty.
-    grad_norms : numpy.ndarray, shape (steps,)
-        Global gradient norm before clipping.
-    thresholds : numpy.ndarray, shape (steps,)
-        Clipping threshold used at each step (``inf`` = none).
+    losses, grad_norms, thresholds : numpy.ndarray, shape (steps,)
+        Per step: cross-entropy (nats/byte, without the penalty), global gradient norm before
+        clipping, and the clipping threshold (``inf`` = none).
     clipped : numpy.ndarray of bool, shape (steps,)
+        Whether the step was clipped.
     eval_loss : float
         Held-out cross-entropy (:func:`tiny_lm_loss`).
-    controls : TrainingControls
-    config : StackConfig
+    controls, config : TrainingControls, StackConfig
+        The run's controls and model configuration.
     """
 
     model: TinyLM
@@ -374,16 +363,6 @@ class ControlledRun:
         return float(self.clipped.mean())
 
 
-def _check_ids(ids, name: str, min_len: int) -> torch.Tensor:
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be a 1-D integer tensor of token ids (e.g. byte_tokenize(text))")
-    if ids.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
-    if ids.numel() < min_len:
-        raise ValueError(f"{name} has {ids.numel()} tokens; need at least {min_len}")
-    return ids
-
-
 def train_with_controls(
     config: StackConfig,
     train_ids: torch.Tensor,
@@ -399,29 +378,24 @@ def train_with_controls(
     dtype: torch.dtype = torch.float32,
     callback: Callable[[int, TinyLM], None] | None = None,
 ) -> ControlledRun:
-    """Train a :class:`~companion.stacks.tinylm.TinyLM` with a chosen clipping rule and the optional regulariser.
+    """Train a TinyLM with a chosen clipping rule and the optional regulariser.
 
     Parameters
     ----------
     config : StackConfig
         ``vocab_size`` 256 (bytes), ``max_len ≥ seq_len``.
     train_ids, eval_ids : torch.LongTensor, 1-D
-        Byte ids (:func:`companion.stacks.tinylm.byte_tokenize`) of the training and held-out text.
+        Byte ids (:func:`~companion.stacks.tinylm.byte_tokenize`) of the training and held-out text.
     controls : TrainingControls
         Clipping rule and regulariser.
-    steps, batch_size, seq_len : int
+    steps, batch_size, seq_len, warmup, seed
+        As in :func:`~companion.stacks.tinylm.train_tiny_lm`.
     lr : float > 0
         Peak learning rate of Adam (no weight decay: the only penalty is the regulariser).
-    warmup : int or None
-        Linear warm-up steps (``None``: ``steps // 10``), then cosine decay to ``lr/10``.
-    seed : int
-        Seed of the window sampling (the weights are seeded by ``config.seed``).
     dtype : torch.float32 or torch.float64, default float32
-        Precision of the weights and of training.  In float64 the trajectory depends on the CPU's kernel set only in the last digits, which long runs
-        amplify far less than in float32.
+        Precision of training; float64 keeps the trajectory the same under every CPU kernel set.
     callback : callable or None
-        Called as ``callback(step, model)`` after every optimiser step (``step`` counts from 1), e.g. to measure the residual stream during training;
-        it must not change the model.
+        Called as ``callback(step, model)`` after every step (from 1); it must not change the model.
 
     Returns
     -------
@@ -429,18 +403,14 @@ def train_with_controls(
 
     Raises
     ------
-    ValueError
-        For out-of-range sizes, ``vocab_size != 256``, ``seq_len > max_len``, too short texts, or a training loss that becomes NaN/inf (the message
-        says at which step).
+    TypeError, ValueError
+        For a bad argument or text, or a training loss that becomes NaN/inf (the message says when).
 
     Examples
     --------
     >>> from companion.stacks.tinylm import byte_tokenize
-    >>> cfg = StackConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=256, max_len=32)
-    >>> ids = byte_tokenize("abcabcabd" * 30)
-    >>> run = train_with_controls(cfg, ids, ids, steps=3, batch_size=2, seq_len=16)
-    >>> run.losses.shape, run.clipped.dtype
-    ((3,), dtype('bool'))
+    >>> cfg, ids = StackConfig(d_model=16, n_heads=2, vocab_size=256, max_len=32), byte_tokenize("abcd" * 60)
+    >>> run = train_with_controls(cfg, ids, ids, TrainingControls(clip="tail"), steps=3, seq_len=16)
     """
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
@@ -464,8 +434,7 @@ def train_with_controls(
         raise TypeError(f"callback must be callable as callback(step, model), got {type(callback).__name__}")
 
     model = TinyLM(config).to(dtype)
-    reg = regularised_weights(model, controls.reg_targets) if controls.regularised else []
-    reg_w = [w for _, w in reg]
+    reg_w = [w for _, w in regularised_weights(model, controls.reg_targets)] if controls.regularised else []
     lam_f, lam_m = float(controls.lam_frobenius), float(controls.lam_colmean)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
 
@@ -493,13 +462,12 @@ def train_with_controls(
             raise ValueError(f"the training loss became {loss.item()} at step {step}; lower lr or clip")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gnorm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params if p.grad is not None])))
+        grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+        gnorm = float(torch.linalg.vector_norm(torch.stack(grads)))
         if controls.clip == "fixed":
             tau = controls.clip_value
-        elif controls.clip == "tail":
-            tau = clipper.threshold
         else:
-            tau = math.inf
+            tau = clipper.threshold if controls.clip == "tail" else math.inf
         if gnorm > tau:
             factor = tau / (gnorm + 1e-12)
             for p in params:
@@ -516,11 +484,12 @@ def train_with_controls(
             model.train()
     model.eval()
     return ControlledRun(model=model, losses=losses, grad_norms=norms, thresholds=taus, clipped=clipped,
-                         eval_loss=_tiny_lm_loss(model, eval_ids, seq_len, 64), controls=controls, config=config)
+                         eval_loss=_tiny_lm_loss(model, eval_ids, seq_len, 64), controls=controls,
+                         config=config)
 
 
 def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
-    """Mean next-token cross-entropy of a :class:`~companion.stacks.tinylm.TinyLM` on non-overlapping windows of ``ids``.
+    """Mean next-token cross-entropy of a TinyLM on non-overlapping windows of ``ids``.
 
     Parameters
     ----------
@@ -534,22 +503,14 @@ def tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: int
     Returns
     -------
     float
-        nats per token, over ``⌊(len(ids) − 1)/seq_len⌋`` windows.
+        Nats per token, over ``⌊(len(ids) − 1)/seq_len⌋`` windows.
 
     Raises
     ------
-    ValueError
-        If ``ids`` is shorter than ``seq_len + 1`` or a size is < 1.
-
-    Examples
-    --------
-    >>> from companion.stacks.tinylm import byte_tokenize
-    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16))
-    >>> 5.0 < tiny_lm_loss(lm, byte_tokenize("hello world " * 10), 16) < 6.5
-    True
+    TypeError, ValueError
+        If ``model`` is not a TinyLM, ``ids`` is shorter than ``seq_len + 1`` or a size is < 1.
     """
-    if not isinstance(model, TinyLM):
-        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    _check_tinylm(model)
     seq_len = check_int(seq_len, "seq_len", 1)
     batch_size = check_int(batch_size, "batch_size", 1)
     ids = _check_ids(ids, "ids", seq_len + 1)
@@ -568,7 +529,8 @@ def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: in
         for b in range(0, n, batch_size):
             w = ids[starts[b:b + batch_size, None] + offsets]
             logits, _ = model(w[:, :-1])
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum"))
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum")
+            total += float(ce)
             count += w[:, 1:].numel()
     model.train(was_training)
     return total / count
@@ -577,25 +539,22 @@ def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: in
 # =========================================================================== stream drift
 @dataclass(frozen=True)
 class StreamDrift:
-    """Mean drift and outliers of a TinyLM's residual stream, per layer.
+    """Mean drift and outliers of a TinyLM's residual stream at each of its ``L+1`` layers.
 
     Attributes
     ----------
-    mean, std : numpy.ndarray, shape (L+1, d)
-        Channel mean ``μ_j`` and standard deviation ``σ_j`` over the tokens, at each layer.
-    rms : numpy.ndarray, shape (L+1,)
-        ``sqrt(mean x²)`` over tokens and channels: the layer's typical scale.
-    max_abs : numpy.ndarray, shape (L+1,)
-        Largest ``|x|`` at each layer (``max_abs / rms`` is the peak-to-typical ratio).
+    mean, std, channel_max_abs : numpy.ndarray, shape (L+1, d)
+        Channel mean ``μ_j``, standard deviation ``σ_j`` and largest ``|x_tj|`` over the tokens.
+    rms, max_abs : numpy.ndarray, shape (L+1,)
+        ``sqrt(mean x²)`` over tokens and channels (the layer's typical scale) and the largest ``|x|``.
     multiples : numpy.ndarray, shape (k,)
         Thresholds ``t = multiple · rms_l``.
     exceed_frac : numpy.ndarray, shape (L+1, k)
-        Fraction of entries with ``|x| > t`` (``Σ_j C_j(t) / (N d)``).
+        Fraction of entries with ``|x| > t``.
     mean_dominated : numpy.ndarray of int, shape (L+1, k)
         Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
     n_tokens : int
-    channel_max_abs : numpy.ndarray, shape (L+1, d)
-        Largest ``|x_tj|`` over the tokens, per channel (``channel_peak`` divides it by the layer's rms).
+        Number of tokens.
     """
 
     mean: np.ndarray
@@ -625,14 +584,15 @@ class StreamDrift:
         return np.linalg.norm(self.mean, axis=1) / (math.sqrt(d) * self.rms)
 
 
-def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0, 6.0), max_windows: int = 64) -> StreamDrift:
-    """Channel means, scales and outlier counts of the residual stream of a :class:`~companion.stacks.tinylm.TinyLM`.
+def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0, 6.0),
+                 max_windows: int = 64) -> StreamDrift:
+    """Channel means, scales and outlier counts of the residual stream of a TinyLM.
 
     Parameters
     ----------
     model : TinyLM
     ids : torch.LongTensor, 1-D
-        Held-out bytes; non-overlapping windows of ``seq_len`` tokens are used.
+        Held-out bytes, cut into non-overlapping windows of ``seq_len`` tokens.
     seq_len : int ≥ 1
     multiples : sequence of float > 0
         Thresholds in units of the layer's rms.
@@ -645,17 +605,10 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
 
     Raises
     ------
-    ValueError
-        If ``multiples`` is empty or not positive, or ``ids`` is too short.
-
-    Examples
-    --------
-    >>> from companion.stacks.tinylm import byte_tokenize
-    >>> lm = TinyLM(StackConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=256, max_len=16))
-    >>> sd = stream_drift(lm, byte_tokenize("hello world " * 10), 16)
+    TypeError, ValueError
+        If ``model`` is not a TinyLM, ``multiples`` is empty or not positive, or ``ids`` is too short.
     """
-    if not isinstance(model, TinyLM):
-        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    _check_tinylm(model)
     seq_len = check_int(seq_len, "seq_len", 1)
     max_windows = check_int(max_windows, "max_windows", 1)
     mult = real_vector("multiples", multiples)
@@ -663,22 +616,19 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
         raise ValueError("multiples must be > 0")
     ids = _check_ids(ids, "ids", seq_len)
     n = min(max_windows, ids.numel() // seq_len)
-    w = ids[: n * seq_len].view(n, seq_len)
     with torch.no_grad():
-        _, out = model(w)
+        _, out = model(ids[: n * seq_len].view(n, seq_len))
     x = out.stream.double().reshape(out.stream.shape[0], -1, out.stream.shape[-1])  # [L+1, N, d]
     mu = x.mean(dim=1)
-    sd = x.std(dim=1, unbiased=False)
     rms = x.pow(2).mean(dim=(1, 2)).sqrt()
     t = rms[:, None] * torch.as_tensor(mult, dtype=x.dtype)[None, :]  # [L+1, k]
-    exceed = (x.abs()[:, :, :, None] > t[:, None, None, :]).double().mean(dim=(1, 2))
-    dominated = (mu.abs()[:, :, None] > t[:, None, :]).sum(dim=1)
-    chmax = x.abs().amax(dim=1)                                              # [L+1, d]
-    return StreamDrift(mean=mu.cpu().numpy(), std=sd.cpu().numpy(), rms=rms.cpu().numpy(),
-                       max_abs=chmax.amax(dim=1).cpu().numpy(), multiples=mult,
-                       exceed_frac=exceed.cpu().numpy(),
-                       mean_dominated=dominated.cpu().numpy().astype(np.int64),
-                       n_tokens=int(x.shape[1]), channel_max_abs=chmax.cpu().numpy())
+    chmax = x.abs().amax(dim=1)                                         # [L+1, d]
+    return StreamDrift(
+        mean=mu.cpu().numpy(), std=x.std(dim=1, unbiased=False).cpu().numpy(), rms=rms.cpu().numpy(),
+        max_abs=chmax.amax(dim=1).cpu().numpy(), multiples=mult,
+        exceed_frac=(x.abs()[:, :, :, None] > t[:, None, None, :]).double().mean(dim=(1, 2)).cpu().numpy(),
+        mean_dominated=(mu.abs()[:, :, None] > t[:, None, :]).sum(dim=1).cpu().numpy().astype(np.int64),
+        n_tokens=int(x.shape[1]), channel_max_abs=chmax.cpu().numpy())
 
 
 # =========================================================================== seeds
@@ -688,20 +638,20 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
     Parameters
     ----------
     values : array_like, at least 2 entries along ``axis``
-        One value per seed (e.g. the held-out loss of each seed of one arm), or per-seed paired differences between two arms that share their seeds.
+        One value per seed, or per-seed paired differences between two arms that share seeds.
     level : float in (0, 1), default 0.95
     axis : int, default 0
         The seed axis.
 
     Returns
     -------
-    mean, lo, hi : numpy.ndarray (0-d for 1-D input)
-        ``mean ± t_{n-1, (1+level)/2} · s/√n``, ``s`` the sample standard deviation (``ddof=1``).
+    mean, lo, hi : numpy.ndarray
+        ``mean ± t_{n-1, (1+level)/2} · s/√n``, ``s`` the sample standard deviation (0-d for 1-D input).
 
     Raises
     ------
     ValueError
-        If fewer than 2 seeds are given, a value is NaN/inf, ``level`` ∉ (0, 1) or ``axis`` is out of range.
+        For fewer than 2 seeds, a NaN/inf value, ``level`` ∉ (0, 1) or ``axis`` out of range.
 
     Examples
     --------
@@ -709,13 +659,8 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
     >>> float(m), round(float(lo), 3), round(float(hi), 3)
     (3.0, 1.037, 4.963)
     """
-    lv = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    if isinstance(values, (str, bytes)):
-        raise TypeError("values must be an array of real numbers (one per seed)")
-    try:
-        a = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError("values must be an array of real numbers (one per seed)") from exc
+    lv = _check_probability(level, "level")
+    a = real_array("values", values)
     if a.ndim == 0:
         raise ValueError("values must hold one value per seed, got a scalar")
     ax = check_int(axis, "axis")
@@ -724,8 +669,6 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
     n = a.shape[ax]
     if n < 2:
         raise ValueError(f"need at least 2 seeds for an interval, got {n}")
-    if not np.isfinite(a).all():
-        raise ValueError("values contain NaN or infinite entries")
     mean = a.mean(axis=ax)
     half = stats.t.ppf(0.5 + lv / 2, n - 1) * a.std(axis=ax, ddof=1) / math.sqrt(n)
     return mean, mean - half, mean + half
