@@ -78,10 +78,9 @@ def check_finite(arr, name: str) -> None:
     ok = arr.isfinite() if hasattr(arr, "isfinite") else np.isfinite(arr)  # tensor: any dtype/device
     if not bool(ok.all()):
         size = int(np.prod(ok.shape))
-        raise ValueError(
-            f"{name} contains {size - int(ok.sum())} NaN or infinite value(s) out of {size}; remove "
-            "them, or check the run that produced them (an overflow in a deep stack or a model?)"
-        )
+        raise ValueError(f"{name} contains {size - int(ok.sum())} NaN or infinite value(s) out of {size}; "
+                         "remove them, or check the run that produced them (an overflow in a deep stack "
+                         "or a model?)")
 
 
 def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) -> np.ndarray:
@@ -107,7 +106,8 @@ def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) 
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
     if shape is not None and (arr.ndim != len(shape) or any(
             s is not None and s != n for s, n in zip(shape, arr.shape))):
-        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ("," * (len(shape) == 1)) + ")"
+        dims = ", ".join("n" if s is None else str(s) for s in shape)
+        want = f"({dims},)" if len(shape) == 1 else f"({dims})"
         raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
     check_finite(arr, name)
     return arr
@@ -124,17 +124,12 @@ def real_vector(name: str, value, size: int | None = None) -> np.ndarray:
 def float_tensor(x, name: str = "x"):
     """``x`` (floating array or tensor, >= 1 axis, finite) as a tensor, and whether it was numpy."""
     import torch
-
-    if isinstance(x, np.ndarray):
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        t, was_numpy = torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
-    elif isinstance(x, torch.Tensor):
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        t, was_numpy = x, False
-    else:
+    was_numpy = isinstance(x, np.ndarray)
+    if not (was_numpy or isinstance(x, torch.Tensor)):
         raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if not (np.issubdtype(x.dtype, np.floating) if was_numpy else x.is_floating_point()):
+        raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+    t = torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)) if was_numpy else x
     if t.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
     if t.numel() == 0:
@@ -200,7 +195,6 @@ def check_indices(indices, n: int, name: str = "channels") -> np.ndarray:
 def check_linears(modules, model=...) -> dict:
     """A non-empty mapping name -> ``torch.nn.Linear`` as a dict (and ``model``, if given, a Module)."""
     import torch
-
     if model is not ... and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(modules, Mapping):
@@ -238,7 +232,6 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
     """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a tensor of ``dtype`` on ``device``, finite
     also times each of ``scales`` in that dtype."""
     import torch
-
     if not isinstance(vector, torch.Tensor):
         if isinstance(vector, (str, bytes)):
             raise TypeError(f"{name} must be a tensor or array of {d} real numbers, got a string")
@@ -259,11 +252,10 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
     out = vector.to(device=device, dtype=dtype)
     for s in (1.0, *scales):
         if not bool(torch.isfinite(s * out).all()):
-            raise ValueError(
-                f"{'scale * ' if s != 1.0 else ''}{name} reaches {float(vector.abs().max()) * abs(s):.4g}, "
-                f"beyond the range of the dtype {dtype} of {where} (max {torch.finfo(dtype).max:.4g}); "
-                "use a smaller scale or vector"
-            )
+            raise ValueError(f"{'scale * ' if s != 1.0 else ''}{name} reaches "
+                             f"{float(vector.abs().max()) * abs(s):.4g}, beyond the range of the dtype "
+                             f"{dtype} of {where} (max {torch.finfo(dtype).max:.4g}); use a smaller scale "
+                             "or vector")
     return out
 
 
@@ -275,11 +267,9 @@ def freeze(dist, name: str = "dist"):
             public = getattr(stats, str(dist.name), None) is dist
             label = f"scipy.stats.{dist.name}" if public else "this distribution"
             example = ", ".join(f"{s.strip()}=..." for s in (dist.shapes or "").split(","))
-            raise TypeError(
-                f"{name} must be a frozen scipy.stats distribution: {label} is unfrozen and needs "
-                f"its shape parameter(s) {dist.shapes}; freeze it with its parameters, e.g. "
-                f"{label}({example})"
-            )
+            raise TypeError(f"{name} must be a frozen scipy.stats distribution: {label} is unfrozen and "
+                            f"needs its shape parameter(s) {dist.shapes}; freeze it with its parameters, "
+                            f"e.g. {label}({example})")
         return dist()
     return dist
 
@@ -287,10 +277,8 @@ def freeze(dist, name: str = "dist"):
 def check_dist(dist, name: str = "dist"):
     """``dist`` as a frozen scipy.stats distribution with scalar, valid parameters (see :func:`freeze`)."""
     dist = freeze(dist, name)
-    gen = getattr(dist, "dist", None)
-    if not isinstance(gen, (stats.rv_continuous, stats.rv_discrete)) or not callable(
-        getattr(dist, "support", None)
-    ):
+    frozen = isinstance(getattr(dist, "dist", None), (stats.rv_continuous, stats.rv_discrete))
+    if not frozen or not callable(getattr(dist, "support", None)):
         raise TypeError(f"{name} must be a frozen scipy.stats distribution, e.g. scipy.stats.norm(0, 1), "
                         f"scipy.stats.bernoulli(0.1) or scipy.stats.rv_discrete(values=(xk, pk))(); "
                         f"got {type(dist).__name__}")
@@ -355,7 +343,7 @@ def integer_counts(name: str, N) -> np.ndarray:
     arr = np.asarray(N)
     if arr.dtype == object:  # Python ints beyond the 64-bit range
         flat = arr.ravel().tolist()
-        if flat and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in flat):
+        if flat and all(is_int(v) for v in flat):
             if min(flat) < 1:
                 raise ValueError(f"{name} must be >= 1, got min({name}) = {min(flat)}")
             return arr
@@ -379,11 +367,9 @@ def row_counts(name: str, N) -> np.ndarray:
 
 
 def as_generator(rng) -> np.random.Generator:
-    if rng is None:
-        return np.random.default_rng()
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+    if rng is None or isinstance(rng, np.random.Generator):
+        return np.random.default_rng(rng)  # a Generator is returned as it is
+    if is_int(rng):
         if rng < 0:
             raise ValueError(f"an integer rng seed must be >= 0, got {rng}")
         return np.random.default_rng(int(rng))

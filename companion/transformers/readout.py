@@ -49,7 +49,7 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     TypeError
         If ``h`` is not a tensor.
     ValueError
-        If the model has no next-token head, or the last dimension of ``h`` is not ``d_model``.
+        If the model has no next-token head, or ``h`` does not end with ``d_model``.
 
     Examples
     --------
@@ -84,20 +84,17 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     ----------
     m : LoadedModel
         A causal language model, with its current weights.
-    texts : str or sequence of str
-        The texts.
+    texts, max_length
+        As :func:`~companion.transformers.models.tokenize`.
     batch_size : int, default 8
         Texts per forward pass.
-    max_length : int or None
-        Truncation length (default ``m.max_length``).
     per_text : bool, default False
         Return one mean per text instead of the mean over all predicted tokens.
 
     Returns
     -------
     float or numpy.ndarray
-        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over real next tokens (``exp``: the perplexity);
-        with ``per_text`` the per-text means.
+        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over real next tokens (``exp``: the perplexity).
 
     Raises
     ------
@@ -135,10 +132,8 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32,
 
     Parameters
     ----------
-    m : LoadedModel
-        The model.
-    texts, batch_size, max_length
-        As :func:`~companion.transformers.readout.next_token_loss` (``batch_size`` default 32).
+    m, texts, batch_size, max_length
+        As :func:`~companion.transformers.readout.next_token_loss` (any model; ``batch_size`` 32).
 
     Returns
     -------

@@ -1,9 +1,9 @@
 """Where a real model's weights come from: the offline packages, a checked disk cache, the hub.
 
-The GGUF file of ``"smollm2-135m"`` is de-quantised once (about 40 s) and saved as safetensors under
-:func:`~companion.transformers.sources.cache_dir`, checked at every later load against the sizes and
-SHA-256 in its marker file; a damaged copy is converted again.  Packages are located, never
-imported.  The door is :func:`companion.transformers.models.load`; nothing here checks arguments.
+The GGUF file of ``"smollm2-135m"`` is de-quantised once (about 40 s) and saved under
+:func:`~companion.transformers.sources.cache_dir`, checked at every later load against the sizes
+and SHA-256 in its marker (a damaged copy is converted again).  Nothing here checks arguments: the
+door is :func:`companion.transformers.models.load`.
 """
 
 from __future__ import annotations
@@ -60,26 +60,23 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
 #: Hub ids known to work when the reader has network (listed by the CLI; any other id works too).
 HUB_EXAMPLES: tuple[str, ...] = (
     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
-    "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B",
-)
+    "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B")
 
 # model_type -> placement of the normalisation relative to the residual branch
 _PRE_NORM_TYPES = frozenset(
     "gpt2 gpt_neox gpt_neo gptj codegen llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe "
     "gemma gemma2 gemma3_text phi phi3 olmo olmo2 falcon bloom stablelm starcoder2 granite "
-    "cohere smollm3 persimmon mpt".split()
-)
+    "cohere smollm3 persimmon mpt".split())
 _POST_NORM_TYPES = frozenset(
     "bert roberta xlm-roberta distilbert electra albert camembert mpnet ernie megatron-bert "
-    "deberta deberta-v2 xlm".split()
-)
+    "deberta deberta-v2 xlm".split())
 
 # bump when the on-disk conversion format changes (old caches are then ignored)
 _CONVERSION_VERSION = 1
 
 
 class CorruptCacheWarning(RuntimeWarning):
-    """A converted model in the cache was damaged (marker, size, SHA-256 or load) and was converted again."""
+    """A converted model in the cache was damaged (marker, size, SHA-256, load) and converted again."""
 
 
 def cache_dir() -> Path:
@@ -92,15 +89,12 @@ def _package_path(spec: OfflineModel) -> Path:
     """Path of the model file/folder inside its package, without importing the package."""
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
-        raise ValueError(
-            f"model {spec.name!r} needs the package {spec.pip.split()[-1]!r}, which is not installed; "
-            f"install it with: {spec.pip}"
-        )
+        raise ValueError(f"model {spec.name!r} needs the package {spec.pip.split()[-1]!r}, which is not "
+                         f"installed; install it with: {spec.pip}")
     path = Path(list(found.submodule_search_locations)[0]) / spec.relpath
     if not path.exists():
-        raise ValueError(
-            f"{path} is missing from the installed package; reinstall it with: {spec.pip} --force-reinstall"
-        )
+        raise ValueError(f"{path} is missing from the installed package; reinstall it with: "
+                         f"{spec.pip} --force-reinstall")
     return path
 
 
@@ -127,7 +121,6 @@ def _load_gguf(path: Path):
     """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -240,16 +233,15 @@ def _save_converted(model, tokenizer, folder: Path) -> bool:
         return False
 
 
-def _load_folder(folder: Path, kind: str, dtype: torch.dtype | None):
-    """(model, tokenizer) from a local safetensors folder."""
+def _load_folder(folder, kind: str, dtype: torch.dtype | None, local: bool = True):
+    """(model, tokenizer) from a local safetensors folder, or a hub id with ``local=False``."""
     _quiet_transformers()
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
     cls = AutoModelForCausalLM if kind == "causal-lm" else AutoModel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        model = cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=local)
+        model = cls.from_pretrained(str(folder), local_files_only=local, dtype=dtype or torch.float32)
     return model, tokenizer
 
 
@@ -289,11 +281,9 @@ def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool
     """
     path = _package_path(spec)
     if spec.kind == "encoder":
-        model, tokenizer = _load_folder(path, spec.kind, dtype)
-        return model, tokenizer, str(path)
+        return (*_load_folder(path, spec.kind, dtype), str(path))
     if not disk_cache:
-        model, tokenizer = _load_gguf(path)
-        return model, tokenizer, str(path)
+        return (*_load_gguf(path), str(path))
     folder = _converted_folder(spec, path)
     can_save = True
     if folder.exists():
@@ -355,38 +345,28 @@ def load_hub(name: str, dtype: torch.dtype | None):
         Within seconds when the model is neither local nor reachable.
     """
     _quiet_transformers()
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
+    from transformers import AutoConfig
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = AutoConfig.from_pretrained(name, local_files_only=True)
-        local = True
+            config, local = AutoConfig.from_pretrained(name, local_files_only=True), True
     except Exception:  # noqa: BLE001 - any failure means "not available locally"
         local = False
     if not local:
         known = ", ".join(sorted(OFFLINE_MODELS))
         if any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-            raise ValueError(
-                f"unknown model {name!r}: it is not an offline model ({known}), not a local folder, and not "
-                "in the local Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it; use an "
-                "offline model, or unset HF_HUB_OFFLINE on a machine with network"
-            )
+            raise ValueError(f"unknown model {name!r}: it is not an offline model ({known}), not a local "
+                             "folder, and not in the local Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
+                             "downloading it; use an offline model, or unset HF_HUB_OFFLINE on a machine "
+                             "with network")
         if not _hub_reachable():
-            raise ValueError(
-                f"unknown model {name!r}: it is not an offline model ({known}) nor in the local Hugging "
-                "Face cache, and the hub (huggingface.co) cannot be reached from this machine; use an "
-                "offline model or run with network"
-            )
+            raise ValueError(f"unknown model {name!r}: it is not an offline model ({known}) nor in the local "
+                             "Hugging Face cache, and the hub (huggingface.co) cannot be reached from this "
+                             "machine; use an offline model or run with network")
         try:
             config = AutoConfig.from_pretrained(name)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"could not load the configuration of {name!r} from the hub: {exc}") from exc
     kind = "encoder" if getattr(config, "model_type", "") in _POST_NORM_TYPES else "causal-lm"
-    cls = AutoModelForCausalLM if kind == "causal-lm" else AutoModel
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local)
-        model = cls.from_pretrained(name, local_files_only=local, dtype=dtype or torch.float32)
-    return model, tokenizer, name
+    return (*_load_folder(name, kind, dtype, local), name)

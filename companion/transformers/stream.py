@@ -1,11 +1,9 @@
-"""Read and perturb the residual stream of a real Transformer with forward hooks.
+"""Read and perturb the raw residual stream of a real Transformer with forward hooks.
 
-The model's own modules run and their raw outputs are read: no weight folding, no re-centring.
-A model with ``L`` blocks has ``L + 1`` states ``h_0 .. h_L``: ``h_0`` is the input of block 0
-(the embedding output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.
-For ``l < L`` this is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is
-the raw last block output (transformers reports it after the final norm), which
-:func:`companion.transformers.readout.logits_from_residual` turns into logits.
+A model with ``L`` blocks has ``L + 1`` states: ``h_0`` is the input of block 0 (the embedding
+output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.  For ``l < L`` this
+is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is the last block's raw
+output (transformers reports it after the final norm).
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
     attention_mask : torch.Tensor, shape ``[batch, tokens]``
         1 for real tokens, 0 for pads (pads at the end of each row).
     positions : None, sequence of int, or bool array ``[batch, tokens]``
-        ``None``: every real token.  Integers ``i ≥ 0`` select the ``i``-th token of every text;
-        ``-k`` the ``k``-th token from the end of each text's *real* tokens (``-1`` = last).
-        A boolean array is used as it is (restricted to real tokens).
+        ``None``: every real token.  ``i ≥ 0``: the ``i``-th token of every text; ``-k``: the
+        ``k``-th from the end of each text's real tokens.  A mask is restricted to real tokens.
 
     Returns
     -------
@@ -100,10 +97,9 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
             bad = (idx < 0) | (idx >= lengths)
             if bad.any():
                 row = int(torch.nonzero(bad)[0, 0])
-                raise ValueError(
-                    f"position {p} lies outside text {row}, which has {int(lengths[row])} tokens; "
-                    "use positions valid for every text (negative indices count from each text's end)"
-                )
+                raise ValueError(f"position {p} lies outside text {row}, which has {int(lengths[row])} "
+                                 "tokens; use positions valid for every text (negative indices count from "
+                                 "each text's end)")
             sel[torch.arange(len(idx), device=real.device), idx] = True
     if not sel.any():
         raise ValueError("positions select no real token")
@@ -116,10 +112,8 @@ def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | No
 
     Parameters
     ----------
-    m : LoadedModel
-        The model.
-    enc : dict
-        From :func:`companion.transformers.models.encode`.
+    m, enc
+        The model and an encoding from :func:`companion.transformers.models.encode`.
     add : tuple (int, torch.Tensor) or None
         ``(layer, delta)`` adds ``delta`` (``[batch, tokens, d]``) to ``h_layer``.
     record_calls : bool
@@ -128,13 +122,10 @@ def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | No
     Returns
     -------
     list of torch.Tensor, or (list, list)
-        ``[h_0, ..., h_L]`` (and the block calls with ``record_calls``).  The checked doors are
-        :func:`~companion.transformers.stream.residual_stream` and
-        :func:`~companion.transformers.stream.inject`.
+        ``[h_0, ..., h_L]`` (and the block calls with ``record_calls``).
     """
-    L = m.n_layers
-    states: list[torch.Tensor | None] = [None] * (L + 1)
-    calls: list = [None] * L
+    states: list[torch.Tensor | None] = [None] * (m.n_layers + 1)
+    calls: list = [None] * m.n_layers
 
     def pre_hook(i):
         def hook(module, args, kwargs):
@@ -142,19 +133,14 @@ def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | No
                 calls[i] = (args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"}, not args)
             if i != 0:
                 return None
-            if args:
-                h = args[0]
-            elif "hidden_states" in kwargs:
-                h = kwargs["hidden_states"]
-            else:
+            if not args and "hidden_states" not in kwargs:
                 raise RuntimeError("could not find the hidden states among a block's arguments")
-            if add is not None and add[0] == 0:
-                h = h + add[1]
+            h = args[0] if args else kwargs["hidden_states"]
+            if add is None or add[0] != 0:
                 states[0] = h
-                return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
-            states[0] = h
-            return None
-
+                return None
+            states[0] = h = h + add[1]
+            return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
         return hook
 
     def post_hook(i):
@@ -165,7 +151,6 @@ def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | No
                 return None
             states[i + 1] = h = h + add[1]
             return (h, *output[1:]) if isinstance(output, tuple) else h
-
         return hook
 
     blocks = list(m.blocks)
@@ -193,14 +178,12 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     Returns
     -------
     torch.Tensor, shape ``[L+1, batch, tokens, d]``, on ``m.device``
-        Index ``l`` is ``h_l`` (indexing in the module docstring); ignore the rows of pad tokens.
+        Index ``l`` is ``h_l``; ignore the rows of pad tokens.
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or ``texts`` is not text.
-    ValueError
-        If ``texts`` is empty or contains an empty string.
+    TypeError, ValueError
+        As :func:`companion.transformers.models.tokenize`.
 
     Examples
     --------
@@ -224,7 +207,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     layer : int in ``[0, L]``
         Where to add, indexed as in :func:`~companion.transformers.stream.residual_stream`.
     vector : torch.Tensor or numpy.ndarray, shape ``[d]``
-        The direction added.
+        The direction added, times the finite ``scale``.
     scale : float, default 1.0
         Its multiplier.
     positions : None, sequence of int, or bool ``[batch, tokens]``
@@ -234,17 +217,15 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     Returns
     -------
     torch.Tensor, shape ``[L+1, batch, tokens, d]``
-        ``h'_0 .. h'_L`` of the injected run; ``h'_l = h_l`` for ``l < layer`` and
-        ``h'_layer = h_layer + scale · vector`` at the selected positions.
+        ``h'_0 .. h'_L`` of the injected run (``h'_l = h_l`` for ``l < layer``).
 
     Raises
     ------
     TypeError
         For arguments of the wrong type.
     ValueError
-        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale``
-        is not finite, ``scale · vector`` overflows the dtype, ``texts`` is empty, or
-        ``positions`` is invalid.
+        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale · vector``
+        overflows the dtype, ``texts`` is empty, or ``positions`` is invalid.
 
     Examples
     --------
