@@ -86,8 +86,7 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
         raise ValueError(f"min_chars must be a non-negative integer, got {min_chars!r}")
     if max_paragraphs is not None and (not isinstance(max_paragraphs, int) or max_paragraphs < 1):
         raise ValueError(f"max_paragraphs must be a positive integer or None, got {max_paragraphs!r}")
-    out = _corpus_paragraphs(min_chars)
-    return out[:max_paragraphs] if max_paragraphs is not None else out
+    return _corpus_paragraphs(min_chars)[:max_paragraphs]
 
 
 def _corpus_paragraphs(min_chars: int) -> list[str]:

@@ -46,12 +46,9 @@ class LoadedModel:
         Has a pad token; pads on the right (real tokens keep positions ``0 .. n-1``).
     n_layers, d_model : int
         Number of blocks ``L``; width ``d`` of the residual stream.
-    placement : {"pre", "post"}
-        ``h_{l+1} = h_l + F(Norm(h_l))`` or ``h_{l+1} = Norm(h_l + F(h_l))``.
-    norm : {"layernorm", "rmsnorm"}
-        The normalisation the blocks use.
-    kind : {"causal-lm", "encoder"}
-        Whether the model has a next-token head.
+    placement, norm, kind : str
+        ``"pre"`` (``h_{l+1} = h_l + F(Norm(h_l))``) or ``"post"`` (``h_{l+1} = Norm(h_l + F(h_l))``);
+        ``"layernorm"`` or ``"rmsnorm"``; ``"causal-lm"`` (with a next-token head) or ``"encoder"``.
     device : torch.device
         Where the weights are.
     blocks, base : torch.nn.Module
@@ -120,8 +117,10 @@ def select_device(device: str | torch.device | None = None) -> torch.device:
 
     Raises
     ------
-    TypeError, ValueError
-        If ``device`` is not a string, ``torch.device`` or None; not a device name, or not available.
+    TypeError
+        If ``device`` is not a string, ``torch.device`` or None.
+    ValueError
+        If the string is not a device name, or the device is not available here.
 
     Examples
     --------
@@ -241,10 +240,9 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
     >>> wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok).placement      # doctest: +SKIP
     'pre'
     """
+    tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
     if tokenizer is None:
-        tokenizer = getattr(model, "tokenizer", None)
-        if tokenizer is None:
-            raise TypeError("wrap needs the model's tokenizer: wrap(model, tokenizer)")
+        raise TypeError("wrap needs the model's tokenizer: wrap(model, tokenizer)")
     inner = getattr(model, "_module", None)  # nnsight's LanguageModel
     if not isinstance(model, torch.nn.Module) and isinstance(inner, torch.nn.Module):
         model = inner
@@ -404,8 +402,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
 def _tokenize(m: LoadedModel, texts, max_length=None):
     """:func:`tokenize` for a checked model."""
     texts = check_texts(texts, single=True)
-    if max_length is None:
-        max_length = m.max_length
+    max_length = m.max_length if max_length is None else max_length
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
     enc = m.tokenizer(texts, padding=True, truncation=True, max_length=int(max_length), return_tensors="pt")

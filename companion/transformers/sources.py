@@ -73,6 +73,7 @@ _POST_NORM_TYPES = frozenset(
 
 # bump when the on-disk conversion format changes (old caches are then ignored)
 _CONVERSION_VERSION = 1
+_MARKER = "companion.json"  # in each converted folder: conversion version; size and SHA-256 of each file
 
 
 class CorruptCacheWarning(RuntimeWarning):
@@ -80,7 +81,13 @@ class CorruptCacheWarning(RuntimeWarning):
 
 
 def cache_dir() -> Path:
-    """Folder of converted models: ``$COMPANION_CACHE`` or ``~/.cache/companion``."""
+    """Folder of the converted models.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``.
+    """
     env = os.environ.get("COMPANION_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "companion"
 
@@ -134,9 +141,6 @@ def _load_gguf(path: Path):
         with contextlib.suppress(AttributeError):
             model.is_quantized = False
     return model, tokenizer
-
-
-_MARKER = "companion.json"
 
 
 def _sha256(path: Path) -> str:

@@ -307,9 +307,8 @@ class ModelAdapter:
         return position_mask(self.attention_mask, positions)
 
     def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
-        m = self.model
-        return check_vector(vector, m.d_model, rows, dtype=m.dtype, device=m.device, scales=scales,
-                            where=m.name)
+        return check_vector(vector, self.d_model, rows, dtype=self.dtype, device=self.device, scales=scales,
+                            where=self.name)
 
     def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
         self.baseline  # noqa: B018 - records the block calls
