@@ -1,7 +1,7 @@
 """Argument checks of the public functions (package-internal): one wording of each error.
 
-``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value.  Only numpy and scipy
-at import (the torch checks import torch inside), so every folder may use it.
+``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value; torch is imported
+only inside the torch checks, so every folder may use this module.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def is_int(v) -> bool:
@@ -333,9 +335,6 @@ def check_bool(value, name: str) -> bool:
 
 def is_discrete(dist) -> bool:
     return isinstance(dist.dist, stats.rv_discrete)
-
-
-INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def integer_counts(name: str, N) -> np.ndarray:

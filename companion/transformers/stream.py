@@ -170,8 +170,8 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     ----------
     m : LoadedModel
         From :func:`companion.transformers.models.load`.
-    texts : str, sequence of str, or an encoding
-        Texts, or the output of :func:`companion.transformers.models.tokenize`.
+    texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
+        The inputs.
     max_length : int or None
         Truncation length (default ``m.max_length``).
 
@@ -211,8 +211,7 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     scale : float, default 1.0
         Its multiplier.
     positions : None, sequence of int, or bool ``[batch, tokens]``
-        Tokens that receive the vector (:func:`~companion.transformers.stream.position_mask`);
-        ``None`` = every real token.
+        Tokens that receive the vector, as :func:`~companion.transformers.stream.position_mask`.
 
     Returns
     -------
@@ -246,8 +245,7 @@ def _expand(value, k: int, batch: int):
     if k == 1:
         return value
     if isinstance(value, torch.Tensor):
-        # per-sequence tensors (masks [B, 1, T, T], position ids [B, T], rotary tables [B, T, h])
-        # have a leading batch axis and at least two axes; 1-D tensors (cache positions) are shared
+        # per-sequence tensors (masks, position ids, rotary tables) lead with the batch axis; 1-D are shared
         if value.ndim >= 2 and value.shape[0] == batch:
             return value.repeat(k, *([1] * (value.ndim - 1)))
         return value
