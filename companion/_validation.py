@@ -1,10 +1,7 @@
-"""Argument checks shared by the public functions of the package (package-internal).
+"""Argument checks of the public functions (package-internal): one wording of each error.
 
-The split follows scipy: a public function checks its arguments here (one wording of each
-error) and then calls private code that computes.  ``TypeError`` for a wrong kind of argument,
-``ValueError`` for a wrong value.  Only numpy and scipy at import (the torch checks import torch
-inside), so every folder may use it; the names carry no underscore because other modules import
-them, the module itself is private.
+``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value; torch is imported
+only inside the torch checks, so every folder may use this module.
 """
 
 from __future__ import annotations
@@ -15,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def is_int(v) -> bool:
@@ -27,9 +26,13 @@ def is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def _real_dtype(dtype) -> bool:
+    """An integer or floating numpy dtype (not bool, not object)."""
+    return np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)
+
+
 def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an ``int``; TypeError unless an integer, ValueError if below ``minimum`` or
-    above ``maximum``."""
+    """``value`` as an ``int``; TypeError unless an integer, ValueError outside [minimum, maximum]."""
     if not is_int(value):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
@@ -41,8 +44,7 @@ def check_int(value, name: str, minimum: int | None = None, maximum: int | None 
 
 def check_real(value, name: str, *, lo: float | None = None, lo_open: bool = False,
                hi: float | None = None, hi_open: bool = False) -> float:
-    """``value`` as a finite ``float`` in the interval given by ``lo``/``hi`` (closed unless
-    ``lo_open``/``hi_open``)."""
+    """``value`` as a finite ``float`` in [lo, hi] (open ends with ``lo_open``/``hi_open``)."""
     if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     v = float(value)
@@ -68,11 +70,7 @@ def as_float64(x, name: str) -> np.ndarray:
         arr = np.asarray(x)
     except Exception as exc:  # pragma: no cover - exotic inputs
         raise TypeError(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.dtype == object or not (
-        np.issubdtype(arr.dtype, np.floating)
-        or np.issubdtype(arr.dtype, np.integer)
-        or np.issubdtype(arr.dtype, np.bool_)
-    ):
+    if arr.dtype == object or not (_real_dtype(arr.dtype) or arr.dtype == np.bool_):
         raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     return arr.astype(np.float64, copy=False)
 
@@ -82,17 +80,14 @@ def check_finite(arr, name: str) -> None:
     ok = arr.isfinite() if hasattr(arr, "isfinite") else np.isfinite(arr)  # tensor: any dtype/device
     if not bool(ok.all()):
         size = int(np.prod(ok.shape))
-        raise ValueError(
-            f"{name} contains {size - int(ok.sum())} NaN or infinite value(s) out of {size}; remove "
-            "them, or check the run that produced them (an overflow in a deep stack or a model?)"
-        )
+        raise ValueError(f"{name} contains {size - int(ok.sum())} NaN or infinite value(s) out of {size}; "
+                         "remove them, or check the run that produced them (an overflow in a deep stack "
+                         "or a model?)")
 
 
 def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) -> np.ndarray:
-    """``value`` (number, nested sequence, numpy array or torch tensor) as a finite float64 array
-    of at least ``min_ndim`` dimensions (of ``shape`` when given; ``None`` entries match any
-    length); TypeError for strings, bools and non-real dtypes, ValueError for ragged input, another
-    shape or NaN/inf entries."""
+    """``value`` (number, sequence, array or tensor) as a finite float64 array of ``>= min_ndim``
+    dimensions (of ``shape`` when given; ``None`` entries match any length)."""
     what = f"{name} must be a real number or an array of real numbers"
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}, got a string")
@@ -106,23 +101,22 @@ def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) 
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name} could not be read as an array ({exc}); pass a number or a "
                              "rectangular array of numbers") from None
-        if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer)
-                                     or np.issubdtype(raw.dtype, np.floating)):
+        if raw.dtype == bool or not _real_dtype(raw.dtype):
             raise TypeError(f"{what}, got {type(value).__name__} (dtype {raw.dtype})")
         arr = raw.astype(np.float64, copy=False)
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
     if shape is not None and (arr.ndim != len(shape) or any(
             s is not None and s != n for s, n in zip(shape, arr.shape))):
-        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        dims = ", ".join("n" if s is None else str(s) for s in shape)
+        want = f"({dims},)" if len(shape) == 1 else f"({dims})"
         raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
     check_finite(arr, name)
     return arr
 
 
 def real_vector(name: str, value, size: int | None = None) -> np.ndarray:
-    """``value`` as a non-empty 1-D finite float64 array (of length ``size`` when given);
-    errors as :func:`real_array`."""
+    """``value`` as a non-empty 1-D finite float64 array (of length ``size`` when given)."""
     v = real_array(name, value, shape=(size,))
     if v.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {v.shape}")
@@ -130,21 +124,14 @@ def real_vector(name: str, value, size: int | None = None) -> np.ndarray:
 
 
 def float_tensor(x, name: str = "x"):
-    """``x`` (a floating numpy array or torch tensor, at least one axis, not empty, finite) as a
-    torch tensor, and whether it came in as a numpy array (to return one).  torch is imported here,
-    not by the module."""
+    """``x`` (floating array or tensor, >= 1 axis, finite) as a tensor, and whether it was numpy."""
     import torch
-
-    if isinstance(x, np.ndarray):
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        t, was_numpy = torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)), True
-    elif isinstance(x, torch.Tensor):
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
-        t, was_numpy = x, False
-    else:
+    was_numpy = isinstance(x, np.ndarray)
+    if not (was_numpy or isinstance(x, torch.Tensor)):
         raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if not (np.issubdtype(x.dtype, np.floating) if was_numpy else x.is_floating_point()):
+        raise TypeError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+    t = torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x)) if was_numpy else x
     if t.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (the channel axis is the last one)")
     if t.numel() == 0:
@@ -154,8 +141,7 @@ def float_tensor(x, name: str = "x"):
 
 
 def check_thresholds(thresholds, name: str = "thresholds") -> np.ndarray:
-    """A number or sequence of thresholds on ``|x|`` as a non-empty 1-D float64 array of finite
-    numbers ``>= 0``; TypeError/ValueError as :func:`real_array`, ValueError if empty or < 0."""
+    """A number or sequence of thresholds on ``|x|`` as a non-empty 1-D float64 array, all ``>= 0``."""
     t = real_array(name, thresholds)
     if t.ndim == 0:
         t = t.reshape(1)
@@ -167,8 +153,7 @@ def check_thresholds(thresholds, name: str = "thresholds") -> np.ndarray:
 
 
 def check_texts(texts, name: str = "texts", single: bool = False) -> list[str]:
-    """A non-empty list of strings with visible characters (with ``single``, one string becomes
-    a list of one); TypeError for another type, ValueError if empty or a text is blank."""
+    """A non-empty list of non-blank strings (with ``single``, one string becomes a list of one)."""
     if single and isinstance(texts, str):
         texts = [texts]
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
@@ -186,8 +171,7 @@ def check_texts(texts, name: str = "texts", single: bool = False) -> list[str]:
 
 
 def check_choice(value, name: str, choices) -> str:
-    """``value`` if it is one of the strings ``choices``; TypeError unless a string, ValueError
-    for another string."""
+    """``value`` if it is one of the strings ``choices``."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, one of {tuple(choices)}, got {type(value).__name__}")
     if value not in choices:
@@ -196,9 +180,7 @@ def check_choice(value, name: str, choices) -> str:
 
 
 def check_indices(indices, n: int, name: str = "channels") -> np.ndarray:
-    """Distinct integer indices in ``[0, n)`` (a sequence, numpy array or torch tensor) as a 1-D
-    int64 array; ValueError for another shape, an index out of range or repeated, TypeError for
-    non-integers."""
+    """Distinct integer indices in ``[0, n)`` (sequence, array or tensor) as a 1-D int64 array."""
     a = np.asarray(indices.detach().cpu() if hasattr(indices, "detach") else indices)
     if a.ndim != 1:
         raise ValueError(f"{name} must be a 1-D list of indices, got shape {a.shape}")
@@ -213,11 +195,8 @@ def check_indices(indices, n: int, name: str = "channels") -> np.ndarray:
 
 
 def check_linears(modules, model=...) -> dict:
-    """``modules``, a non-empty mapping name -> ``torch.nn.Linear``, as a dict (and ``model``, unless
-    omitted, a ``torch.nn.Module``); TypeError for another type, ValueError if empty.  torch is
-    imported here, not by the module."""
+    """A non-empty mapping name -> ``torch.nn.Linear`` as a dict (and ``model``, if given, a Module)."""
     import torch
-
     if model is not ... and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(modules, Mapping):
@@ -231,15 +210,12 @@ def check_linears(modules, model=...) -> dict:
 
 
 def check_layer(layer, n_layers: int, model: str = "the model", name: str = "layer") -> int:
-    """A residual-stream index in ``[0, n_layers]`` (``h_0`` = embeddings, ``h_l`` = output of
-    block ``l - 1``) as an ``int``; TypeError unless an integer, ValueError outside the range."""
+    """A residual-stream index in ``[0, n_layers]`` as an ``int``."""
     if not is_int(layer):
         raise TypeError(f"{name} must be an integer in [0, {n_layers}], got {type(layer).__name__}")
     if not 0 <= int(layer) <= n_layers:
-        raise ValueError(
-            f"{name} must be in [0, {n_layers}] for {model} (h_0 = embeddings, h_l = output of "
-            f"block l-1), got {layer}"
-        )
+        raise ValueError(f"{name} must be in [0, {n_layers}] for {model} (h_0 = embeddings, h_l = output of "
+                         f"block l-1), got {layer}")
     return int(layer)
 
 
@@ -255,14 +231,9 @@ def check_layer_list(layers, name: str = "layers") -> tuple[int, ...]:
 
 def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None, scales=(),
                  name: str = "vector", where: str = "the model"):
-    """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a torch tensor of ``dtype`` on ``device``.
-
-    TypeError unless a tensor, array or sequence of real numbers; ValueError for another shape,
-    NaN or infinite entries, or entries that ``dtype`` cannot hold, alone or times one of
-    ``scales`` (they would become inf in the model).  torch is imported here, not by the module.
-    """
+    """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a tensor of ``dtype`` on ``device``, finite
+    also times each of ``scales`` in that dtype."""
     import torch
-
     if not isinstance(vector, torch.Tensor):
         if isinstance(vector, (str, bytes)):
             raise TypeError(f"{name} must be a tensor or array of {d} real numbers, got a string")
@@ -270,10 +241,10 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
             vector = torch.as_tensor(np.ascontiguousarray(vector))
         except (TypeError, ValueError, RuntimeError) as exc:
             raise TypeError(f"{name} must be a tensor or array of {d} real numbers ({exc})") from None
-    if vector.dtype == torch.bool or vector.is_complex() or not (
-        vector.is_floating_point() or vector.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-    ):
-        raise TypeError(f"{name} must hold real numbers (floating point or integer), got dtype {vector.dtype}")
+    integer = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    if not (vector.is_floating_point() or vector.dtype in integer):  # bool and complex fail too
+        raise TypeError(f"{name} must hold real numbers (floating point or integer), "
+                        f"got dtype {vector.dtype}")
     shapes = [(d,)] if rows is None else [(d,), (rows, d)]
     if tuple(vector.shape) not in shapes:
         want = " or ".join(str(s) for s in shapes)
@@ -283,60 +254,44 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
     out = vector.to(device=device, dtype=dtype)
     for s in (1.0, *scales):
         if not bool(torch.isfinite(s * out).all()):
-            raise ValueError(
-                f"{'scale * ' if s != 1.0 else ''}{name} reaches {float(vector.abs().max()) * abs(s):.4g}, "
-                f"beyond the range of the dtype {dtype} of {where} (max {torch.finfo(dtype).max:.4g}); "
-                "use a smaller scale or vector"
-            )
+            raise ValueError(f"{'scale * ' if s != 1.0 else ''}{name} reaches "
+                             f"{float(vector.abs().max()) * abs(s):.4g}, beyond the range of the dtype "
+                             f"{dtype} of {where} (max {torch.finfo(dtype).max:.4g}); use a smaller scale "
+                             "or vector")
     return out
 
 
 def freeze(dist, name: str = "dist"):
-    """``dist`` frozen: an unfrozen scipy.stats distribution that needs no shape parameter
-    (``scipy.stats.norm``, ``scipy.stats.expon``, ``scipy.stats.rv_discrete(values=...)``) becomes
-    ``dist()`` with its default ``loc``/``scale``; anything else is returned unchanged.
-
-    TypeError for an unfrozen distribution that needs shape parameters (``scipy.stats.bernoulli``
-    needs ``p``): only the caller knows their values.
-    """
+    """``dist()`` for an unfrozen scipy.stats distribution without shape parameters (``stats.norm``),
+    TypeError for one with (``stats.bernoulli``); anything else unchanged."""
     if isinstance(dist, (stats.rv_continuous, stats.rv_discrete)):
         if dist.numargs:
-            label = f"scipy.stats.{dist.name}" if getattr(stats, str(dist.name), None) is dist else "this distribution"
+            public = getattr(stats, str(dist.name), None) is dist
+            label = f"scipy.stats.{dist.name}" if public else "this distribution"
             example = ", ".join(f"{s.strip()}=..." for s in (dist.shapes or "").split(","))
-            raise TypeError(
-                f"{name} must be a frozen scipy.stats distribution: {label} is unfrozen and needs "
-                f"its shape parameter(s) {dist.shapes}; freeze it with its parameters, e.g. "
-                f"{label}({example})"
-            )
+            raise TypeError(f"{name} must be a frozen scipy.stats distribution: {label} is unfrozen and "
+                            f"needs its shape parameter(s) {dist.shapes}; freeze it with its parameters, "
+                            f"e.g. {label}({example})")
         return dist()
     return dist
 
 
 def check_dist(dist, name: str = "dist"):
-    """``dist`` as a frozen scipy.stats distribution with scalar, valid parameters
-    (see :func:`freeze` for the unfrozen ones that are accepted)."""
+    """``dist`` as a frozen scipy.stats distribution with scalar, valid parameters (see :func:`freeze`)."""
     dist = freeze(dist, name)
-    gen = getattr(dist, "dist", None)
-    if not isinstance(gen, (stats.rv_continuous, stats.rv_discrete)) or not callable(
-        getattr(dist, "support", None)
-    ):
-        raise TypeError(
-            f"{name} must be a frozen scipy.stats distribution, e.g. scipy.stats.norm(0, 1), "
-            f"scipy.stats.bernoulli(0.1) or scipy.stats.rv_discrete(values=(xk, pk))(); "
-            f"got {type(dist).__name__}"
-        )
+    frozen = isinstance(getattr(dist, "dist", None), (stats.rv_continuous, stats.rv_discrete))
+    if not frozen or not callable(getattr(dist, "support", None)):
+        raise TypeError(f"{name} must be a frozen scipy.stats distribution, e.g. scipy.stats.norm(0, 1), "
+                        f"scipy.stats.bernoulli(0.1) or scipy.stats.rv_discrete(values=(xk, pk))(); "
+                        f"got {type(dist).__name__}")
     with np.errstate(all="ignore"):
         lower, upper = dist.support()
     if np.ndim(lower) != 0 or np.ndim(upper) != 0:
-        raise ValueError(
-            f"{name} has array-valued parameters; freeze one distribution at a time "
-            f"(e.g. scipy.stats.norm(0, 1), not scipy.stats.norm([0, 1]))"
-        )
+        raise ValueError(f"{name} has array-valued parameters; freeze one distribution at a time "
+                         f"(e.g. scipy.stats.norm(0, 1), not scipy.stats.norm([0, 1]))")
     if np.isnan(lower) or np.isnan(upper):
-        raise ValueError(
-            f"{name} has invalid parameters (scipy reports a NaN support); check its shape, loc "
-            f"and scale arguments"
-        )
+        raise ValueError(f"{name} has invalid parameters (scipy reports a NaN support); check its shape, loc "
+                         f"and scale arguments")
     return dist
 
 
@@ -347,10 +302,8 @@ def as_real_array(x, name: str) -> np.ndarray:
         arr = np.asarray(x)
     except Exception as exc:  # ragged lists and the like
         raise TypeError(f"{name} must be array-like of real numbers ({exc})") from None
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise TypeError(
-            f"{name} must be a real number or an array of real numbers; got dtype {arr.dtype}"
-        )
+    if arr.dtype == bool or not _real_dtype(arr.dtype):
+        raise TypeError(f"{name} must be a real number or an array of real numbers; got dtype {arr.dtype}")
     return arr.astype(float)
 
 
@@ -384,24 +337,18 @@ def is_discrete(dist) -> bool:
     return isinstance(dist.dist, stats.rv_discrete)
 
 
-INT64_MAX = int(np.iinfo(np.int64).max)
-
-
 def integer_counts(name: str, N) -> np.ndarray:
-    """``N`` as an integer array, all >= 1 (int64, uint64, or object for Python ints beyond
-    64 bits)."""
+    """``N`` as an integer array, all >= 1 (object dtype for Python ints beyond 64 bits)."""
     arr = np.asarray(N)
     if arr.dtype == object:  # Python ints beyond the 64-bit range
         flat = arr.ravel().tolist()
-        if flat and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in flat):
+        if flat and all(is_int(v) for v in flat):
             if min(flat) < 1:
                 raise ValueError(f"{name} must be >= 1, got min({name}) = {min(flat)}")
             return arr
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(
-            f"{name} must be a positive integer (number of rows) or an array of them, got "
-            f"{type(N).__name__} (dtype {arr.dtype}); write e.g. 10**6 rather than 1e6"
-        )
+        raise TypeError(f"{name} must be a positive integer (number of rows) or an array of them, got "
+                        f"{type(N).__name__} (dtype {arr.dtype}); write e.g. 10**6 rather than 1e6")
     if arr.size and (arr < 1).any():
         raise ValueError(f"{name} must be >= 1, got min({name}) = {int(arr.min())}")
     return arr
@@ -419,25 +366,22 @@ def row_counts(name: str, N) -> np.ndarray:
 
 
 def as_generator(rng) -> np.random.Generator:
-    if rng is None:
-        return np.random.default_rng()
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+    if rng is None or isinstance(rng, np.random.Generator):
+        return np.random.default_rng(rng)  # a Generator is returned as it is
+    if is_int(rng):
         if rng < 0:
             raise ValueError(f"an integer rng seed must be >= 0, got {rng}")
         return np.random.default_rng(int(rng))
-    raise TypeError(
-        f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
-        f"{type(rng).__name__} (for a legacy RandomState use np.random.default_rng(seed))"
-    )
+    raise TypeError(f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
+                    f"{type(rng).__name__} (for a legacy RandomState use np.random.default_rng(seed))")
 
 
 def checkpoints(N) -> tuple[np.ndarray, bool]:
     """Sorted sample sizes at which counts are reported, and whether N was a scalar."""
     arr = row_counts("N", N)
     if arr.ndim > 1:
-        raise ValueError(f"N must be an integer or a 1-D increasing sequence of integers, got shape {arr.shape}")
+        raise ValueError("N must be an integer or a 1-D increasing sequence of integers, "
+                         f"got shape {arr.shape}")
     if arr.ndim == 1:
         if arr.size == 0:
             raise ValueError("N is an empty sequence; pass at least one sample size")
@@ -447,17 +391,14 @@ def checkpoints(N) -> tuple[np.ndarray, bool]:
 
 
 def check_tuple(value, name: str, kind: type, allowed=None, minimum=None) -> tuple:
-    """A non-empty tuple of ``kind`` (int, float or str) without repeats, each in ``allowed`` and
-    ``>= minimum`` when given; TypeError for a wrong container or item type, ValueError else."""
+    """A non-empty tuple of ``kind`` (int, float or str) without repeats, in ``allowed``, ``>= minimum``."""
     if not isinstance(value, tuple) or not value:
         raise TypeError(f"{name} must be a non-empty tuple, got {value!r}")
+    ok, what = {int: (is_int, "integers"), float: (is_real, "numbers"),
+                str: (lambda v: isinstance(v, str), "strings")}.get(kind, (lambda v: True, ""))
     for item in value:
-        if kind is int and not is_int(item):
-            raise TypeError(f"{name} must hold integers, got {item!r}")
-        if kind is float and not is_real(item):
-            raise TypeError(f"{name} must hold numbers, got {item!r}")
-        if kind is str and not isinstance(item, str):
-            raise TypeError(f"{name} must hold strings, got {item!r}")
+        if not ok(item):
+            raise TypeError(f"{name} must hold {what}, got {item!r}")
         if allowed is not None and item not in allowed:
             raise ValueError(f"{name} entries must be among {allowed}, got {item!r}")
         if minimum is not None and item < minimum:
@@ -468,8 +409,7 @@ def check_tuple(value, name: str, kind: type, allowed=None, minimum=None) -> tup
 
 
 def check_positive(value, name: str, integer: bool = False):
-    """``value`` > 0: an integer (``integer=True``) or a finite real number; TypeError for a wrong
-    type (a bool, NaN or inf included), ValueError if it is not positive."""
+    """``value`` > 0: an integer (``integer=True``) or a finite real number (TypeError for NaN/inf)."""
     if integer:
         if not is_int(value):
             raise TypeError(f"{name} must be an integer, got {value!r}")

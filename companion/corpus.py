@@ -1,12 +1,9 @@
-"""The committed text corpus used by every real-model experiment (no dataset hub is reachable).
-
-The text is package data, ``companion/data/corpus/`` (see ``SOURCES.md`` there for where each file
-came from), installed with the package and found with :mod:`importlib.resources`.
-Set the environment variable ``COMPANION_DATA`` to use another folder of ``*.txt`` files.
-"""
+"""The committed text corpus of every real-model experiment: ``companion/data/corpus/`` (sources in
+its ``SOURCES.md``), or the ``*.txt`` files of the folder ``$COMPANION_DATA`` when set."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from pathlib import Path
@@ -22,7 +19,7 @@ def corpus_dir() -> Path:
     Returns
     -------
     pathlib.Path
-        ``$COMPANION_DATA`` if set, else the package's ``companion/data/corpus``.
+        ``$COMPANION_DATA`` if set, else ``companion/data/corpus``.
 
     Raises
     ------
@@ -33,27 +30,25 @@ def corpus_dir() -> Path:
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():
-            raise ValueError(f"corpus folder {path} (COMPANION_DATA) does not exist; point "
-                             "COMPANION_DATA at a folder of .txt files, or unset it to use the "
-                             "corpus installed with the package")
+            raise ValueError(f"corpus folder {path} (COMPANION_DATA) does not exist; point COMPANION_DATA "
+                             "at a folder of .txt files, or unset it to use the corpus installed with "
+                             "the package")
         return path
     path = package_data("corpus")
     if not path.is_dir():
-        raise ValueError(
-            f"corpus folder {path} does not exist: the package was installed without its data; "
-            f"reinstall it (pip install --force-reinstall {DISTRIBUTION}) or set COMPANION_DATA "
-            "to a folder of .txt files"
-        )
+        raise ValueError(f"corpus folder {path} does not exist: the package was installed without its data; "
+                         f"reinstall it (pip install --force-reinstall {DISTRIBUTION}) or set COMPANION_DATA "
+                         "to a folder of .txt files")
     return path
 
 
 def corpus_files() -> list[Path]:
-    """Sorted list of the corpus text files.
+    """The corpus text files.
 
     Returns
     -------
     list of pathlib.Path
-        The ``*.txt`` files of :func:`~companion.corpus.corpus_dir`.
+        The ``*.txt`` files of :func:`~companion.corpus.corpus_dir`, sorted.
 
     Raises
     ------
@@ -67,14 +62,8 @@ def corpus_files() -> list[Path]:
     return files
 
 
-def _paragraphs(text: str) -> list[str]:
-    """Whitespace-normalised, non-empty paragraphs of ``text``."""
-    parts = re.split(r"\n\s*\n", text.replace("\r\n", "\n"))
-    return [" ".join(p.split()) for p in parts if p.strip()]
-
-
 def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[str]:
-    """Paragraphs of the corpus, whitespace-normalised, in file order.
+    """Return the paragraphs of the corpus, whitespace-normalised, in file order.
 
     Parameters
     ----------
@@ -97,22 +86,21 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
         raise ValueError(f"min_chars must be a non-negative integer, got {min_chars!r}")
     if max_paragraphs is not None and (not isinstance(max_paragraphs, int) or max_paragraphs < 1):
         raise ValueError(f"max_paragraphs must be a positive integer or None, got {max_paragraphs!r}")
-    out = _corpus_paragraphs(min_chars)
-    return out[:max_paragraphs] if max_paragraphs is not None else out
+    return _corpus_paragraphs(min_chars)[:max_paragraphs]
 
 
 def _corpus_paragraphs(min_chars: int) -> list[str]:
-    """Paragraphs of every corpus file with at least ``min_chars`` characters (no checks)."""
-    return [p for f in corpus_files() for p in _paragraphs(f.read_text(encoding="utf-8")) if len(p) >= min_chars]
+    """Whitespace-normalised paragraphs of every corpus file with ``>= min_chars`` characters."""
+    texts = (f.read_text(encoding="utf-8").replace("\r\n", "\n") for f in corpus_files())
+    paragraphs = (" ".join(p.split()) for text in texts for p in re.split(r"\n\s*\n", text) if p.strip())
+    return [p for p in paragraphs if len(p) >= min_chars]
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)]*\s+(?=[A-Z\"'“‘(])")
 
 
-def corpus_sentences(
-    n: int | None = None, min_words: int = 6, max_words: int = 40
-) -> list[str]:
-    """Sentences of the corpus with ``min_words`` ≤ word count ≤ ``max_words``, in order.
+def corpus_sentences(n: int | None = None, min_words: int = 6, max_words: int = 40) -> list[str]:
+    """Return the sentences of the corpus with ``min_words`` ≤ word count ≤ ``max_words``, in order.
 
     Parameters
     ----------
@@ -135,14 +123,9 @@ def corpus_sentences(
         raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"n must be a positive integer or None, got {n!r}")
-    out = []
-    for para in _corpus_paragraphs(0):
-        for s in _SENTENCE_END.split(para):
-            k = len(s.split())
-            if min_words <= k <= max_words:
-                out.append(s.strip())
-                if n is not None and len(out) == n:
-                    return out
-    if n is not None:
-        raise ValueError(f"the corpus has only {len(out)} sentences of {min_words}-{max_words} words, not {n}")
+    sentences = (s.strip() for para in _corpus_paragraphs(0) for s in _SENTENCE_END.split(para))
+    out = list(itertools.islice((s for s in sentences if min_words <= len(s.split()) <= max_words), n))
+    if n is not None and len(out) < n:
+        raise ValueError(f"the corpus has only {len(out)} sentences of {min_words}-{max_words} words, "
+                         f"not {n}")
     return out

