@@ -1,8 +1,7 @@
 """Numerical core of the sub-Gaussian proxies (package-internal; its names carry no underscore).
 
 Moments, quadrature nodes, tilted laws and the one-sided maximisations behind the optimal variance
-proxy and ``K(lam) = log E exp(lam (X - mu))``; ``subgaussian`` and ``concentration`` check their
-arguments, then call these functions.
+proxy and ``K(lam) = log E exp(lam (X - mu))``, and the helpers the theory modules share.
 """
 
 from __future__ import annotations
@@ -43,6 +42,18 @@ LOG2 = math.log(2.0)
 def scalar_or_array(arr: np.ndarray):
     """A float for a 0-d array."""
     return float(arr) if arr.ndim == 0 else arr
+
+
+def broadcast(**arrays) -> list[np.ndarray]:
+    """Broadcast the named arrays, or a ValueError naming their shapes."""
+    try:
+        return list(np.broadcast_arrays(*arrays.values()))
+    except ValueError:
+        shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
+        raise ValueError(
+            f"incompatible shapes {shapes}: they do not broadcast together; pass scalars or arrays "
+            "that do (e.g. mu[:, None] with t[None, :])"
+        ) from None
 
 
 PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
@@ -276,8 +287,10 @@ def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) ->
         width *= 2.0
 
 
-def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0)) -> Nodes:
-    """Weighted nodes of ``dist`` (``lam_range`` sizes the lattice of a discrete law with infinite support)."""
+def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0),
+              split_at_mean: bool = False) -> Nodes:
+    """Weighted nodes of ``dist``; ``lam_range`` sizes the lattice of a discrete law with infinite
+    support, ``split_at_mean`` adds a panel boundary at the mean of a continuous law."""
     lower, upper = (float(v) for v in dist.support())
     scale = length_scale(dist, var)
     if is_discrete(dist):
@@ -299,7 +312,10 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
             x = np.arange(lo, hi + 1.0)
         return finalise(x, -neg_log_density(dist, x), "discrete law")
 
-    points = [lower, *breakpoints(dist, lower, upper), upper]
+    cuts = set(breakpoints(dist, lower, upper))
+    if split_at_mean and lower < mean < upper:
+        cuts.add(mean)
+    points = [lower, *sorted(cuts), upper]
     xs, logws = [], []
     for lo, hi in zip(points[:-1], points[1:]):
         x, logjac = panel(lo, hi, mean, scale)

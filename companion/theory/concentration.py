@@ -1,20 +1,8 @@
 r"""Concentration beyond one sub-Gaussian variable: sub-exponential laws, sums, maxima, norms.
 
-Theory: chapter :doc:`/book/concentration`, whose notation this module uses.  A centred :math:`X` is
-*sub-exponential with parameters* :math:`(\nu^2, b)` when :math:`K(\lambda)\le\lambda^2\nu^2/2` for
-:math:`|\lambda|<1/b` (``b = 0``: sub-Gaussian with proxy :math:`\nu^2`);
-:math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}` is its Orlicz norm; :math:`N` counts the
-variables of a maximum, :math:`n` summands, :math:`d` coordinates.
-
-* the law of a Gaussian dot product: :func:`dot_product_law`;
-* sub-exponential laws: :func:`psi1_norm`, :func:`subexponential_nu2`;
-* sums: :func:`bernstein_bound`, :func:`hoeffding_bound`;
-* maxima: :func:`maximal_bound`, :func:`gaussian_max_expectation`, :func:`gaussian_max_lower_bound`,
-  :func:`simulate_max`;
-* norms of Gaussian vectors: :func:`norm_concentration_bound`.
-
-Laws are evaluated with the node sets of ``companion.theory._cgf``, a continuous law split at its
-mean so that a density singular there (the product of two Gaussians) is integrated accurately.
+Theory and notation: chapter :doc:`/book/concentration` (:math:`N` variables of a maximum, :math:`n`
+summands, :math:`d` coordinates).  Laws are evaluated with the node sets of ``companion.theory._cgf``,
+a continuous law split at its mean (where the density of a Gaussian dot product is singular).
 """
 
 from __future__ import annotations
@@ -45,28 +33,15 @@ __all__ = [
     "norm_concentration_bound",
 ]
 
-_LOG2 = math.log(2.0)
-#: A tail whose log-log slope is within this of 1 is exponential (as in companion.theory.subgaussian).
+_LOG2 = _cgf.LOG2
 _TAIL_TOL = _cgf.TAIL_TOL
+_LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
 #: where the supremum defining nu^2 is infinite (the measured rate carries a log correction).
 _EDGE_RTOL = 1e-3
 _NORM_METHODS = ("bernstein", "interpolation", "lipschitz")
-#: |lambda| * sd up to which the quadrature of companion.theory.subgaussian is accurate (about 1e-8 relative).
-_LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 
 
-# argument checking
-def _broadcast(**arrays):
-    """Broadcast the named arrays, or a ValueError naming their shapes."""
-    try:
-        return np.broadcast_arrays(*arrays.values())
-    except ValueError:
-        shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
-        raise ValueError(f"the shapes {shapes} do not broadcast together") from None
-
-
-# The law of a Gaussian dot product
 class _GaussianDot(stats.rv_continuous):
     r"""Law of :math:`q\cdot k`, :math:`q,k\sim N(0,I_d)` independent (symmetric variance-gamma)."""
 
@@ -140,8 +115,8 @@ def dot_product_law(d_k, scaled: bool = False):
     Returns
     -------
     scipy.stats frozen distribution
-        Mean 0, variance :math:`d_k` (1 if scaled), excess kurtosis :math:`6/d_k`; ``pdf``, ``sf``, ``cdf``
-        exact up to quadrature error (about 1e-11 relative).
+        Mean 0, variance :math:`d_k` (1 if scaled), excess kurtosis :math:`6/d_k`; ``pdf``, ``sf``,
+        ``cdf`` exact up to quadrature error (about 1e-11 relative).
 
     Raises
     ------
@@ -152,15 +127,11 @@ def dot_product_law(d_k, scaled: bool = False):
 
     Notes
     -----
-    :math:`q\cdot k` is half a difference of two independent :math:`\chi^2_{d_k}` variables (chapter
-    :doc:`/book/concentration`).  Its density is not smooth at 0 for :math:`d_k\le3`; this module splits
-    its quadrature there, :func:`~companion.theory.subgaussian.log_mgf` does not (relative error about
-    :math:`10^{-6}` for :math:`d_k=2,3`, a warning for :math:`d_k=1`).
+    Derivation: chapter :doc:`/book/concentration`.  The density is not smooth at 0 for :math:`d_k\le3`:
+    :func:`~companion.theory.subgaussian.log_mgf` is then accurate to about :math:`10^{-6}` only.
 
     Examples
     --------
-    >>> round(float(dot_product_law(1).pdf(1.0)), 6)   # K_0(1) / pi
-    0.134016
     >>> round(float(dot_product_law(64, scaled=True).sf(2.0)), 4)
     0.0232
     """
@@ -169,23 +140,9 @@ def dot_product_law(d_k, scaled: bool = False):
     return _gaussian_dot(d, scale=1.0 / math.sqrt(d) if sc else 1.0)
 
 
-# Node sets (companion.theory.subgaussian, split at the mean)
 def _split_nodes(dist, mean: float, var: float, lam_abs: float):
     """Weighted nodes of ``dist``; continuous laws get an extra panel boundary at the mean."""
-    if is_discrete(dist):
-        return _cgf.law_nodes(dist, mean, var, lam_range=(lam_abs, lam_abs))
-    lower, upper = (float(v) for v in dist.support())
-    scale = _cgf.length_scale(dist, var)
-    cuts = set(_cgf.breakpoints(dist, lower, upper))
-    if lower < mean < upper:
-        cuts.add(mean)
-    points = [lower, *sorted(cuts), upper]
-    xs, logws = [], []
-    for lo, hi in zip(points[:-1], points[1:]):
-        x, logjac = _cgf.panel(lo, hi, mean, scale)
-        xs.append(x)
-        logws.append(logjac - _cgf.neg_log_density(dist, x))
-    return _cgf.finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
+    return _cgf.law_nodes(dist, mean, var, lam_range=(lam_abs, lam_abs), split_at_mean=True)
 
 
 def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
@@ -201,7 +158,6 @@ def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
     return rate, heavy
 
 
-# psi_1 norm
 def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> float:
     """Root in s of log E e^{|X|/s} = log 2 over weighted values (rescaled by E|X|); s > lo_edge."""
     w = np.exp(logw)
@@ -251,16 +207,8 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     ValueError
         If a sample is empty, not 1-D or not finite, or a distribution has array parameters.
 
-    Notes
-    -----
-    Root of :math:`\log\mathbb E\,e^{|X|/s}=\log2` in :math:`\log s` by Brent's method, bracketed by
-    Jensen's bound and the integrability edge of an exponential tail.
-
     Examples
     --------
-    >>> from scipy import stats
-    >>> round(psi1_norm(stats.expon()), 6)
-    2.0
     >>> round(psi1_norm([1.0, -1.0]), 6)              # 1 / ln 2
     1.442695
     """
@@ -305,7 +253,6 @@ def _psi1_dist(dist, centred: bool) -> float:
     return _psi1_from_values(np.abs(vals[near]), nodes.logw[near], lo_edge)
 
 
-# sub-exponential parameters and Bernstein
 def subexponential_nu2(dist, b) -> float:
     r"""Smallest :math:`\nu^2` with :math:`K(\lambda)\le\lambda^2\nu^2/2` on :math:`|\lambda|<1/b`.
 
@@ -331,17 +278,14 @@ def subexponential_nu2(dist, b) -> float:
 
     Notes
     -----
-    The profile of :func:`~companion.theory.subgaussian.proxy_profile` maximised over
-    :math:`|\lambda|<1/b`; :math:`1/b` within 0.1% of an exponential tail's rate counts as the edge
-    (infinite).
+    :func:`~companion.theory.subgaussian.proxy_profile` maximised over :math:`|\lambda|<1/b`; :math:`1/b`
+    within 0.1% of an exponential tail's rate counts as the edge (infinite).
 
     Examples
     --------
     >>> from scipy import stats
     >>> round(subexponential_nu2(stats.chi2(1), 4.0), 4)
     3.0904
-    >>> round(subexponential_nu2(stats.norm(0, 2), 1.0), 6)    # Gaussian: the variance
-    4.0
     """
     dist = check_dist(dist)
     bb = check_real(b, "b", lo=0.0, lo_open=True)
@@ -417,8 +361,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     TypeError
         If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
     ValueError
-        If ``t`` or ``b`` is negative or NaN, ``nu2`` is not finite and positive, ``n < 1``, or
-        shapes do not broadcast.
+        If ``t`` or ``b`` is negative or NaN, ``nu2 <= 0``, ``n < 1``, or shapes do not broadcast.
 
     Examples
     --------
@@ -432,7 +375,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
         raise ValueError("b must be finite and >= 0 (b = 0 is the sub-Gaussian case)")
     nn = check_int(n, "n", 1)
     two = check_bool(two_sided, "two_sided")
-    t_b, s_b, b_b = _broadcast(t=t_arr, nu2=s2, b=b_arr)
+    t_b, s_b, b_b = _cgf.broadcast(t=t_arr, nu2=s2, b=b_arr)
     with np.errstate(divide="ignore"):
         linear = np.where(b_b > 0, t_b / (2.0 * np.where(b_b > 0, b_b, 1.0)), np.inf)
     exponent = np.minimum(t_b**2 / (2.0 * nn * s_b), linear)
@@ -463,13 +406,12 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     TypeError
         If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
     ValueError
-        If a range is not finite or has ``upper < lower``, every range has zero width, the ranges are
-        not matching scalars or 1-D arrays, ``n < 1``, or ``n > 1`` with per-summand ranges.
+        If a range is not finite, reversed or of zero width in total, ranges mismatch, or ``n`` is
+        invalid.
 
     Notes
     -----
-    Hoeffding's lemma (:func:`~companion.theory.subgaussian.hoeffding_proxy`) and the Chernoff bound
-    (Hoeffding, 1963).
+    Hoeffding's lemma (:func:`~companion.theory.subgaussian.hoeffding_proxy`) and the Chernoff bound.
 
     Examples
     --------
@@ -495,7 +437,6 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     return subgaussian._tail_bound(t_arr, s2, check_bool(two_sided, "two_sided"))
 
 
-# maxima
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     r"""Bound on the largest of :math:`N` centred sub-Gaussian or sub-exponential variables.
 
@@ -594,8 +535,7 @@ def gaussian_max_expectation(N, absolute: bool = True):
 
     Notes
     -----
-    Adaptive quadrature of :math:`P(M>x)` computed as :math:`\exp(N\log\Phi(x))`, accurate for
-    :math:`N\le10^{15}` (absolute error below :math:`10^{-10}`).
+    Quadrature of :math:`P(M>x)`; absolute error below :math:`10^{-10}` for :math:`N\le10^{15}`.
 
     Examples
     --------
@@ -680,8 +620,8 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     TypeError
         If an argument has the wrong type (``rng`` None included).
     ValueError
-        If a count is < 1, ``N`` is not strictly increasing, ``scale <= 0``, ``chunk_size < n_trials``,
-        or the sampler returns the wrong shape or non-finite values.
+        If a count is < 1, ``N`` is not increasing, ``scale <= 0``, ``chunk_size < n_trials``, or the
+        sampler returns the wrong shape or non-finite values.
 
     Examples
     --------
@@ -735,7 +675,6 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     return out[0] if scalar_n else out
 
 
-# norms of Gaussian vectors
 def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided: bool = True):
     r"""Dimension-free bound on the deviation of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`.
 

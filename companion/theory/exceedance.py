@@ -1,18 +1,11 @@
 r"""Theorems 1 and 2 of the outlier note: bounds, exact values and streamed simulations.
 
-Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  The activation model is
-:math:`X_{ij}=\mu_j+Z_{ij}` (row :math:`i\le N`, channel :math:`j`), and the count of exceedances in
-channel :math:`j` is :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.
-
-Noise conventions: every law is centred and symmetric with variance :math:`\sigma^2` (``sigma`` is
-its scale):
-
-* ``gaussian``: :math:`\sigma G`, :math:`G\sim N(0,1)`; optimal variance proxy :math:`\sigma^2`;
-* ``uniform``: :math:`U[-\sqrt3\sigma,\sqrt3\sigma]`; optimal proxy :math:`\sigma^2` (strictly
-  sub-Gaussian; Hoeffding's lemma would only give :math:`3\sigma^2`);
-* ``rademacher``: :math:`\pm\sigma` with probability 1/2; optimal proxy :math:`\sigma^2`;
-* ``laplace``: scale :math:`\sigma/\sqrt2`; **not** sub-Gaussian (its tail is only exponential),
-  it shows what breaks without the assumption.
+Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  Rows :math:`X_{ij}=\mu_j+Z_{ij}`
+(:math:`i\le N`, channel :math:`j`); :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.  The noise is centred and
+symmetric with variance :math:`\sigma^2` (``sigma`` its scale): ``gaussian`` :math:`\sigma G`; ``uniform``
+on :math:`[-\sqrt3\sigma,\sqrt3\sigma]`; ``rademacher`` :math:`\pm\sigma`; the first three have optimal
+proxy :math:`\sigma^2`; ``laplace`` (scale :math:`\sigma/\sqrt2`) is **not** sub-Gaussian and shows what
+breaks without the assumption.
 """
 
 from __future__ import annotations
@@ -24,7 +17,10 @@ from typing import NamedTuple
 import numpy as np
 from scipy import special
 
-from companion._validation import as_generator, check_choice, checkpoints, integer_counts, real_array
+from companion.theory import _cgf
+from companion._validation import (
+    as_generator, check_bool, check_choice, checkpoints, integer_counts, real_array,
+)
 
 __all__ = [
     "NOISE_LAWS",
@@ -59,7 +55,6 @@ _SQRT_HUGE = math.sqrt(float(np.finfo(np.float64).max)) / 2.0
 _F64_MAX = float(np.finfo(np.float64).max)
 
 
-# argument checking
 def _positive_sigma(sigma) -> np.ndarray:
     """sigma checked: real, finite, > 0."""
     s = real_array("sigma", sigma)
@@ -82,16 +77,9 @@ def _nonnegative_t(t) -> np.ndarray:
     return tt
 
 
-def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
-    """Broadcast the named arrays, or a ValueError naming their shapes."""
-    try:
-        return list(np.broadcast_arrays(*arrays.values()))
-    except ValueError:
-        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items())
-        raise ValueError(
-            f"incompatible shapes {shapes}: pass scalars or arrays that broadcast together "
-            "(e.g. mu[:, None] with t[None, :])"
-        ) from None
+def _mts(mu, t, sigma) -> list[np.ndarray]:
+    """``mu``, ``t`` and ``sigma`` checked and broadcast together."""
+    return _cgf.broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
 
 
 def _row_counts_real(name: str, N) -> np.ndarray:
@@ -125,7 +113,6 @@ def _scalar_or_array(x: np.ndarray):
     return x.item() if x.ndim == 0 else x
 
 
-# Theorem 1
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     r"""Lower bound of Theorem 1 on :math:`P(|\mu+Z|>t)` when :math:`|\mu|>t`.
 
@@ -149,8 +136,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     TypeError
         If an input is not real-valued, or ``sharp`` is not a bool.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or some entry
-        has :math:`|\mu|\le t` (use :func:`theorem2_bounds` there).
+        If an input is invalid (as :func:`exceedance_probability`) or some entry has :math:`|\mu|\le t`.
 
     Examples
     --------
@@ -161,9 +147,8 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     >>> theorem1_lower_bound(1.5, 1.0, 1.0) < 0      # vacuous: u < sigma * sqrt(2 ln 2)
     True
     """
-    if not isinstance(sharp, (bool, np.bool_)):
-        raise TypeError(f"sharp must be True or False, got {type(sharp).__name__}")
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    sharp = check_bool(sharp, "sharp")
+    m, tt, s = _mts(mu, t, sigma)
     u = np.abs(m) - tt
     if (u <= 0).any():
         k = int((u <= 0).sum())
@@ -176,7 +161,6 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
 
 
-# exact probabilities
 def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
     """:math:`P(Z > x)` (strict) for the noise law ``noise`` with scale ``sigma``."""
     if noise == "gaussian":
@@ -224,7 +208,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     0.5
     """
     law = _noise_name(noise)
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    m, tt, s = _mts(mu, t, sigma)
     with np.errstate(over="ignore", invalid="ignore"):
         below, above = tt - m, tt + m
         p = _survival(below, s, law) + _survival(above, s, law)
@@ -260,7 +244,7 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     TypeError
         If an input is not real-valued or ``complement`` is not a bool.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
+        If an input is invalid, as :func:`exceedance_probability`.
 
     Examples
     --------
@@ -269,10 +253,8 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     >>> f"{exceedance_probability_gaussian(9.0, 1.0, 1.0, complement=True):.4g}"
     '6.221e-16'
     """
-    if not isinstance(complement, (bool, np.bool_)):
-        raise TypeError(f"complement must be True or False, got {type(complement).__name__}")
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    return _scalar_or_array(_prob_gaussian(m, tt, s, bool(complement)))
+    complement = check_bool(complement, "complement")
+    return _scalar_or_array(_prob_gaussian(*_mts(mu, t, sigma), complement))
 
 
 def _prob_gaussian(m: np.ndarray, tt: np.ndarray, s: np.ndarray, complement: bool) -> np.ndarray:
@@ -324,7 +306,7 @@ def expected_count_gaussian(N, mu, t, sigma):
     TypeError
         If ``N`` is not an integer (array) or another input is not real-valued.
     ValueError
-        If ``N < 1``, an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
+        If ``N < 1`` or another input is invalid, as :func:`exceedance_probability`.
 
     Examples
     --------
@@ -332,12 +314,10 @@ def expected_count_gaussian(N, mu, t, sigma):
     2699.8
     """
     n = _row_counts_real("N", N)
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    n, p = _broadcast(N=n, probability=_prob_gaussian(m, tt, s, False))
+    n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
     return _scalar_or_array(n * p)
 
 
-# Theorem 2
 class CountBounds(NamedTuple):
     """Bounds on :math:`E[C(t)]` returned by :func:`theorem2_bounds` (arrays or floats)."""
 
@@ -373,24 +353,20 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     TypeError
         If ``N`` is not an integer (array) or another input is not real-valued.
     ValueError
-        If ``N < 1``, an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
+        If ``N < 1`` or another input is invalid, as :func:`exceedance_probability`.
 
     Notes
     -----
-    With :math:`m=|\mu|`: :math:`N(1-e^{-(m-t)_+^2/(2\sigma^2)})\le E[C(t)]\le
-    N\min(1,e^{-(t-m)_+^2/(2\sigma^2)}+e^{-(t+m)^2/(2\sigma^2)})`.  Proof: chapter :doc:`/book/theorem2`.
+    Proof: chapter :doc:`/book/theorem2`.
 
     Examples
     --------
-    >>> b = theorem2_bounds(1000, 0.0, 2.0, 1.0)
-    >>> b.regime, round(b.upper, 2), round(b.notes_upper, 2), b.lower
-    ('pure-variance', 270.67, 270.67, 0.0)
     >>> b = theorem2_bounds(1000, 4.0, 2.0, 1.0)
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
     n = _row_counts_real("N", N)
-    n, m, tt, s = _broadcast(
+    n, m, tt, s = _cgf.broadcast(
         N=n, mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma)
     )
     a = np.abs(m)
@@ -437,23 +413,16 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     TypeError
         If an input is not real-valued or ``kind`` is not a string.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, ``kind`` is
-        unknown, or a bound's margin overflows.
-
-    Notes
-    -----
-    The Gaussian root lies in :math:`[0,t)` (the probability increases in :math:`|\mu|`); vectorised
-    bisection to machine precision.
+        If an input is invalid (as :func:`exceedance_probability`), ``kind`` is unknown, or a bound's
+        margin overflows.
 
     Examples
     --------
-    >>> round(half_exceedance_margin(3.0, 1.0, "two-sided"), 4)
-    1.6651
     >>> half_exceedance_margin(0.5, 1.0)          # 2 Phi(-0.5) > 1/2: mu = 0 already exceeds 1/2
     -0.5
     """
     check_choice(kind, "kind", _MARGIN_KINDS)
-    tt, s = _broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    tt, s = _cgf.broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     if kind in ("two-sided", "one-sided"):
         factor = math.sqrt(2.0 * math.log(4.0 if kind == "two-sided" else 2.0))
         with np.errstate(over="ignore"):
@@ -491,7 +460,6 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     return _scalar_or_array(root - tt)
 
 
-# concentration of C(t)
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
 
 
@@ -503,9 +471,7 @@ def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
-    Proofs: chapter :doc:`/book/theorem2` (Boucheron, Lugosi and Massart 2013, §2.2).
-
-    Valid for independent rows; with dependent rows :math:`C(t)` need not concentrate.
+    For independent rows (dependent rows need not concentrate); proofs: chapter :doc:`/book/theorem2`.
 
     Parameters
     ----------
@@ -531,8 +497,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     TypeError
         If ``N`` is not an integer (array), ``p`` or ``delta`` is not real, or ``method`` is not a string.
     ValueError
-        If ``N < 1``, ``p`` is outside :math:`[0,1]`, ``delta`` is outside :math:`(0,1)`, shapes do not
-        broadcast, or ``method`` is unknown.
+        If an argument is outside its range above, shapes do not broadcast, or ``method`` is unknown.
 
     Examples
     --------
@@ -551,7 +516,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
-    n, pp = _broadcast(N=n, p=pp)
+    n, pp = _cgf.broadcast(N=n, p=pp)
     log_term = math.log(2.0 / float(delta))
 
     if method == "hoeffding":
@@ -583,9 +548,6 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, lo_r))
         lo, hi = n * q_minus, n * q_plus
     return _scalar_or_array(np.asarray(lo, dtype=np.float64)), _scalar_or_array(np.asarray(hi, dtype=np.float64))
-
-
-# streamed simulation
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
@@ -664,16 +626,8 @@ class _BlockCounter:
         return above + below
 
 
-def simulate_counts(
-    N,
-    mu,
-    t,
-    sigma,
-    noise: str = "gaussian",
-    rng=None,
-    rho: float = 0.0,
-    chunk_size: int = _DEFAULT_CHUNK,
-):
+def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: float = 0.0,
+                    chunk_size: int = _DEFAULT_CHUNK):
     r"""Monte-Carlo counts :math:`C_j(t)=\#\{i\le N:|\mu_j+Z_{ij}|>t\}`, streamed in chunks.
 
     Parameters
@@ -704,29 +658,24 @@ def simulate_counts(
     Raises
     ------
     TypeError
-        If a count is not an integer, another input is not real-valued, ``noise`` is not a string or
-        ``rng`` has the wrong type.
+        If an argument has the wrong type.
     ValueError
-        If ``N`` is < 1, beyond int64 or not strictly increasing, an input is not finite, ``sigma <= 0``,
-        ``t < 0``, ``mu`` and ``sigma`` do not broadcast, ``noise`` is unknown, ``rho`` is outside
-        :math:`[0,1)` or non-zero with non-Gaussian noise, or ``chunk_size < 1``.
+        If ``N`` is < 1, beyond int64 or not increasing, another input is invalid (as
+        :func:`exceedance_probability`), or ``rho`` or ``chunk_size`` is outside its range above.
 
     Notes
     -----
-    Thresholds are mapped into the generator's draw space and counted by comparisons on a reused
-    float32 buffer (or one sort and binary searches); only float32 rounding (relative
-    :math:`6\cdot10^{-8}`) separates the counts from exact ones.
+    Thresholds are mapped into the generator's draw space and compared with float32 draws: only float32
+    rounding (relative :math:`6\cdot10^{-8}`) separates the counts from exact ones.
 
     Examples
     --------
     >>> simulate_counts(10**5, 0.0, 2.0, 1.0, rng=0)    # E[C] = 10**5 * 2 Phi(-2) = 4550
     4422
-    >>> simulate_counts([10, 100, 1000], [0.0, 3.0], [1.0, 2.0], 1.0, rng=0).shape
-    (3, 2, 2)
     """
     law = _noise_name(noise)
     sizes, scalar_n = checkpoints(N)
-    m_arr, s_arr = _broadcast(mu=real_array("mu", mu), sigma=_positive_sigma(sigma))
+    m_arr, s_arr = _cgf.broadcast(mu=real_array("mu", mu), sigma=_positive_sigma(sigma))
     t_arr = _nonnegative_t(t)
     if isinstance(rho, bool) or not isinstance(rho, numbers.Real):
         raise TypeError(f"rho must be a real number in [0, 1), got {type(rho).__name__}")
