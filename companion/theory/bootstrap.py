@@ -1,15 +1,6 @@
-r"""Bootstrap intervals: the one resampling layer of the book's empirical verdicts.
+"""Bootstrap intervals: the one resampling layer behind every interval a chapter prints.
 
-Every interval over prompts, directions or both that a chapter prints comes from here (the
-experiments' window-edge intervals resample the same way inside their own loops):
-
-* :func:`bootstrap_interval` -- the mean over rows (prompts) with a percentile interval,
-  columns resampled together (paired comparisons: pass the per-prompt differences);
-* :func:`bootstrap_ratio` -- a ratio of sums over a ``[directions, prompts]`` table with a
-  two-way interval (directions and prompts resampled independently).
-
-Both are deterministic for a given seed (default 0), so a printed interval is reproducible.
-Numpy only.
+Both functions are deterministic for a given seed (default 0), so a printed interval is reproducible.
 """
 
 from __future__ import annotations
@@ -48,8 +39,8 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     TypeError
         If ``x`` is not real-valued or an argument has the wrong type.
     ValueError
-        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, ``level`` is not in (0, 1)
-        or ``n_boot < 10``.
+        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or another argument is
+        outside its range.
 
     Examples
     --------
@@ -103,7 +94,7 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
     TypeError
         For non-real arrays or arguments of the wrong type.
     ValueError
-        For non-finite arrays, shapes that differ or are not 2-D, ``n_boot < 1``, ``level`` outside (0, 1).
+        For non-finite arrays, shapes that differ or are not 2-D, or arguments outside their range.
 
     Examples
     --------

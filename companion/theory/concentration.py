@@ -15,6 +15,7 @@ from scipy import integrate, optimize, special, stats
 
 from companion.theory import _cgf
 from companion.theory import subgaussian
+from companion.theory.empirical import _check_sample, _is_law
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
     check_sigma2, check_t, checkpoints, freeze, is_discrete, row_counts,
@@ -214,14 +215,9 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     """
     cen = check_bool(centred, "centred")
     x = freeze(x, "x")
-    if hasattr(x, "dist") and isinstance(getattr(x, "dist", None),
-                                         (stats.rv_continuous, stats.rv_discrete)):
+    if _is_law(x):
         return _psi1_dist(x, cen)
-    arr = as_real_array(x, "x")
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"a sample x must be a non-empty 1-D array; got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError("the sample x contains NaN or infinite values; remove them first")
+    arr = _check_sample(x, "x")
     if cen:
         arr = arr - arr.mean()
     absx = np.abs(arr)
