@@ -22,15 +22,8 @@ from companion._validation import (
 )
 
 __all__ = [
-    "dot_product_law",
-    "psi1_norm",
-    "subexponential_nu2",
-    "bernstein_bound",
-    "hoeffding_bound",
-    "maximal_bound",
-    "gaussian_max_expectation",
-    "gaussian_max_lower_bound",
-    "simulate_max",
+    "dot_product_law", "psi1_norm", "subexponential_nu2", "bernstein_bound", "hoeffding_bound",
+    "maximal_bound", "gaussian_max_expectation", "gaussian_max_lower_bound", "simulate_max",
     "norm_concentration_bound",
 ]
 

@@ -23,17 +23,9 @@ from companion._validation import (
 )
 
 __all__ = [
-    "NOISE_LAWS",
-    "SUBGAUSSIAN_NOISE_LAWS",
-    "CountBounds",
-    "theorem1_lower_bound",
-    "exceedance_probability",
-    "exceedance_probability_gaussian",
-    "expected_count_gaussian",
-    "theorem2_bounds",
-    "half_exceedance_margin",
-    "count_interval",
-    "simulate_counts",
+    "NOISE_LAWS", "SUBGAUSSIAN_NOISE_LAWS", "CountBounds", "theorem1_lower_bound",
+    "exceedance_probability", "exceedance_probability_gaussian", "expected_count_gaussian",
+    "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts",
 ]
 
 #: Noise laws understood by :func:`exceedance_probability` and :func:`simulate_counts`.

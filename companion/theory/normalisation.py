@@ -11,11 +11,7 @@ import numpy as np
 from companion._validation import check_real, real_array
 
 __all__ = [
-    "layernorm",
-    "rmsnorm",
-    "layernorm_jacobian",
-    "rmsnorm_jacobian",
-    "gain_jacobian_norm_bounds",
+    "layernorm", "rmsnorm", "layernorm_jacobian", "rmsnorm_jacobian", "gain_jacobian_norm_bounds",
     "autograd_jacobian",
 ]
 

@@ -1,7 +1,8 @@
 r"""Sub-Gaussian tails: optimal variance proxies, Chernoff bounds, :math:`\psi_2` norms.
 
-Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: chapter :doc:`/book/subgaussian_tails`.
-A law is a frozen ``scipy.stats`` distribution, evaluated on weighted nodes (``companion.theory._cgf``).
+Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: chapter
+:doc:`/book/subgaussian_tails`.  A law is a frozen ``scipy.stats`` distribution, evaluated on weighted
+nodes (``companion.theory._cgf``).
 Laws whose spread (interquartile range, width of the atoms) lies outside :math:`[10^{-150},10^{150}]`,
 or continuous laws whose mean lies more than :math:`10^8` spreads from 0 when quadrature is needed,
 are refused with a ``ValueError`` (rescale, or centre the law).
@@ -23,18 +24,9 @@ from companion._validation import (
 )
 
 __all__ = [
-    "ProxyResult",
-    "bernoulli_optimal_proxy",
-    "chernoff_lambda",
-    "empirical_tail",
-    "hoeffding_proxy",
-    "linear_map_proxy",
-    "log_mgf",
-    "monte_carlo_tail",
-    "optimal_variance_proxy",
-    "proxy_profile",
-    "psi2_norm",
-    "subgaussian_tail_bound",
+    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda", "empirical_tail",
+    "hoeffding_proxy", "linear_map_proxy", "log_mgf", "monte_carlo_tail", "optimal_variance_proxy",
+    "proxy_profile", "psi2_norm", "subgaussian_tail_bound",
 ]
 
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
@@ -71,10 +63,8 @@ class ProxyResult(NamedTuple):
 def _check_no_overflow(out: np.ndarray, what: str) -> None:
     """ValueError if a result computed from finite inputs left the float64 range."""
     if not np.isfinite(out).all():
-        raise ValueError(
-            f"{what} exceeds the float64 range (1.8e308); rescale the inputs (a proxy scales "
-            f"like the square of the variable)"
-        )
+        raise ValueError(f"{what} exceeds the float64 range (1.8e308); rescale the inputs "
+                         "(a proxy scales like the square of the variable)")
 
 
 def _log_sinhc(z: np.ndarray) -> np.ndarray:
@@ -130,12 +120,8 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
             f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
             f"K_cX(lam) = K_X(c lam))"
         )
-    if (
-        centred_nodes
-        and not is_discrete(dist)
-        and np.isfinite(mean)
-        and abs(mean) > _MAX_LOCATION_RATIO * spread
-    ):
+    far = np.isfinite(mean) and abs(mean) > _MAX_LOCATION_RATIO * spread
+    if centred_nodes and not is_discrete(dist) and far:
         raise ValueError(
             f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
             f"({spread:.3g}) from 0: float64 quadrature nodes mean + y cannot resolve the centred "
@@ -174,9 +160,7 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
         n = upper - lower  # bernoulli: support {loc, loc + 1}
         p = (mean - lower) / n if n > 0 else 0.0
         p = min(max(p, 0.0), 1.0)
-        return ProxyResult(
-            n * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p), "closed_form"
-        )
+        return ProxyResult(n * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p), "closed_form")
     if fam == "rv_sample":
         xk = np.asarray(dist.dist.xk, dtype=float)
         if xk.size == 1:
@@ -184,9 +168,8 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
         if xk.size == 2:  # two-point law = x1 + (x2 - x1) Bernoulli(p2)
             width = float(xk[1] - xk[0])
             p = float(dist.dist.pk[1])
-            return ProxyResult(
-                width**2 * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p) / width, "closed_form"
-            )
+            proxy = width**2 * _bernoulli_proxy_scalar(p)
+            return ProxyResult(proxy, var, _bernoulli_argmax(p) / width, "closed_form")
     if fam in ("laplace_gen", "t_gen", "expon_gen", "logistic_gen", "poisson_gen", "cauchy_gen"):
         return ProxyResult(math.inf, var, math.nan, "closed_form")
     return None
@@ -232,12 +215,10 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
         if fam == "uniform_gen":
             return _log_sinhc(0.5 * (upper - lower) * lam)
         if fam == "laplace_gen":
-            b = math.sqrt(var / 2.0)
-            z = b * lam
+            z = math.sqrt(var / 2.0) * lam
             return np.where(np.abs(z) < 1.0, -np.log1p(-np.minimum(z * z, 1.0)), np.inf)
         if fam == "expon_gen":
-            s = math.sqrt(var)
-            z = s * lam
+            z = math.sqrt(var) * lam
             return np.where(z < 1.0, -np.log1p(-np.minimum(z, 1.0)) - z, np.inf)
         if fam in ("bernoulli_gen", "binom_gen"):
             n = upper - lower
@@ -246,8 +227,7 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
                 return np.zeros_like(lam)
             return n * _bernoulli_cgf(p, lam)
         if fam == "poisson_gen":
-            mu = var
-            return mu * np.exp(_cgf.log_phi(lam))
+            return var * np.exp(_cgf.log_phi(lam))  # Poisson: mean = variance
         if fam == "t_gen":
             return np.where(lam == 0.0, 0.0, np.inf)
     return None
@@ -307,9 +287,7 @@ def _log_mgf(dist, lam_arr: np.ndarray, method: str):
     """Compute :func:`log_mgf` for checked arguments."""
     mean, var = _cgf.moments(dist)
     if not np.isfinite(mean):
-        raise ValueError(
-            "dist has no finite mean, so the centred cumulant generating function is undefined"
-        )
+        raise ValueError("dist has no finite mean, so the centred cumulant generating function is undefined")
     _check_representable(dist, mean, var, centred_nodes=False)
     flat = lam_arr.ravel()
     if method != "numeric":
@@ -317,9 +295,7 @@ def _log_mgf(dist, lam_arr: np.ndarray, method: str):
         if closed is not None:
             return _cgf.scalar_or_array(np.asarray(closed, dtype=float).reshape(lam_arr.shape))
         if method == "closed_form":
-            raise ValueError(
-                f"no closed-form CGF is implemented for {dist.dist.name}; use method='numeric'"
-            )
+            raise ValueError(f"no closed-form CGF is implemented for {dist.dist.name}; use method='numeric'")
     out = np.zeros(flat.shape)
     if var == 0 or flat.size == 0:
         return _cgf.scalar_or_array(out.reshape(lam_arr.shape))
@@ -429,9 +405,8 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     if method != "numeric":
         result = _closed_form_proxy(dist)
         if result is None and method == "closed_form":
-            raise ValueError(
-                f"no closed-form proxy is implemented for {dist.dist.name}; use method='numeric'"
-            )
+            raise ValueError(f"no closed-form proxy is implemented for {dist.dist.name}; "
+                             "use method='numeric'")
     if result is None:
         result = _numeric_proxy(dist)
     return result if full_output else result.proxy
@@ -450,7 +425,8 @@ def _numeric_proxy(dist) -> ProxyResult:
     if any(t is not None and not np.isfinite(t.s2) for t in tails.values()):
         return ProxyResult(math.inf, var, math.nan, "numeric")
     lower, upper = (float(v) for v in dist.support())
-    nodes = _cgf.law_nodes(dist, mean, var, lam_range=(_cgf.LAM_MAX_UNBOUNDED / sd, _cgf.LAM_MAX_UNBOUNDED / sd))
+    lam_max = _cgf.LAM_MAX_UNBOUNDED / sd
+    nodes = _cgf.law_nodes(dist, mean, var, lam_range=(lam_max, lam_max))
     v = nodes.var
     candidates = [(v, 0.0)]
     ranges, reaches = {}, {}
@@ -464,7 +440,7 @@ def _numeric_proxy(dist) -> ProxyResult:
                 # p -> 0) has it near 2/p; it is capped where lam^2 and lam * reach stay finite
                 ranges[side] = min(2.0 * reach / v, _LAM_CAP / max(reach, 1.0))
         else:
-            ranges[side] = _cgf.LAM_MAX_UNBOUNDED / sd
+            ranges[side] = lam_max
             candidates.append((tail.s2, side * math.inf))
     nodes = _cgf.prune(nodes, _cgf.max_tilt(nodes.y, (ranges.get(-1, 0.0), ranges.get(+1, 0.0))))
     for side, lam_hi in ranges.items():
@@ -472,28 +448,19 @@ def _numeric_proxy(dist) -> ProxyResult:
         lam_lo = min(_cgf.LAM_MIN / sd, lam_hi / 10.0)
         if side in reaches:
             # lam * reach must be small at the start of the grid, or the maximiser of a skewed
-            # law (lambda* = 2 ln((1-p)/p) for Bernoulli(p)) can lie below it; unchanged while
-            # reach < 100 sd
+            # law (2 ln((1-p)/p) for Bernoulli(p)) can lie below it; unchanged while reach < 100 sd
             lam_lo = min(lam_lo, 1e-2 / reaches[side])
         value, arg, at_end = _cgf.maximise_side(nodes, lam_lo, lam_hi, side)
         candidates.append((value, arg))
         if tail is not None and at_end and value > tail.s2:
-            warnings.warn(
-                f"2K(lambda)/lambda^2 still increases at lambda = {arg:.4g}, the end of the search "
-                f"range; the supremum may lie beyond it",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(f"2K(lambda)/lambda^2 still increases at lambda = {arg:.4g}, the end of the "
+                          "search range; the supremum may lie beyond it", RuntimeWarning, stacklevel=3)
     proxy, argmax = max(candidates, key=lambda c: c[0])
     for side, reach in reaches.items():
         if ranges[side] < 2.0 * reach / v and proxy < 2.0 * reach / ranges[side]:
-            warnings.warn(
-                f"the search for lambda stopped at {side * ranges[side]:.4g} (float64 range) "
-                f"before the rigorous end {side * 2.0 * reach / v:.4g}; the supremum may lie "
-                f"beyond",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(f"the search for lambda stopped at {side * ranges[side]:.4g} (float64 range) "
+                          f"before the rigorous end {side * 2.0 * reach / v:.4g}; the supremum may lie "
+                          "beyond", RuntimeWarning, stacklevel=3)
     if proxy <= v * (1.0 + 1e-9):
         argmax = 0.0
     return ProxyResult(float(proxy), float(v), float(argmax), "numeric")
@@ -717,18 +684,14 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     if var == 0:
         return 0.0 if centred else abs(mean) / math.sqrt(_cgf.LOG2)
     if not centred and abs(mean) > 1e150:
-        raise ValueError(
-            f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X first "
-            f"(||cX||_psi2 = |c| ||X||_psi2), or pass centred=True"
-        )
+        raise ValueError(f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X "
+                         "first (||cX||_psi2 = |c| ||X||_psi2), or pass centred=True")
     sd = math.sqrt(var)
     tails = _cgf.both_tails(dist, mean, sd)
-    s2_tail = 0.0
-    for tail in tails.values():
-        if tail is not None:
-            if not np.isfinite(tail.s2):
-                return math.inf
-            s2_tail = max(s2_tail, tail.s2)
+    s2_tails = [tail.s2 for tail in tails.values() if tail is not None]
+    if not np.isfinite(s2_tails).all():
+        return math.inf
+    s2_tail = max(s2_tails, default=0.0)
     nodes = _cgf.law_nodes(dist, mean, var)
     x = nodes.y if centred else nodes.y + nodes.mean
     # nodes beyond 1e153 (x^2 > 1e306) carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian
@@ -803,9 +766,8 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
         raise ValueError("w contains NaN or infinite entries")
     s2 = check_sigma2(sigma2)
     if s2.ndim > 1 or (s2.ndim == 1 and s2.shape[0] != w_arr.shape[0]):
-        raise ValueError(
-            f"sigma2 must be a scalar or have shape ({w_arr.shape[0]},) to match w; got shape {s2.shape}"
-        )
+        raise ValueError(f"sigma2 must be a scalar or have shape ({w_arr.shape[0]},) to match w; "
+                         f"got shape {s2.shape}")
     s2 = np.broadcast_to(s2, (w_arr.shape[0],))
     col = w_arr if w_arr.ndim == 2 else w_arr[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
