@@ -99,6 +99,8 @@ _gaussian_dot = _GaussianDot(name="gaussian_dot", shapes="d")
 def dot_product_law(d_k, scaled: bool = False):
     r"""Law of :math:`q\cdot k` for independent :math:`q,k\sim N(0,I_{d_k})`, as a scipy law.
 
+    Derivation: chapter :doc:`/book/concentration`.
+
     Parameters
     ----------
     d_k : int
@@ -109,8 +111,8 @@ def dot_product_law(d_k, scaled: bool = False):
     Returns
     -------
     scipy.stats frozen distribution
-        Mean 0, variance :math:`d_k` (1 if scaled), excess kurtosis :math:`6/d_k`; ``pdf``, ``sf``,
-        ``cdf`` exact up to quadrature error (about 1e-11 relative).
+        Mean 0, variance :math:`d_k` (1 if scaled); ``pdf``, ``sf``, ``cdf`` to about 1e-11 relative
+        (:func:`~companion.theory.subgaussian.log_mgf` to 1e-6 only for :math:`d_k\le3`).
 
     Raises
     ------
@@ -118,11 +120,6 @@ def dot_product_law(d_k, scaled: bool = False):
         If ``d_k`` is not an integer or ``scaled`` is not a bool.
     ValueError
         If ``d_k < 1``.
-
-    Notes
-    -----
-    Derivation: chapter :doc:`/book/concentration`.  The density is not smooth at 0 for :math:`d_k\le3`:
-    :func:`~companion.theory.subgaussian.log_mgf` is then accurate to about :math:`10^{-6}` only.
 
     Examples
     --------
@@ -180,12 +177,12 @@ def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> flo
 
 
 def psi1_norm(x, *, centred: bool = False) -> float:
-    r"""Orlicz norm :math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}`.
+    r"""Orlicz norm :math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}` of a law or a sample.
 
     Parameters
     ----------
     x : frozen scipy.stats distribution or array_like, shape (n,)
-        The law of :math:`X`, or a sample (plug-in estimate: :math:`\frac1n\sum_ie^{|x_i|/s}=2`).
+        The law of :math:`X`, or a sample (plug-in estimate).
     centred : bool, default False
         Compute :math:`\|X-\mathbb EX\|_{\psi_1}` (the sample mean for a sample).
 
@@ -255,8 +252,8 @@ def subexponential_nu2(dist, b) -> float:
     Returns
     -------
     float
-        :math:`\nu^2(b)=\sup_{0<|\lambda|<1/b}2K(\lambda)/\lambda^2` (at least the variance), or
-        ``math.inf`` if the MGF is infinite somewhere on :math:`|\lambda|<1/b`.
+        :math:`\sup_{0<|\lambda|<1/b}2K(\lambda)/\lambda^2` (at least the variance); ``math.inf`` if the
+        MGF is infinite there or :math:`1/b` is within 0.1% of an exponential tail's rate.
 
     Raises
     ------
@@ -264,11 +261,6 @@ def subexponential_nu2(dist, b) -> float:
         If ``dist`` is not a frozen scipy.stats distribution or ``b`` is not real.
     ValueError
         If ``b`` is not finite and positive, or ``dist`` has no finite mean.
-
-    Notes
-    -----
-    :func:`~companion.theory.subgaussian.proxy_profile` maximised over :math:`|\lambda|<1/b`; :math:`1/b`
-    within 0.1% of an exponential tail's rate counts as the edge (infinite).
 
     Examples
     --------
@@ -322,18 +314,16 @@ def subexponential_nu2(dist, b) -> float:
 
 
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
-    r"""Bernstein's bound: a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms.
+    r"""Bernstein's bound on a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms.
 
-    Proof: chapter :doc:`/book/concentration` (Wainwright, 2019, Prop. 2.9).
+    Proof: chapter :doc:`/book/concentration`.
 
     Parameters
     ----------
     t : float or array_like
         Deviations :math:`t\ge0` of :math:`S_n=\sum_{i\le n}(X_i-\mathbb EX_i)`.
-    nu2 : float or array_like
-        :math:`\nu^2>0` of each term (broadcast with ``t``).
-    b : float or array_like
-        :math:`b\ge0` of each term; 0 is the sub-Gaussian case.
+    nu2, b : float or array_like
+        :math:`\nu^2>0` and :math:`b\ge0` of each term (:math:`b=0`: sub-Gaussian), broadcast with ``t``.
     n : int, default 1
         Number of independent terms.
     two_sided : bool, default True
@@ -342,8 +332,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     Returns
     -------
     float or numpy.ndarray
-        :math:`c\exp\bigl(-\min\bigl(\frac{t^2}{2n\nu^2},\frac{t}{2b}\bigr)\bigr)`, :math:`c=2` or 1;
-        not capped at 1.
+        :math:`c\exp(-\min(\frac{t^2}{2n\nu^2},\frac{t}{2b}))`, :math:`c=2` or 1; not capped at 1.
 
     Raises
     ------
@@ -388,19 +377,14 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     Returns
     -------
     float or numpy.ndarray
-        :math:`c\exp\bigl(-2t^2/\sum_i(b_i-a_i)^2\bigr)`, :math:`c=2` or 1, shape of ``t``.
+        :math:`c\exp(-2t^2/\sum_i(b_i-a_i)^2)`, :math:`c=2` or 1, shape of ``t``.
 
     Raises
     ------
     TypeError
         If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
     ValueError
-        If a range is not finite, reversed or of zero width in total, ranges mismatch, or ``n`` is
-        invalid.
-
-    Notes
-    -----
-    Hoeffding's lemma (:func:`~companion.theory.subgaussian.hoeffding_proxy`) and the Chernoff bound.
+        If a range is not finite, reversed or of zero total width, ranges mismatch, or ``n`` is invalid.
 
     Examples
     --------
@@ -410,10 +394,8 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     lo = as_real_array(lower, "lower")
     hi = as_real_array(upper, "upper")
     if lo.shape != hi.shape or lo.ndim > 1:
-        raise ValueError(
-            f"lower and upper must be scalars or 1-D arrays of the same length (one range per "
-            f"summand); got shapes {lo.shape} and {hi.shape}"
-        )
+        raise ValueError("lower and upper must be scalars or 1-D arrays of the same length (one range "
+                         f"per summand); got shapes {lo.shape} and {hi.shape}")
     nn = check_int(n, "n", 1)
     if lo.ndim == 1 and lo.size > 1 and nn != 1:
         raise ValueError("pass either one range per summand (and n = 1) or scalar ranges and n")
@@ -435,19 +417,17 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     ----------
     N : int or array_like of int
         Number of variables :math:`N\ge1`; no independence is assumed.
-    sigma2 : float, default 1.0
-        Variance proxy :math:`\sigma^2>0` of each variable (:math:`\nu^2` if ``b > 0``).
-    b : float, default 0.0
-        Sub-exponential parameter :math:`b\ge0` (0: sub-Gaussian).
+    sigma2, b : float, default 1.0 and 0.0
+        Variance proxy :math:`\sigma^2>0` (:math:`\nu^2` if ``b > 0``) and :math:`b\ge0` of each variable.
     two_sided : bool, default True
         Bound :math:`\max_i|X_i|` (:math:`M=2N`) or :math:`\max_iX_i` (:math:`M=N`).
     delta : float or None, default None
-        None: bound on the expectation; :math:`0<\delta<1`: a level :math:`u` with :math:`P(\max\ge u)\le\delta`.
+        None: bound the expectation; :math:`0<\delta<1`: a level :math:`u` with :math:`P(\max\ge u)\le\delta`.
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`\max\bigl(\sqrt{2\sigma^2L},\,2bL\bigr)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
+        :math:`\max(\sqrt{2\sigma^2L},\,2bL)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
 
     Raises
     ------
@@ -467,10 +447,7 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     two = check_bool(two_sided, "two_sided")
     big_l = np.log((2.0 if two else 1.0) * arr)
     if delta is not None:
-        dd = check_real(delta, "delta")
-        if not 0.0 < dd < 1.0:
-            raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-        big_l = big_l - math.log(dd)
+        big_l = big_l - math.log(check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True))
     out = np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l)
     return _cgf.scalar_or_array(out)
 
@@ -501,12 +478,12 @@ def _gauss_max_mean(n: float, absolute: bool) -> float:
 
 
 def gaussian_max_expectation(N, absolute: bool = True):
-    r"""Exact :math:`\mathbb E\max_{i\le N}|G_i|` (or of :math:`\max_iG_i`), i.i.d. N(0, 1).
+    r"""Exact :math:`\mathbb E\max_{i\le N}|G_i|` (or of :math:`\max_iG_i`), i.i.d. N(0, 1), by quadrature.
 
     Parameters
     ----------
     N : int or array_like of int
-        Number of variables :math:`N\ge1`.
+        Number of variables :math:`N\ge1` (absolute error below :math:`10^{-10}` up to :math:`10^{15}`).
     absolute : bool, default True
         Maximum of :math:`|G_i|` (True) or of :math:`G_i` (False).
 
@@ -521,10 +498,6 @@ def gaussian_max_expectation(N, absolute: bool = True):
         If ``N`` is not an integer (array) or ``absolute`` is not a bool.
     ValueError
         If ``N < 1``.
-
-    Notes
-    -----
-    Quadrature of :math:`P(M>x)`; absolute error below :math:`10^{-10}` for :math:`N\le10^{15}`.
 
     Examples
     --------
@@ -609,8 +582,7 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     TypeError
         If an argument has the wrong type (``rng`` None included).
     ValueError
-        If a count is < 1, ``N`` is not increasing, ``scale <= 0``, ``chunk_size < n_trials``, or the
-        sampler returns the wrong shape or non-finite values.
+        If an argument is outside its range above, or the sampler's output is misshapen or not finite.
 
     Examples
     --------
@@ -627,10 +599,8 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     s = check_real(scale, "scale", lo=0.0, lo_open=True)
     ab = check_bool(absolute, "absolute")
     if sampler is not None and not callable(sampler):
-        raise TypeError(
-            "sampler must be None or a callable (rng, shape) -> array, got "
-            f"{type(sampler).__name__}"
-        )
+        raise TypeError(f"sampler must be None or a callable (rng, shape) -> array, got "
+                        f"{type(sampler).__name__}")
     chunk = check_int(chunk_size, "chunk_size", 1)
     if chunk < trials:
         raise ValueError(f"chunk_size ({chunk}) must be >= n_trials ({trials})")

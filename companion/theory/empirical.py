@@ -1,7 +1,7 @@
 r"""Empirical and Monte Carlo tails, the measured side of every tail bound.
 
-Chapter :doc:`/book/subgaussian_tails` compares these with :func:`~companion.theory.subgaussian.subgaussian_tail_bound`;
-both functions are re-exported by :mod:`companion.theory.subgaussian`.
+Chapter :doc:`/book/subgaussian_tails` compares them with the bounds; :mod:`companion.theory.subgaussian`
+re-exports both.
 """
 
 from __future__ import annotations
@@ -71,15 +71,8 @@ def empirical_tail(samples, t, *, two_sided: bool = True):
     return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
 
 
-def monte_carlo_tail(
-    sampler,
-    t,
-    n_samples: int,
-    rng: np.random.Generator,
-    *,
-    two_sided: bool = True,
-    chunk_size: int = 1 << 18,
-):
+def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, two_sided: bool = True,
+                     chunk_size: int = 1 << 18):
     r"""Streamed Monte Carlo estimate of :math:`P(|X-\mathbb EX|\ge t)` with bounded memory.
 
     Parameters
@@ -119,18 +112,15 @@ def monte_carlo_tail(
     sampler = freeze(sampler, "sampler")
     is_dist = _is_law(sampler)
     if not is_dist and not callable(sampler):
-        raise TypeError(
-            f"sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> array; "
-            f"got {type(sampler).__name__}"
-        )
+        raise TypeError("sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> "
+                        f"array; got {type(sampler).__name__}")
     if is_dist:
         sampler = check_dist(sampler, "sampler")
     n_samples = check_int(n_samples, "n_samples", 1)
     chunk_size = check_int(chunk_size, "chunk_size", 1)
     if not isinstance(rng, np.random.Generator):
-        raise TypeError(
-            f"rng must be a numpy.random.Generator (np.random.default_rng(seed)); got {type(rng).__name__}"
-        )
+        raise TypeError("rng must be a numpy.random.Generator (np.random.default_rng(seed)); "
+                        f"got {type(rng).__name__}")
     t_arr = check_t(t)
     two = check_bool(two_sided, "two_sided")
     shift = 0.0

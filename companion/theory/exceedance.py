@@ -19,7 +19,7 @@ from scipy import special
 
 from companion.theory import _cgf
 from companion._validation import (
-    as_generator, check_bool, check_choice, checkpoints, integer_counts, real_array,
+    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, real_array,
 )
 
 __all__ = [
@@ -51,10 +51,8 @@ def _positive_sigma(sigma) -> np.ndarray:
     """sigma checked: real, finite, > 0."""
     s = real_array("sigma", sigma)
     if (s <= 0).any():
-        raise ValueError(
-            f"sigma must be > 0 (it is the sub-Gaussian scale of the noise), got min(sigma) = "
-            f"{s.min():.4g}; for noiseless data the count is simply N * (|mu| > t)"
-        )
+        raise ValueError(f"sigma must be > 0 (it is the sub-Gaussian scale of the noise), got min(sigma) "
+                         f"= {s.min():.4g}; for noiseless data the count is simply N * (|mu| > t)")
     return s
 
 
@@ -62,10 +60,8 @@ def _nonnegative_t(t) -> np.ndarray:
     """t checked: real, finite, >= 0."""
     tt = real_array("t", t)
     if (tt < 0).any():
-        raise ValueError(
-            f"t must be >= 0 (it is a threshold on |X|), got min(t) = {tt.min():.4g}; "
-            "for t < 0 every row exceeds it"
-        )
+        raise ValueError(f"t must be >= 0 (it is a threshold on |X|), got min(t) = {tt.min():.4g}; "
+                         "for t < 0 every row exceeds it")
     return tt
 
 
@@ -420,10 +416,8 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
         with np.errstate(over="ignore"):
             margin = s * factor + 0.0 * tt
         if not np.isfinite(margin).all():
-            raise ValueError(
-                f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
-                f"sigma = {s.max():.4g}; rescale t and sigma"
-            )
+            raise ValueError(f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
+                             f"sigma = {s.max():.4g}; rescale t and sigma")
         return _scalar_or_array(margin)
 
     def excess(mu):
@@ -433,9 +427,9 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
             upper = np.where(np.isfinite(total), -total / s, -(mu / s) - tt / s)
         return special.ndtr((mu - tt) / s) + special.ndtr(upper) - 0.5
 
-    lo = np.zeros_like(tt)
-    hi = tt.copy()
+    lo, hi = np.zeros_like(tt), tt.copy()
     at_zero = excess(lo) >= 0
+
     def middle(lo, hi):
         with np.errstate(over="ignore"):  # lo + hi beyond 1.8e308 for t near the float64 limit
             mid = 0.5 * (lo + hi)
@@ -589,9 +583,8 @@ class _BlockCounter:
                 return out
             mask = self.mask[:n]
             for k in range(T):
-                out[0, k] = np.count_nonzero(np.greater(z, hi[0, k], out=mask)) + np.count_nonzero(
-                    np.less(z, lo[0, k], out=mask)
-                )
+                above = np.count_nonzero(np.greater(z, hi[0, k], out=mask))
+                out[0, k] = above + np.count_nonzero(np.less(z, lo[0, k], out=mask))
             return out
         z = z.reshape(rows, m)
         mask = self.mask[:n].reshape(rows, m)
@@ -675,15 +668,11 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
         raise ValueError(f"rho must satisfy 0 <= rho < 1, got {rho!r}")
     if rho != 0 and law != "gaussian":
         raise ValueError(f"rho != 0 is only defined for Gaussian noise, got noise={law!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-        raise TypeError(f"chunk_size must be an integer, got {type(chunk_size).__name__}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunk_size = check_int(chunk_size, "chunk_size", 1)
     gen = as_generator(rng)
 
     channel_shape = m_arr.shape
-    mus = m_arr.reshape(-1)
-    sig = s_arr.reshape(-1)
+    mus, sig = m_arr.reshape(-1), s_arr.reshape(-1)
     if rho:
         mus = mus + sig * math.sqrt(rho) * gen.standard_normal(mus.size)
         sig = sig * math.sqrt(1.0 - rho)
@@ -707,13 +696,13 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
 
     J, T, K = mus.size, ts.size, sizes.size
     counts = np.zeros((K, J, T), dtype=np.int64)
-    counter = _BlockCounter(law, gen, int(chunk_size))
+    counter = _BlockCounter(law, gen, chunk_size)
     total = int(sizes[-1])
-    block = 1 if total >= chunk_size else max(1, int(chunk_size) // total)
+    block = 1 if total >= chunk_size else max(1, chunk_size // total)
     for j0 in range(0, J, block):
         j1 = min(J, j0 + block)
         m = j1 - j0
-        rows_per_chunk = max(1, int(chunk_size) // m)
+        rows_per_chunk = max(1, chunk_size // m)
         running = np.zeros((m, T), dtype=np.int64)
         pos, k = 0, 0
         while pos < total:
