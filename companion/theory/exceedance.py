@@ -11,7 +11,6 @@ breaks without the assumption.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -19,7 +18,7 @@ from scipy import special
 
 from companion.theory import _cgf
 from companion._validation import (
-    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, real_array,
+    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, is_real, real_array,
 )
 
 __all__ = [
@@ -109,9 +108,9 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     Parameters
     ----------
     mu, t, sigma : float or array_like
-        Channel mean(s) with :math:`|\mu|>t`, threshold(s) :math:`t\ge0`, sub-Gaussian parameter :math:`\sigma>0`.
+        Channel mean(s) with :math:`|\mu|>t`, threshold(s) :math:`t\ge0`, sub-Gaussian scale :math:`\sigma>0`.
     sharp : bool, default False
-        False: the note's bound :math:`1-2e^{-u^2/(2\sigma^2)}`; True: the one-sided :math:`1-e^{-u^2/(2\sigma^2)}`.
+        False: the note's :math:`1-2e^{-u^2/(2\sigma^2)}`; True: the one-sided :math:`1-e^{-u^2/(2\sigma^2)}`.
 
     Returns
     -------
@@ -124,7 +123,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     TypeError
         If an input is not real-valued, or ``sharp`` is not a bool.
     ValueError
-        If an input is invalid (as :func:`exceedance_probability`) or some entry has :math:`|\mu|\le t`.
+        If an input is invalid (as :func:`exceedance_probability`) or an entry has :math:`|\mu|\le t`.
 
     Examples
     --------
@@ -184,7 +183,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     TypeError
         If an input is not real-valued or ``noise`` is not a string.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or ``noise`` is unknown.
+        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes mismatch, or ``noise`` is unknown.
 
     Examples
     --------
@@ -229,10 +228,8 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``complement`` is not a bool.
-    ValueError
-        If an input is invalid, as :func:`exceedance_probability`.
+    TypeError, ValueError
+        If ``complement`` is not a bool, or as :func:`exceedance_probability`.
 
     Examples
     --------
@@ -291,10 +288,8 @@ def expected_count_gaussian(N, mu, t, sigma):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or another input is not real-valued.
-    ValueError
-        If ``N < 1`` or another input is invalid, as :func:`exceedance_probability`.
+    TypeError, ValueError
+        If ``N`` is not an integer >= 1, or as :func:`exceedance_probability`.
 
     Examples
     --------
@@ -317,7 +312,7 @@ class CountBounds(NamedTuple):
     notes_lower: object
     #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
     notes_upper: object
-    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` (``0 < |mu| <= t``) or ``"pure-variance"`` (``mu == 0``).
+    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` or ``"pure-variance"`` (``mu == 0``).
     regime: object
 
 
@@ -338,10 +333,8 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or another input is not real-valued.
-    ValueError
-        If ``N < 1`` or another input is invalid, as :func:`exceedance_probability`.
+    TypeError, ValueError
+        If ``N`` is not an integer >= 1, or as :func:`exceedance_probability`.
 
     Notes
     -----
@@ -354,21 +347,16 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
     n = _row_counts_real("N", N)
-    n, m, tt, s = _cgf.broadcast(
-        N=n, mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma)
-    )
+    m, tt, s = _mts(mu, t, sigma)
+    n, m, tt, s = _cgf.broadcast(N=n, mu=m, t=tt, sigma=s)
     a = np.abs(m)
     with np.errstate(over="ignore"):  # a + t beyond 1.8e308: its tail term is exp(-inf) = 0
         lower = n * -np.expm1(-_half_square_ratio(np.maximum(a - tt, 0.0), s))
-        upper = n * np.minimum(
-            1.0,
-            np.exp(-_half_square_ratio(np.maximum(tt - a, 0.0), s))
-            + np.exp(-_half_square_ratio(tt + a, s)),
-        )
+        upper = n * np.minimum(1.0, np.exp(-_half_square_ratio(np.maximum(tt - a, 0.0), s))
+                               + np.exp(-_half_square_ratio(tt + a, s)))
         dominated = a > tt
-        notes_lower = np.where(
-            dominated, n * (1.0 - 2.0 * np.exp(-_half_square_ratio(a - tt, s))), np.nan
-        )
+        notes_lower = n * (1.0 - 2.0 * np.exp(-_half_square_ratio(a - tt, s)))
+        notes_lower = np.where(dominated, notes_lower, np.nan)
         notes_upper = np.where(m == 0, 2.0 * n * np.exp(-_half_square_ratio(tt, s)), np.nan)
     regime = np.where(dominated, "mean-dominated", np.where(m == 0, "pure-variance", "intermediate"))
     return CountBounds(*(_scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
@@ -469,7 +457,8 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         Total miss probability in :math:`(0,1)`, split equally between the tails.
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
         ``"hoeffding"``: :math:`Np\pm\sqrt{N\ln(2/\delta)/2}`; ``"chernoff"``: :math:`[Nq_-,Nq_+]` with
-        :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial quantiles.
+        :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial
+        quantiles.
 
     Returns
     -------
@@ -494,7 +483,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     (920.0, 1082.0)
     """
     check_choice(method, "method", _INTERVAL_METHODS)
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+    if not is_real(delta):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
@@ -533,7 +522,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, hi_q))
         q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, lo_r))
         lo, hi = n * q_minus, n * q_plus
-    return _scalar_or_array(np.asarray(lo, dtype=np.float64)), _scalar_or_array(np.asarray(hi, dtype=np.float64))
+    return tuple(_scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
@@ -579,7 +568,8 @@ class _BlockCounter:
         if m == 1:
             if 2 * T > _SORT_ABOVE_COMPARISONS:  # one sort, then binary searches
                 z.sort()
-                out[0] = (rows - np.searchsorted(z, hi[0], side="right")) + np.searchsorted(z, lo[0], side="left")
+                above = rows - np.searchsorted(z, hi[0], side="right")
+                out[0] = above + np.searchsorted(z, lo[0], side="left")
                 return out
             mask = self.mask[:n]
             for k in range(T):
@@ -662,7 +652,7 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     sizes, scalar_n = checkpoints(N)
     m_arr, s_arr = _cgf.broadcast(mu=real_array("mu", mu), sigma=_positive_sigma(sigma))
     t_arr = _nonnegative_t(t)
-    if isinstance(rho, bool) or not isinstance(rho, numbers.Real):
+    if not is_real(rho):
         raise TypeError(f"rho must be a real number in [0, 1), got {type(rho).__name__}")
     if not (0.0 <= float(rho) < 1.0):
         raise ValueError(f"rho must satisfy 0 <= rho < 1, got {rho!r}")

@@ -66,7 +66,7 @@ def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray,
 
 
 def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
-    r"""Layer normalisation over the last axis: :math:`\gamma\odot(x-\bar x)/\sqrt{\mathrm{var}(x)+\epsilon}+\beta`.
+    r"""LayerNorm over the last axis: :math:`\gamma\odot(x-\bar x)/\sqrt{\mathrm{var}(x)+\epsilon}+\beta`.
 
     Parameters
     ----------

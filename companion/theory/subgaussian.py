@@ -529,7 +529,7 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
     sigma2 : float or array_like
         Variance proxy :math:`\sigma^2>0`, broadcast against ``t``.
     two_sided : bool, default True
-        Bound :math:`2e^{-t^2/(2\sigma^2)}` on :math:`P(|X|\ge t)`, or :math:`e^{-t^2/(2\sigma^2)}` on one tail.
+        Bound :math:`2e^{-t^2/(2\sigma^2)}` on :math:`P(|X|\ge t)` (True) or half of it on one tail.
 
     Returns
     -------
