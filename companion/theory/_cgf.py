@@ -359,6 +359,19 @@ def panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray
     return x[inside], math.log(h) + logjac[inside]
 
 
+def orlicz_log_root(logw: np.ndarray, values: np.ndarray, power: float, log_lo: float) -> float | None:
+    """Root in log s > log_lo of log E e^{values / s^power} = log 2 (Brent), None if at log_lo already."""
+    def excess(log_s: float) -> float:
+        return float(special.logsumexp(logw + values * math.exp(-power * log_s))) - LOG2
+
+    if excess(log_lo) <= 0:
+        return None
+    log_hi = log_lo + 0.5
+    while excess(log_hi) > 0:
+        log_hi += 0.5
+    return optimize.brentq(excess, log_lo, log_hi, xtol=1e-14, rtol=1e-13)
+
+
 def cgf_nodes(nodes: Nodes, lam: np.ndarray) -> np.ndarray:
     """K(lambda) = log(1 + E[e^{lam Y} - 1 - lam Y]) over the nodes, for a 1-D array ``lam``."""
     out = np.empty(lam.shape, dtype=float)

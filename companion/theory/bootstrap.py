@@ -18,7 +18,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     Parameters
     ----------
     x : array_like, shape ``[n]`` or ``[n, k]``
-        One row per prompt (at least 2); columns are summarised separately, resampled together
+        One row per prompt (at least 2); columns are summarised separately but resampled together
         (pass per-prompt differences for a paired comparison).
     level : float, default 0.95
         Coverage of the interval, in (0, 1).
@@ -29,18 +29,15 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
 
     Returns
     -------
-    mean : float or numpy.ndarray
-        The mean over rows (shape ``[k]`` for 2-D ``x``).
-    lo, hi : float or numpy.ndarray
-        The interval's ends, same shape.
+    mean, lo, hi : float or numpy.ndarray
+        The mean over rows and the interval's ends (shape ``[k]`` for 2-D ``x``).
 
     Raises
     ------
     TypeError
         If ``x`` is not real-valued or an argument has the wrong type.
     ValueError
-        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or another argument is
-        outside its range.
+        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or an argument is out of range.
 
     Examples
     --------
@@ -67,7 +64,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
 
 def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
                     level: float = 0.95) -> tuple[float, float, float]:
-    r"""Ratio of sums with a two-way bootstrap interval over directions and prompts.
+    r"""Ratio of sums with a two-way bootstrap interval (directions and prompts resampled independently).
 
     Parameters
     ----------
@@ -75,26 +72,22 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
         Numerator table.
     den : array_like of the same shape, optional
         Denominator table; default all ones (the statistic is then the mean of ``num``).
-    n_boot : int, default 2000
-        Bootstrap resamples.
-    seed : int, default 0
-        Seed of the resampling.
+    n_boot, seed : int, default 2000 and 0
+        Bootstrap resamples and the seed of the resampling.
     level : float in (0, 1), default 0.95
         Coverage of the interval.
 
     Returns
     -------
-    estimate : float
-        :math:`\sum num/\sum den`.
-    low, high : float
-        The percentile interval, directions and prompts resampled independently (with replacement).
+    estimate, low, high : float
+        :math:`\sum num/\sum den` and its percentile interval.
 
     Raises
     ------
     TypeError
         For non-real arrays or arguments of the wrong type.
     ValueError
-        For non-finite arrays, shapes that differ or are not 2-D, or arguments outside their range.
+        For non-finite arrays, shapes that differ or are not 2-D, or arguments out of range.
 
     Examples
     --------
@@ -108,9 +101,7 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
                          f"{a.shape} and {b.shape}")
     n_boot = check_int(n_boot, "n_boot", 1)
     seed = check_int(seed, "seed", 0)
-    level = check_real(level, "level")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     rng = np.random.default_rng(seed)
     nd, npr = a.shape
     cd = rng.multinomial(nd, np.full(nd, 1 / nd), size=n_boot).astype(float)

@@ -11,7 +11,7 @@ import math
 import warnings
 
 import numpy as np
-from scipy import integrate, optimize, special, stats
+from scipy import integrate, special, stats
 
 from companion.theory import _cgf
 from companion.theory import subgaussian
@@ -162,18 +162,8 @@ def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> flo
     keep = scaled < 1e150  # far nodes carry a negligible weight for any finite norm
     scaled, logw = scaled[keep], logw[keep]
     lo = max(0.999 / _LOG2, lo_edge / mean_abs * (1.0 + 1e-9))
-
-    def excess(log_s: float) -> float:
-        return float(special.logsumexp(logw + scaled * math.exp(-log_s))) - _LOG2
-
-    log_lo = math.log(lo)
-    if excess(log_lo) <= 0:  # the infimum sits at the integrability edge
-        return lo * mean_abs
-    log_hi = log_lo + 0.5
-    while excess(log_hi) > 0:
-        log_hi += 0.5
-    root = optimize.brentq(excess, log_lo, log_hi, xtol=1e-14, rtol=1e-13)
-    return math.exp(root) * mean_abs
+    root = _cgf.orlicz_log_root(logw, scaled, 1.0, math.log(lo))
+    return lo * mean_abs if root is None else math.exp(root) * mean_abs  # None: at the edge
 
 
 def psi1_norm(x, *, centred: bool = False) -> float:

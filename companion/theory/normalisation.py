@@ -23,10 +23,8 @@ def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}") from exc
     if one_d and arr.ndim != 1:
-        raise ValueError(
-            f"{name} must be a 1-D vector (one token's features), got shape {arr.shape}; "
-            "pass a single row, e.g. x[i]"
-        )
+        raise ValueError(f"{name} must be a 1-D vector (one token's features), got shape {arr.shape}; "
+                         "pass a single row, e.g. x[i]")
     if arr.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (the feature axis), got a scalar")
     if arr.shape[-1] < 1:
@@ -58,10 +56,8 @@ def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray,
     s2 = np.mean(y * y, axis=-1, keepdims=True) + eps
     if np.any(s2 <= 0):
         what = "constant (zero variance)" if centre else "all zero"
-        raise ValueError(
-            f"input is {what} along the feature axis and eps = 0, so the normalisation divides "
-            "by zero; use eps > 0 or a non-degenerate input"
-        )
+        raise ValueError(f"input is {what} along the feature axis and eps = 0, so the normalisation "
+                         "divides by zero; use eps > 0 or a non-degenerate input")
     return y, np.sqrt(s2)
 
 
@@ -99,15 +95,10 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
     eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x)
     d = x.shape[-1]
-    gamma = _check_affine(gamma, d, "gamma")
-    beta = _check_affine(beta, d, "beta")
+    gamma, beta = _check_affine(gamma, d, "gamma"), _check_affine(beta, d, "beta")
     y, s = _centred_scale(x, eps, centre=True)
-    out = y / s
-    if gamma is not None:
-        out = out * gamma
-    if beta is not None:
-        out = out + beta
-    return out
+    out = y / s if gamma is None else y / s * gamma
+    return out if beta is None else out + beta
 
 
 def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
