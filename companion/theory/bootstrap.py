@@ -29,15 +29,13 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
 
     Returns
     -------
-    mean, lo, hi : float or numpy.ndarray
-        The mean over rows and the interval's ends (shape ``[k]`` for 2-D ``x``).
+    tuple of float or numpy.ndarray
+        ``(mean, lo, hi)``: the mean over rows and the interval's ends (shape ``[k]`` for 2-D ``x``).
 
     Raises
     ------
-    TypeError
-        If ``x`` is not real-valued or an argument has the wrong type.
-    ValueError
-        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, or an argument is out of range.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (``x`` needs 2 finite rows).
 
     Examples
     --------
@@ -79,15 +77,13 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
 
     Returns
     -------
-    estimate, low, high : float
-        :math:`\sum num/\sum den` and its percentile interval.
+    tuple of float
+        ``(estimate, low, high)``: :math:`\sum num/\sum den` and its percentile interval.
 
     Raises
     ------
-    TypeError
-        For non-real arrays or arguments of the wrong type.
-    ValueError
-        For non-finite arrays, shapes that differ or are not 2-D, or arguments out of range.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (finite 2-D tables of one shape).
 
     Examples
     --------

@@ -116,10 +116,8 @@ def dot_product_law(d_k, scaled: bool = False):
 
     Raises
     ------
-    TypeError
-        If ``d_k`` is not an integer or ``scaled`` is not a bool.
-    ValueError
-        If ``d_k < 1``.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -304,7 +302,7 @@ def subexponential_nu2(dist, b) -> float:
 
 
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
-    r"""Bernstein's bound on a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms.
+    r"""Bound a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms (Bernstein).
 
     Proof: chapter :doc:`/book/concentration`.
 
@@ -326,10 +324,8 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
 
     Raises
     ------
-    TypeError
-        If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
-    ValueError
-        If ``t`` or ``b`` is negative or NaN, ``nu2 <= 0``, ``n < 1``, or shapes do not broadcast.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
 
     Examples
     --------
@@ -351,7 +347,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
 
 
 def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
-    r"""Hoeffding's bound for a sum of independent bounded variables.
+    r"""Bound a sum of independent bounded variables (Hoeffding).
 
     Parameters
     ----------
@@ -421,10 +417,8 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array), another argument is not real, or ``two_sided`` is not a bool.
-    ValueError
-        If ``N < 1``, ``sigma2 <= 0``, ``b < 0`` or ``delta`` is outside (0, 1).
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -484,10 +478,8 @@ def gaussian_max_expectation(N, absolute: bool = True):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or ``absolute`` is not a bool.
-    ValueError
-        If ``N < 1``.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -520,10 +512,8 @@ def gaussian_max_lower_bound(N, a=0.0):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or ``a`` is not real.
-    ValueError
-        If ``N < 1`` or ``a`` is negative or not finite.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -569,10 +559,9 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type (``rng`` None included).
-    ValueError
-        If an argument is outside its range above, or the sampler's output is misshapen or not finite.
+    TypeError, ValueError
+        If an argument has the wrong type (``rng`` None included) or is out of range, or the
+        sampler's output is misshapen or not finite.
 
     Examples
     --------
@@ -649,10 +638,8 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or ``method`` is unknown.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------

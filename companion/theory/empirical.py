@@ -54,10 +54,8 @@ def empirical_tail(samples, t, *, two_sided: bool = True):
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        If ``samples`` is not a non-empty finite 1-D array, or ``t`` is negative or NaN.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------

@@ -469,10 +469,8 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array), ``p`` or ``delta`` is not real, or ``method`` is not a string.
-    ValueError
-        If an argument is outside its range above, shapes do not broadcast, or ``method`` is unknown.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
 
     Examples
     --------
@@ -610,10 +608,9 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     N : int or 1-D sequence of int
         Rows per channel; a strictly increasing sequence returns the counts of the first :math:`N_k`
         rows of one stream.
-    mu, sigma : float or array_like
-        Channel means and noise scales (module docstring), broadcast together: the channel shape.
-    t : float or array_like
-        Thresholds :math:`t\ge0`, all applied to the same draws.
+    mu, t, sigma : float or array_like
+        Channel means, thresholds :math:`t\ge0` (all applied to the same draws) and noise scales;
+        ``mu`` and ``sigma`` broadcast together into the channel shape.
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
         Law of the noise.
     rng : None, int or numpy.random.Generator, optional

@@ -106,7 +106,7 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
 
     Parameters
     ----------
-    x, eps, gamma
+    x, eps, gamma : array_like, float, array_like or None
         As in :func:`layernorm` (``eps`` is added to the mean square).
 
     Returns
@@ -148,7 +148,7 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     ----------
     x : array_like, shape (d,)
         The point at which to differentiate.
-    eps, gamma
+    eps, gamma : float (default 0.0), array_like or None
         As in :func:`layernorm`; a gain makes the Jacobian :math:`\operatorname{diag}(\gamma)J`.
 
     Returns
@@ -179,7 +179,7 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
     Parameters
     ----------
-    x, eps, gamma
+    x, eps, gamma : array_like, float, array_like or None
         As in :func:`layernorm_jacobian`.
 
     Returns
@@ -207,7 +207,7 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
 def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
                               eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds on the spectral norm of a normalisation's Jacobian with a learned gain.
+    """Bound the spectral norm of a normalisation's Jacobian with a learned gain.
 
     Proof: chapter :doc:`/book/layernorm_geometry`.
 

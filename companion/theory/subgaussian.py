@@ -316,10 +316,8 @@ def proxy_profile(dist, lam, *, method: str = "auto"):
 
     Parameters
     ----------
-    dist, method
-        As in :func:`log_mgf`.
-    lam : float or array_like
-        Finite values of :math:`\lambda`; at 0 the limit :math:`\operatorname{Var}X` is returned.
+    dist, lam, method : frozen scipy.stats distribution, array_like, str
+        As in :func:`log_mgf`; at :math:`\lambda=0` the limit :math:`\operatorname{Var}X` is returned.
 
     Returns
     -------
@@ -464,10 +462,8 @@ def bernoulli_optimal_proxy(p):
 
     Raises
     ------
-    TypeError
-        If ``p`` is not real.
-    ValueError
-        If ``p`` is NaN or outside :math:`[0, 1]`.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -517,10 +513,8 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or shapes do not broadcast.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
 
     Examples
     --------
@@ -552,7 +546,7 @@ def chernoff_lambda(t, sigma2):
 
     Parameters
     ----------
-    t, sigma2
+    t, sigma2 : float or array_like
         As in :func:`subgaussian_tail_bound`.
 
     Returns
@@ -578,7 +572,7 @@ def chernoff_lambda(t, sigma2):
 
 
 def hoeffding_proxy(a, b):
-    r"""Hoeffding's variance proxy :math:`(b-a)^2/4` of any variable with values in :math:`[a,b]`.
+    r"""Return Hoeffding's variance proxy :math:`(b-a)^2/4` of any variable with values in :math:`[a,b]`.
 
     Parameters
     ----------
