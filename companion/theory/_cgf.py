@@ -50,10 +50,8 @@ def broadcast(**arrays) -> list[np.ndarray]:
         return list(np.broadcast_arrays(*arrays.values()))
     except ValueError:
         shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
-        raise ValueError(
-            f"incompatible shapes {shapes}: they do not broadcast together; pass scalars or arrays "
-            "that do (e.g. mu[:, None] with t[None, :])"
-        ) from None
+        raise ValueError(f"incompatible shapes {shapes}: they do not broadcast together; pass scalars "
+                         "or arrays that do (e.g. mu[:, None] with t[None, :])") from None
 
 
 PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
@@ -64,9 +62,8 @@ def log_phi(z: np.ndarray) -> np.ndarray:
     z = np.asarray(z, dtype=float)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         zc = np.minimum(z, 1.0)
-        out = np.where(
-            z > 1.0, z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0))), np.log(np.expm1(zc) - zc)
-        )
+        big = z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0)))
+        out = np.where(z > 1.0, big, np.log(np.expm1(zc) - zc))
         small = np.abs(z) < 0.1
         if small.any():
             zs = z[small]

@@ -139,11 +139,8 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     u = np.abs(m) - tt
     if (u <= 0).any():
         k = int((u <= 0).sum())
-        raise ValueError(
-            f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t "
-            f"(max of t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the intermediate "
-            "and pure-variance regimes"
-        )
+        raise ValueError(f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t (max of "
+                         f"t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the other regimes")
     tail = np.exp(-_half_square_ratio(u, s))
     return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
 
@@ -203,11 +200,8 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
         odd = ~(np.isfinite(below) & np.isfinite(above) & (_SQRT3 * s <= _F64_MAX))
         if odd.any():
             ones = np.ones_like(s)
-            p = np.where(
-                odd,
-                _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law),
-                p,
-            )
+            scaled = _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law)
+            p = np.where(odd, scaled, p)
     return _scalar_or_array(np.minimum(p, 1.0))
 
 
