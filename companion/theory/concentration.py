@@ -53,8 +53,7 @@ class _GaussianDot(stats.rv_continuous):
         # at x = 0 the density is finite for d > 1 and infinite (log singularity) for d <= 1
         at0 = ax == 0
         if np.any(at0):
-            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _LOG2 - special.gammaln(
-                d / 2.0)
+            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _LOG2 - special.gammaln(d / 2.0)
             out = np.where(at0, np.where(d > 1, finite0, np.inf), out)
         return out
 
@@ -75,7 +74,6 @@ def _dot_sf(x: float, d: float) -> float:
     """P(q.k > x) = P(A - B > 2x) for A, B ~ chi2(d) independent, by one quadrature over chi(d)."""
     if x < 0:
         return 1.0 - _dot_sf(-x, d)
-
     half = 0.5 * d
     log_norm = (half - 1.0) * _LOG2 + math.lgamma(half)   # chi(d) density normaliser
 
@@ -285,10 +283,9 @@ def subexponential_nu2(dist, b) -> float:
         else:
             ranges[side] = 1.0 / bb
             if 1.0 / bb > _LAM_MAX / sd:
-                warnings.warn(
-                    f"1/b = {1.0 / bb:.4g} is {sd / bb:.3g} inverse standard deviations, beyond "
-                    f"the range where the quadrature is accurate ({_LAM_MAX:g}); the value may "
-                    f"be inexact", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"1/b = {1.0 / bb:.4g} is {sd / bb:.3g} inverse standard deviations, beyond "
+                              f"the range where the quadrature is accurate ({_LAM_MAX:g}); the value may "
+                              "be inexact", RuntimeWarning, stacklevel=2)
     lam_top = max(ranges.values(), default=0.0)
     if lam_top == 0.0:
         return float(var)

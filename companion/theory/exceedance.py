@@ -456,10 +456,8 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
 
     Returns
     -------
-    lower : float or numpy.ndarray
-        Lower end, broadcast over ``N`` and ``p`` (Hoeffding's unclipped, the others in :math:`[0,N]`).
-    upper : float or numpy.ndarray
-        Upper end, likewise.
+    tuple of float or numpy.ndarray
+        ``(lower, upper)``, broadcast over ``N`` and ``p`` (Hoeffding's unclipped, others in :math:`[0,N]`).
 
     Raises
     ------
