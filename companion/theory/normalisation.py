@@ -224,11 +224,9 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
 
     Returns
     -------
-    lower : numpy.ndarray
-        ``g_(m+1) / s`` per row (0-d for one input): ``g_(k)`` are the sorted ``|gamma_j|``, ``s`` the
-        row's normaliser, ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
-    upper : numpy.ndarray
-        ``g_(1) / s``, same shape.
+    tuple of numpy.ndarray
+        ``(g_(m+1) / s, g_(1) / s)`` per row (0-d for one input): ``g_(k)`` are the sorted ``|gamma_j|``,
+        ``s`` the row's normaliser, ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
 
     Raises
     ------

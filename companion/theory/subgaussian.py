@@ -264,10 +264,8 @@ def log_mgf(dist, lam, *, method: str = "auto"):
 def _check_lam(lam) -> np.ndarray:
     """The checked array of finite real lambdas."""
     lam_arr = as_real_array(lam, "lam")
-    if np.isnan(lam_arr).any():
-        raise ValueError("lam contains NaN; pass finite real values of lambda")
     if not np.isfinite(lam_arr).all():
-        raise ValueError("lam must be finite; K(lambda) is only defined for real lambda")
+        raise ValueError("lam contains NaN or infinite values; K(lambda) is defined for finite real lambda")
     return lam_arr
 
 
@@ -602,10 +600,9 @@ def hoeffding_proxy(a, b):
 def _hoeffding_proxy(a_arr: np.ndarray, b_arr: np.ndarray):
     """Check the finite range [a, b] and compute :func:`hoeffding_proxy`."""
     for name, arr in (("a", a_arr), ("b", b_arr)):
-        if np.isnan(arr).any():
-            raise ValueError(f"{name} contains NaN; pass the finite ends of the range")
         if not np.isfinite(arr).all():
-            raise ValueError(f"{name} must be finite; an unbounded range has no Hoeffding proxy")
+            raise ValueError(f"{name} contains NaN or infinite values; pass the finite ends of the range "
+                             "(an unbounded range has no Hoeffding proxy)")
     a_b, b_b = _cgf.broadcast(a=a_arr, b=b_arr)
     if (b_b < a_b).any():
         raise ValueError("b must be >= a (the range is [a, b])")
