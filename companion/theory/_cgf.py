@@ -169,12 +169,8 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     delta = ell - ell_ref
     dist_from_mean = np.abs(x - mean)
     good = np.flatnonzero(np.isfinite(delta) & (delta > 0))
-    # use the outermost pair of consecutive probes with a finite, positive excess
-    pair = None
-    for i in good[::-1]:
-        if i - 1 in good:
-            pair = (i - 1, i)
-            break
+    # the outermost pair of consecutive probes with a finite, positive excess
+    pair = next(((i - 1, i) for i in good[::-1] if i - 1 in good), None)
     if pair is None:
         if np.isinf(ell[-1]) and np.isfinite(ell[0]):
             # the density vanishes in the far tail: lighter than any Gaussian
