@@ -608,8 +608,7 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     rng : None, int or numpy.random.Generator, optional
         Source of randomness (an int is a seed; None: fresh entropy).
     rho : float, default 0.0
-        Correlation :math:`0\le\rho<1` between the rows of a channel (Gaussian noise only): one shared
-        :math:`W_j` per channel, same marginal law, dependent rows.
+        Correlation :math:`0\le\rho<1` of a channel's rows via one shared :math:`W_j` (Gaussian only).
     chunk_size : int, default 65536
         Draws held in memory at once.
 
@@ -621,16 +620,12 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        If ``N`` is < 1, beyond int64 or not increasing, another input is invalid (as
-        :func:`exceedance_probability`), or ``rho`` or ``chunk_size`` is outside its range above.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (``N`` beyond int64 included).
 
     Notes
     -----
-    Thresholds are mapped into the generator's draw space and compared with float32 draws: only float32
-    rounding (relative :math:`6\cdot10^{-8}`) separates the counts from exact ones.
+    Draws are float32: only their rounding (relative :math:`6\cdot10^{-8}`) separates these from exact counts.
 
     Examples
     --------
