@@ -1,8 +1,7 @@
 """Numerical core of the sub-Gaussian proxies (package-internal; its names carry no underscore).
 
 Moments, quadrature nodes, tilted laws and the one-sided maximisations behind the optimal variance
-proxy and ``K(lam) = log E exp(lam (X - mu))``; ``subgaussian`` and ``concentration`` check their
-arguments, then call these functions.
+proxy and ``K(lam) = log E exp(lam (X - mu))``, and the helpers the theory modules share.
 """
 
 from __future__ import annotations
@@ -45,6 +44,16 @@ def scalar_or_array(arr: np.ndarray):
     return float(arr) if arr.ndim == 0 else arr
 
 
+def broadcast(**arrays) -> list[np.ndarray]:
+    """Broadcast the named arrays, or a ValueError naming their shapes."""
+    try:
+        return list(np.broadcast_arrays(*arrays.values()))
+    except ValueError:
+        shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
+        raise ValueError(f"incompatible shapes {shapes}: they do not broadcast together; pass scalars "
+                         "or arrays that do (e.g. mu[:, None] with t[None, :])") from None
+
+
 PHI_COEFFS = np.array([2.0 / math.factorial(k + 2) for k in range(10)])
 
 
@@ -53,9 +62,8 @@ def log_phi(z: np.ndarray) -> np.ndarray:
     z = np.asarray(z, dtype=float)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         zc = np.minimum(z, 1.0)
-        out = np.where(
-            z > 1.0, z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0))), np.log(np.expm1(zc) - zc)
-        )
+        big = z + np.log1p(-(1.0 + z) * np.exp(-np.maximum(z, 1.0)))
+        out = np.where(z > 1.0, big, np.log(np.expm1(zc) - zc))
         small = np.abs(z) < 0.1
         if small.any():
             zs = z[small]
@@ -103,10 +111,8 @@ def moments(dist) -> tuple[float, float]:
             mean = float(dist.mean())
             var = float(dist.var())
         except Exception as exc:  # a user-defined law whose generic moment integration fails
-            raise ValueError(
-                f"scipy could not compute the mean and variance of dist ({exc}); define _stats "
-                f"(or _munp) on the distribution class"
-            ) from exc
+            raise ValueError(f"scipy could not compute the mean and variance of dist ({exc}); define "
+                             "_stats (or _munp) on the distribution class") from exc
         if family(dist) == "rv_sample":
             x, p = atoms(dist)
             if x.size == 1:
@@ -163,12 +169,8 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     delta = ell - ell_ref
     dist_from_mean = np.abs(x - mean)
     good = np.flatnonzero(np.isfinite(delta) & (delta > 0))
-    # use the outermost pair of consecutive probes with a finite, positive excess
-    pair = None
-    for i in good[::-1]:
-        if i - 1 in good:
-            pair = (i - 1, i)
-            break
+    # the outermost pair of consecutive probes with a finite, positive excess
+    pair = next(((i - 1, i) for i in good[::-1] if i - 1 in good), None)
     if pair is None:
         if np.isinf(ell[-1]) and np.isfinite(ell[0]):
             # the density vanishes in the far tail: lighter than any Gaussian
@@ -201,10 +203,8 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
 def both_tails(dist, mean: float, scale: float) -> dict[int, Tail | None]:
     """The Tail of each unbounded side (+1, -1), None on a bounded side."""
     lower, upper = dist.support()
-    return {
-        +1: side_tail(dist, +1, mean, scale) if np.isinf(upper) else None,
-        -1: side_tail(dist, -1, mean, scale) if np.isinf(lower) else None,
-    }
+    return {+1: side_tail(dist, +1, mean, scale) if np.isinf(upper) else None,
+            -1: side_tail(dist, -1, mean, scale) if np.isinf(lower) else None}
 
 
 class Nodes(NamedTuple):
@@ -223,12 +223,9 @@ def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
         raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
     total = special.logsumexp(logw)
     if abs(math.expm1(total)) > 1e-6:
-        warnings.warn(
-            f"quadrature of the {what} recovers a total mass of {math.exp(total):.8g}, not 1; "
-            f"results may be inaccurate (a density with a strong singularity or a very narrow peak?)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"quadrature of the {what} recovers a total mass of {math.exp(total):.8g}, not 1; "
+                      "results may be inaccurate (a density with a strong singularity or a very narrow "
+                      "peak?)", RuntimeWarning, stacklevel=3)
     logw = logw - total
     w = np.exp(logw)
     live = w > 0  # far nodes with underflowing weight must not meet x**2 = inf (0 * inf)
@@ -257,27 +254,24 @@ def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) ->
     half = MAX_LATTICE // 2 - 1  # each side gets at most half of the lattice budget
     while True:
         if width > half:
-            warnings.warn(
-                f"the lattice was truncated at {half} points from the mean; the tilted law may not "
-                f"have decayed there (|lambda| too large?)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            warnings.warn(f"the lattice was truncated at {half} points from the mean; the tilted law "
+                          "may not have decayed there (|lambda| too large?)", RuntimeWarning, stacklevel=4)
             return float(start + side * half)
         end = math.ceil(mean + width) if side > 0 else math.floor(mean - width)
         k = np.arange(min(start, end), max(start, end) + 1.0)
         logp = -neg_log_density(dist, k)
         tilted = logp + lam_abs * np.abs(k - mean)
-        edge, inner, edge_p = (
-            (tilted[-1], tilted[-2], logp[-1]) if side > 0 else (tilted[0], tilted[1], logp[0])
-        )
+        e, i = (-1, -2) if side > 0 else (0, 1)
+        edge, inner, edge_p = tilted[e], tilted[i], logp[e]
         if edge < np.max(tilted) - 60.0 and edge < inner and edge_p < np.max(logp) - 2000.0:
             return float(end)
         width *= 2.0
 
 
-def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0)) -> Nodes:
-    """Weighted nodes of ``dist`` (``lam_range`` sizes the lattice of a discrete law with infinite support)."""
+def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0),
+              split_at_mean: bool = False) -> Nodes:
+    """Weighted nodes of ``dist``; ``lam_range`` sizes the lattice of a discrete law with infinite
+    support, ``split_at_mean`` adds a panel boundary at the mean of a continuous law."""
     lower, upper = (float(v) for v in dist.support())
     scale = length_scale(dist, var)
     if is_discrete(dist):
@@ -292,14 +286,15 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
             if np.isinf(hi):
                 hi = lattice_range(dist, mean, scale, +1, lam_range[1])
             if hi - lo + 1 > MAX_LATTICE:
-                raise ValueError(
-                    f"the support of dist has {hi - lo + 1:.4g} points, more than {MAX_LATTICE}; "
-                    f"use a closed form or a smaller law"
-                )
+                raise ValueError(f"the support of dist has {hi - lo + 1:.4g} points, more than "
+                                 f"{MAX_LATTICE}; use a closed form or a smaller law")
             x = np.arange(lo, hi + 1.0)
         return finalise(x, -neg_log_density(dist, x), "discrete law")
 
-    points = [lower, *breakpoints(dist, lower, upper), upper]
+    cuts = set(breakpoints(dist, lower, upper))
+    if split_at_mean and lower < mean < upper:
+        cuts.add(mean)
+    points = [lower, *sorted(cuts), upper]
     xs, logws = [], []
     for lo, hi in zip(points[:-1], points[1:]):
         x, logjac = panel(lo, hi, mean, scale)
@@ -331,36 +326,43 @@ def breakpoints(dist, lower: float, upper: float) -> list[float]:
 def panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """Double-exponential nodes and log-weights on one panel [lo, hi] (tanh-sinh, exp-sinh or sinh-sinh)."""
     half_pi = 0.5 * math.pi
-    if np.isfinite(lo) and np.isfinite(hi):
-        h = H_BOUNDED
-        tmax = math.asinh(350.0 / half_pi)
-        t = np.arange(-tmax, tmax + h / 2, h)
-        u = half_pi * np.sinh(t)
+    bounded = np.isfinite(lo) and np.isfinite(hi)
+    h = H_BOUNDED if bounded else H_UNBOUNDED
+    tmax = math.asinh((350.0 if bounded else 600.0) / half_pi)
+    t = np.arange(-tmax, tmax + h / 2, h)
+    u = half_pi * np.sinh(t)
+    log_dt = np.log(np.cosh(t))
+    if bounded:
         length = hi - lo
         frac = special.expit(-2.0 * np.abs(u))  # 1 / (1 + e^{2|u|}): distance to the nearer end
         x = np.where(t < 0, lo + length * frac, hi - length * frac)
-        logjac = math.log(length / 2.0) + math.log(half_pi) + np.log(np.cosh(t)) - 2.0 * log_cosh(u)
+        logjac = math.log(length / 2.0) + math.log(half_pi) + log_dt - 2.0 * log_cosh(u)
         inside = (x > lo) & (x < hi)
     elif np.isinf(lo) and np.isinf(hi):
-        h = H_UNBOUNDED
-        tmax = math.asinh(600.0 / half_pi)
-        t = np.arange(-tmax, tmax + h / 2, h)
-        u = half_pi * np.sinh(t)
         with np.errstate(over="ignore"):
             x = centre + scale * np.sinh(u)
-        logjac = math.log(scale) + log_cosh(u) + math.log(half_pi) + np.log(np.cosh(t))
+        logjac = math.log(scale) + log_cosh(u) + math.log(half_pi) + log_dt
         inside = np.isfinite(x)
     else:
-        h = H_UNBOUNDED
-        tmax = math.asinh(600.0 / half_pi)
-        t = np.arange(-tmax, tmax + h / 2, h)
-        u = half_pi * np.sinh(t)
         origin, side = (lo, +1.0) if np.isfinite(lo) else (hi, -1.0)
         with np.errstate(over="ignore"):
             x = origin + side * scale * np.exp(u)
-        logjac = math.log(scale) + u + math.log(half_pi) + np.log(np.cosh(t))
+        logjac = math.log(scale) + u + math.log(half_pi) + log_dt
         inside = np.isfinite(x) & (x != origin)
     return x[inside], math.log(h) + logjac[inside]
+
+
+def orlicz_log_root(logw: np.ndarray, values: np.ndarray, power: float, log_lo: float) -> float | None:
+    """Root in log s > log_lo of log E e^{values / s^power} = log 2 (Brent), None if at log_lo already."""
+    def excess(log_s: float) -> float:
+        return float(special.logsumexp(logw + values * math.exp(-power * log_s))) - LOG2
+
+    if excess(log_lo) <= 0:
+        return None
+    log_hi = log_lo + 0.5
+    while excess(log_hi) > 0:
+        log_hi += 0.5
+    return optimize.brentq(excess, log_lo, log_hi, xtol=1e-14, rtol=1e-13)
 
 
 def cgf_nodes(nodes: Nodes, lam: np.ndarray) -> np.ndarray:
@@ -386,9 +388,7 @@ def maximise_side(nodes: Nodes, lam_lo: float, lam_hi: float, side: int) -> tupl
 
     lo_i, hi_i = max(i - 1, 0), min(i + 1, grid.size - 1)
     bounds = (math.log(abs(grid[lo_i])), math.log(abs(grid[hi_i])))
-    res = optimize.minimize_scalar(
-        neg_profile, bounds=bounds, method="bounded", options={"xatol": 1e-11}
-    )
+    res = optimize.minimize_scalar(neg_profile, bounds=bounds, method="bounded", options={"xatol": 1e-11})
     best_val, best_lam = float(prof[i]), float(grid[i])
     if -res.fun > best_val:
         best_val, best_lam = float(-res.fun), side * math.exp(res.x)

@@ -1,15 +1,6 @@
-r"""Bootstrap intervals: the one resampling layer of the book's empirical verdicts.
+"""Bootstrap intervals: the one resampling layer behind every interval a chapter prints.
 
-Every interval over prompts, directions or both that a chapter prints comes from here (the
-experiments' window-edge intervals resample the same way inside their own loops):
-
-* :func:`bootstrap_interval` -- the mean over rows (prompts) with a percentile interval,
-  columns resampled together (paired comparisons: pass the per-prompt differences);
-* :func:`bootstrap_ratio` -- a ratio of sums over a ``[directions, prompts]`` table with a
-  two-way interval (directions and prompts resampled independently).
-
-Both are deterministic for a given seed (default 0), so a printed interval is reproducible.
-Numpy only.
+Both functions are deterministic for a given seed (default 0), so a printed interval is reproducible.
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     Parameters
     ----------
     x : array_like, shape ``[n]`` or ``[n, k]``
-        One row per prompt (at least 2); columns are summarised separately, resampled together
+        One row per prompt (at least 2); columns are summarised separately but resampled together
         (pass per-prompt differences for a paired comparison).
     level : float, default 0.95
         Coverage of the interval, in (0, 1).
@@ -38,18 +29,13 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
 
     Returns
     -------
-    mean : float or numpy.ndarray
-        The mean over rows (shape ``[k]`` for 2-D ``x``).
-    lo, hi : float or numpy.ndarray
-        The interval's ends, same shape.
+    tuple of float or numpy.ndarray
+        ``(mean, lo, hi)``: the mean over rows and the interval's ends (shape ``[k]`` for 2-D ``x``).
 
     Raises
     ------
-    TypeError
-        If ``x`` is not real-valued or an argument has the wrong type.
-    ValueError
-        If ``x`` has fewer than 2 rows, more than 2 dimensions or NaN/inf, ``level`` is not in (0, 1)
-        or ``n_boot < 10``.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (``x`` needs 2 finite rows).
 
     Examples
     --------
@@ -76,7 +62,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
 
 def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
                     level: float = 0.95) -> tuple[float, float, float]:
-    r"""Ratio of sums with a two-way bootstrap interval over directions and prompts.
+    r"""Ratio of sums with a two-way bootstrap interval (directions and prompts resampled independently).
 
     Parameters
     ----------
@@ -84,26 +70,20 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
         Numerator table.
     den : array_like of the same shape, optional
         Denominator table; default all ones (the statistic is then the mean of ``num``).
-    n_boot : int, default 2000
-        Bootstrap resamples.
-    seed : int, default 0
-        Seed of the resampling.
+    n_boot, seed : int, default 2000 and 0
+        Bootstrap resamples and the seed of the resampling.
     level : float in (0, 1), default 0.95
         Coverage of the interval.
 
     Returns
     -------
-    estimate : float
-        :math:`\sum num/\sum den`.
-    low, high : float
-        The percentile interval, directions and prompts resampled independently (with replacement).
+    tuple of float
+        ``(estimate, low, high)``: :math:`\sum num/\sum den` and its percentile interval.
 
     Raises
     ------
-    TypeError
-        For non-real arrays or arguments of the wrong type.
-    ValueError
-        For non-finite arrays, shapes that differ or are not 2-D, ``n_boot < 1``, ``level`` outside (0, 1).
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (finite 2-D tables of one shape).
 
     Examples
     --------
@@ -117,9 +97,7 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
                          f"{a.shape} and {b.shape}")
     n_boot = check_int(n_boot, "n_boot", 1)
     seed = check_int(seed, "seed", 0)
-    level = check_real(level, "level")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     rng = np.random.default_rng(seed)
     nd, npr = a.shape
     cd = rng.multinomial(nd, np.full(nd, 1 / nd), size=n_boot).astype(float)

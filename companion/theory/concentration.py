@@ -1,20 +1,8 @@
 r"""Concentration beyond one sub-Gaussian variable: sub-exponential laws, sums, maxima, norms.
 
-Theory: chapter :doc:`/book/concentration`, whose notation this module uses.  A centred :math:`X` is
-*sub-exponential with parameters* :math:`(\nu^2, b)` when :math:`K(\lambda)\le\lambda^2\nu^2/2` for
-:math:`|\lambda|<1/b` (``b = 0``: sub-Gaussian with proxy :math:`\nu^2`);
-:math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}` is its Orlicz norm; :math:`N` counts the
-variables of a maximum, :math:`n` summands, :math:`d` coordinates.
-
-* the law of a Gaussian dot product: :func:`dot_product_law`;
-* sub-exponential laws: :func:`psi1_norm`, :func:`subexponential_nu2`;
-* sums: :func:`bernstein_bound`, :func:`hoeffding_bound`;
-* maxima: :func:`maximal_bound`, :func:`gaussian_max_expectation`, :func:`gaussian_max_lower_bound`,
-  :func:`simulate_max`;
-* norms of Gaussian vectors: :func:`norm_concentration_bound`.
-
-Laws are evaluated with the node sets of ``companion.theory._cgf``, a continuous law split at its
-mean so that a density singular there (the product of two Gaussians) is integrated accurately.
+Theory and notation: chapter :doc:`/book/concentration` (:math:`N` variables of a maximum, :math:`n`
+summands, :math:`d` coordinates).  Laws are evaluated with the node sets of ``companion.theory._cgf``,
+a continuous law split at its mean (where the density of a Gaussian dot product is singular).
 """
 
 from __future__ import annotations
@@ -23,50 +11,31 @@ import math
 import warnings
 
 import numpy as np
-from scipy import integrate, optimize, special, stats
+from scipy import integrate, special, stats
 
 from companion.theory import _cgf
 from companion.theory import subgaussian
+from companion.theory.empirical import _check_sample, _is_law
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
     check_sigma2, check_t, checkpoints, freeze, is_discrete, row_counts,
 )
 
 __all__ = [
-    "dot_product_law",
-    "psi1_norm",
-    "subexponential_nu2",
-    "bernstein_bound",
-    "hoeffding_bound",
-    "maximal_bound",
-    "gaussian_max_expectation",
-    "gaussian_max_lower_bound",
-    "simulate_max",
+    "dot_product_law", "psi1_norm", "subexponential_nu2", "bernstein_bound", "hoeffding_bound",
+    "maximal_bound", "gaussian_max_expectation", "gaussian_max_lower_bound", "simulate_max",
     "norm_concentration_bound",
 ]
 
-_LOG2 = math.log(2.0)
-#: A tail whose log-log slope is within this of 1 is exponential (as in companion.theory.subgaussian).
+_LOG2 = _cgf.LOG2
 _TAIL_TOL = _cgf.TAIL_TOL
+_LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
 #: where the supremum defining nu^2 is infinite (the measured rate carries a log correction).
 _EDGE_RTOL = 1e-3
 _NORM_METHODS = ("bernstein", "interpolation", "lipschitz")
-#: |lambda| * sd up to which the quadrature of companion.theory.subgaussian is accurate (about 1e-8 relative).
-_LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 
 
-# argument checking
-def _broadcast(**arrays):
-    """Broadcast the named arrays, or a ValueError naming their shapes."""
-    try:
-        return np.broadcast_arrays(*arrays.values())
-    except ValueError:
-        shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
-        raise ValueError(f"the shapes {shapes} do not broadcast together") from None
-
-
-# The law of a Gaussian dot product
 class _GaussianDot(stats.rv_continuous):
     r"""Law of :math:`q\cdot k`, :math:`q,k\sim N(0,I_d)` independent (symmetric variance-gamma)."""
 
@@ -84,8 +53,7 @@ class _GaussianDot(stats.rv_continuous):
         # at x = 0 the density is finite for d > 1 and infinite (log singularity) for d <= 1
         at0 = ax == 0
         if np.any(at0):
-            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _LOG2 - special.gammaln(
-                d / 2.0)
+            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _LOG2 - special.gammaln(d / 2.0)
             out = np.where(at0, np.where(d > 1, finite0, np.inf), out)
         return out
 
@@ -106,7 +74,6 @@ def _dot_sf(x: float, d: float) -> float:
     """P(q.k > x) = P(A - B > 2x) for A, B ~ chi2(d) independent, by one quadrature over chi(d)."""
     if x < 0:
         return 1.0 - _dot_sf(-x, d)
-
     half = 0.5 * d
     log_norm = (half - 1.0) * _LOG2 + math.lgamma(half)   # chi(d) density normaliser
 
@@ -130,6 +97,8 @@ _gaussian_dot = _GaussianDot(name="gaussian_dot", shapes="d")
 def dot_product_law(d_k, scaled: bool = False):
     r"""Law of :math:`q\cdot k` for independent :math:`q,k\sim N(0,I_{d_k})`, as a scipy law.
 
+    Derivation: chapter :doc:`/book/concentration`.
+
     Parameters
     ----------
     d_k : int
@@ -140,27 +109,16 @@ def dot_product_law(d_k, scaled: bool = False):
     Returns
     -------
     scipy.stats frozen distribution
-        Mean 0, variance :math:`d_k` (1 if scaled), excess kurtosis :math:`6/d_k`; ``pdf``, ``sf``, ``cdf``
-        exact up to quadrature error (about 1e-11 relative).
+        Mean 0, variance :math:`d_k` (1 if scaled); ``pdf``, ``sf``, ``cdf`` to about 1e-11 relative
+        (:func:`~companion.theory.subgaussian.log_mgf` to 1e-6 only for :math:`d_k\le3`).
 
     Raises
     ------
-    TypeError
-        If ``d_k`` is not an integer or ``scaled`` is not a bool.
-    ValueError
-        If ``d_k < 1``.
-
-    Notes
-    -----
-    :math:`q\cdot k` is half a difference of two independent :math:`\chi^2_{d_k}` variables (chapter
-    :doc:`/book/concentration`).  Its density is not smooth at 0 for :math:`d_k\le3`; this module splits
-    its quadrature there, :func:`~companion.theory.subgaussian.log_mgf` does not (relative error about
-    :math:`10^{-6}` for :math:`d_k=2,3`, a warning for :math:`d_k=1`).
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
-    >>> round(float(dot_product_law(1).pdf(1.0)), 6)   # K_0(1) / pi
-    0.134016
     >>> round(float(dot_product_law(64, scaled=True).sf(2.0)), 4)
     0.0232
     """
@@ -169,23 +127,9 @@ def dot_product_law(d_k, scaled: bool = False):
     return _gaussian_dot(d, scale=1.0 / math.sqrt(d) if sc else 1.0)
 
 
-# Node sets (companion.theory.subgaussian, split at the mean)
 def _split_nodes(dist, mean: float, var: float, lam_abs: float):
     """Weighted nodes of ``dist``; continuous laws get an extra panel boundary at the mean."""
-    if is_discrete(dist):
-        return _cgf.law_nodes(dist, mean, var, lam_range=(lam_abs, lam_abs))
-    lower, upper = (float(v) for v in dist.support())
-    scale = _cgf.length_scale(dist, var)
-    cuts = set(_cgf.breakpoints(dist, lower, upper))
-    if lower < mean < upper:
-        cuts.add(mean)
-    points = [lower, *sorted(cuts), upper]
-    xs, logws = [], []
-    for lo, hi in zip(points[:-1], points[1:]):
-        x, logjac = _cgf.panel(lo, hi, mean, scale)
-        xs.append(x)
-        logws.append(logjac - _cgf.neg_log_density(dist, x))
-    return _cgf.finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
+    return _cgf.law_nodes(dist, mean, var, lam_range=(lam_abs, lam_abs), split_at_mean=True)
 
 
 def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
@@ -201,7 +145,6 @@ def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
     return rate, heavy
 
 
-# psi_1 norm
 def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> float:
     """Root in s of log E e^{|X|/s} = log 2 over weighted values (rescaled by E|X|); s > lo_edge."""
     w = np.exp(logw)
@@ -215,27 +158,17 @@ def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> flo
     keep = scaled < 1e150  # far nodes carry a negligible weight for any finite norm
     scaled, logw = scaled[keep], logw[keep]
     lo = max(0.999 / _LOG2, lo_edge / mean_abs * (1.0 + 1e-9))
-
-    def excess(log_s: float) -> float:
-        return float(special.logsumexp(logw + scaled * math.exp(-log_s))) - _LOG2
-
-    log_lo = math.log(lo)
-    if excess(log_lo) <= 0:  # the infimum sits at the integrability edge
-        return lo * mean_abs
-    log_hi = log_lo + 0.5
-    while excess(log_hi) > 0:
-        log_hi += 0.5
-    root = optimize.brentq(excess, log_lo, log_hi, xtol=1e-14, rtol=1e-13)
-    return math.exp(root) * mean_abs
+    root = _cgf.orlicz_log_root(logw, scaled, 1.0, math.log(lo))
+    return lo * mean_abs if root is None else math.exp(root) * mean_abs  # None: at the edge
 
 
 def psi1_norm(x, *, centred: bool = False) -> float:
-    r"""Orlicz norm :math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}`.
+    r"""Orlicz norm :math:`\|X\|_{\psi_1}=\inf\{s>0:\mathbb E\,e^{|X|/s}\le2\}` of a law or a sample.
 
     Parameters
     ----------
     x : frozen scipy.stats distribution or array_like, shape (n,)
-        The law of :math:`X`, or a sample (plug-in estimate: :math:`\frac1n\sum_ie^{|x_i|/s}=2`).
+        The law of :math:`X`, or a sample (plug-in estimate).
     centred : bool, default False
         Compute :math:`\|X-\mathbb EX\|_{\psi_1}` (the sample mean for a sample).
 
@@ -251,29 +184,16 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     ValueError
         If a sample is empty, not 1-D or not finite, or a distribution has array parameters.
 
-    Notes
-    -----
-    Root of :math:`\log\mathbb E\,e^{|X|/s}=\log2` in :math:`\log s` by Brent's method, bracketed by
-    Jensen's bound and the integrability edge of an exponential tail.
-
     Examples
     --------
-    >>> from scipy import stats
-    >>> round(psi1_norm(stats.expon()), 6)
-    2.0
     >>> round(psi1_norm([1.0, -1.0]), 6)              # 1 / ln 2
     1.442695
     """
     cen = check_bool(centred, "centred")
     x = freeze(x, "x")
-    if hasattr(x, "dist") and isinstance(getattr(x, "dist", None),
-                                         (stats.rv_continuous, stats.rv_discrete)):
+    if _is_law(x):
         return _psi1_dist(x, cen)
-    arr = as_real_array(x, "x")
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"a sample x must be a non-empty 1-D array; got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError("the sample x contains NaN or infinite values; remove them first")
+    arr = _check_sample(x, "x")
     if cen:
         arr = arr - arr.mean()
     absx = np.abs(arr)
@@ -305,7 +225,6 @@ def _psi1_dist(dist, centred: bool) -> float:
     return _psi1_from_values(np.abs(vals[near]), nodes.logw[near], lo_edge)
 
 
-# sub-exponential parameters and Bernstein
 def subexponential_nu2(dist, b) -> float:
     r"""Smallest :math:`\nu^2` with :math:`K(\lambda)\le\lambda^2\nu^2/2` on :math:`|\lambda|<1/b`.
 
@@ -319,8 +238,8 @@ def subexponential_nu2(dist, b) -> float:
     Returns
     -------
     float
-        :math:`\nu^2(b)=\sup_{0<|\lambda|<1/b}2K(\lambda)/\lambda^2` (at least the variance), or
-        ``math.inf`` if the MGF is infinite somewhere on :math:`|\lambda|<1/b`.
+        :math:`\sup_{0<|\lambda|<1/b}2K(\lambda)/\lambda^2` (at least the variance); ``math.inf`` if the
+        MGF is infinite there or :math:`1/b` is within 0.1% of an exponential tail's rate.
 
     Raises
     ------
@@ -329,19 +248,11 @@ def subexponential_nu2(dist, b) -> float:
     ValueError
         If ``b`` is not finite and positive, or ``dist`` has no finite mean.
 
-    Notes
-    -----
-    The profile of :func:`~companion.theory.subgaussian.proxy_profile` maximised over
-    :math:`|\lambda|<1/b`; :math:`1/b` within 0.1% of an exponential tail's rate counts as the edge
-    (infinite).
-
     Examples
     --------
     >>> from scipy import stats
     >>> round(subexponential_nu2(stats.chi2(1), 4.0), 4)
     3.0904
-    >>> round(subexponential_nu2(stats.norm(0, 2), 1.0), 6)    # Gaussian: the variance
-    4.0
     """
     dist = check_dist(dist)
     bb = check_real(b, "b", lo=0.0, lo_open=True)
@@ -372,10 +283,9 @@ def subexponential_nu2(dist, b) -> float:
         else:
             ranges[side] = 1.0 / bb
             if 1.0 / bb > _LAM_MAX / sd:
-                warnings.warn(
-                    f"1/b = {1.0 / bb:.4g} is {sd / bb:.3g} inverse standard deviations, beyond "
-                    f"the range where the quadrature is accurate ({_LAM_MAX:g}); the value may "
-                    f"be inexact", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"1/b = {1.0 / bb:.4g} is {sd / bb:.3g} inverse standard deviations, beyond "
+                              f"the range where the quadrature is accurate ({_LAM_MAX:g}); the value may "
+                              "be inexact", RuntimeWarning, stacklevel=2)
     lam_top = max(ranges.values(), default=0.0)
     if lam_top == 0.0:
         return float(var)
@@ -389,18 +299,16 @@ def subexponential_nu2(dist, b) -> float:
 
 
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
-    r"""Bernstein's bound: a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms.
+    r"""Bound a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms (Bernstein).
 
-    Proof: chapter :doc:`/book/concentration` (Wainwright, 2019, Prop. 2.9).
+    Proof: chapter :doc:`/book/concentration`.
 
     Parameters
     ----------
     t : float or array_like
         Deviations :math:`t\ge0` of :math:`S_n=\sum_{i\le n}(X_i-\mathbb EX_i)`.
-    nu2 : float or array_like
-        :math:`\nu^2>0` of each term (broadcast with ``t``).
-    b : float or array_like
-        :math:`b\ge0` of each term; 0 is the sub-Gaussian case.
+    nu2, b : float or array_like
+        :math:`\nu^2>0` and :math:`b\ge0` of each term (:math:`b=0`: sub-Gaussian), broadcast with ``t``.
     n : int, default 1
         Number of independent terms.
     two_sided : bool, default True
@@ -409,16 +317,12 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     Returns
     -------
     float or numpy.ndarray
-        :math:`c\exp\bigl(-\min\bigl(\frac{t^2}{2n\nu^2},\frac{t}{2b}\bigr)\bigr)`, :math:`c=2` or 1;
-        not capped at 1.
+        :math:`c\exp(-\min(\frac{t^2}{2n\nu^2},\frac{t}{2b}))`, :math:`c=2` or 1; not capped at 1.
 
     Raises
     ------
-    TypeError
-        If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
-    ValueError
-        If ``t`` or ``b`` is negative or NaN, ``nu2`` is not finite and positive, ``n < 1``, or
-        shapes do not broadcast.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
 
     Examples
     --------
@@ -432,7 +336,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
         raise ValueError("b must be finite and >= 0 (b = 0 is the sub-Gaussian case)")
     nn = check_int(n, "n", 1)
     two = check_bool(two_sided, "two_sided")
-    t_b, s_b, b_b = _broadcast(t=t_arr, nu2=s2, b=b_arr)
+    t_b, s_b, b_b = _cgf.broadcast(t=t_arr, nu2=s2, b=b_arr)
     with np.errstate(divide="ignore"):
         linear = np.where(b_b > 0, t_b / (2.0 * np.where(b_b > 0, b_b, 1.0)), np.inf)
     exponent = np.minimum(t_b**2 / (2.0 * nn * s_b), linear)
@@ -440,7 +344,7 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
 
 
 def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
-    r"""Hoeffding's bound for a sum of independent bounded variables.
+    r"""Bound a sum of independent bounded variables (Hoeffding).
 
     Parameters
     ----------
@@ -456,20 +360,14 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     Returns
     -------
     float or numpy.ndarray
-        :math:`c\exp\bigl(-2t^2/\sum_i(b_i-a_i)^2\bigr)`, :math:`c=2` or 1, shape of ``t``.
+        :math:`c\exp(-2t^2/\sum_i(b_i-a_i)^2)`, :math:`c=2` or 1, shape of ``t``.
 
     Raises
     ------
     TypeError
         If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
     ValueError
-        If a range is not finite or has ``upper < lower``, every range has zero width, the ranges are
-        not matching scalars or 1-D arrays, ``n < 1``, or ``n > 1`` with per-summand ranges.
-
-    Notes
-    -----
-    Hoeffding's lemma (:func:`~companion.theory.subgaussian.hoeffding_proxy`) and the Chernoff bound
-    (Hoeffding, 1963).
+        If a range is not finite, reversed or of zero total width, ranges mismatch, or ``n`` is invalid.
 
     Examples
     --------
@@ -479,10 +377,8 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     lo = as_real_array(lower, "lower")
     hi = as_real_array(upper, "upper")
     if lo.shape != hi.shape or lo.ndim > 1:
-        raise ValueError(
-            f"lower and upper must be scalars or 1-D arrays of the same length (one range per "
-            f"summand); got shapes {lo.shape} and {hi.shape}"
-        )
+        raise ValueError("lower and upper must be scalars or 1-D arrays of the same length (one range "
+                         f"per summand); got shapes {lo.shape} and {hi.shape}")
     nn = check_int(n, "n", 1)
     if lo.ndim == 1 and lo.size > 1 and nn != 1:
         raise ValueError("pass either one range per summand (and n = 1) or scalar ranges and n")
@@ -495,7 +391,6 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     return subgaussian._tail_bound(t_arr, s2, check_bool(two_sided, "two_sided"))
 
 
-# maxima
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     r"""Bound on the largest of :math:`N` centred sub-Gaussian or sub-exponential variables.
 
@@ -505,26 +400,22 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     ----------
     N : int or array_like of int
         Number of variables :math:`N\ge1`; no independence is assumed.
-    sigma2 : float, default 1.0
-        Variance proxy :math:`\sigma^2>0` of each variable (:math:`\nu^2` if ``b > 0``).
-    b : float, default 0.0
-        Sub-exponential parameter :math:`b\ge0` (0: sub-Gaussian).
+    sigma2, b : float, default 1.0 and 0.0
+        Variance proxy :math:`\sigma^2>0` (:math:`\nu^2` if ``b > 0``) and :math:`b\ge0` of each variable.
     two_sided : bool, default True
         Bound :math:`\max_i|X_i|` (:math:`M=2N`) or :math:`\max_iX_i` (:math:`M=N`).
     delta : float or None, default None
-        None: bound on the expectation; :math:`0<\delta<1`: a level :math:`u` with :math:`P(\max\ge u)\le\delta`.
+        None: bound the expectation; :math:`0<\delta<1`: a level :math:`u` with :math:`P(\max\ge u)\le\delta`.
 
     Returns
     -------
     float or numpy.ndarray
-        :math:`\max\bigl(\sqrt{2\sigma^2L},\,2bL\bigr)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
+        :math:`\max(\sqrt{2\sigma^2L},\,2bL)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array), another argument is not real, or ``two_sided`` is not a bool.
-    ValueError
-        If ``N < 1``, ``sigma2 <= 0``, ``b < 0`` or ``delta`` is outside (0, 1).
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -537,10 +428,7 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     two = check_bool(two_sided, "two_sided")
     big_l = np.log((2.0 if two else 1.0) * arr)
     if delta is not None:
-        dd = check_real(delta, "delta")
-        if not 0.0 < dd < 1.0:
-            raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-        big_l = big_l - math.log(dd)
+        big_l = big_l - math.log(check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True))
     out = np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l)
     return _cgf.scalar_or_array(out)
 
@@ -571,12 +459,12 @@ def _gauss_max_mean(n: float, absolute: bool) -> float:
 
 
 def gaussian_max_expectation(N, absolute: bool = True):
-    r"""Exact :math:`\mathbb E\max_{i\le N}|G_i|` (or of :math:`\max_iG_i`), i.i.d. N(0, 1).
+    r"""Exact :math:`\mathbb E\max_{i\le N}|G_i|` (or of :math:`\max_iG_i`), i.i.d. N(0, 1), by quadrature.
 
     Parameters
     ----------
     N : int or array_like of int
-        Number of variables :math:`N\ge1`.
+        Number of variables :math:`N\ge1` (absolute error below :math:`10^{-10}` up to :math:`10^{15}`).
     absolute : bool, default True
         Maximum of :math:`|G_i|` (True) or of :math:`G_i` (False).
 
@@ -587,15 +475,8 @@ def gaussian_max_expectation(N, absolute: bool = True):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or ``absolute`` is not a bool.
-    ValueError
-        If ``N < 1``.
-
-    Notes
-    -----
-    Adaptive quadrature of :math:`P(M>x)` computed as :math:`\exp(N\log\Phi(x))`, accurate for
-    :math:`N\le10^{15}` (absolute error below :math:`10^{-10}`).
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -628,10 +509,8 @@ def gaussian_max_lower_bound(N, a=0.0):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or ``a`` is not real.
-    ValueError
-        If ``N < 1`` or ``a`` is negative or not finite.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
@@ -677,11 +556,9 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type (``rng`` None included).
-    ValueError
-        If a count is < 1, ``N`` is not strictly increasing, ``scale <= 0``, ``chunk_size < n_trials``,
-        or the sampler returns the wrong shape or non-finite values.
+    TypeError, ValueError
+        If an argument has the wrong type (``rng`` None included) or is out of range, or the
+        sampler's output is misshapen or not finite.
 
     Examples
     --------
@@ -698,10 +575,8 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     s = check_real(scale, "scale", lo=0.0, lo_open=True)
     ab = check_bool(absolute, "absolute")
     if sampler is not None and not callable(sampler):
-        raise TypeError(
-            "sampler must be None or a callable (rng, shape) -> array, got "
-            f"{type(sampler).__name__}"
-        )
+        raise TypeError(f"sampler must be None or a callable (rng, shape) -> array, got "
+                        f"{type(sampler).__name__}")
     chunk = check_int(chunk_size, "chunk_size", 1)
     if chunk < trials:
         raise ValueError(f"chunk_size ({chunk}) must be >= n_trials ({trials})")
@@ -735,7 +610,6 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     return out[0] if scalar_n else out
 
 
-# norms of Gaussian vectors
 def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided: bool = True):
     r"""Dimension-free bound on the deviation of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`.
 
@@ -761,10 +635,8 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        If ``t`` is negative or NaN, ``sigma2`` is not finite and positive, or ``method`` is unknown.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------

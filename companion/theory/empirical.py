@@ -1,20 +1,33 @@
 r"""Empirical and Monte Carlo tails, the measured side of every tail bound.
 
-Chapter :doc:`/book/subgaussian_tails` compares these with :func:`~companion.theory.subgaussian.subgaussian_tail_bound`;
-both functions are re-exported by :mod:`companion.theory.subgaussian`.
+Chapter :doc:`/book/subgaussian_tails` compares them with the bounds; :mod:`companion.theory.subgaussian`
+re-exports both.
 """
 
 from __future__ import annotations
-
-import numbers
 
 import numpy as np
 from scipy import stats
 
 from companion.theory import _cgf
-from companion._validation import as_real_array, check_bool, check_dist, check_t, freeze
+from companion._validation import as_real_array, check_bool, check_dist, check_int, check_t, freeze
 
 __all__ = ["empirical_tail", "monte_carlo_tail"]
+
+
+def _is_law(x) -> bool:
+    """Whether ``x`` is a frozen scipy.stats distribution."""
+    return isinstance(getattr(x, "dist", None), (stats.rv_continuous, stats.rv_discrete))
+
+
+def _check_sample(x, name: str) -> np.ndarray:
+    """``x`` as a non-empty, finite 1-D float array."""
+    arr = as_real_array(x, name)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array; got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values; remove them first")
+    return arr
 
 
 def _count_at_least(values_sorted: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -41,36 +54,23 @@ def empirical_tail(samples, t, *, two_sided: bool = True):
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        If ``samples`` is not a non-empty finite 1-D array, or ``t`` is negative or NaN.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
 
     Examples
     --------
     >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
     array([1. , 0.6, 0.2])
     """
-    x = as_real_array(samples, "samples")
-    if x.ndim != 1 or x.size == 0:
-        raise ValueError(f"samples must be a non-empty 1-D array; got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("samples contain NaN or infinite values")
+    x = _check_sample(samples, "samples")
     t_arr = check_t(t)
     two = check_bool(two_sided, "two_sided")
     v = np.sort(np.abs(x) if two else x)
     return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
 
 
-def monte_carlo_tail(
-    sampler,
-    t,
-    n_samples: int,
-    rng: np.random.Generator,
-    *,
-    two_sided: bool = True,
-    chunk_size: int = 1 << 18,
-):
+def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, two_sided: bool = True,
+                     chunk_size: int = 1 << 18):
     r"""Streamed Monte Carlo estimate of :math:`P(|X-\mathbb EX|\ge t)` with bounded memory.
 
     Parameters
@@ -98,8 +98,8 @@ def monte_carlo_tail(
     TypeError
         If ``sampler``, ``rng`` or a count has the wrong type.
     ValueError
-        If a count is < 1, ``t`` is negative or NaN, the law has no finite mean, or the sampler returns
-        the wrong number of values or non-finite values.
+        If a count is < 1, ``t`` is negative or NaN, the law has no finite mean, or the sampler's
+        output has the wrong shape or non-finite values.
 
     Examples
     --------
@@ -108,25 +108,17 @@ def monte_carlo_tail(
     True
     """
     sampler = freeze(sampler, "sampler")
-    is_dist = hasattr(sampler, "dist") and isinstance(
-        getattr(sampler, "dist", None), (stats.rv_continuous, stats.rv_discrete)
-    )
+    is_dist = _is_law(sampler)
     if not is_dist and not callable(sampler):
-        raise TypeError(
-            f"sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> array; "
-            f"got {type(sampler).__name__}"
-        )
+        raise TypeError("sampler must be a frozen scipy.stats distribution or a callable (rng, size) -> "
+                        f"array; got {type(sampler).__name__}")
     if is_dist:
         sampler = check_dist(sampler, "sampler")
-    for name, val in (("n_samples", n_samples), ("chunk_size", chunk_size)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
-            raise TypeError(f"{name} must be an integer; got {val!r}")
-        if val < 1:
-            raise ValueError(f"{name} must be >= 1; got {val}")
+    n_samples = check_int(n_samples, "n_samples", 1)
+    chunk_size = check_int(chunk_size, "chunk_size", 1)
     if not isinstance(rng, np.random.Generator):
-        raise TypeError(
-            f"rng must be a numpy.random.Generator (np.random.default_rng(seed)); got {type(rng).__name__}"
-        )
+        raise TypeError("rng must be a numpy.random.Generator (np.random.default_rng(seed)); "
+                        f"got {type(rng).__name__}")
     t_arr = check_t(t)
     two = check_bool(two_sided, "two_sided")
     shift = 0.0

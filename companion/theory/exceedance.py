@@ -1,43 +1,30 @@
 r"""Theorems 1 and 2 of the outlier note: bounds, exact values and streamed simulations.
 
-Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  The activation model is
-:math:`X_{ij}=\mu_j+Z_{ij}` (row :math:`i\le N`, channel :math:`j`), and the count of exceedances in
-channel :math:`j` is :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.
-
-Noise conventions: every law is centred and symmetric with variance :math:`\sigma^2` (``sigma`` is
-its scale):
-
-* ``gaussian``: :math:`\sigma G`, :math:`G\sim N(0,1)`; optimal variance proxy :math:`\sigma^2`;
-* ``uniform``: :math:`U[-\sqrt3\sigma,\sqrt3\sigma]`; optimal proxy :math:`\sigma^2` (strictly
-  sub-Gaussian; Hoeffding's lemma would only give :math:`3\sigma^2`);
-* ``rademacher``: :math:`\pm\sigma` with probability 1/2; optimal proxy :math:`\sigma^2`;
-* ``laplace``: scale :math:`\sigma/\sqrt2`; **not** sub-Gaussian (its tail is only exponential),
-  it shows what breaks without the assumption.
+Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  Rows :math:`X_{ij}=\mu_j+Z_{ij}`
+(:math:`i\le N`, channel :math:`j`); :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.  The noise is centred and
+symmetric with variance :math:`\sigma^2` (``sigma`` its scale): ``gaussian`` :math:`\sigma G`; ``uniform``
+on :math:`[-\sqrt3\sigma,\sqrt3\sigma]`; ``rademacher`` :math:`\pm\sigma`; the first three have optimal
+proxy :math:`\sigma^2`; ``laplace`` (scale :math:`\sigma/\sqrt2`) is **not** sub-Gaussian and shows what
+breaks without the assumption.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import numpy as np
 from scipy import special
 
-from companion._validation import as_generator, check_choice, checkpoints, integer_counts, real_array
+from companion.theory import _cgf
+from companion._validation import (
+    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, is_real, real_array,
+)
 
 __all__ = [
-    "NOISE_LAWS",
-    "SUBGAUSSIAN_NOISE_LAWS",
-    "CountBounds",
-    "theorem1_lower_bound",
-    "exceedance_probability",
-    "exceedance_probability_gaussian",
-    "expected_count_gaussian",
-    "theorem2_bounds",
-    "half_exceedance_margin",
-    "count_interval",
-    "simulate_counts",
+    "NOISE_LAWS", "SUBGAUSSIAN_NOISE_LAWS", "CountBounds", "theorem1_lower_bound",
+    "exceedance_probability", "exceedance_probability_gaussian", "expected_count_gaussian",
+    "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts",
 ]
 
 #: Noise laws understood by :func:`exceedance_probability` and :func:`simulate_counts`.
@@ -59,15 +46,12 @@ _SQRT_HUGE = math.sqrt(float(np.finfo(np.float64).max)) / 2.0
 _F64_MAX = float(np.finfo(np.float64).max)
 
 
-# argument checking
 def _positive_sigma(sigma) -> np.ndarray:
     """sigma checked: real, finite, > 0."""
     s = real_array("sigma", sigma)
     if (s <= 0).any():
-        raise ValueError(
-            f"sigma must be > 0 (it is the sub-Gaussian scale of the noise), got min(sigma) = "
-            f"{s.min():.4g}; for noiseless data the count is simply N * (|mu| > t)"
-        )
+        raise ValueError(f"sigma must be > 0 (it is the sub-Gaussian scale of the noise), got min(sigma) "
+                         f"= {s.min():.4g}; for noiseless data the count is simply N * (|mu| > t)")
     return s
 
 
@@ -75,23 +59,14 @@ def _nonnegative_t(t) -> np.ndarray:
     """t checked: real, finite, >= 0."""
     tt = real_array("t", t)
     if (tt < 0).any():
-        raise ValueError(
-            f"t must be >= 0 (it is a threshold on |X|), got min(t) = {tt.min():.4g}; "
-            "for t < 0 every row exceeds it"
-        )
+        raise ValueError(f"t must be >= 0 (it is a threshold on |X|), got min(t) = {tt.min():.4g}; "
+                         "for t < 0 every row exceeds it")
     return tt
 
 
-def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
-    """Broadcast the named arrays, or a ValueError naming their shapes."""
-    try:
-        return list(np.broadcast_arrays(*arrays.values()))
-    except ValueError:
-        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items())
-        raise ValueError(
-            f"incompatible shapes {shapes}: pass scalars or arrays that broadcast together "
-            "(e.g. mu[:, None] with t[None, :])"
-        ) from None
+def _mts(mu, t, sigma) -> list[np.ndarray]:
+    """``mu``, ``t`` and ``sigma`` checked and broadcast together."""
+    return _cgf.broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
 
 
 def _row_counts_real(name: str, N) -> np.ndarray:
@@ -125,7 +100,6 @@ def _scalar_or_array(x: np.ndarray):
     return x.item() if x.ndim == 0 else x
 
 
-# Theorem 1
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     r"""Lower bound of Theorem 1 on :math:`P(|\mu+Z|>t)` when :math:`|\mu|>t`.
 
@@ -134,9 +108,9 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     Parameters
     ----------
     mu, t, sigma : float or array_like
-        Channel mean(s) with :math:`|\mu|>t`, threshold(s) :math:`t\ge0`, sub-Gaussian parameter :math:`\sigma>0`.
+        Channel mean(s) with :math:`|\mu|>t`, threshold(s) :math:`t\ge0`, sub-Gaussian scale :math:`\sigma>0`.
     sharp : bool, default False
-        False: the note's bound :math:`1-2e^{-u^2/(2\sigma^2)}`; True: the one-sided :math:`1-e^{-u^2/(2\sigma^2)}`.
+        False: the note's :math:`1-2e^{-u^2/(2\sigma^2)}`; True: the one-sided :math:`1-e^{-u^2/(2\sigma^2)}`.
 
     Returns
     -------
@@ -149,8 +123,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     TypeError
         If an input is not real-valued, or ``sharp`` is not a bool.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or some entry
-        has :math:`|\mu|\le t` (use :func:`theorem2_bounds` there).
+        If an input is invalid (as :func:`exceedance_probability`) or an entry has :math:`|\mu|\le t`.
 
     Examples
     --------
@@ -161,22 +134,17 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     >>> theorem1_lower_bound(1.5, 1.0, 1.0) < 0      # vacuous: u < sigma * sqrt(2 ln 2)
     True
     """
-    if not isinstance(sharp, (bool, np.bool_)):
-        raise TypeError(f"sharp must be True or False, got {type(sharp).__name__}")
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    sharp = check_bool(sharp, "sharp")
+    m, tt, s = _mts(mu, t, sigma)
     u = np.abs(m) - tt
     if (u <= 0).any():
         k = int((u <= 0).sum())
-        raise ValueError(
-            f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t "
-            f"(max of t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the intermediate "
-            "and pure-variance regimes"
-        )
+        raise ValueError(f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t (max of "
+                         f"t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the other regimes")
     tail = np.exp(-_half_square_ratio(u, s))
     return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
 
 
-# exact probabilities
 def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
     """:math:`P(Z > x)` (strict) for the noise law ``noise`` with scale ``sigma``."""
     if noise == "gaussian":
@@ -212,7 +180,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     TypeError
         If an input is not real-valued or ``noise`` is not a string.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, or ``noise`` is unknown.
+        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes mismatch, or ``noise`` is unknown.
 
     Examples
     --------
@@ -224,7 +192,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     0.5
     """
     law = _noise_name(noise)
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    m, tt, s = _mts(mu, t, sigma)
     with np.errstate(over="ignore", invalid="ignore"):
         below, above = tt - m, tt + m
         p = _survival(below, s, law) + _survival(above, s, law)
@@ -232,11 +200,8 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
         odd = ~(np.isfinite(below) & np.isfinite(above) & (_SQRT3 * s <= _F64_MAX))
         if odd.any():
             ones = np.ones_like(s)
-            p = np.where(
-                odd,
-                _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law),
-                p,
-            )
+            scaled = _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law)
+            p = np.where(odd, scaled, p)
     return _scalar_or_array(np.minimum(p, 1.0))
 
 
@@ -257,10 +222,8 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``complement`` is not a bool.
-    ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
+    TypeError, ValueError
+        If ``complement`` is not a bool, or as :func:`exceedance_probability`.
 
     Examples
     --------
@@ -269,10 +232,8 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     >>> f"{exceedance_probability_gaussian(9.0, 1.0, 1.0, complement=True):.4g}"
     '6.221e-16'
     """
-    if not isinstance(complement, (bool, np.bool_)):
-        raise TypeError(f"complement must be True or False, got {type(complement).__name__}")
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    return _scalar_or_array(_prob_gaussian(m, tt, s, bool(complement)))
+    complement = check_bool(complement, "complement")
+    return _scalar_or_array(_prob_gaussian(*_mts(mu, t, sigma), complement))
 
 
 def _prob_gaussian(m: np.ndarray, tt: np.ndarray, s: np.ndarray, complement: bool) -> np.ndarray:
@@ -321,10 +282,8 @@ def expected_count_gaussian(N, mu, t, sigma):
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or another input is not real-valued.
-    ValueError
-        If ``N < 1``, an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
+    TypeError, ValueError
+        If ``N`` is not an integer >= 1, or as :func:`exceedance_probability`.
 
     Examples
     --------
@@ -332,12 +291,10 @@ def expected_count_gaussian(N, mu, t, sigma):
     2699.8
     """
     n = _row_counts_real("N", N)
-    m, tt, s = _broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
-    n, p = _broadcast(N=n, probability=_prob_gaussian(m, tt, s, False))
+    n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
     return _scalar_or_array(n * p)
 
 
-# Theorem 2
 class CountBounds(NamedTuple):
     """Bounds on :math:`E[C(t)]` returned by :func:`theorem2_bounds` (arrays or floats)."""
 
@@ -349,7 +306,7 @@ class CountBounds(NamedTuple):
     notes_lower: object
     #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
     notes_upper: object
-    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` (``0 < |mu| <= t``) or ``"pure-variance"`` (``mu == 0``).
+    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` or ``"pure-variance"`` (``mu == 0``).
     regime: object
 
 
@@ -370,41 +327,30 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array) or another input is not real-valued.
-    ValueError
-        If ``N < 1``, an input is not finite, ``sigma <= 0``, ``t < 0`` or shapes do not broadcast.
+    TypeError, ValueError
+        If ``N`` is not an integer >= 1, or as :func:`exceedance_probability`.
 
     Notes
     -----
-    With :math:`m=|\mu|`: :math:`N(1-e^{-(m-t)_+^2/(2\sigma^2)})\le E[C(t)]\le
-    N\min(1,e^{-(t-m)_+^2/(2\sigma^2)}+e^{-(t+m)^2/(2\sigma^2)})`.  Proof: chapter :doc:`/book/theorem2`.
+    Proof: chapter :doc:`/book/theorem2`.
 
     Examples
     --------
-    >>> b = theorem2_bounds(1000, 0.0, 2.0, 1.0)
-    >>> b.regime, round(b.upper, 2), round(b.notes_upper, 2), b.lower
-    ('pure-variance', 270.67, 270.67, 0.0)
     >>> b = theorem2_bounds(1000, 4.0, 2.0, 1.0)
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
     n = _row_counts_real("N", N)
-    n, m, tt, s = _broadcast(
-        N=n, mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma)
-    )
+    m, tt, s = _mts(mu, t, sigma)
+    n, m, tt, s = _cgf.broadcast(N=n, mu=m, t=tt, sigma=s)
     a = np.abs(m)
     with np.errstate(over="ignore"):  # a + t beyond 1.8e308: its tail term is exp(-inf) = 0
         lower = n * -np.expm1(-_half_square_ratio(np.maximum(a - tt, 0.0), s))
-        upper = n * np.minimum(
-            1.0,
-            np.exp(-_half_square_ratio(np.maximum(tt - a, 0.0), s))
-            + np.exp(-_half_square_ratio(tt + a, s)),
-        )
+        upper = n * np.minimum(1.0, np.exp(-_half_square_ratio(np.maximum(tt - a, 0.0), s))
+                               + np.exp(-_half_square_ratio(tt + a, s)))
         dominated = a > tt
-        notes_lower = np.where(
-            dominated, n * (1.0 - 2.0 * np.exp(-_half_square_ratio(a - tt, s))), np.nan
-        )
+        notes_lower = n * (1.0 - 2.0 * np.exp(-_half_square_ratio(a - tt, s)))
+        notes_lower = np.where(dominated, notes_lower, np.nan)
         notes_upper = np.where(m == 0, 2.0 * n * np.exp(-_half_square_ratio(tt, s)), np.nan)
     regime = np.where(dominated, "mean-dominated", np.where(m == 0, "pure-variance", "intermediate"))
     return CountBounds(*(_scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
@@ -437,32 +383,23 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     TypeError
         If an input is not real-valued or ``kind`` is not a string.
     ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes do not broadcast, ``kind`` is
-        unknown, or a bound's margin overflows.
-
-    Notes
-    -----
-    The Gaussian root lies in :math:`[0,t)` (the probability increases in :math:`|\mu|`); vectorised
-    bisection to machine precision.
+        If an input is invalid (as :func:`exceedance_probability`), ``kind`` is unknown, or a bound's
+        margin overflows.
 
     Examples
     --------
-    >>> round(half_exceedance_margin(3.0, 1.0, "two-sided"), 4)
-    1.6651
     >>> half_exceedance_margin(0.5, 1.0)          # 2 Phi(-0.5) > 1/2: mu = 0 already exceeds 1/2
     -0.5
     """
     check_choice(kind, "kind", _MARGIN_KINDS)
-    tt, s = _broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
+    tt, s = _cgf.broadcast(t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
     if kind in ("two-sided", "one-sided"):
         factor = math.sqrt(2.0 * math.log(4.0 if kind == "two-sided" else 2.0))
         with np.errstate(over="ignore"):
             margin = s * factor + 0.0 * tt
         if not np.isfinite(margin).all():
-            raise ValueError(
-                f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
-                f"sigma = {s.max():.4g}; rescale t and sigma"
-            )
+            raise ValueError(f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
+                             f"sigma = {s.max():.4g}; rescale t and sigma")
         return _scalar_or_array(margin)
 
     def excess(mu):
@@ -472,9 +409,9 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
             upper = np.where(np.isfinite(total), -total / s, -(mu / s) - tt / s)
         return special.ndtr((mu - tt) / s) + special.ndtr(upper) - 0.5
 
-    lo = np.zeros_like(tt)
-    hi = tt.copy()
+    lo, hi = np.zeros_like(tt), tt.copy()
     at_zero = excess(lo) >= 0
+
     def middle(lo, hi):
         with np.errstate(over="ignore"):  # lo + hi beyond 1.8e308 for t near the float64 limit
             mid = 0.5 * (lo + hi)
@@ -491,7 +428,6 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
     return _scalar_or_array(root - tt)
 
 
-# concentration of C(t)
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
 
 
@@ -503,9 +439,7 @@ def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
-    Proofs: chapter :doc:`/book/theorem2` (Boucheron, Lugosi and Massart 2013, §2.2).
-
-    Valid for independent rows; with dependent rows :math:`C(t)` need not concentrate.
+    For independent rows (dependent rows need not concentrate); proofs: chapter :doc:`/book/theorem2`.
 
     Parameters
     ----------
@@ -517,22 +451,18 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         Total miss probability in :math:`(0,1)`, split equally between the tails.
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
         ``"hoeffding"``: :math:`Np\pm\sqrt{N\ln(2/\delta)/2}`; ``"chernoff"``: :math:`[Nq_-,Nq_+]` with
-        :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial quantiles.
+        :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial
+        quantiles.
 
     Returns
     -------
-    lower : float or numpy.ndarray
-        Lower end, broadcast over ``N`` and ``p`` (Hoeffding's unclipped, the others in :math:`[0,N]`).
-    upper : float or numpy.ndarray
-        Upper end, likewise.
+    tuple of float or numpy.ndarray
+        ``(lower, upper)``, broadcast over ``N`` and ``p`` (Hoeffding's unclipped, others in :math:`[0,N]`).
 
     Raises
     ------
-    TypeError
-        If ``N`` is not an integer (array), ``p`` or ``delta`` is not real, or ``method`` is not a string.
-    ValueError
-        If ``N < 1``, ``p`` is outside :math:`[0,1]`, ``delta`` is outside :math:`(0,1)`, shapes do not
-        broadcast, or ``method`` is unknown.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
 
     Examples
     --------
@@ -543,7 +473,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     (920.0, 1082.0)
     """
     check_choice(method, "method", _INTERVAL_METHODS)
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+    if not is_real(delta):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
@@ -551,7 +481,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
-    n, pp = _broadcast(N=n, p=pp)
+    n, pp = _cgf.broadcast(N=n, p=pp)
     log_term = math.log(2.0 / float(delta))
 
     if method == "hoeffding":
@@ -582,10 +512,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, hi_q))
         q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, lo_r))
         lo, hi = n * q_minus, n * q_plus
-    return _scalar_or_array(np.asarray(lo, dtype=np.float64)), _scalar_or_array(np.asarray(hi, dtype=np.float64))
-
-
-# streamed simulation
+    return tuple(_scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
@@ -631,13 +558,13 @@ class _BlockCounter:
         if m == 1:
             if 2 * T > _SORT_ABOVE_COMPARISONS:  # one sort, then binary searches
                 z.sort()
-                out[0] = (rows - np.searchsorted(z, hi[0], side="right")) + np.searchsorted(z, lo[0], side="left")
+                above = rows - np.searchsorted(z, hi[0], side="right")
+                out[0] = above + np.searchsorted(z, lo[0], side="left")
                 return out
             mask = self.mask[:n]
             for k in range(T):
-                out[0, k] = np.count_nonzero(np.greater(z, hi[0, k], out=mask)) + np.count_nonzero(
-                    np.less(z, lo[0, k], out=mask)
-                )
+                above = np.count_nonzero(np.greater(z, hi[0, k], out=mask))
+                out[0, k] = above + np.count_nonzero(np.less(z, lo[0, k], out=mask))
             return out
         z = z.reshape(rows, m)
         mask = self.mask[:n].reshape(rows, m)
@@ -664,16 +591,8 @@ class _BlockCounter:
         return above + below
 
 
-def simulate_counts(
-    N,
-    mu,
-    t,
-    sigma,
-    noise: str = "gaussian",
-    rng=None,
-    rho: float = 0.0,
-    chunk_size: int = _DEFAULT_CHUNK,
-):
+def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: float = 0.0,
+                    chunk_size: int = _DEFAULT_CHUNK):
     r"""Monte-Carlo counts :math:`C_j(t)=\#\{i\le N:|\mu_j+Z_{ij}|>t\}`, streamed in chunks.
 
     Parameters
@@ -681,17 +600,15 @@ def simulate_counts(
     N : int or 1-D sequence of int
         Rows per channel; a strictly increasing sequence returns the counts of the first :math:`N_k`
         rows of one stream.
-    mu, sigma : float or array_like
-        Channel means and noise scales (module docstring), broadcast together: the channel shape.
-    t : float or array_like
-        Thresholds :math:`t\ge0`, all applied to the same draws.
+    mu, t, sigma : float or array_like
+        Channel means, thresholds :math:`t\ge0` (all applied to the same draws) and noise scales;
+        ``mu`` and ``sigma`` broadcast together into the channel shape.
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
         Law of the noise.
     rng : None, int or numpy.random.Generator, optional
         Source of randomness (an int is a seed; None: fresh entropy).
     rho : float, default 0.0
-        Correlation :math:`0\le\rho<1` between the rows of a channel (Gaussian noise only): one shared
-        :math:`W_j` per channel, same marginal law, dependent rows.
+        Correlation :math:`0\le\rho<1` of a channel's rows via one shared :math:`W_j` (Gaussian only).
     chunk_size : int, default 65536
         Draws held in memory at once.
 
@@ -703,46 +620,33 @@ def simulate_counts(
 
     Raises
     ------
-    TypeError
-        If a count is not an integer, another input is not real-valued, ``noise`` is not a string or
-        ``rng`` has the wrong type.
-    ValueError
-        If ``N`` is < 1, beyond int64 or not strictly increasing, an input is not finite, ``sigma <= 0``,
-        ``t < 0``, ``mu`` and ``sigma`` do not broadcast, ``noise`` is unknown, ``rho`` is outside
-        :math:`[0,1)` or non-zero with non-Gaussian noise, or ``chunk_size < 1``.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (``N`` beyond int64 included).
 
     Notes
     -----
-    Thresholds are mapped into the generator's draw space and counted by comparisons on a reused
-    float32 buffer (or one sort and binary searches); only float32 rounding (relative
-    :math:`6\cdot10^{-8}`) separates the counts from exact ones.
+    Draws are float32: only their rounding (relative :math:`6\cdot10^{-8}`) separates these from exact counts.
 
     Examples
     --------
     >>> simulate_counts(10**5, 0.0, 2.0, 1.0, rng=0)    # E[C] = 10**5 * 2 Phi(-2) = 4550
     4422
-    >>> simulate_counts([10, 100, 1000], [0.0, 3.0], [1.0, 2.0], 1.0, rng=0).shape
-    (3, 2, 2)
     """
     law = _noise_name(noise)
     sizes, scalar_n = checkpoints(N)
-    m_arr, s_arr = _broadcast(mu=real_array("mu", mu), sigma=_positive_sigma(sigma))
+    m_arr, s_arr = _cgf.broadcast(mu=real_array("mu", mu), sigma=_positive_sigma(sigma))
     t_arr = _nonnegative_t(t)
-    if isinstance(rho, bool) or not isinstance(rho, numbers.Real):
+    if not is_real(rho):
         raise TypeError(f"rho must be a real number in [0, 1), got {type(rho).__name__}")
     if not (0.0 <= float(rho) < 1.0):
         raise ValueError(f"rho must satisfy 0 <= rho < 1, got {rho!r}")
     if rho != 0 and law != "gaussian":
         raise ValueError(f"rho != 0 is only defined for Gaussian noise, got noise={law!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-        raise TypeError(f"chunk_size must be an integer, got {type(chunk_size).__name__}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunk_size = check_int(chunk_size, "chunk_size", 1)
     gen = as_generator(rng)
 
     channel_shape = m_arr.shape
-    mus = m_arr.reshape(-1)
-    sig = s_arr.reshape(-1)
+    mus, sig = m_arr.reshape(-1), s_arr.reshape(-1)
     if rho:
         mus = mus + sig * math.sqrt(rho) * gen.standard_normal(mus.size)
         sig = sig * math.sqrt(1.0 - rho)
@@ -766,13 +670,13 @@ def simulate_counts(
 
     J, T, K = mus.size, ts.size, sizes.size
     counts = np.zeros((K, J, T), dtype=np.int64)
-    counter = _BlockCounter(law, gen, int(chunk_size))
+    counter = _BlockCounter(law, gen, chunk_size)
     total = int(sizes[-1])
-    block = 1 if total >= chunk_size else max(1, int(chunk_size) // total)
+    block = 1 if total >= chunk_size else max(1, chunk_size // total)
     for j0 in range(0, J, block):
         j1 = min(J, j0 + block)
         m = j1 - j0
-        rows_per_chunk = max(1, int(chunk_size) // m)
+        rows_per_chunk = max(1, chunk_size // m)
         running = np.zeros((m, T), dtype=np.int64)
         pos, k = 0, 0
         while pos < total:

@@ -1,16 +1,7 @@
-"""LayerNorm and RMSNorm as plain functions, with their analytic Jacobians.
+"""LayerNorm and RMSNorm as plain functions (NumPy, float64), with their exact Jacobians.
 
-The mathematical objects of the chapter :doc:`/book/layernorm_geometry`:
-
-* :func:`layernorm` and :func:`rmsnorm` normalise the last axis of an array (NumPy, float64);
-* :func:`layernorm_jacobian` and :func:`rmsnorm_jacobian`: the exact ``d x d`` Jacobian at a 1-D
-  input, optionally with a gain ``gamma``;
-* :func:`gain_jacobian_norm_bounds`: ``gamma_(m+1) / s <= ||J|| <= max|gamma| / s``;
-* :func:`autograd_jacobian`: the same matrices by differentiating PyTorch's own
-  ``layer_norm`` / ``rms_norm``, an independent check of the formulas.
-
-Conventions follow PyTorch: the population variance (divide by ``d``), ``eps`` added inside the
-square root.
+The objects of the chapter :doc:`/book/layernorm_geometry`; conventions follow PyTorch (population
+variance, ``eps`` inside the square root), and :func:`autograd_jacobian` checks the formulas against it.
 """
 
 from __future__ import annotations
@@ -20,11 +11,7 @@ import numpy as np
 from companion._validation import check_real, real_array
 
 __all__ = [
-    "layernorm",
-    "rmsnorm",
-    "layernorm_jacobian",
-    "rmsnorm_jacobian",
-    "gain_jacobian_norm_bounds",
+    "layernorm", "rmsnorm", "layernorm_jacobian", "rmsnorm_jacobian", "gain_jacobian_norm_bounds",
     "autograd_jacobian",
 ]
 
@@ -36,10 +23,8 @@ def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}") from exc
     if one_d and arr.ndim != 1:
-        raise ValueError(
-            f"{name} must be a 1-D vector (one token's features), got shape {arr.shape}; "
-            "pass a single row, e.g. x[i]"
-        )
+        raise ValueError(f"{name} must be a 1-D vector (one token's features), got shape {arr.shape}; "
+                         "pass a single row, e.g. x[i]")
     if arr.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (the feature axis), got a scalar")
     if arr.shape[-1] < 1:
@@ -54,21 +39,30 @@ def _check_affine(param, d: int, name: str) -> np.ndarray | None:
     return None if param is None else real_array(name, param, shape=(d,))
 
 
+def _batch(x, kind: str, kinds: tuple[str, str], eps) -> tuple[np.ndarray, float]:
+    """Check ``kind`` (one of ``kinds``), ``eps`` and a 1-D/2-D ``x``; return (x, eps)."""
+    if kind not in kinds:
+        raise ValueError(f"kind must be {kinds[0]!r} or {kinds[1]!r}, got {kind!r}")
+    eps = check_real(eps, "eps", lo=0.0)
+    arr = _as_float_array(x)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"x must be a 1-D vector or a 2-D batch of rows, got shape {arr.shape}")
+    return arr, eps
+
+
 def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray]:
     """Return (y, s): y = x - mean (or x), s = sqrt(mean(y**2) + eps), over the last axis."""
     y = x - x.mean(axis=-1, keepdims=True) if centre else x
     s2 = np.mean(y * y, axis=-1, keepdims=True) + eps
     if np.any(s2 <= 0):
         what = "constant (zero variance)" if centre else "all zero"
-        raise ValueError(
-            f"input is {what} along the feature axis and eps = 0, so the normalisation divides "
-            "by zero; use eps > 0 or a non-degenerate input"
-        )
+        raise ValueError(f"input is {what} along the feature axis and eps = 0, so the normalisation "
+                         "divides by zero; use eps > 0 or a non-degenerate input")
     return y, np.sqrt(s2)
 
 
 def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
-    r"""Layer normalisation over the last axis: :math:`\gamma\odot(x-\bar x)/\sqrt{\mathrm{var}(x)+\epsilon}+\beta`.
+    r"""LayerNorm over the last axis: :math:`\gamma\odot(x-\bar x)/\sqrt{\mathrm{var}(x)+\epsilon}+\beta`.
 
     Parameters
     ----------
@@ -76,10 +70,8 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
         Input; every row (last axis) is normalised separately.
     eps : float, default 1e-5
         Added to the population variance inside the square root.
-    gamma : array_like of shape (d,), optional
-        Gain; ``None`` means 1.
-    beta : array_like of shape (d,), optional
-        Bias; ``None`` means 0.
+    gamma, beta : array_like of shape (d,), optional
+        Gain and bias; ``None`` means 1 and 0.
 
     Returns
     -------
@@ -91,8 +83,8 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``x`` is a scalar or not finite, ``eps`` < 0, ``gamma``/``beta`` do not have shape ``(d,)``,
-        or a row is constant while ``eps`` = 0.
+        If ``x`` is a scalar or not finite, ``eps < 0``, ``gamma``/``beta`` do not have shape ``(d,)``,
+        or a row is degenerate (constant) while ``eps = 0``.
 
     Examples
     --------
@@ -103,15 +95,10 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
     eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x)
     d = x.shape[-1]
-    gamma = _check_affine(gamma, d, "gamma")
-    beta = _check_affine(beta, d, "beta")
+    gamma, beta = _check_affine(gamma, d, "gamma"), _check_affine(beta, d, "beta")
     y, s = _centred_scale(x, eps, centre=True)
-    out = y / s
-    if gamma is not None:
-        out = out * gamma
-    if beta is not None:
-        out = out + beta
-    return out
+    out = y / s if gamma is None else y / s * gamma
+    return out if beta is None else out + beta
 
 
 def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
@@ -119,12 +106,8 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
 
     Parameters
     ----------
-    x : array_like, shape (..., d)
-        Input; every row (last axis) is normalised separately.
-    eps : float, default 1e-5
-        Added to the mean square inside the square root.
-    gamma : array_like of shape (d,), optional
-        Gain; ``None`` means 1.
+    x, eps, gamma : array_like, float, array_like or None
+        As in :func:`layernorm` (``eps`` is added to the mean square).
 
     Returns
     -------
@@ -133,11 +116,8 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``x`` is a scalar or not finite, ``eps`` < 0, ``gamma`` does not have shape ``(d,)``, or a
-        row is all zero while ``eps`` = 0.
+    TypeError, ValueError
+        As :func:`layernorm` (a degenerate row is all zero).
 
     Examples
     --------
@@ -152,19 +132,24 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     return out * gamma if gamma is not None else out
 
 
+def _one_point(x, eps, gamma) -> tuple[np.ndarray, float, np.ndarray | None]:
+    """The checked 1-D point, ``eps`` and gain of a Jacobian."""
+    eps = check_real(eps, "eps", lo=0.0)
+    x = _as_float_array(x, one_d=True)
+    return x, eps, _check_affine(gamma, x.shape[0], "gamma")
+
+
 def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     r"""Exact Jacobian of LayerNorm at a 1-D input, without affine parameters or with a gain.
 
-    Derivation and spectrum (:math:`\|J\|_2=\sqrt d/\|y\|` for :math:`\epsilon=0`): chapter :doc:`/book/layernorm_geometry`.
+    Derivation and spectrum: chapter :doc:`/book/layernorm_geometry`.
 
     Parameters
     ----------
     x : array_like, shape (d,)
         The point at which to differentiate.
-    eps : float, default 0.0
-        Variance epsilon, as in :func:`layernorm`.
-    gamma : array_like of shape (d,), optional
-        Gain: the Jacobian becomes :math:`\operatorname{diag}(\gamma)J` (a bias does not change it).
+    eps, gamma : float (default 0.0), array_like or None
+        As in :func:`layernorm`; a gain makes the Jacobian :math:`\operatorname{diag}(\gamma)J`.
 
     Returns
     -------
@@ -173,26 +158,19 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``x`` is not 1-D or not finite, is constant while ``eps`` = 0, ``eps`` < 0, or ``gamma`` does
-        not have shape ``(d,)``.
+    TypeError, ValueError
+        As :func:`layernorm`, or if ``x`` is not 1-D.
 
     Examples
     --------
-    >>> J = layernorm_jacobian([1.0, 2.0, 3.0, 6.0])
-    >>> round(float(np.linalg.norm(J, 2)), 4)   # 1 / std(x) = 1 / 1.8708
+    >>> round(float(np.linalg.norm(layernorm_jacobian([1.0, 2.0, 3.0, 6.0]), 2)), 4)   # 1 / std(x)
     0.5345
     """
-    eps = check_real(eps, "eps", lo=0.0)
-    x = _as_float_array(x, one_d=True)
+    x, eps, gamma = _one_point(x, eps, gamma)
     d = x.shape[0]
-    gamma = _check_affine(gamma, d, "gamma")
     y, s = _centred_scale(x, eps, centre=True)
     s = float(s[0])
-    P = np.eye(d) - 1.0 / d
-    J = (P - np.outer(y, y) / (d * s * s)) / s
+    J = (np.eye(d) - 1.0 / d - np.outer(y, y) / (d * s * s)) / s
     return J if gamma is None else gamma[:, None] * J
 
 
@@ -201,12 +179,8 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
     Parameters
     ----------
-    x : array_like, shape (d,)
-        The point at which to differentiate.
-    eps : float, default 0.0
-        Epsilon added to the mean square, as in :func:`rmsnorm`.
-    gamma : array_like of shape (d,), optional
-        Gain: the Jacobian becomes :math:`\operatorname{diag}(\gamma)J`.
+    x, eps, gamma : array_like, float, array_like or None
+        As in :func:`layernorm_jacobian`.
 
     Returns
     -------
@@ -215,22 +189,16 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``x`` is not 1-D or not finite, is all zero while ``eps`` = 0, ``eps`` < 0, or ``gamma`` does
-        not have shape ``(d,)``.
+    TypeError, ValueError
+        As :func:`rmsnorm`, or if ``x`` is not 1-D.
 
     Examples
     --------
-    >>> J = rmsnorm_jacobian([3.0, 4.0])
-    >>> np.allclose(J @ np.array([3.0, 4.0]), 0.0)
+    >>> np.allclose(rmsnorm_jacobian([3.0, 4.0]) @ np.array([3.0, 4.0]), 0.0)
     True
     """
-    eps = check_real(eps, "eps", lo=0.0)
-    x = _as_float_array(x, one_d=True)
+    x, eps, gamma = _one_point(x, eps, gamma)
     d = x.shape[0]
-    gamma = _check_affine(gamma, d, "gamma")
     _, r = _centred_scale(x, eps, centre=False)
     r = float(r[0])
     J = (np.eye(d) - np.outer(x, x) / (d * r * r)) / r
@@ -239,9 +207,9 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
 
 def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
                               eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds on the spectral norm of a normalisation's Jacobian with a learned gain.
+    """Bound the spectral norm of a normalisation's Jacobian with a learned gain.
 
-    Proof (Cauchy interlacing): chapter :doc:`/book/layernorm_geometry`.
+    Proof: chapter :doc:`/book/layernorm_geometry`.
 
     Parameters
     ----------
@@ -252,23 +220,20 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
     kind : {"rmsnorm", "layernorm"}
         Which normalisation (a LayerNorm bias does not change the Jacobian).
     eps : float, default 0.0
-        Epsilon inside the square root.
+        As in :func:`layernorm`.
 
     Returns
     -------
-    lower : numpy.ndarray
-        ``g_(m+1) / s`` per row (0-d for one input): ``g_(k)`` are the sorted ``|gamma_j|``, ``s`` the
-        row's normaliser, ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
-    upper : numpy.ndarray
-        ``g_(1) / s``, same shape.
+    tuple of numpy.ndarray
+        ``(g_(m+1) / s, g_(1) / s)`` per row (0-d for one input): ``g_(k)`` are the sorted ``|gamma_j|``,
+        ``s`` the row's normaliser, ``m`` = 1 (RMSNorm) or 2 (LayerNorm).
 
     Raises
     ------
     TypeError
         If ``x`` or ``gamma`` is not numeric (or None), or ``eps`` is not real.
     ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D/2-D or not finite, ``gamma`` does not have shape
-        ``(d,)``, ``d <= m``, ``eps`` < 0, or a row is degenerate while ``eps`` = 0.
+        If ``kind`` is unknown, ``x`` is not 1-D/2-D, ``d <= m``, or as :func:`layernorm`.
 
     Examples
     --------
@@ -277,12 +242,7 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
     >>> bool(lo <= np.linalg.norm(rmsnorm_jacobian(x, gamma=g), 2) <= hi)
     True
     """
-    if kind not in ("rmsnorm", "layernorm"):
-        raise ValueError(f"kind must be 'rmsnorm' or 'layernorm', got {kind!r}")
-    eps = check_real(eps, "eps", lo=0.0)
-    arr = _as_float_array(x)
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"x must be a 1-D vector or a 2-D batch of rows, got shape {arr.shape}")
+    arr, eps = _batch(x, kind, ("rmsnorm", "layernorm"), eps)
     d = arr.shape[-1]
     if gamma is None:
         raise TypeError("gamma must be an array of shape (d,), got None")
@@ -305,7 +265,7 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
     kind : {"layernorm", "rmsnorm"}
         ``torch.nn.functional.layer_norm`` or ``rms_norm``, no affine parameters.
     eps : float, default 0.0
-        Epsilon inside the square root.
+        As in :func:`layernorm`.
 
     Returns
     -------
@@ -317,23 +277,16 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
     TypeError
         If ``x`` is not numeric or ``eps`` is not a real number.
     ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D/2-D or not finite, ``eps`` < 0, or a row is degenerate
-        while ``eps`` = 0.
+        If ``kind`` is unknown, ``x`` is not 1-D/2-D, or as :func:`layernorm`.
 
     Examples
     --------
-    >>> x = [1.0, 2.0, 3.0, 6.0]
-    >>> np.allclose(autograd_jacobian(x), layernorm_jacobian(x))
+    >>> np.allclose(autograd_jacobian([1.0, 2.0, 6.0]), layernorm_jacobian([1.0, 2.0, 6.0]))
     True
     """
     import torch
 
-    if kind not in ("layernorm", "rmsnorm"):
-        raise ValueError(f"kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
-    eps = check_real(eps, "eps", lo=0.0)
-    arr = _as_float_array(x)
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"x must be a 1-D vector or a 2-D batch of rows, got shape {arr.shape}")
+    arr, eps = _batch(x, kind, ("layernorm", "rmsnorm"), eps)
     _centred_scale(arr, eps, centre=(kind == "layernorm"))  # raises on a degenerate row
     batch = arr.reshape(-1, arr.shape[-1])
     n, d = batch.shape
