@@ -24,19 +24,13 @@ __all__ = ["FRAMEWORK_SCHEMA", "register", "experiment_names", "get_experiment",
 
 #: Modules of companion/experiments/ that hold no experiment (not imported by discovery).
 INFRASTRUCTURE = ("registry", "store")
-
-
 #: Version of the on-disk Result format (part of every Result's schema string).
 FRAMEWORK_SCHEMA = 1
-
-
 _REGISTRY: dict[str, type] = {}
-
-
 _DISCOVERED = False
+_SCALARS = (int, float, str, bool)
 
 
-# --------------------------------------------------------------------------- registry
 def register(name: str, schema: int = 1):
     """Class decorator: register a frozen config dataclass as the experiment ``name``.
 
@@ -115,6 +109,10 @@ def _discover() -> None:
 def experiment_names() -> list[str]:
     """Sorted names of all registered experiments (modules are discovered on first call).
 
+    Returns
+    -------
+    list of str
+
     Examples
     --------
     >>> "channel_statistics" in experiment_names()
@@ -127,6 +125,15 @@ def experiment_names() -> list[str]:
 def get_experiment(name: str) -> type:
     """The config class registered as ``name``.
 
+    Parameters
+    ----------
+    name : str
+        A name of :func:`experiment_names`.
+
+    Returns
+    -------
+    type
+
     Raises
     ------
     ValueError
@@ -136,10 +143,6 @@ def get_experiment(name: str) -> type:
     if name not in _REGISTRY:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(_REGISTRY)) or 'none'}")
     return _REGISTRY[name]
-
-
-# --------------------------------------------------------------------------- configs
-_SCALARS = (int, float, str, bool)
 
 
 def _field_kind(tp, where: str):
@@ -226,7 +229,8 @@ def make_config(name_or_cls, overrides: dict | None = None, **kwargs):
 
     Returns
     -------
-    The frozen config instance.
+    object
+        The frozen config instance.
 
     Raises
     ------
@@ -260,6 +264,14 @@ def _config_dict(config) -> dict:
 
 def config_hash(config) -> str:
     """16-hex-digit SHA-256 of the experiment name and the canonical JSON of the config.
+
+    Parameters
+    ----------
+    config : a registered experiment config instance
+
+    Returns
+    -------
+    str
 
     Raises
     ------
