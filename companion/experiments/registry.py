@@ -1,9 +1,7 @@
 """The experiment registry: named, frozen config dataclasses and the hash that keys their Results.
 
-:func:`register` turns a frozen dataclass with a ``compute(device, progress)`` method into an
-experiment; :func:`make_config` builds a config from JSON-like overrides (the CLI's ``--set``);
-:func:`config_hash` is the 16-hex-digit SHA-256 of the experiment name and the config's canonical
-JSON, under which :mod:`companion.experiments.store` files its Result.
+:func:`register` makes a frozen dataclass with a ``compute(device, progress)`` method an experiment;
+:func:`make_config` builds a config from JSON-like overrides (the CLI's ``--set``).
 """
 
 from __future__ import annotations
@@ -109,10 +107,6 @@ def _discover() -> None:
 def experiment_names() -> list[str]:
     """Sorted names of all registered experiments (modules are discovered on first call).
 
-    Returns
-    -------
-    list of str
-
     Examples
     --------
     >>> "channel_statistics" in experiment_names()
@@ -123,16 +117,7 @@ def experiment_names() -> list[str]:
 
 
 def get_experiment(name: str) -> type:
-    """The config class registered as ``name``.
-
-    Parameters
-    ----------
-    name : str
-        A name of :func:`experiment_names`.
-
-    Returns
-    -------
-    type
+    """The config class registered as ``name`` (one of :func:`experiment_names`).
 
     Raises
     ------
@@ -263,15 +248,7 @@ def _config_dict(config) -> dict:
 
 
 def config_hash(config) -> str:
-    """16-hex-digit SHA-256 of the experiment name and the canonical JSON of the config.
-
-    Parameters
-    ----------
-    config : a registered experiment config instance
-
-    Returns
-    -------
-    str
+    """16-hex-digit SHA-256 of the experiment name and the canonical JSON of ``config``.
 
     Raises
     ------

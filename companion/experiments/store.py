@@ -93,22 +93,21 @@ class Result:
     ----------
     name : str
         Experiment name.
-    config : dict
-        The config as plain JSON values.
+    config, scalars : dict
+        The config and the scalar outputs, as JSON values.
     arrays : dict of str -> numpy.ndarray
-    scalars : dict
-        Numbers, strings and lists (JSON).
     versions : dict
-        python, torch, transformers, numpy, companion (and the platform).
+        python, torch, transformers, numpy, companion and the platform.
     device : str
-        E.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
+        E.g. ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
     wall_time : float
         Seconds spent in ``compute``.
     schema : str
         ``"<framework schema>.<experiment schema>"``.
-    config_hash : str
-    created : str
-        UTC timestamp (ISO 8601).
+    config_hash, created : str
+        The key of :func:`result_path`; the UTC time (ISO 8601).
+    path : pathlib.Path or None
+        Where it is stored.
     """
 
     name: str
@@ -207,10 +206,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
 
     Examples
     --------
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     stored_results("channel_statistics", root=tmp)
-    []
+    >>> newest = stored_results("framework_random")[0]  # doctest: +SKIP
     """
     cls = get_experiment(name)
     base = Path(root) if root is not None else stored_root()
@@ -474,8 +470,8 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
 def load_result(path: str | Path) -> Result:
     """Read and verify a Result written by :func:`save_result` (no pickles are loaded).
 
-    Checks the JSON's fields and types, the declared arrays, shapes and dtypes, and the
-    checksums when recorded.  A pair that a writer replaces during the read is read again.
+    Checks the JSON's fields and types, the arrays' shapes and dtypes, and the checksums when
+    recorded; a pair that a writer replaces during the read is read again.
 
     Parameters
     ----------
