@@ -33,8 +33,7 @@ __all__ = ["WINDOW_KINDS_TRAINED", "TrainedWindowsConfig", "GPU_TRAINED", "tiny_
 #: Output effects of the trained-stack windows.
 WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
 
-#: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others only
-#: change how the models are swept).
+#: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others: the sweep).
 TRAINING_FIELDS = ("widths", "depths", "placements", "n_heads", "steps", "batch_size", "seq_len",
                    "lr", "warmup", "seed")
 
@@ -139,19 +138,10 @@ class TrainedWindowsConfig:
         check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Train the models and sweep them (:func:`sweep_trained`), and the same models at initialisation.
+        """Train and sweep the models (:func:`sweep_trained`), and sweep them at initialisation too.
 
-        Parameters
-        ----------
-        device : str or torch.device
-        progress : bool, default False
-            Show a progress bar over the models.
-
-        Returns
-        -------
-        dict
-            The sweeps (the initial ones prefixed ``"init_"``), ``"train_loss"`` ``[P, W, D,
-            steps]``, the axis labels and the :func:`training_hash`.
+        Returns the sweeps (the initial ones as ``"init_*"``), ``"train_loss"`` ``[P, W, D, steps]``,
+        the axis labels and the :func:`training_hash`; ``progress`` shows a bar over the models.
         """
         bar = progress_bar(len(_model_keys(self)), progress, "training")
         models = train_models(self, device, bar.update if bar else None)

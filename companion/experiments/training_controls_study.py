@@ -17,7 +17,7 @@ import torch
 
 from companion._validation import check_int, check_real
 from companion.corpus import load_corpus
-from companion.experiments import progress_bar, register
+from companion.experiments import Result, progress_bar, register
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize
 from companion.applications.training_controls import (
@@ -124,8 +124,6 @@ class TrainingControlsStudy:
 #: The short regime: the applications chapter's former set-up (100 steps, peak rate 3e-3).
 SHORT = TrainingControlsStudy(seeds=tuple(range(8)), steps=100, lr=3e-3, warmup=10, dtype="float64",
                               probe_every=10)
-
-
 #: The long regime, stored as two Results (run as two processes): the clipping arms with the
 #: reference, and the two regulariser arms (same seeds, so :func:`merge_arms` joins them).
 LONG_CLIP = TrainingControlsStudy(arms=("none", "fixed", "tail"))
@@ -157,8 +155,6 @@ def merge_arms(*results) -> tuple[list[str], dict]:
     TypeError, ValueError
         Not a Result of this experiment; none given, configs differing beyond ``arms``, a repeated arm.
     """
-    from companion.experiments import Result
-
     if not results:
         raise ValueError("merge_arms needs at least one Result")
     for r in results:
@@ -244,6 +240,7 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
     probe_steps = np.arange(config.probe_every, config.steps + 1, config.probe_every)
 
     def drift(model, windows=config.eval_windows, **kw):
+        """:func:`~companion.applications.training_controls.stream_drift` on the held-out bytes."""
         return stream_drift(model, test_ids, config.seq_len, max_windows=windows, **kw)
 
     rows: dict = {}  # key -> one entry per seed ("init_*") or per (arm, seed)
