@@ -35,7 +35,7 @@ SITES = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("g
 
 
 def quantization_schemes(alphas) -> list[str]:
-    """Names of the whole-model schemes the sweep measures, in table order.
+    """Return the names of the whole-model schemes the sweep measures, in table order.
 
     Parameters
     ----------
@@ -45,6 +45,7 @@ def quantization_schemes(alphas) -> list[str]:
     Returns
     -------
     list of str
+        Names that :meth:`CompressionBench.scheme` reads.
     """
     names = ["A8 tensor dynamic", "A8 tensor dynamic, centred on mean", "A8 tensor static",
              "A8 tensor static, act bias corr", "A8 tensor static asym", "A8 token dynamic",
@@ -216,8 +217,7 @@ class CompressionSweepExperiment:
     alphas : tuple of float
         SmoothQuant migration strengths.
     low_bits, high_bits : int
-        Mixed precision: per-token dynamic activations at ``low_bits`` everywhere except the
-        chosen layers/sites at ``high_bits``.
+        Mixed precision: per-token dynamic activations at ``low_bits``, chosen layers/sites at ``high_bits``.
     keep_layers : int
         Layers kept at ``high_bits`` by each selection rule.
     prune_fractions : tuple of float
@@ -226,9 +226,8 @@ class CompressionSweepExperiment:
     Notes
     -----
     Summary rows hold (loss increase, s.e., KL, s.e., relative MSE after the last block):
-    ``schemes_summary``, ``site_summary``, ``mixed_summary``, ``prune_summary [n_scores, 2,
-    n_fractions, 5]`` (without / with mean compensation); per layer ``layer_kl``,
-    ``layer_mean_share``, ``layer_range``.
+    ``schemes_summary``, ``site_summary``, ``mixed_summary``, ``prune_summary [n_scores, 2, n_fractions,
+    5]`` (without / with mean compensation); per layer ``layer_kl``, ``layer_mean_share``, ``layer_range``.
     """
 
     model: str = "smollm2-135m"

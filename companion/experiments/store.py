@@ -140,9 +140,7 @@ def results_root() -> Path:
     if env:
         return Path(env).expanduser()
     repo = source_checkout()
-    if repo is not None:
-        return repo / "results"
-    return Path.home() / ".cache" / "companion" / "results"
+    return repo / "results" if repo is not None else Path.home() / ".cache" / "companion" / "results"
 
 
 def cache_root() -> Path:
@@ -157,17 +155,14 @@ def cache_root() -> Path:
 
 
 def stored_root() -> Path:
-    """Folder of the stored Results that chapters read; :func:`~companion.experiments.run_cached` looks here first.
+    """Folder of the stored Results that chapters read (searched first by ``run_cached``).
 
     Returns
     -------
     pathlib.Path
-        ``$COMPANION_RESULTS/stored`` if set, else the package data folder
-        ``companion/data/results``.
+        ``$COMPANION_RESULTS/stored`` if set, else the package data ``companion/data/results``.
     """
-    if os.environ.get("COMPANION_RESULTS"):
-        return results_root() / "stored"
-    return package_data("results")
+    return results_root() / "stored" if os.environ.get("COMPANION_RESULTS") else package_data("results")
 
 
 def stored_target() -> Path:
@@ -178,9 +173,8 @@ def stored_target() -> Path:
     pathlib.Path
         :func:`stored_root` in a clone or under ``$COMPANION_RESULTS``, else :func:`cache_root`.
     """
-    if os.environ.get("COMPANION_RESULTS") or source_checkout() is not None:
-        return stored_root()
-    return cache_root()
+    writable = os.environ.get("COMPANION_RESULTS") or source_checkout() is not None
+    return stored_root() if writable else cache_root()
 
 
 def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
@@ -196,8 +190,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     Returns
     -------
     list of Result
-        Results of ``name`` whose schema matches the current code; others are skipped (they
-        would be recomputed by :func:`~companion.experiments.run_cached`, never shown).
+        Those whose schema matches the current code (others would be recomputed, never shown).
 
     Raises
     ------
@@ -337,8 +330,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     result : Result
         The Result to store.
     results_dir : path or None
-        Root folder (files ``<results_dir>/<name>/<config hash>.json`` and ``.npz``); default
-        :func:`cache_root`.
+        Root folder of ``<name>/<config hash>.json`` and ``.npz``; default :func:`cache_root`.
 
     Returns
     -------
@@ -362,8 +354,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
             raise ValueError(f"array names must be identifiers, got {key!r}")
         arrays[key] = np.asarray(value)
         if arrays[key].dtype.hasobject:
-            raise TypeError(f"array {key!r} has dtype object, which cannot be stored without "
-                            "pickles")
+            raise TypeError(f"array {key!r} has dtype object, which cannot be stored without pickles")
     base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
     npz_path = path.with_suffix(".npz")
@@ -374,8 +365,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
                       for k, v in arrays.items()}
     temps = []
     try:
-        temps.append(_temp_write(path.parent, path.stem, ".npz.tmp",
-                                 lambda fh: _write_npz(fh, arrays)))
+        temps.append(_temp_write(path.parent, path.stem, ".npz.tmp", lambda fh: _write_npz(fh, arrays)))
         meta["npz_sha256"] = _file_digest(temps[0])
         text = _json_bytes(meta)
         temps.append(_temp_write(path.parent, path.stem, ".json.tmp", lambda fh: fh.write(text)))
