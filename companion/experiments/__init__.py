@@ -6,14 +6,8 @@ those), the CLI (``python -m companion run NAME --device cuda --set key=value``)
 as ``<results>/<experiment>/<config hash>.json`` + ``.npz`` (:mod:`companion.experiments.store`;
 the registry and the hash: :mod:`companion.experiments.registry`).  :func:`run_cached` reuses a
 stored Result only if its config hash and schema match, else recomputes and says so.  GPU Results
-are copied into ``companion/data/results/NAME/``, where chapters read them.
-
-To add an experiment, drop a module into ``companion/experiments/`` (discovered with
-:mod:`pkgutil`) that defines a frozen dataclass decorated with :func:`register` (example there).
-Its fields are ``int``, ``float``, ``str``, ``bool`` or tuples of them, each with a default (the
-CPU size; seeds are fields, so a config determines its Result); ``compute(device, progress)``
-returns a dict whose arrays (numpy or torch) go into ``Result.arrays`` and JSON values into
-``Result.scalars``.  Bump ``schema`` when ``compute`` changes what it returns.
+are copied into ``companion/data/results/NAME/``, where chapters read them.  To add an experiment,
+drop a module that defines a config decorated with :func:`register` into ``companion/experiments/``.
 """
 
 from __future__ import annotations

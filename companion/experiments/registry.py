@@ -32,6 +32,11 @@ _SCALARS = (int, float, str, bool)
 def register(name: str, schema: int = 1):
     """Class decorator: register a frozen config dataclass as the experiment ``name``.
 
+    Its fields are ``int``, ``float``, ``str``, ``bool`` or tuples of them, each with a default (the
+    CPU size; seeds are fields, so a config determines its Result); ``compute(device, progress)``
+    returns a dict whose arrays (numpy or torch) go into ``Result.arrays``, JSON values into
+    ``Result.scalars``.  Modules of ``companion/experiments/`` are discovered with :mod:`pkgutil`.
+
     Parameters
     ----------
     name : str

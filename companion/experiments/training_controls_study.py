@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -238,11 +239,7 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
     dtype = _DTYPES[config.dtype]
     train_ids, test_ids = corpus_split(config.held_out)
     probe_steps = np.arange(config.probe_every, config.steps + 1, config.probe_every)
-
-    def drift(model, windows=config.eval_windows, **kw):
-        """:func:`~companion.applications.training_controls.stream_drift` on the held-out bytes."""
-        return stream_drift(model, test_ids, config.seq_len, max_windows=windows, **kw)
-
+    drift = partial(stream_drift, ids=test_ids, seq_len=config.seq_len, max_windows=config.eval_windows)
     rows: dict = {}  # key -> one entry per seed ("init_*") or per (arm, seed)
     for seed in config.seeds:
         init = TinyLM(member_config(config, seed)).to(dtype).eval()
@@ -260,7 +257,7 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
 
             def probe(step, model, trace=trace):
                 if step % config.probe_every == 0:
-                    peaks = drift(model, config.probe_windows).channel_peak
+                    peaks = drift(model, max_windows=config.probe_windows).channel_peak
                     trace[step // config.probe_every - 1] = peaks.max(axis=1)
 
             t0 = time.perf_counter()
