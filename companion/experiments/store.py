@@ -424,8 +424,7 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
     try:
         blob = npz_path.read_bytes()
     except OSError as exc:
-        raise corrupt(f"its arrays file {npz_path.name} cannot be read "
-                      f"({exc.strerror or exc})") from None
+        raise corrupt(f"its arrays file {npz_path.name} cannot be read ({exc.strerror or exc})") from None
     want_sha = meta.get("npz_sha256")
     sha_ok = want_sha is None or hashlib.sha256(blob).hexdigest() == want_sha
     try:
@@ -448,13 +447,9 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         if "sha256" in spec and _array_digest(a) != spec["sha256"]:
             raise corrupt(f"the values of array {key!r} do not match their SHA-256 in the JSON")
     if not sha_ok:
-        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON (another run's "
-                      "file, or edited)")
-    result = Result(name=meta["name"], config=meta["config"], arrays=arrays,
-                    scalars=meta["scalars"], versions=meta["versions"], device=meta["device"],
-                    wall_time=meta["wall_time"], schema=meta["schema"],
-                    config_hash=meta["config_hash"], created=meta.get("created", ""), path=path)
-    return result, meta
+        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON (another run's file, or edited)")
+    required = {k: meta[k] for k in _META_TYPES if k not in _OPTIONAL}
+    return Result(**required, arrays=arrays, created=meta.get("created", ""), path=path), meta
 
 
 def load_result(path: str | Path) -> Result:
