@@ -255,9 +255,8 @@ class CompressionSweepExperiment:
         res = [bench.measure(bench.scheme(n)) for n in names]
         out["schemes"] = names
         out["schemes_summary"] = np.array([_summary(r) for r in res])
-        out["schemes_loss"] = np.array([r["loss"] for r in res])
-        out["schemes_kl"] = np.array([r["kl"] for r in res])
-        out["schemes_rel_mse"] = np.array([r["rel_mse"] for r in res])
+        for key in ("loss", "kl", "rel_mse"):
+            out[f"schemes_{key}"] = np.array([r[key] for r in res])
         lo, hi = self.low_bits, self.high_bits
         # per site: only that site at low bits
         site_res = [bench.measure(bench.activation(lo, "token", modules=bench.modules([s]))) for s in SITES]
