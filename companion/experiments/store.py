@@ -315,11 +315,9 @@ def check_writable(folder: Path) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ValueError(
-            f"cannot write Results into {folder} ({exc}); choose a writable folder: --out DIR "
-            "on the command line, results_dir= in Python, or $COMPANION_RESULTS for the default "
-            "folders"
-        ) from None
+        raise ValueError(f"cannot write Results into {folder} ({exc}); choose a writable folder: --out DIR "
+                         "on the command line, results_dir= in Python, or $COMPANION_RESULTS for the "
+                         "default folders") from None
 
 
 def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
@@ -447,7 +445,8 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         if "sha256" in spec and _array_digest(a) != spec["sha256"]:
             raise corrupt(f"the values of array {key!r} do not match their SHA-256 in the JSON")
     if not sha_ok:
-        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON (another run's file, or edited)")
+        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON "
+                      "(another run's file, or edited)")
     required = {k: meta[k] for k in _META_TYPES if k not in _OPTIONAL}
     return Result(**required, arrays=arrays, created=meta.get("created", ""), path=path), meta
 
