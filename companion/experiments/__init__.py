@@ -1,46 +1,13 @@
 """Experiments: a frozen config dataclass -> ``run(config, device)`` -> a :class:`Result`, cached.
 
-One code path serves every size: a chapter runs a small config on a CPU, the CLI
-(``python -m companion run NAME --set key=value``) runs a large one on a GPU, and both produce
-the same kind of :class:`Result` -- arrays, the config, package versions, the device and the
-wall time -- saved as ``<results>/<experiment>/<config hash>.json`` + ``.npz``.
-:func:`run_cached` returns a stored Result only if its config hash and schema match; otherwise
-it recomputes (and says so), never silently reusing a stale file.
-
-Where Results are stored, and how they are checked and written, is :mod:`companion.experiments.store`;
-the registry and the config hash are :mod:`companion.experiments.registry`.
-
-Every config's defaults are the CPU size a chapter runs (CI runs only those); an experiment's
-``GPU_*`` config is the GPU size: ``python -m companion run NAME --device cuda --set key=value``
-or ``run_cached(GPU_CONFIG, device="cuda")``, then copy ``<hash>.json`` + ``.npz`` into
-``companion/data/results/NAME/``, where chapters read every stored Result
-(:func:`~companion.experiments.store.stored_results`).  Seeds are config fields, so a config
-determines its Result.
-
-Adding an experiment
---------------------
-Drop a module into ``companion/experiments/`` (it is discovered automatically with
-:mod:`pkgutil`) that defines a frozen dataclass decorated with :func:`register`::
-
-    from dataclasses import dataclass
-    from companion.experiments import register
-
-    @register("my_experiment", schema=1)
-    @dataclass(frozen=True)
-    class MyExperiment:
-        \"\"\"One line saying what it measures.\"\"\"
-        model: str = "smollm2-135m"
-        n_texts: int = 32
-        thresholds: tuple[float, ...] = (1.0, 5.0)
-
-        def compute(self, device, progress):
-            # ... load, measure ...
-            return {"counts": counts_array, "n_tokens": 1234}
-
-Fields are ``int``, ``float``, ``str``, ``bool`` or tuples of them, each with a default (the
-small CPU configuration).  ``compute(device, progress)`` returns a dict: arrays (numpy or
-torch) go into ``Result.arrays``, JSON values into ``Result.scalars``.  Bump ``schema`` when
-``compute`` changes what it returns: stored Results of another schema are then recomputed.
+One code path serves every size: a chapter runs a config's defaults (the CPU size; CI runs only
+those), the CLI (``python -m companion run NAME --device cuda --set key=value``) an experiment's
+``GPU_*`` config.  Both give a :class:`Result` (arrays, config, versions, device, wall time) saved
+as ``<results>/<experiment>/<config hash>.json`` + ``.npz`` (:mod:`companion.experiments.store`;
+the registry and the hash: :mod:`companion.experiments.registry`).  :func:`run_cached` reuses a
+stored Result only if its config hash and schema match, else recomputes and says so.  GPU Results
+are copied into ``companion/data/results/NAME/``, where chapters read them.  To add an experiment,
+drop a module that defines a config decorated with :func:`register` into ``companion/experiments/``.
 """
 
 from __future__ import annotations
@@ -64,30 +31,10 @@ from companion.experiments.store import (
 )
 
 __all__ = [
-    "FRAMEWORK_SCHEMA",
-    "Result",
-    "check_result",
-    "register",
-    "experiment_names",
-    "get_experiment",
-    "make_config",
-    "config_hash",
-    "run",
-    "progress_bar",
-    "run_cached",
-    "save_result",
-    "load_result",
-    "result_path",
-    "results_root",
-    "stored_root",
-    "stored_results",
-    "stored_target",
-    "cache_root",
-    "add_checksums",
-    "check_writable",
-    "stale_reason",
-    "StaleResultWarning",
-    "CorruptResultWarning",
+    "FRAMEWORK_SCHEMA", "Result", "check_result", "register", "experiment_names", "get_experiment",
+    "make_config", "config_hash", "run", "progress_bar", "run_cached", "save_result", "load_result",
+    "result_path", "results_root", "stored_root", "stored_results", "stored_target", "cache_root",
+    "add_checksums", "check_writable", "stale_reason", "StaleResultWarning", "CorruptResultWarning",
     "CorruptResultError",
 ]
 
@@ -95,8 +42,10 @@ logger = logging.getLogger(__name__)
 
 
 def check_result(result, experiment: str, arrays=(), scalars=()) -> Result:
-    """``result`` if it is a :class:`Result` of ``experiment`` that holds the named arrays and
-    scalars; TypeError for anything else, ValueError (saying what to do) if one is missing."""
+    """``result``, checked to be a :class:`Result` of ``experiment`` holding the named arrays and scalars.
+
+    TypeError for anything else, ValueError (saying what to do) if one of them is missing.
+    """
     if not isinstance(result, Result) or result.name != experiment:
         raise TypeError(f"result must be a Result of the {experiment} experiment, got "
                         f"{getattr(result, 'name', type(result).__name__)!r}")
@@ -174,33 +123,25 @@ def run(config, device=None, progress: bool = False) -> Result:
     Raises
     ------
     TypeError
-        If ``config`` is not a registered config, or ``compute`` returns something unstorable.
+        Not a registered config, or ``compute`` returns something unstorable.
     ValueError
-        If the device is not available.
+        The device is not available.
     """
     from companion.transformers.models import select_device
 
     cls = type(config)
-    _config_dict(config)  # type check
+    values = _config_dict(config)  # also the type check
+    name, key = cls.experiment_name, config_hash(config)
     dev = select_device(device)
-    logger.info("computing %s %s on %s", cls.experiment_name, config_hash(config), dev)
+    logger.info("computing %s %s on %s", name, key, dev)
     t0 = time.perf_counter()
     outputs = config.compute(dev, bool(progress))
     wall = time.perf_counter() - t0
-    logger.info("computed %s %s in %.1f s", cls.experiment_name, config_hash(config), wall)
-    arrays, scalars = _split_outputs(outputs, cls.experiment_name)
-    return Result(
-        name=cls.experiment_name,
-        config=_config_dict(config),
-        arrays=arrays,
-        scalars=scalars,
-        versions=_versions(),
-        device=_device_string(dev),
-        wall_time=wall,
-        schema=_schema(cls),
-        config_hash=config_hash(config),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
+    logger.info("computed %s %s in %.1f s", name, key, wall)
+    arrays, scalars = _split_outputs(outputs, name)
+    return Result(name=name, config=values, arrays=arrays, scalars=scalars, versions=_versions(),
+                  device=_device_string(dev), wall_time=wall, schema=_schema(cls), config_hash=key,
+                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def progress_bar(total: int, progress: bool, desc: str):
@@ -265,16 +206,18 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     device : str, torch.device or None
         Used only when the experiment has to run.
     results_dir : path or None
-        Look only here and save here.  ``None``: look in :func:`stored_root` then
-        :func:`cache_root`; save into :func:`cache_root`.
+        Look and save only here; ``None``: look in :func:`stored_root` then :func:`cache_root`,
+        save into :func:`cache_root`.
     force : bool, default False
         Recompute even if a valid Result exists.
     progress : bool, default False
+        As :func:`run`.
 
     Returns
     -------
     Result
-        ``result.path`` says where it is stored.
+        ``result.path`` says where it is stored.  The key is the config hash, not the device: a
+        GPU Result serves a CPU chapter.
 
     Raises
     ------
@@ -287,42 +230,34 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
         A stored Result whose hash or schema does not match (or, as
         :class:`CorruptResultWarning`, whose files are damaged) is recomputed and overwritten.
 
-    Notes
-    -----
-    The key is the config hash, not the device: a GPU Result serves a CPU chapter.
-
     Examples
     --------
     >>> r = run_cached(make_config("channel_statistics", n_texts=8))   # doctest: +SKIP
     """
     _config_dict(config)
-    if results_dir is not None:
-        candidates = [Path(results_dir)]
-    else:
-        candidates = [stored_root(), cache_root()]
-    if not force:
-        for base in candidates:
-            path = result_path(config, base)
-            if not path.exists():
-                continue
-            try:
-                stored = load_result(path)
-            except CorruptResultError as exc:
-                name = type(config).experiment_name
-                warnings.warn(f"recomputing {name}: the Result at {path} is damaged ({exc.reason})",
-                              CorruptResultWarning, stacklevel=2)
-                continue
-            except ValueError as exc:
-                warnings.warn(f"recomputing {type(config).experiment_name}: {exc}", StaleResultWarning, stacklevel=2)
-                continue
-            reason = stale_reason(stored, config)
-            if reason is None:
-                logger.info("using the stored Result %s", path)
-                return stored
-            warnings.warn(f"recomputing {type(config).experiment_name}: the Result at {path} is stale ({reason})",
-                          StaleResultWarning, stacklevel=2)
+    name = type(config).experiment_name
+    candidates = [Path(results_dir)] if results_dir is not None else [stored_root(), cache_root()]
+    for base in ([] if force else candidates):
+        path = result_path(config, base)
+        if not path.exists():
+            continue
+        try:
+            stored = load_result(path)
+        except CorruptResultError as exc:
+            warnings.warn(f"recomputing {name}: the Result at {path} is damaged ({exc.reason})",
+                          CorruptResultWarning, stacklevel=2)
+            continue
+        except ValueError as exc:
+            warnings.warn(f"recomputing {name}: {exc}", StaleResultWarning, stacklevel=2)
+            continue
+        reason = stale_reason(stored, config)
+        if reason is None:
+            logger.info("using the stored Result %s", path)
+            return stored
+        warnings.warn(f"recomputing {name}: the Result at {path} is stale ({reason})", StaleResultWarning,
+                      stacklevel=2)
     target = candidates[-1]
-    check_writable(target / type(config).experiment_name)  # fail now, not after the computation
+    check_writable(target / name)  # fail now, not after the computation
     result = run(config, device=device, progress=progress)
     save_result(result, target)
     logger.info("saved %s", result.path)

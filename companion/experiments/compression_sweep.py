@@ -14,9 +14,18 @@ import contextlib
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from companion._validation import check_int
+from companion.applications import pruning
+from companion.applications.model_quantization import (
+    LinearQuantization, activation_bias_correction, mean_quantization_error, quantize_linear_inputs,
+    quantized_linears, weight_bias_correction,
+)
+from companion.applications.quantization import quantize_weight, smoothquant_scales
+from companion.corpus import load_corpus
 from companion.experiments import register
+from companion.transformers import models
 
 __all__ = ["CompressionSweepExperiment", "CompressionBench", "SITES", "quantization_schemes"]
 
@@ -26,7 +35,7 @@ SITES = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("g
 
 
 def quantization_schemes(alphas) -> list[str]:
-    """Names of the whole-model schemes the sweep measures, in table order.
+    """Return the names of the whole-model schemes the sweep measures, in table order.
 
     Parameters
     ----------
@@ -36,6 +45,7 @@ def quantization_schemes(alphas) -> list[str]:
     Returns
     -------
     list of str
+        Names that :meth:`CompressionBench.scheme` reads.
     """
     names = ["A8 tensor dynamic", "A8 tensor dynamic, centred on mean", "A8 tensor static",
              "A8 tensor static, act bias corr", "A8 tensor static asym", "A8 token dynamic",
@@ -69,11 +79,6 @@ class CompressionBench:
     """
 
     def __init__(self, m, calib_texts, eval_texts, seq_len: int = 64, stats=None):
-        import torch
-
-        from companion.transformers import models
-        from companion.applications import pruning
-
         self.m = m
         self.seq_len = check_int(seq_len, "seq_len", 2)
         self.calib = dict(models.tokenize(m, list(calib_texts), self.seq_len))
@@ -87,10 +92,7 @@ class CompressionBench:
                       if stats is None else dict(stats))
         self._base = {"eval": self._run(self.eval)}
 
-    # ------------------------------------------------------------------ measuring
     def _run(self, batch):
-        import torch
-
         with torch.no_grad():
             out = self.m.model(**batch, use_cache=False, output_hidden_states=True)
         logp = torch.log_softmax(out.logits[:, :-1].double(), dim=-1)
@@ -116,7 +118,6 @@ class CompressionBench:
         """Float model's loss per evaluation text."""
         return self._base["eval"][1]
 
-    # ------------------------------------------------------------------ schemes
     def modules(self, sites=None, layers=None) -> dict:
         """The linear layers at the given sites (keys of :data:`SITES`) and block indices."""
         kinds = None if sites is None else {k for s in sites for k in SITES[s]}
@@ -139,24 +140,15 @@ class CompressionBench:
 
     def smooth_scales(self, modules, alpha):
         """SmoothQuant scales from the calibration ranges."""
-        from companion.applications.quantization import smoothquant_scales
-
         return {n: smoothquant_scales(self.stats[n].max_abs, mod.weight, alpha) for n, mod in modules.items()}
 
     def activation(self, bits, granularity, *, symmetric=True, static=False, modules=None,
                    bias_correction=False, weight_bits=None, alpha=None, center=False, keep=None):
         """A context manager applying one quantisation scheme to ``modules`` (default: all)."""
-        from companion.applications.pruning import top_channels
-        from companion.applications.model_quantization import (
-            LinearQuantization, activation_bias_correction, mean_quantization_error, quantize_linear_inputs,
-            quantized_linears,
-        )
-        import torch
-
         mods = self.linears if modules is None else modules
         if center or keep:
             centers = ({n: torch.as_tensor(self.stats[n].mean) for n in mods} if center else None)
-            keeps = ({n: top_channels(self.stats[n].max_abs, keep) for n in mods} if keep else None)
+            keeps = ({n: pruning.top_channels(self.stats[n].max_abs, keep) for n in mods} if keep else None)
             return quantize_linear_inputs(self.m.model, bits, granularity, modules=mods, centers=centers,
                                           keep_channels=keeps)
         spec = LinearQuantization(act_bits=bits, act_granularity=granularity, act_symmetric=symmetric,
@@ -171,11 +163,6 @@ class CompressionBench:
 
     def weights(self, bits, *, symmetric=True, bias_correction=False, modules=None):
         """Weight-only quantisation, optionally with Nagel et al.'s bias correction."""
-        from companion.applications.model_quantization import (
-            LinearQuantization, quantized_linears, weight_bias_correction,
-        )
-        from companion.applications.quantization import quantize_weight
-
         mods = self.linears if modules is None else modules
         spec = LinearQuantization(act_bits=None, weight_bits=bits, weight_symmetric=symmetric)
         shift = None
@@ -230,8 +217,7 @@ class CompressionSweepExperiment:
     alphas : tuple of float
         SmoothQuant migration strengths.
     low_bits, high_bits : int
-        Mixed precision: per-token dynamic activations at ``low_bits`` everywhere except the
-        chosen layers/sites at ``high_bits``.
+        Mixed precision: per-token dynamic activations at ``low_bits``, chosen layers/sites at ``high_bits``.
     keep_layers : int
         Layers kept at ``high_bits`` by each selection rule.
     prune_fractions : tuple of float
@@ -240,9 +226,8 @@ class CompressionSweepExperiment:
     Notes
     -----
     Summary rows hold (loss increase, s.e., KL, s.e., relative MSE after the last block):
-    ``schemes_summary``, ``site_summary``, ``mixed_summary``, ``prune_summary [n_scores, 2,
-    n_fractions, 5]`` (without / with mean compensation); per layer ``layer_kl``,
-    ``layer_mean_share``, ``layer_range``.
+    ``schemes_summary``, ``site_summary``, ``mixed_summary``, ``prune_summary [n_scores, 2, n_fractions,
+    5]`` (without / with mean compensation); per layer ``layer_kl``, ``layer_mean_share``, ``layer_range``.
     """
 
     model: str = "smollm2-135m"
@@ -258,10 +243,6 @@ class CompressionSweepExperiment:
 
     def compute(self, device, progress):
         """Run the sweep; returns the Result's arrays and scalars."""
-        from companion.transformers import models
-        from companion.applications import pruning
-        from companion.corpus import load_corpus
-
         check_int(self.n_calib, "n_calib", 2)
         check_int(self.n_eval, "n_eval", 2)
         m = models.load(self.model, device=device, dtype=self.dtype)
@@ -274,9 +255,8 @@ class CompressionSweepExperiment:
         res = [bench.measure(bench.scheme(n)) for n in names]
         out["schemes"] = names
         out["schemes_summary"] = np.array([_summary(r) for r in res])
-        out["schemes_loss"] = np.array([r["loss"] for r in res])
-        out["schemes_kl"] = np.array([r["kl"] for r in res])
-        out["schemes_rel_mse"] = np.array([r["rel_mse"] for r in res])
+        for key in ("loss", "kl", "rel_mse"):
+            out[f"schemes_{key}"] = np.array([r[key] for r in res])
         lo, hi = self.low_bits, self.high_bits
         # per site: only that site at low bits
         site_res = [bench.measure(bench.activation(lo, "token", modules=bench.modules([s]))) for s in SITES]
@@ -299,19 +279,11 @@ class CompressionSweepExperiment:
                  "largest mean share (the note)": np.argsort(-np.array(share), kind="stable")[:k],
                  "largest range": np.argsort(-np.array(rng_), kind="stable")[:k],
                  "random (seed 0)": np.random.default_rng(0).choice(L, k, replace=False)}
-        mixed = []
-        for chosen in rules.values():
-            high = bench.modules(layers=set(int(c) for c in chosen))
+        mixed = []  # the layers chosen by each rule, then one site, kept at high bits; the rest low
+        for high in ([bench.modules(layers=set(int(c) for c in chosen)) for chosen in rules.values()]
+                     + [bench.modules([s]) for s in SITES]):
             low = {n: mod for n, mod in bench.linears.items() if n not in high}
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(bench.activation(hi, "token", modules=high))
-                mixed.append(bench.measure(bench.activation(lo, "token", modules=low)))
-        # per site: one site kept at high bits, the rest low
-        for s in SITES:
-            high = bench.modules([s])
-            low = {n: mod for n, mod in bench.linears.items() if n not in high}
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(bench.activation(hi, "token", modules=high))
+            with bench.activation(hi, "token", modules=high):
                 mixed.append(bench.measure(bench.activation(lo, "token", modules=low)))
         out["mixed_rules"] = list(rules) + [f"{s} at {hi} bits" for s in SITES]
         out["mixed_layers"] = np.array([sorted(int(c) for c in v) for v in rules.values()])

@@ -1,12 +1,10 @@
 """Experiment ``framework_random``: injection windows of random-initialised stacks.
 
-:class:`RandomWindowsConfig` / :func:`run_random_windows`: random
-:class:`~companion.stacks.residual.ResidualStack` s of one maximal depth, for every placement x
-block type x block-output gain (chapter *The three-effect framework*).  One injection sweep per
-stack is read at stream index ``L`` for each depth of ``depths`` (the first ``L`` blocks are the
-depth-``L`` stack, each block seeded from ``(seed, layer)``).  :data:`GPU_RANDOM` is the GPU
-size (see :mod:`companion.experiments`); the trained counterpart is
-:mod:`companion.experiments.framework_trained`.
+One injection sweep per placement x block type x gain of a random
+:class:`~companion.stacks.residual.ResidualStack` of the maximal depth, read at every depth ``L``
+(its first ``L`` blocks are the depth-``L`` stack); chapter *The three-effect framework*.
+:data:`GPU_RANDOM` is the GPU size; the trained counterpart is
+:mod:`~companion.experiments.framework_trained`.
 """
 
 from __future__ import annotations
@@ -22,15 +20,8 @@ from companion.experiments import progress_bar, register
 from companion.injection.metrics import fit_norm_growth, effect_window, predicted_window
 from companion.stacks.residual import ResidualStack, StackConfig, sharpen_attention
 
-__all__ = [
-    "BLOCK_TYPES",
-    "WINDOW_KINDS_RANDOM",
-    "RandomWindowsConfig",
-    "GPU_RANDOM",
-    "random_stack",
-    "run_random_windows",
-    "predicted_first_fraction",
-]
+__all__ = ["BLOCK_TYPES", "WINDOW_KINDS_RANDOM", "RandomWindowsConfig", "GPU_RANDOM", "random_stack",
+           "run_random_windows", "predicted_first_fraction"]
 
 #: Block types of the random-stack experiments: ReLU MLP, attention as initialised by the
 #: stacks (W_Q = 0: uniform over the causal prefix), and attention whose logits spread by
@@ -40,7 +31,6 @@ BLOCK_TYPES = ("mlp", "attention", "sharp_attention")
 WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
 
 
-# ============================================================================ random stacks
 @register("framework_random", schema=1)
 @dataclass(frozen=True)
 class RandomWindowsConfig:
@@ -69,7 +59,7 @@ class RandomWindowsConfig:
     Raises
     ------
     TypeError, ValueError
-        If a field has the wrong type or value (see the messages).
+        If a field has the wrong type or value.
 
     Examples
     --------
@@ -107,7 +97,7 @@ class RandomWindowsConfig:
         check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Entry point of the experiments framework: :func:`run_random_windows` plus axis labels."""
+        """:func:`run_random_windows` plus the axis labels; ``progress`` shows a bar over the stacks."""
         n = len(self.placements) * len(self.blocks) * len(self.gains)
         bar = progress_bar(n, progress, "random stacks")
         out = run_random_windows(self, device, progress=bar.update if bar else None)
@@ -135,12 +125,13 @@ def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers
 
     Returns
     -------
-    companion.stacks.residual.ResidualStack (in ``eval()`` mode)
+    companion.stacks.residual.ResidualStack
+        In ``eval()`` mode.
 
     Raises
     ------
     ValueError
-        If ``block`` is unknown (other arguments are validated by ``StackConfig``).
+        If ``block`` is unknown (``StackConfig`` checks the others).
 
     Examples
     --------
@@ -169,7 +160,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
     config : RandomWindowsConfig
     device : str or torch.device, default "cpu"
     progress : callable, optional
-        Called with no argument after each stack (e.g. a tqdm ``update``).
+        Called after each stack (e.g. a tqdm ``update``).
 
     Returns
     -------
@@ -186,8 +177,8 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
 
     Examples
     --------
-    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,),
-    ...                           blocks=("mlp",), batch=2, tokens=4)
+    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,), blocks=("mlp",),
+    ...                           batch=2, tokens=4)
     >>> out = run_random_windows(cfg)
     >>> out["effect_relative_projection"].shape, out["window_relative_size"].shape
     ((2, 1, 1, 2, 4), (2, 1, 1, 2, 4))
@@ -244,8 +235,8 @@ def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.nd
 
     Examples
     --------
-    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,),
-    ...                           blocks=("mlp",), batch=2, tokens=4)
+    >>> cfg = RandomWindowsConfig(d_model=16, max_depth=4, depths=(2, 4), gains=(1.0,), blocks=("mlp",),
+    ...                           batch=2, tokens=4)
     >>> predicted_first_fraction(run_random_windows(cfg), cfg).shape
     (2, 1, 1, 2)
     """
@@ -262,7 +253,6 @@ def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.nd
     return out
 
 
-# ============================================================================ GPU-scale preset
 #: Random stacks at GPU scale: width 512, depths up to 128.
 GPU_RANDOM = RandomWindowsConfig(d_model=512, max_depth=128, depths=(8, 16, 32, 64, 128),
                                  batch=8, tokens=64)

@@ -1,14 +1,11 @@
 """Experiment ``framework_trained``: injection windows of small trained language models.
 
-:class:`TrainedWindowsConfig` / :func:`run_trained_windows`: byte-level
-:class:`~companion.stacks.tinylm.TinyLM` s of several widths and depths, trained on the committed
-corpus (:func:`train_models`) and swept (:func:`sweep_trained`): next-byte KL at the injected and
-later positions, the projection readable at the output, and the windows; the same architectures
-at initialisation are swept for comparison (chapter *The three-effect framework*; the random
-counterpart is :mod:`companion.experiments.framework_random`).  :data:`GPU_TRAINED` is the GPU
-size (see :mod:`companion.experiments` for running and storing it).  The chapter does not train:
-it loads the CPU-sized float16 weights ``framework_tiny_lms.npz`` (:func:`save_models`,
-:func:`load_models`), which ``tests/test_experiments_framework.py`` checks by retraining.
+Byte-level :class:`~companion.stacks.tinylm.TinyLM` s of several widths and depths are trained on
+the committed corpus (:func:`train_models`) and swept (:func:`sweep_trained`), and so are the same
+architectures at initialisation (chapter *The three-effect framework*; the random counterpart is
+:mod:`companion.experiments.framework_random`).  :data:`GPU_TRAINED` is the GPU size.  The chapter
+does not train: it loads the CPU-sized float16 weights (:func:`load_models`), which
+``tests/test_experiments_framework.py`` checks by retraining.
 """
 
 from __future__ import annotations
@@ -29,26 +26,14 @@ from companion.injection.metrics import effect_window
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
-__all__ = [
-    "WINDOW_KINDS_TRAINED",
-    "TrainedWindowsConfig",
-    "GPU_TRAINED",
-    "tiny_lm_config",
-    "train_models",
-    "sweep_trained",
-    "run_trained_windows",
-    "training_hash",
-    "stored_models_path",
-    "save_models",
-    "load_models",
-    "TRAINING_FIELDS",
-]
+__all__ = ["WINDOW_KINDS_TRAINED", "TrainedWindowsConfig", "GPU_TRAINED", "tiny_lm_config", "train_models",
+           "sweep_trained", "training_hash", "stored_models_path", "save_models", "load_models",
+           "TRAINING_FIELDS"]
 
 #: Output effects of the trained-stack windows.
 WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
 
-#: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others only
-#: change how the models are swept).
+#: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others: the sweep).
 TRAINING_FIELDS = ("widths", "depths", "placements", "n_heads", "steps", "batch_size", "seq_len",
                    "lr", "warmup", "seed")
 
@@ -59,6 +44,7 @@ def training_hash(config: "TrainedWindowsConfig") -> str:
     Parameters
     ----------
     config : TrainedWindowsConfig
+        Only its :data:`TRAINING_FIELDS` count.
 
     Returns
     -------
@@ -98,15 +84,12 @@ class TrainedWindowsConfig:
     threshold : float
         Relative window threshold.
     seed : int
+        Only :data:`TRAINING_FIELDS` determine the weights (keyed by :func:`training_hash`).
 
     Raises
     ------
     TypeError, ValueError
         If a field has the wrong type or value.
-
-    Notes
-    -----
-    Only :data:`TRAINING_FIELDS` determine the weights (keyed by :func:`training_hash`).
 
     Examples
     --------
@@ -145,10 +128,8 @@ class TrainedWindowsConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
         if not self.inject_start < self.inject_stop < self.seq_len:
-            raise ValueError(
-                f"need inject_start < inject_stop < seq_len (later tokens must exist), got "
-                f"{self.inject_start}, {self.inject_stop}, {self.seq_len}"
-            )
+            raise ValueError(f"need inject_start < inject_stop < seq_len (later tokens must exist), got "
+                             f"{self.inject_start}, {self.inject_stop}, {self.seq_len}")
         check_tuple(self.widths, "widths", int, minimum=1)
         for w in self.widths:
             if w % self.n_heads:
@@ -157,12 +138,22 @@ class TrainedWindowsConfig:
         check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Entry point of the experiments framework: :func:`run_trained_windows` plus axis labels."""
-        n = len(self.placements) * len(self.widths) * len(self.depths)
-        bar = progress_bar(n, progress, "training")
-        out = run_trained_windows(self, device, progress=bar.update if bar else None)
+        """Train and sweep the models (:func:`sweep_trained`), and sweep them at initialisation too.
+
+        Returns the sweeps (the initial ones as ``"init_*"``), ``"train_loss"`` ``[P, W, D, steps]``,
+        the axis labels and the :func:`training_hash`; ``progress`` shows a bar over the models.
+        """
+        bar = progress_bar(len(_model_keys(self)), progress, "training")
+        models = train_models(self, device, bar.update if bar else None)
         if bar:
             bar.close()
+        out = sweep_trained(models, self, device)
+        shape = (len(self.placements), len(self.widths), len(self.depths), self.steps)
+        out["train_loss"] = np.full(shape, np.nan)
+        for key, (_, loss) in models.items():
+            out["train_loss"][_index(self, key)] = loss
+        init = {k: TinyLM(tiny_lm_config(self, *k)).eval() for k in models}
+        out.update({f"init_{k}": v for k, v in sweep_trained(init, self, device).items()})
         out.update(placements=list(self.placements), widths=list(self.widths),
                    depths=list(self.depths), training_hash=training_hash(self))
         return out
@@ -196,6 +187,17 @@ def _model_keys(config: TrainedWindowsConfig) -> list[tuple[str, int, int]]:
     return [(p, w, d) for p in config.placements for w in config.widths for d in config.depths]
 
 
+def _index(config: TrainedWindowsConfig, key) -> tuple[int, int, int]:
+    """Position of the model ``(placement, width, depth)`` on the config's axes."""
+    placement, width, depth = key
+    return config.placements.index(placement), config.widths.index(width), config.depths.index(depth)
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, TrainedWindowsConfig):
+        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+
+
 def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu", progress=None,
                  only=None) -> dict:
     """Train every model of ``config`` on the committed corpus.
@@ -226,8 +228,7 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
     >>> list(train_models(cfg))
     [('pre', 8, 1)]
     """
-    if not isinstance(config, TrainedWindowsConfig):
-        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    _check_config(config)
     keys = _model_keys(config)
     if only is not None:
         only = [tuple(k) for k in only]
@@ -238,11 +239,9 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
     text = load_corpus()
     models = {}
     for key in keys:
-        model, losses = train_tiny_lm(
-            tiny_lm_config(config, *key), text, steps=config.steps, batch_size=config.batch_size,
-            seq_len=config.seq_len, lr=config.lr, seed=config.seed, device=str(device),
-            warmup=config.warmup,
-        )
+        model, losses = train_tiny_lm(tiny_lm_config(config, *key), text, steps=config.steps,
+                                      batch_size=config.batch_size, seq_len=config.seq_len, lr=config.lr,
+                                      seed=config.seed, device=str(device), warmup=config.warmup)
         models[key] = (model.cpu().eval(), losses)
         if progress is not None:
             progress()
@@ -284,8 +283,7 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     --------
     >>> out = sweep_trained(load_models(), TrainedWindowsConfig())   # doctest: +SKIP
     """
-    if not isinstance(config, TrainedWindowsConfig):
-        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    _check_config(config)
     P, W, D = len(config.placements), len(config.widths), len(config.depths)
     M = max(config.depths)
     out = {f"effect_{k}": np.full((P, W, D, M), np.nan) for k in WINDOW_KINDS_TRAINED}
@@ -296,13 +294,11 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     for key, value in models.items():
         if tuple(key) not in _model_keys(config):
             raise ValueError(f"model {key} is not part of the config (placements x widths x depths)")
-        placement, width, depth = key
-        idx = (config.placements.index(placement), config.widths.index(width), config.depths.index(depth))
+        idx, depth = _index(config, key), key[2]
         model = (value[0] if isinstance(value, tuple) else value).to(device).eval()
         effects = {k: np.zeros(depth) for k in WINDOW_KINDS_TRAINED}
         for j in range(config.n_directions):
-            sw = sweep_stack_injections(model, ids, scale=config.scale, positions=span,
-                                          seed=config.seed + j)
+            sw = sweep_stack_injections(model, ids, scale=config.scale, positions=span, seed=config.seed + j)
             effects["kl_later"] += sw.effect("kl", "later") / config.n_directions
             effects["kl_injected"] += sw.effect("kl", "injected") / config.n_directions
             effects["relative_projection"] += sw.effect("output_projection", "injected") / config.n_directions
@@ -319,44 +315,6 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     return out
 
 
-def run_trained_windows(config: TrainedWindowsConfig, device: str | torch.device = "cpu",
-                        progress=None) -> dict[str, np.ndarray]:
-    """Train the models of ``config`` and sweep them, and the same architectures at initialisation.
-
-    The initial sweeps are keys prefixed ``"init_"``; ``"train_loss"`` is ``[P, W, D, steps]``.
-
-    Parameters
-    ----------
-    config : TrainedWindowsConfig
-    device : str or torch.device, default "cpu"
-    progress : callable, optional
-
-    Returns
-    -------
-    dict of str to numpy.ndarray
-
-    Raises
-    ------
-    TypeError
-        If ``config`` is not a :class:`TrainedWindowsConfig`.
-
-    Examples
-    --------
-    >>> out = run_trained_windows(TrainedWindowsConfig())   # doctest: +SKIP
-    """
-    models = train_models(config, device, progress)
-    out = sweep_trained(models, config, device)
-    losses = np.full((len(config.placements), len(config.widths), len(config.depths), config.steps), np.nan)
-    for (placement, width, depth), (_, loss) in models.items():
-        losses[config.placements.index(placement), config.widths.index(width),
-               config.depths.index(depth)] = loss
-    out["train_loss"] = losses
-    init = {k: TinyLM(tiny_lm_config(config, *k)).eval() for k in models}
-    out.update({f"init_{k}": v for k, v in sweep_trained(init, config, device).items()})
-    return out
-
-
-# ============================================================================ stored weights
 def stored_models_path() -> Path:
     """Path of the committed CPU-trained weights.
 
@@ -383,8 +341,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     config : TrainedWindowsConfig
         The config they were trained with.
     path : str or Path, optional
-        ``.npz`` file (JSON sidecar beside it); default in
-        :func:`~companion.experiments.stored_target`.
+        ``.npz`` file (JSON sidecar beside it); default in :func:`~companion.experiments.stored_target`.
 
     Returns
     -------
@@ -400,8 +357,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     --------
     >>> save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())   # doctest: +SKIP
     """
-    if not isinstance(config, TrainedWindowsConfig):
-        raise TypeError(f"config must be a TrainedWindowsConfig, got {type(config).__name__}")
+    _check_config(config)
     path = Path(path) if path is not None else stored_target() / stored_models_path().name
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
@@ -411,15 +367,10 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
             arrays[f"{key}/{name}"] = tensor.detach().cpu().numpy().astype(np.float16)
         losses[key] = [round(float(x), 6) for x in loss]
     np.savez_compressed(path, **arrays)
-    sidecar = {
-        "training": {k: getattr(config, k) for k in TRAINING_FIELDS},
-        "training_hash": training_hash(config),
-        "models": sorted(losses),
-        "train_loss": losses,
-        "dtype": "float16",
-        "threads": torch.get_num_threads(),
-        "versions": {"torch": torch.__version__, "numpy": np.__version__},
-    }
+    sidecar = {"training": {k: getattr(config, k) for k in TRAINING_FIELDS},
+               "training_hash": training_hash(config), "models": sorted(losses), "train_loss": losses,
+               "dtype": "float16", "threads": torch.get_num_threads(),
+               "versions": {"torch": torch.__version__, "numpy": np.__version__}}
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=1))
     return path
 
@@ -432,8 +383,8 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     path : str or Path, optional
         Default :func:`stored_models_path`.
     config : TrainedWindowsConfig, optional
-        Expected config (default ``TrainedWindowsConfig()``); a file whose
-        :func:`training_hash` differs is refused rather than used silently.
+        Expected config (default ``TrainedWindowsConfig()``); a file of another
+        :func:`training_hash` is refused.
 
     Returns
     -------
@@ -455,16 +406,13 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     config = TrainedWindowsConfig() if config is None else config
     sidecar_path = path.with_suffix(".json")
     if not path.exists() or not sidecar_path.exists():
-        raise ValueError(
-            f"no stored models at {path} (+ .json); create them with "
-            "save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())"
-        )
+        raise ValueError(f"no stored models at {path} (+ .json); create them with "
+                         "save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())")
     sidecar = json.loads(sidecar_path.read_text())
     if sidecar.get("training_hash") != training_hash(config):
-        raise ValueError(
-            f"the models at {path} were trained with {sidecar.get('training')}, not with the "
-            f"requested {dict((k, getattr(config, k)) for k in TRAINING_FIELDS)}; retrain and save"
-        )
+        wanted = {k: getattr(config, k) for k in TRAINING_FIELDS}
+        raise ValueError(f"the models at {path} were trained with {sidecar.get('training')}, not with the "
+                         f"requested {wanted}; retrain and save")
     models = {}
     with np.load(path) as data:
         for key in sidecar["models"]:
@@ -478,9 +426,7 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     return models
 
 
-# ============================================================================ GPU-scale preset
 #: Trained stacks at GPU scale: widths 128-512, depths 2-32, 3000 steps of 64 x 256 bytes.
 GPU_TRAINED = TrainedWindowsConfig(widths=(128, 256, 512), depths=(2, 4, 8, 16, 32), steps=3000,
-                                   batch_size=64, seq_len=256, warmup=600, lr=1e-3,
-                                   eval_sequences=32, inject_start=64, inject_stop=128,
-                                   n_directions=8)
+                                   batch_size=64, seq_len=256, warmup=600, lr=1e-3, eval_sequences=32,
+                                   inject_start=64, inject_stop=128, n_directions=8)

@@ -1,9 +1,7 @@
 """The experiment registry: named, frozen config dataclasses and the hash that keys their Results.
 
-:func:`register` turns a frozen dataclass with a ``compute(device, progress)`` method into an
-experiment; :func:`make_config` builds a config from JSON-like overrides (the CLI's ``--set``);
-:func:`config_hash` is the 16-hex-digit SHA-256 of the experiment name and the config's canonical
-JSON, under which :mod:`companion.experiments.store` files its Result.
+:func:`register` makes a frozen dataclass with a ``compute(device, progress)`` method an experiment;
+:func:`make_config` builds a config from JSON-like overrides (the CLI's ``--set``).
 """
 
 from __future__ import annotations
@@ -24,21 +22,20 @@ __all__ = ["FRAMEWORK_SCHEMA", "register", "experiment_names", "get_experiment",
 
 #: Modules of companion/experiments/ that hold no experiment (not imported by discovery).
 INFRASTRUCTURE = ("registry", "store")
-
-
 #: Version of the on-disk Result format (part of every Result's schema string).
 FRAMEWORK_SCHEMA = 1
-
-
 _REGISTRY: dict[str, type] = {}
-
-
 _DISCOVERED = False
+_SCALARS = (int, float, str, bool)
 
 
-# --------------------------------------------------------------------------- registry
 def register(name: str, schema: int = 1):
     """Class decorator: register a frozen config dataclass as the experiment ``name``.
+
+    Its fields are ``int``, ``float``, ``str``, ``bool`` or tuples of them, each with a default (the
+    CPU size; seeds are fields, so a config determines its Result); ``compute(device, progress)``
+    returns a dict whose arrays (numpy or torch) go into ``Result.arrays``, JSON values into
+    ``Result.scalars``.  Modules of ``companion/experiments/`` are discovered with :mod:`pkgutil`.
 
     Parameters
     ----------
@@ -125,7 +122,7 @@ def experiment_names() -> list[str]:
 
 
 def get_experiment(name: str) -> type:
-    """The config class registered as ``name``.
+    """The config class registered as ``name`` (one of :func:`experiment_names`).
 
     Raises
     ------
@@ -136,10 +133,6 @@ def get_experiment(name: str) -> type:
     if name not in _REGISTRY:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(_REGISTRY)) or 'none'}")
     return _REGISTRY[name]
-
-
-# --------------------------------------------------------------------------- configs
-_SCALARS = (int, float, str, bool)
 
 
 def _field_kind(tp, where: str):
@@ -226,7 +219,8 @@ def make_config(name_or_cls, overrides: dict | None = None, **kwargs):
 
     Returns
     -------
-    The frozen config instance.
+    object
+        The frozen config instance.
 
     Raises
     ------
@@ -259,7 +253,7 @@ def _config_dict(config) -> dict:
 
 
 def config_hash(config) -> str:
-    """16-hex-digit SHA-256 of the experiment name and the canonical JSON of the config.
+    """16-hex-digit SHA-256 of the experiment name and the canonical JSON of ``config``.
 
     Raises
     ------

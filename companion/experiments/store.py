@@ -1,19 +1,16 @@
 """The Result store: a Result is a JSON file and an ``.npz`` file, checksummed and written atomically.
 
-Stored Results that chapters read live in :func:`stored_root` (``companion/data/results/``,
-package data, searched first); everything computed locally goes to :func:`cache_root`
-(``results/cache/`` in a clone, else ``~/.cache/companion/results/cache/``; never
-site-packages).  ``$COMPANION_RESULTS`` replaces both by its ``stored/`` and ``cache/``.
+Stored Results that chapters read live in :func:`stored_root` (package data, searched first);
+what is computed locally goes to :func:`cache_root` (never site-packages).
 
 Integrity: the JSON names the SHA-256 of its ``.npz`` bytes and of each array (dtype, shape,
 values); :func:`load_result` checks them and the declared shapes and dtypes, and raises
 :class:`CorruptResultError` for a damaged or mismatched pair (which
 :func:`~companion.experiments.run_cached` turns into a recompute with a
-:class:`CorruptResultWarning`).  A JSON without checksums is read with the other checks;
-:func:`add_checksums` adds them.  :func:`save_result` writes both files under unique temporary
-names and publishes them (``.npz`` first, JSON last) under a per-Result lock
-(``<hash>.lock``), so concurrent writers of one config leave the complete pair of the last;
-readers take no lock and re-read a pair replaced during the read.
+:class:`CorruptResultWarning`); :func:`add_checksums` adds checksums to an older JSON.
+:func:`save_result` writes both files under unique temporary names and publishes them (``.npz``
+first, JSON last) under a per-Result lock (``<hash>.lock``), so concurrent writers of one config
+leave the complete pair of the last; readers take no lock and re-read a pair replaced meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import contextlib
 import hashlib
 import io
 import json
-import logging
 import os
 import tempfile
 import threading
@@ -45,7 +41,16 @@ __all__ = ["Result", "StaleResultWarning", "CorruptResultWarning", "CorruptResul
            "cache_root", "stored_root", "stored_target", "stored_results", "result_path", "check_writable",
            "save_result", "load_result", "add_checksums"]
 
-logger = logging.getLogger(__name__)
+#: Fields every Result JSON holds, with their JSON types; then the optional ones with their defaults.
+_META_TYPES: dict[str, tuple] = {
+    "name": (str,), "config": (dict,), "scalars": (dict,), "versions": (dict,), "device": (str,),
+    "wall_time": (int, float), "schema": (str,), "config_hash": (str,),
+    "created": (str,), "arrays": (dict,), "npz_sha256": (str,),
+}
+_OPTIONAL = {"created": "", "arrays": {}, "npz_sha256": ""}
+#: How often :func:`load_result` re-reads a pair that writers keep replacing during the read.
+_READ_ATTEMPTS = 50
+_THREAD_LOCK = threading.Lock()  # serialises writers only where fcntl is missing
 
 
 class StaleResultWarning(UserWarning):
@@ -59,12 +64,12 @@ class CorruptResultWarning(StaleResultWarning):
 class CorruptResultError(ValueError):
     """The files at a Result path do not form a valid Result (see :func:`load_result`).
 
-    Attributes
+    Parameters
     ----------
     path : pathlib.Path
-        The Result's JSON file.
+        The Result's JSON file (attribute ``path``).
     reason : str
-        What is wrong, e.g. ``"its JSON holds a list, not a Result object"``.
+        What is wrong (attribute ``reason``), e.g. ``"its JSON holds a list, not a Result object"``.
     """
 
     def __init__(self, path, reason: str):
@@ -80,7 +85,6 @@ class CorruptResultError(ValueError):
         return (type(self), (self.path, self.reason))
 
 
-# --------------------------------------------------------------------------- results
 @dataclass
 class Result:
     """What an experiment run produced, with everything needed to trust and reproduce it.
@@ -89,22 +93,21 @@ class Result:
     ----------
     name : str
         Experiment name.
-    config : dict
-        The config as plain JSON values.
+    config, scalars : dict
+        The config and the scalar outputs, as JSON values.
     arrays : dict of str -> numpy.ndarray
-    scalars : dict
-        Numbers, strings and lists (JSON).
     versions : dict
-        python, torch, transformers, numpy, companion (and the platform).
+        python, torch, transformers, numpy, companion and the platform.
     device : str
-        E.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
+        E.g. ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
     wall_time : float
         Seconds spent in ``compute``.
     schema : str
         ``"<framework schema>.<experiment schema>"``.
-    config_hash : str
-    created : str
-        UTC timestamp (ISO 8601).
+    config_hash, created : str
+        The key of :func:`result_path`; the UTC time (ISO 8601).
+    path : pathlib.Path or None
+        Where it is stored.
     """
 
     name: str
@@ -137,9 +140,7 @@ def results_root() -> Path:
     if env:
         return Path(env).expanduser()
     repo = source_checkout()
-    if repo is not None:
-        return repo / "results"
-    return Path.home() / ".cache" / "companion" / "results"
+    return repo / "results" if repo is not None else Path.home() / ".cache" / "companion" / "results"
 
 
 def cache_root() -> Path:
@@ -154,28 +155,26 @@ def cache_root() -> Path:
 
 
 def stored_root() -> Path:
-    """Folder of the stored Results that chapters read; :func:`~companion.experiments.run_cached` looks here first.
+    """Folder of the stored Results that chapters read (searched first by ``run_cached``).
 
     Returns
     -------
     pathlib.Path
-        ``$COMPANION_RESULTS/stored`` if set, else the package data folder
-        ``companion/data/results``.
+        ``$COMPANION_RESULTS/stored`` if set, else the package data ``companion/data/results``.
     """
-    if os.environ.get("COMPANION_RESULTS"):
-        return results_root() / "stored"
-    return package_data("results")
+    return results_root() / "stored" if os.environ.get("COMPANION_RESULTS") else package_data("results")
 
 
 def stored_target() -> Path:
     """Where helpers that produce Results to keep write by default.
 
-    :func:`stored_root` when it is meant to be written (a clone, or ``$COMPANION_RESULTS``),
-    else :func:`cache_root`: an installed package never writes into site-packages.
+    Returns
+    -------
+    pathlib.Path
+        :func:`stored_root` in a clone or under ``$COMPANION_RESULTS``, else :func:`cache_root`.
     """
-    if os.environ.get("COMPANION_RESULTS") or source_checkout() is not None:
-        return stored_root()
-    return cache_root()
+    writable = os.environ.get("COMPANION_RESULTS") or source_checkout() is not None
+    return stored_root() if writable else cache_root()
 
 
 def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
@@ -186,14 +185,12 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     name : str
         A registered experiment name (:func:`~companion.experiments.registry.experiment_names`).
     root : path, optional
-        Folder holding ``<name>/<hash>.json`` files (default :func:`stored_root`,
-        ``companion/data/results``).
+        Folder holding ``<name>/<hash>.json`` files (default :func:`stored_root`).
 
     Returns
     -------
     list of Result
-        Results of ``name`` whose schema matches the current code; others are skipped (they
-        would be recomputed by :func:`~companion.experiments.run_cached`, never shown).
+        Those whose schema matches the current code (others would be recomputed, never shown).
 
     Raises
     ------
@@ -202,10 +199,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
 
     Examples
     --------
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     stored_results("channel_statistics", root=tmp)
-    []
+    >>> newest = stored_results("framework_random")[0]  # doctest: +SKIP
     """
     cls = get_experiment(name)
     base = Path(root) if root is not None else stored_root()
@@ -221,23 +215,20 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
 
 
 def result_path(config, results_dir: str | Path | None = None) -> Path:
-    """Path of the JSON file of ``config``'s Result: ``<dir>/<name>/<hash>.json``.
+    """Path of the JSON file of ``config``'s Result: ``<results_dir>/<name>/<hash>.json``.
 
-    ``results_dir`` defaults to :func:`cache_root`.
+    Parameters
+    ----------
+    config : a registered experiment config instance
+    results_dir : path or None
+        Default :func:`cache_root`.
+
+    Returns
+    -------
+    pathlib.Path
     """
     base = Path(results_dir) if results_dir is not None else cache_root()
     return base / type(config).experiment_name / f"{config_hash(config)}.json"
-
-
-# --------------------------------------------------------------------------- storage
-#: Fields every Result JSON holds, with their JSON types.
-_META_TYPES: dict[str, tuple] = {
-    "name": (str,), "config": (dict,), "scalars": (dict,), "versions": (dict,), "device": (str,),
-    "wall_time": (int, float), "schema": (str,), "config_hash": (str,),
-}
-
-
-_THREAD_LOCK = threading.Lock()  # serialises writers only where fcntl is missing
 
 
 def _array_digest(array: np.ndarray) -> str:
@@ -317,31 +308,27 @@ def _pair_lock(json_path: Path):
 
 
 def check_writable(folder: Path) -> None:
-    """Raise ValueError (before any work is done) if Results cannot be written into ``folder``."""
+    """Raise ValueError (before any work is done) if Results cannot be written into ``folder`` (a Path)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ValueError(
-            f"cannot write Results into {folder} ({exc}); choose a writable folder: --out DIR "
-            "on the command line, results_dir= in Python, or $COMPANION_RESULTS for the default "
-            "folders"
-        ) from None
+        raise ValueError(f"cannot write Results into {folder} ({exc}); choose a writable folder: --out DIR "
+                         "on the command line, results_dir= in Python, or $COMPANION_RESULTS for the "
+                         "default folders") from None
 
 
 def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     """Write ``result`` as JSON (metadata, config, scalars, checksums) + ``.npz`` (arrays), atomically.
 
-    See the module docstring for the publication order and the lock.
-
     Parameters
     ----------
     result : Result
+        The Result to store.
     results_dir : path or None
-        Root folder; the files go to ``<results_dir>/<name>/<config hash>.json`` and ``.npz``.
-        ``None``: :func:`cache_root` (``results/cache`` in a clone).
+        Root folder of ``<name>/<config hash>.json`` and ``.npz``; default :func:`cache_root`.
 
     Returns
     -------
@@ -351,11 +338,11 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     Raises
     ------
     TypeError
-        If ``result`` is not a Result, or an array is not storable (object dtype).
+        Not a Result, or an array of object dtype.
     ValueError
-        If an array name is not an identifier.
+        An array name that is not an identifier.
     OSError
-        If the folder cannot be written (:func:`~companion.experiments.run_cached` checks this before computing).
+        The folder cannot be written (:func:`~companion.experiments.run_cached` checks before computing).
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -365,8 +352,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
             raise ValueError(f"array names must be identifiers, got {key!r}")
         arrays[key] = np.asarray(value)
         if arrays[key].dtype.hasobject:
-            raise TypeError(f"array {key!r} has dtype object, which cannot be stored without "
-                            "pickles")
+            raise TypeError(f"array {key!r} has dtype object, which cannot be stored without pickles")
     base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
     npz_path = path.with_suffix(".npz")
@@ -377,8 +363,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
                       for k, v in arrays.items()}
     temps = []
     try:
-        temps.append(_temp_write(path.parent, path.stem, ".npz.tmp",
-                                 lambda fh: _write_npz(fh, arrays)))
+        temps.append(_temp_write(path.parent, path.stem, ".npz.tmp", lambda fh: _write_npz(fh, arrays)))
         meta["npz_sha256"] = _file_digest(temps[0])
         text = _json_bytes(meta)
         temps.append(_temp_write(path.parent, path.stem, ".json.tmp", lambda fh: fh.write(text)))
@@ -414,13 +399,11 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         raise corrupt(f"its JSON is malformed ({exc})") from None
     if not isinstance(meta, dict):
         raise corrupt(f"its JSON holds a {_kind(meta)}, not a Result object")
-    missing = sorted(set(_META_TYPES) - set(meta))
+    missing = sorted(set(_META_TYPES) - set(_OPTIONAL) - set(meta))
     if missing:
         raise corrupt(f"it is not a Result file (missing {missing})")
-    optional = {"created": "", "arrays": {}, "npz_sha256": ""}  # absent: fine; present: typed
-    for key, types_ in {**_META_TYPES, "created": (str,), "arrays": (dict,),
-                        "npz_sha256": (str,)}.items():
-        value = meta.get(key, optional.get(key))
+    for key, types_ in _META_TYPES.items():  # an optional field may be absent, not mistyped
+        value = meta.get(key, _OPTIONAL.get(key))
         if isinstance(value, bool) or not isinstance(value, types_):
             want = " or ".join(t.__name__ for t in types_)
             raise corrupt(f"its field {key!r} is a {_kind(value)}, not a {want}")
@@ -439,8 +422,7 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
     try:
         blob = npz_path.read_bytes()
     except OSError as exc:
-        raise corrupt(f"its arrays file {npz_path.name} cannot be read "
-                      f"({exc.strerror or exc})") from None
+        raise corrupt(f"its arrays file {npz_path.name} cannot be read ({exc.strerror or exc})") from None
     want_sha = meta.get("npz_sha256")
     sha_ok = want_sha is None or hashlib.sha256(blob).hexdigest() == want_sha
     try:
@@ -463,20 +445,17 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         if "sha256" in spec and _array_digest(a) != spec["sha256"]:
             raise corrupt(f"the values of array {key!r} do not match their SHA-256 in the JSON")
     if not sha_ok:
-        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON (another run's "
-                      "file, or edited)")
-    result = Result(name=meta["name"], config=meta["config"], arrays=arrays,
-                    scalars=meta["scalars"], versions=meta["versions"], device=meta["device"],
-                    wall_time=meta["wall_time"], schema=meta["schema"],
-                    config_hash=meta["config_hash"], created=meta.get("created", ""), path=path)
-    return result, meta
+        raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON "
+                      "(another run's file, or edited)")
+    required = {k: meta[k] for k in _META_TYPES if k not in _OPTIONAL}
+    return Result(**required, arrays=arrays, created=meta.get("created", ""), path=path), meta
 
 
 def load_result(path: str | Path) -> Result:
     """Read and verify a Result written by :func:`save_result` (no pickles are loaded).
 
-    Checks the JSON's fields and types, the declared arrays, shapes and dtypes, and the
-    checksums when recorded.  A pair that a writer replaces during the read is read again.
+    Checks the JSON's fields and types, the arrays' shapes and dtypes, and the checksums when
+    recorded; a pair that a writer replaces during the read is read again.
 
     Parameters
     ----------
@@ -486,15 +465,14 @@ def load_result(path: str | Path) -> Result:
     Returns
     -------
     Result
+        With ``path`` set.
 
     Raises
     ------
     CorruptResultError
-        (a ``ValueError``) If the files exist but do not form a valid Result: malformed or
-        non-object JSON, a missing or wrong-typed field, a missing, empty, truncated or edited
-        ``.npz``, or arrays that differ from their description or checksum.
+        (a ``ValueError``) The files exist but do not form a valid Result.
     ValueError
-        If the JSON file cannot be read at all (missing, a folder).
+        The JSON file cannot be read at all (missing, a folder).
 
     Examples
     --------
@@ -516,10 +494,6 @@ def load_result(path: str | Path) -> Result:
             if not raced or attempt == _READ_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-#: How often :func:`load_result` re-reads a pair that writers keep replacing during the read.
-_READ_ATTEMPTS = 50
 
 
 def _wait_for_writer(path: Path) -> bool:
@@ -573,10 +547,7 @@ def add_checksums(path: str | Path) -> bool:
 
     Examples
     --------
-    Run once over the committed Results::
-
-        for p in sorted(stored_root().glob("*/*.json")):
-            add_checksums(p)
+    >>> changed = [add_checksums(p) for p in sorted(stored_root().glob("*/*.json"))]  # doctest: +SKIP
     """
     path = Path(path)
     with _pair_lock(path):

@@ -1,28 +1,24 @@
 """Clipping and the mean-and-Frobenius regulariser, several seeds per arm, on trained TinyLMs.
 
-One byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed
-corpus (the last 5% of paragraphs held out) once per *arm* of :data:`ARMS` (``"none"``, the
-reference; ``"fixed"`` clipping at 1; ``"tail"`` sub-Gaussian tail clipping; ``"reg_vo"``, the
-regulariser on the attention value and output matrices; ``"colmean_mlp"``, the column-mean
-penalty on the MLP outputs) and *seed* (shared by all arms: paired differences).  Each run is
-measured on the held-out bytes (loss, clipping record, column means, the stream's channel
-statistics by :func:`~companion.applications.training_controls.stream_drift`, channel peaks
-every ``probe_every`` steps); each seed's initialisation is measured too.  The chapter
-*Training controls* renders :data:`SHORT` and the default regime, stored as :data:`LONG_CLIP`
-and :data:`LONG_REG`, joined by :func:`merge_arms`.
+A byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed corpus
+once per *arm* of :data:`ARMS` and *seed* (shared by the arms: paired differences), and measured
+on held-out paragraphs; each seed's initialisation is measured too.  The chapter *Training
+controls* renders :data:`SHORT` and the default regime, stored as :data:`LONG_CLIP` and
+:data:`LONG_REG` and joined by :func:`merge_arms`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
 
 from companion._validation import check_int, check_real
 from companion.corpus import load_corpus
-from companion.experiments import progress_bar, register
+from companion.experiments import Result, progress_bar, register
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize
 from companion.applications.training_controls import (
@@ -32,7 +28,9 @@ from companion.applications.training_controls import (
 __all__ = ["ARMS", "LONG_CLIP", "LONG_REG", "PER_ARM", "SHORT", "TrainingControlsStudy", "arm_controls",
            "corpus_split", "member_config", "merge_arms", "run_study", "tiny"]
 
-#: The arms a study may contain, with their controls (see the module docstring).
+#: The arms a study may contain, with their controls: the reference, clipping at 1, sub-Gaussian tail
+#: clipping, the regulariser on the attention value and output matrices, the column-mean penalty on
+#: the MLP outputs.
 ARMS = {
     "none": TrainingControls(clip="none"),
     "fixed": TrainingControls(clip="fixed", clip_value=1.0),
@@ -127,8 +125,6 @@ class TrainingControlsStudy:
 #: The short regime: the applications chapter's former set-up (100 steps, peak rate 3e-3).
 SHORT = TrainingControlsStudy(seeds=tuple(range(8)), steps=100, lr=3e-3, warmup=10, dtype="float64",
                               probe_every=10)
-
-
 #: The long regime, stored as two Results (run as two processes): the clipping arms with the
 #: reference, and the two regulariser arms (same seeds, so :func:`merge_arms` joins them).
 LONG_CLIP = TrainingControlsStudy(arms=("none", "fixed", "tail"))
@@ -160,8 +156,6 @@ def merge_arms(*results) -> tuple[list[str], dict]:
     TypeError, ValueError
         Not a Result of this experiment; none given, configs differing beyond ``arms``, a repeated arm.
     """
-    from companion.experiments import Result
-
     if not results:
         raise ValueError("merge_arms needs at least one Result")
     for r in results:
@@ -229,6 +223,11 @@ def _centred_rows(model: TinyLM, targets) -> TinyLM:
     return clone.eval()
 
 
+def _append(rows: dict, **values) -> None:
+    for key, value in values.items():
+        rows.setdefault(key, []).append(value)
+
+
 def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
     """Train and measure every (arm, seed); return the arrays of the Result.
 
@@ -237,76 +236,51 @@ def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
     """
     if not isinstance(config, TrainingControlsStudy):
         raise TypeError(f"config must be a TrainingControlsStudy, got {type(config).__name__}")
-
     dtype = _DTYPES[config.dtype]
     train_ids, test_ids = corpus_split(config.held_out)
-    A, S, T, L, d = len(config.arms), len(config.seeds), config.steps, config.n_layers, config.d_model
-    probe_steps = np.arange(config.probe_every, T + 1, config.probe_every)
-    K = len(probe_steps)
-    shape = (A, S)
-    out = {
-        "eval_loss": np.empty(shape), "train_loss": np.empty(shape + (T,)),
-        "grad_norm": np.empty(shape + (T,)), "threshold": np.empty(shape + (T,)),
-        "clipped": np.zeros(shape + (T,), dtype=bool), "train_seconds": np.empty(shape),
-        "drift": np.empty(shape + (L + 1,)), "rms": np.empty(shape + (L + 1,)),
-        "channel_peak": np.empty(shape + (L + 1, d)), "channel_mean": np.empty(shape + (L + 1, d)),
-        "channel_std": np.empty(shape + (L + 1, d)),
-        "exceed6": np.empty(shape + (L + 1,)),
-        "colmean_vo": np.empty(shape), "colmean_mlp": np.empty(shape),
-        "peak_trace": np.empty(shape + (K, L + 1)),
-        "init_drift": np.empty((S, L + 1)), "init_drift_mlp0": np.empty((S, L + 1)),
-        "init_drift_vo0": np.empty((S, L + 1)), "init_eval_loss": np.empty(S),
-        "init_colmean_vo": np.empty(S), "init_colmean_mlp": np.empty(S),
-        "init_peak": np.empty((S, L + 1)),
-    }
-    for si, seed in enumerate(config.seeds):
+    probe_steps = np.arange(config.probe_every, config.steps + 1, config.probe_every)
+    drift = partial(stream_drift, ids=test_ids, seq_len=config.seq_len, max_windows=config.eval_windows)
+    rows: dict = {}  # key -> one entry per seed ("init_*") or per (arm, seed)
+    for seed in config.seeds:
         init = TinyLM(member_config(config, seed)).to(dtype).eval()
-        sd0 = stream_drift(init, test_ids, config.seq_len, max_windows=config.eval_windows)
-        out["init_drift"][si] = sd0.drift
-        out["init_peak"][si] = sd0.channel_peak.max(axis=1)
-        out["init_drift_mlp0"][si] = stream_drift(_centred_rows(init, ("w_out",)), test_ids, config.seq_len,
-                                                  max_windows=config.eval_windows).drift
-        out["init_drift_vo0"][si] = stream_drift(_centred_rows(init, ("w_v", "w_o")), test_ids, config.seq_len,
-                                                 max_windows=config.eval_windows).drift
-        out["init_eval_loss"][si] = tiny_lm_loss(init, test_ids, config.seq_len)
-        out["init_colmean_vo"][si] = _colmean_norm(init, ("w_v", "w_o"))
-        out["init_colmean_mlp"][si] = _colmean_norm(init, ("w_out",))
-    bar = progress_bar(A * S, progress, "training controls")
-    for ai, arm in enumerate(config.arms):
-        for si, seed in enumerate(config.seeds):
-            trace = np.empty((K, L + 1))
+        sd0 = drift(init)
+        _append(rows, init_drift=sd0.drift, init_peak=sd0.channel_peak.max(axis=1),
+                init_drift_mlp0=drift(_centred_rows(init, ("w_out",))).drift,
+                init_drift_vo0=drift(_centred_rows(init, ("w_v", "w_o"))).drift,
+                init_eval_loss=tiny_lm_loss(init, test_ids, config.seq_len),
+                init_colmean_vo=_colmean_norm(init, ("w_v", "w_o")),
+                init_colmean_mlp=_colmean_norm(init, ("w_out",)))
+    bar = progress_bar(len(config.arms) * len(config.seeds), progress, "training controls")
+    for arm in config.arms:
+        for seed in config.seeds:
+            trace = np.empty((len(probe_steps), config.n_layers + 1))
 
             def probe(step, model, trace=trace):
                 if step % config.probe_every == 0:
-                    sd = stream_drift(model, test_ids, config.seq_len, max_windows=config.probe_windows)
-                    trace[step // config.probe_every - 1] = sd.channel_peak.max(axis=1)
+                    peaks = drift(model, max_windows=config.probe_windows).channel_peak
+                    trace[step // config.probe_every - 1] = peaks.max(axis=1)
 
             t0 = time.perf_counter()
             run = train_with_controls(member_config(config, seed), train_ids, test_ids, arm_controls(arm),
-                                      steps=T, batch_size=config.batch_size, seq_len=config.seq_len,
-                                      lr=config.lr, warmup=config.warmup, seed=seed, dtype=dtype,
-                                      callback=probe)
-            out["train_seconds"][ai, si] = time.perf_counter() - t0
-            out["eval_loss"][ai, si] = run.eval_loss
-            out["train_loss"][ai, si] = run.losses
-            out["grad_norm"][ai, si] = run.grad_norms
-            out["threshold"][ai, si] = run.thresholds
-            out["clipped"][ai, si] = run.clipped
-            sd = stream_drift(run.model, test_ids, config.seq_len, multiples=(6.0,),
-                              max_windows=config.eval_windows)
-            out["drift"][ai, si] = sd.drift
-            out["rms"][ai, si] = sd.rms
-            out["channel_peak"][ai, si] = sd.channel_peak
-            out["channel_mean"][ai, si] = sd.mean
-            out["channel_std"][ai, si] = sd.std
-            out["exceed6"][ai, si] = sd.exceed_frac[:, 0]
-            out["colmean_vo"][ai, si] = _colmean_norm(run.model, ("w_v", "w_o"))
-            out["colmean_mlp"][ai, si] = _colmean_norm(run.model, ("w_out",))
-            out["peak_trace"][ai, si] = trace
+                                      steps=config.steps, batch_size=config.batch_size,
+                                      seq_len=config.seq_len, lr=config.lr, warmup=config.warmup, seed=seed,
+                                      dtype=dtype, callback=probe)
+            seconds = time.perf_counter() - t0
+            sd = drift(run.model, multiples=(6.0,))
+            _append(rows, eval_loss=run.eval_loss, train_loss=run.losses, grad_norm=run.grad_norms,
+                    threshold=run.thresholds, clipped=run.clipped, train_seconds=seconds, drift=sd.drift,
+                    rms=sd.rms, channel_peak=sd.channel_peak, channel_mean=sd.mean, channel_std=sd.std,
+                    exceed6=sd.exceed_frac[:, 0], colmean_vo=_colmean_norm(run.model, ("w_v", "w_o")),
+                    colmean_mlp=_colmean_norm(run.model, ("w_out",)), peak_trace=trace)
             if bar is not None:
                 bar.update()
     if bar is not None:
         bar.close()
+    out = {}
+    for key, values in rows.items():
+        array = np.array(values, dtype=bool if key == "clipped" else np.float64)
+        per_arm = (len(config.arms), len(config.seeds), *array.shape[1:])
+        out[key] = array.reshape(per_arm) if key in PER_ARM else array
     out.update(arms=list(config.arms), seeds=list(config.seeds), probe_steps=probe_steps,
                n_eval_tokens=int(min(config.eval_windows, test_ids.numel() // config.seq_len)
                                  * config.seq_len),
