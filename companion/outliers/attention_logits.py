@@ -1,13 +1,9 @@
 r"""Attention logits of real Transformers: query/key capture, logit pairs and their statistics.
 
-The analysis behind the section *Attention logits* of ``book/outliers_real_models.ipynb``:
-queries and keys are read with hooks on the real projection modules (rotary embeddings applied
-with the model's own function), every scored (query, key) pair is formed, and the moments of the
-logit :math:`q\cdot k` are set beside :prf:ref:`olr-thm-dot` (independent coordinates).
-
-Derivations (moments of :math:`q\cdot k`, the rotary capture): the chapter :doc:`/book/outliers_real_models`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+Queries and keys are read with hooks on the real projection modules (rotary embeddings applied with
+the model's own function), and the moments of the logit :math:`q\cdot k` over every scored pair are
+set beside :prf:ref:`olr-thm-dot`; derivations: the section *Attention logits* of the chapter
+:doc:`/book/outliers_real_models`.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -22,24 +18,15 @@ import numpy as np
 
 from companion._validation import as_generator, check_bool, check_int, check_texts, real_array
 
-__all__ = [
-    "QueryKeyCapture",
-    "capture_queries_keys",
-    "logit_pairs",
-    "dot_product_moments",
-    "partial_dot_statistics",
-    "attention_logit_statistics",
-    "centred_logit_statistics",
-]
+__all__ = ["QueryKeyCapture", "capture_queries_keys", "logit_pairs", "dot_product_moments",
+           "partial_dot_statistics", "attention_logit_statistics", "centred_logit_statistics"]
 
 
-# --- argument checking (thin wrappers around companion._validation) ---
 def _generator(rng) -> np.random.Generator:
     """``rng`` as a Generator; None means the fixed seed 0 (reproducible subsets)."""
     return as_generator(0 if rng is None else rng)
 
 
-# --- attention logits ---
 @dataclass(frozen=True)
 class QueryKeyCapture:
     """Queries and keys of one attention layer over a batch of texts (real tokens only).
@@ -75,10 +62,12 @@ class QueryKeyCapture:
 
     @property
     def n_heads(self) -> int:
+        """Number of query heads."""
         return self.q.shape[1]
 
     @property
     def d_k(self) -> int:
+        """Dimension of a query or key head."""
         return self.q.shape[2]
 
     def kv_head(self, head: int) -> int:
@@ -257,33 +246,36 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     ------
     ValueError
         If ``head`` is out of range, ``max_pairs < 1`` or no pair is left.
-
-    Examples
-    --------
-    >>> q, k = logit_pairs(cap, head=0, max_pairs=10_000)   # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
+    skip_first = _check_capture(cap, skip_first)
     check_int(head, "head", None)
     if not 0 <= head < cap.n_heads:
         raise ValueError(f"head {head} is outside [0, {cap.n_heads - 1}]")
-    skip_first = check_bool(skip_first, "skip_first")
     mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
     return _logit_pairs(cap, head, skip_first, mp, _generator(rng))
+
+
+def _check_capture(cap, skip_first) -> bool:
+    """TypeError unless ``cap`` is a QueryKeyCapture; ``skip_first`` as a bool."""
+    if not isinstance(cap, QueryKeyCapture):
+        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
+    return check_bool(skip_first, "skip_first")
+
+
+def _text_groups(cap: QueryKeyCapture, skip_first: bool, min_size: int) -> list[np.ndarray]:
+    """Token indices of each text (without its first token if ``skip_first``), if at least ``min_size``."""
+    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
+    groups = [np.arange(s, e) for s, e in zip(starts, np.r_[starts[1:], cap.text.size])]
+    if skip_first:
+        groups = [idx[cap.position[idx] != 0] for idx in groups]
+    return [idx for idx in groups if idx.size >= min_size]
 
 
 def _logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool, mp: int | None,
                  gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """:func:`logit_pairs` on validated arguments."""
     qi_all, kj_all = [], []
-    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
-    ends = np.r_[starts[1:], cap.text.size]
-    for s, e in zip(starts, ends):
-        idx = np.arange(s, e)
-        if skip_first:
-            idx = idx[cap.position[idx] != 0]
-        if idx.size == 0:
-            continue
+    for idx in _text_groups(cap, skip_first, 1):
         ii, jj = np.meshgrid(idx, idx, indexing="ij")
         keep = (cap.position[jj] <= cap.position[ii]) if cap.causal else np.ones_like(ii, dtype=bool)
         qi_all.append(ii[keep])
@@ -440,14 +432,8 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
     ------
     TypeError, ValueError
         As :func:`logit_pairs`.
-
-    Examples
-    --------
-    >>> st = attention_logit_statistics(caps[0])   # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
-    skip_first = check_bool(skip_first, "skip_first")
+    skip_first = _check_capture(cap, skip_first)
     mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
     gen = _generator(rng)
     keys = ("mean", "var", "var_scaled", "snr", "shared_mean", "var_independent", "q_norm2", "k_norm2")
@@ -488,23 +474,8 @@ def centred_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False) -> 
     ------
     ValueError
         If no query has two keys to compare.
-
-    Examples
-    --------
-    >>> st = centred_logit_statistics(caps[0])     # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
-    skip_first = check_bool(skip_first, "skip_first")
-    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
-    ends = np.r_[starts[1:], cap.text.size]
-    groups = []
-    for s, e in zip(starts, ends):
-        idx = np.arange(s, e)
-        if skip_first:
-            idx = idx[cap.position[idx] != 0]
-        if idx.size >= 2:
-            groups.append(idx)
+    groups = _text_groups(cap, _check_capture(cap, skip_first), 2)
     if not groups:
         raise ValueError("no query has two keys to compare; pass longer texts or skip_first=False")
     keys = ("snr_raw", "query_constant_share", "snr_centred", "var_centred", "n_pairs")

@@ -1,53 +1,41 @@
 r"""Channel regimes of real residual streams: predicted versus observed counts, tails, top activations.
 
-The analysis behind the chapter *Outliers in real Transformers*
-(``book/outliers_real_models.ipynb``).  The statistics themselves are streamed by
-:func:`companion.outliers.channel_statistics.channel_statistics` (per layer ``l`` and channel ``j``: the mean
-:math:`\mu_j`, the variance :math:`\sigma_j^2` and the exceedance counts
-:math:`C_j(t) = \#\{i \le N : |h_{ij}| > t\}`); the functions here turn them into the quantities
-the outlier note talks about, and measure where real activations leave the note's model
-:math:`X_{ij} = \mu_j + Z_{ij}` with sub-Gaussian :math:`Z`.  Attention logits are in
-:mod:`companion.outliers.attention_logits`, massive activations in :mod:`companion.outliers.massive_activations`.
-
-Arrays of per-channel parameters have the channel axis last, ``mu[..., d]``; per-threshold results
-have shape ``[..., n_t, d]``, the layout of ``ChannelStatistics.counts``.  Derivations, the regimes and
-the meaning of the bounds and diagnostics: the chapter :doc:`/book/outliers_real_models`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+The analysis of the chapter :doc:`/book/outliers_real_models` (derivations, regimes, the meaning of
+the bounds and diagnostics), applied to the statistics of
+:func:`companion.outliers.channel_statistics.channel_statistics` (means :math:`\mu_j`, variances,
+counts :math:`C_j(t) = \#\{i : |h_{ij}| > t\}`).  Per-channel arrays have the channel axis last
+(``mu[..., d]``); per-threshold results have shape ``[..., n_t, d]``, the layout of
+``ChannelStatistics.counts``.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from numbers import Integral
 
 import numpy as np
 from scipy import special, stats
 
 from companion.theory import exceedance
-from companion._validation import check_int, check_real, check_texts, check_thresholds, real_array
+from companion._validation import (check_int, check_real, check_texts, check_thresholds, integer_counts,
+                                  real_array)
 
-__all__ = [
-    "REGIMES",
-    "classify_regime",
-    "predicted_counts",
-    "CountComparison",
-    "compare_counts",
-    "corpus_subset",
-    "coarsen_thresholds",
-    "tail_diagnostics",
-    "gaussian_max_abs_quantile",
-    "empirical_variance_proxy",
-    "top_activations",
-    "max_abs_z",
-]
+__all__ = ["REGIMES", "classify_regime", "predicted_counts", "CountComparison", "compare_counts",
+           "corpus_subset", "coarsen_thresholds", "tail_diagnostics", "gaussian_max_abs_quantile",
+           "empirical_variance_proxy", "top_activations", "max_abs_z"]
 
 #: Regime codes returned by :func:`classify_regime`, in order 0, 1, 2.
 REGIMES = ("centred", "intermediate", "mean-dominated")
 
 
-# --- argument checking (thin wrappers around companion._validation) ---
+def _numeric_array(x, name: str, what: str) -> np.ndarray:
+    """``x`` (array_like or torch tensor) as a numpy array of integers or floats; TypeError otherwise."""
+    a = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise TypeError(f"{name} must {what}, got dtype {a.dtype}")
+    return a
+
+
 def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]:
     m = real_array("mu", mu, min_ndim=1)
     s = real_array("sigma", sigma, min_ndim=1)
@@ -103,8 +91,7 @@ def _classify_regime(m: np.ndarray, s: np.ndarray, t: np.ndarray, tol: float) ->
     a = np.abs(m)[..., None, :]
     tt = t[:, None]
     centred = a <= tol * s[..., None, :]
-    out = np.where(a > tt, 2, np.where(centred, 0, 1)).astype(np.int8)
-    return out
+    return np.where(a > tt, 2, np.where(centred, 0, 1)).astype(np.int8)
 
 
 def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
@@ -256,11 +243,7 @@ def compare_counts(
     >>> cc.observed[0, 0].tolist(), cc.upper_violations[0, 0].tolist()
     ([400.0, 0.0, 990.0], [1, 0, 0])
     """
-    c = np.asarray(counts)
-    if hasattr(counts, "detach"):
-        c = counts.detach().cpu().numpy()
-    if c.dtype == bool or not (np.issubdtype(c.dtype, np.integer) or np.issubdtype(c.dtype, np.floating)):
-        raise TypeError(f"counts must be an integer array, got dtype {c.dtype}")
+    c = _numeric_array(counts, "counts", "be an integer array")
     m, s = _mu_sigma(mu, sigma)
     t = check_thresholds(thresholds)
     n = check_int(n_tokens, "n_tokens", 1)
@@ -430,19 +413,11 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
     >>> round(gaussian_max_abs_quantile(1), 4)        # median of |G|
     0.6745
     """
-    arr = np.asarray(n)
-    if arr.dtype == object and arr.size and all(  # Python ints beyond the 64-bit range
-        isinstance(v, Integral) and not isinstance(v, bool) for v in arr.ravel().tolist()
-    ):
-        arr = np.asarray([float(v) for v in arr.ravel().tolist()]).reshape(arr.shape)
-    elif arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"n must be a positive integer or an array of them, got {type(n).__name__}")
-    if (arr < 1).any():
-        raise ValueError(f"n must be >= 1, got min {int(arr.min())}")
+    arr = integer_counts("n", n).astype(np.float64)  # also Python ints beyond the int64 range
     check_real(q, "q")
     if not (0.0 < q < 1.0):
         raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
-    log_r = math.log(q) / arr.astype(np.float64)  # r = q**(1/n) = P(|G| <= m)
+    log_r = math.log(q) / arr  # r = q**(1/n) = P(|G| <= m)
     tail = -np.expm1(log_r)  # 1 - r
     out = -special.ndtri(tail / 2.0)
     # r < 1e-3: 1 - r keeps too few digits of r (m = 0.0 for q = 1e-300, n = 10); there
@@ -545,11 +520,10 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     Examples
     --------
     >>> h = np.zeros((1, 1, 3, 4)); h[0, 0, 0, 2] = -50.0; h[0, 0, 1:, :] = 0.5
-    >>> r = top_activations(h)
+    >>> top_activations(h)["ratio"].tolist()      # -50 against a median |h| of 0.5
+    [[100.0]]
     """
-    a = h.detach().cpu().numpy() if hasattr(h, "detach") else np.asarray(h)
-    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
-        raise TypeError(f"h must hold real numbers, got dtype {a.dtype}")
+    a = _numeric_array(h, "h", "hold real numbers")
     if not np.issubdtype(a.dtype, np.floating):
         a = a.astype(np.float64)
     if a.ndim != 4:
@@ -615,10 +589,6 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
     ------
     ValueError
         If ``step < 1`` or ``start`` is outside the grid.
-
-    Examples
-    --------
-    >>> coarse = coarsen_thresholds(st, 2)          # doctest: +SKIP
     """
     _check_statistics(st)
     step = check_int(step, "step", 1)
@@ -640,10 +610,6 @@ def max_abs_z(st) -> np.ndarray:
     numpy.ndarray, shape ``[L+1, d]``
         :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a constant channel with a non-zero deviation, NaN for
         ``0/0``).
-
-    Examples
-    --------
-    >>> z = max_abs_z(st)                            # doctest: +SKIP
     """
     _check_statistics(st)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -9,9 +9,8 @@
     Pre-LN :  h <- lam * h + beta * F(Norm(h))
     Post-LN:  h <- Norm(lam * h + beta * F(h))
 
-with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024).
-:func:`~companion.stacks.residual.forward_sq_norms` and the ``last_layer_grad_norm*`` functions are
-the measurements of the chapter *Signal propagation*.  Weights of block ``l`` depend only on
+with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024);
+the measurements of the chapter *Signal propagation* follow.  Weights of block ``l`` depend only on
 ``(config.seed, l)``, so a depth-``L`` stack is the first ``L`` blocks of any deeper one.
 """
 
@@ -28,16 +27,8 @@ from torch import nn
 
 from companion._validation import check_int, check_real, check_vector, is_int
 
-__all__ = [
-    "StackConfig",
-    "StackOutput",
-    "ResidualStack",
-    "sharpen_attention",
-    "dslm_scales",
-    "forward_sq_norms",
-    "last_layer_grad_norm",
-    "last_layer_grad_norms",
-]
+__all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales", "forward_sq_norms",
+           "last_layer_grad_norm", "last_layer_grad_norms"]
 
 _PLACEMENTS = ("pre", "post")
 _NORMS = ("layernorm", "rmsnorm")
@@ -139,9 +130,7 @@ class StackConfig:
                 raise ValueError(f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
             if not _is_finite_real(getattr(self, name)):
-                raise TypeError(
-                    f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}"
-                )
+                raise TypeError(f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}")
         if self.gain <= 0:
             raise ValueError(f"StackConfig.gain must be > 0, got {self.gain}")
         if self.eps < 0:
@@ -436,13 +425,14 @@ class ResidualStack(nn.Module):
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
         cfg = self.config
         lam, beta, pre = cfg.residual_scale, cfg.branch_scale, cfg.placement == "pre"
-        rec = _Recorder()
-
-        h = x                                                         # [B, T, d]
+        streams, norm_ins, branches = [], [], []          # L+1, L x S, L x S tensors [B, T, d]
+        h = x
         for layer in range(cfg.n_layers) if blocks is None else blocks:
             if layer == layer_inj:
                 h = h + addend                                        # injection site h_l
-            rec.stream(h)
+            streams.append(h)
+            norm_ins.append([])
+            branches.append([])
             for sub in self.blocks[layer].sublayers:
                 if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
                     norm_in = h
@@ -452,11 +442,16 @@ class ResidualStack(nn.Module):
                     branch = beta * sub.f(h)
                     norm_in = lam * h + branch
                     h = sub.norm(norm_in)
-                rec.sublayer(layer, norm_in, branch)                  # [B, T, d] each
+                norm_ins[-1].append(norm_in)
+                branches[-1].append(branch)
         if layer_inj == cfg.n_layers:
             h = h + addend                                            # injection site h_L
-        rec.stream(h)
-        return rec.output(final=self.final_norm(h))                   # final: [B, T, d]
+        streams.append(h)
+        norm_in = torch.stack([torch.stack(b) for b in norm_ins])    # [L, S, B, T, d]
+        branch = torch.stack([torch.stack(b) for b in branches])      # [L, S, B, T, d]
+        return StackOutput(stream=torch.stack(streams), pre_norm=norm_in[:, -1],
+                           branch=branch.sum(dim=1) if branch.shape[1] > 1 else branch[:, 0],
+                           final=self.final_norm(h), sublayer_norm_input=norm_in, sublayer_branch=branch)
 
     def apply_block(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """Block ``layer`` applied to a stream ``h`` of shape ``[batch, tokens, d_model]``.
@@ -465,39 +460,6 @@ class ResidualStack(nn.Module):
         the injection engine replays blocks through it.
         """
         return self.forward(h, blocks=range(layer, layer + 1)).stream[-1]
-
-
-class _Recorder:
-    """Records one forward pass: the stream before every block, each sublayer's norm input and branch."""
-
-    def __init__(self):
-        self.streams: list[torch.Tensor] = []                     # L+1 x [B, T, d]
-        self.norm_inputs: list[list[torch.Tensor]] = []           # L x S x [B, T, d]
-        self.branches: list[list[torch.Tensor]] = []              # L x S x [B, T, d]
-        self.layer: int | None = None
-
-    def stream(self, h: torch.Tensor) -> None:
-        self.streams.append(h)
-
-    def sublayer(self, layer: int, norm_input: torch.Tensor, branch: torch.Tensor) -> None:
-        if layer != self.layer:                                   # the first sublayer of a block
-            self.layer = layer
-            self.norm_inputs.append([])
-            self.branches.append([])
-        self.norm_inputs[-1].append(norm_input)
-        self.branches[-1].append(branch)
-
-    def output(self, final: torch.Tensor) -> StackOutput:
-        norm_in = torch.stack([torch.stack(b) for b in self.norm_inputs])   # [L, S, B, T, d]
-        branch = torch.stack([torch.stack(b) for b in self.branches])       # [L, S, B, T, d]
-        return StackOutput(
-            stream=torch.stack(self.streams),                                # [L+1, B, T, d]
-            pre_norm=norm_in[:, -1],                                         # [L, B, T, d]
-            branch=branch.sum(dim=1) if branch.shape[1] > 1 else branch[:, 0],
-            final=final,
-            sublayer_norm_input=norm_in,
-            sublayer_branch=branch,
-        )
 
 
 def sharpen_attention(stack, logit_std: float, seed: int = 0):
