@@ -39,14 +39,10 @@ class QueryKeyCapture:
     k : numpy.ndarray, shape ``[n_tokens, n_kv_heads, d_k]``, float32
         For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the
         logit before the ``1/sqrt(d_k)`` scale.
-    text : numpy.ndarray of int, shape ``[n_tokens]``
-        Index of the text each token belongs to.
-    position : numpy.ndarray of int, shape ``[n_tokens]``
-        Position of the token within its text (0 = first token).
-    causal : bool
-        Whether the model attends only to earlier positions.
-    rotary : bool
-        Whether rotary position embeddings were applied.
+    text, position : numpy.ndarray of int, shape ``[n_tokens]``
+        The text each token belongs to, and its position there (0 = first token).
+    causal, rotary : bool
+        Whether the model attends only to earlier positions; whether rotary embeddings were applied.
     scaling : float
         The factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models).
     """
@@ -72,8 +68,7 @@ class QueryKeyCapture:
 
     def kv_head(self, head: int) -> int:
         """Key head read by query head ``head`` (grouped-query attention shares key heads)."""
-        group = self.q.shape[1] // self.k.shape[1]
-        return head // group
+        return head // (self.q.shape[1] // self.k.shape[1])
 
 
 def _attention_parts(block):
@@ -85,10 +80,8 @@ def _attention_parts(block):
             q, k = getattr(mod, qn, None), getattr(mod, kn, None)
             if isinstance(q, torch.nn.Linear) and isinstance(k, torch.nn.Linear):
                 return mod, q, k
-    raise ValueError(
-        f"could not find separate query/key projections (q_proj/k_proj or query/key) in "
-        f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) are not supported"
-    )
+    raise ValueError(f"could not find separate query/key projections (q_proj/k_proj or query/key) in "
+                     f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) are not supported")
 
 
 def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, rotary: bool = True,
@@ -124,16 +117,13 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     Examples
     --------
     >>> caps = capture_queries_keys(load("minilm-l6"), ["In the beginning."], layers=[0])  # doctest: +SKIP
-    >>> caps[0].q.shape                                                                   # doctest: +SKIP
-    (6, 12, 32)
     """
     import torch
 
     from companion.transformers.hooks import hooks
-    from companion.transformers.models import LoadedModel, tokenize
+    from companion.transformers.models import check_model, tokenize
 
-    if not isinstance(m, LoadedModel):
-        raise TypeError(f"m must be a LoadedModel from companion.transformers.models.load, got {type(m).__name__}")
+    check_model(m)
     rotary = check_bool(rotary, "rotary")
     bs = check_int(batch_size, "batch_size", 1)
     L = m.n_layers
@@ -170,8 +160,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
             got[(layer, "pe")] = kwargs.get("position_embeddings")
         return hook
 
-    qs = {l: [] for l in layers}
-    ks = {l: [] for l in layers}
+    qs, ks = {l: [] for l in layers}, {l: [] for l in layers}
     text_idx, pos_idx = [], []
     rotated = False
     forward = [(lin, out_hook(l, name)) for l, (_, qlin, klin) in parts.items()
@@ -179,11 +168,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     pre = [(attn, pre_hook(l)) for l, (attn, _, _) in parts.items()]
     with hooks(forward=forward, pre=pre, pre_with_kwargs=True):
         for start in range(0, len(texts), bs):
-            chunk = list(texts[start:start + bs])
-            enc = tokenize(m, chunk, max_length)
-            kwargs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-            if "token_type_ids" in enc:
-                kwargs["token_type_ids"] = enc["token_type_ids"]
+            enc = tokenize(m, list(texts[start:start + bs]), max_length)
+            kwargs = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
             if causal:
                 kwargs["use_cache"] = False
             got.clear()
@@ -210,14 +196,10 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
             b_idx, p_idx = torch.nonzero(keep, as_tuple=True)
             text_idx.append((b_idx + start).cpu().numpy())
             pos_idx.append(p_idx.cpu().numpy())
-    text_arr = np.concatenate(text_idx)
-    pos_arr = np.concatenate(pos_idx)
+    text_arr, pos_arr = np.concatenate(text_idx), np.concatenate(pos_idx)
     scaling = float(getattr(parts[layers[0]][0], "scaling", 1.0 / math.sqrt(d_k)))
-    return [
-        QueryKeyCapture(layer=l, q=np.concatenate(qs[l]), k=np.concatenate(ks[l]), text=text_arr,
-                        position=pos_arr, causal=causal, rotary=rotated, scaling=scaling)
-        for l in layers
-    ]
+    return [QueryKeyCapture(layer=l, q=np.concatenate(qs[l]), k=np.concatenate(ks[l]), text=text_arr,
+                            position=pos_arr, causal=causal, rotary=rotated, scaling=scaling) for l in layers]
 
 
 def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_pairs: int | None = None,
@@ -314,8 +296,7 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     """
     arrs = [real_array(n, v, min_ndim=1) for n, v in
             (("mu_q", mu_q), ("var_q", var_q), ("mu_k", mu_k), ("var_k", var_k))]
-    shape = arrs[0].shape
-    if any(a.shape != shape for a in arrs):
+    if any(a.shape != arrs[0].shape for a in arrs):
         raise ValueError(f"mu_q, var_q, mu_k, var_k must share one shape, got {[a.shape for a in arrs]}")
     mq, vq, mk, vk = arrs
     if (vq < 0).any() or (vk < 0).any():
@@ -329,10 +310,8 @@ def _dot_product_moments(mq, vq, mk, vk) -> tuple[np.ndarray, np.ndarray]:
         mean = (mq * mk).sum(-1)
         var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
     if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-        raise ValueError(
-            "the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
-            "mean scales like the product of the scales of q and k, the variance like its square)"
-        )
+        raise ValueError("the mean or variance of q.k exceeds the float64 range; rescale the inputs (the mean "
+                         "scales like the product of the scales of q and k, the variance like its square)")
     return mean, var
 
 
@@ -368,8 +347,7 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     >>> g = np.random.default_rng(0)
     >>> out = partial_dot_statistics(g.standard_normal((20000, 64)), g.standard_normal((20000, 64)), sizes=[1, 64])
     """
-    qa = real_array("q", q)
-    ka = real_array("k", k)
+    qa, ka = real_array("q", q), real_array("k", k)
     if qa.ndim != 2 or qa.shape != ka.shape or qa.shape[0] < 2:
         raise ValueError(f"q and k must be matching [P, d_k] arrays with P >= 2, got {qa.shape} and {ka.shape}")
     P, d = qa.shape
@@ -387,14 +365,12 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     prod = qa * ka
     mq, vq = qa.mean(0), qa.var(0)
     mk, vk = ka.mean(0), ka.var(0)
-    ind_mean_c = mq * mk
-    ind_var_c = vq * vk + vq * mk**2 + vk * mq**2
+    ind_mean_c, ind_var_c = mq * mk, vq * vk + vq * mk**2 + vk * mq**2
     acc = {key: np.zeros(sz_arr.size) for key in ("mean", "var", "var_scaled", "snr", "mean_independent", "var_independent")}
     for _ in range(n_ord):
         perm = gen.permutation(d)
         cum = np.cumsum(prod[:, perm], axis=1)[:, sz_arr - 1]
-        mean = cum.mean(0)
-        var = cum.var(0)
+        mean, var = cum.mean(0), cum.var(0)
         acc["mean"] += mean
         acc["var"] += var
         acc["var_scaled"] += var / sz_arr

@@ -5,14 +5,7 @@ magnitude is at least 6.0 in the inputs of the linear layers that follow a norma
 attention projections and the FFN expansion), in at least 25% of the layers and at least 6%
 of the sequence positions; with that criterion they find systematic outliers emerge around 6.7B
 parameters.  This module reads exactly those inputs with forward pre-hooks and applies the
-criterion:
-
-* :func:`outlier_feature_statistics` -- one pass over texts; per site (attention input, FFN
-  input of every block) and feature, the share of positions with :math:`|x| \ge 6` and the
-  largest :math:`|x|` (:class:`OutlierFeatureStatistics`);
-* :meth:`OutlierFeatureStatistics.systematic` -- the features that meet the criterion.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+criterion.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations

@@ -30,10 +30,8 @@ from companion._validation import check_int, check_real, check_vector, is_int
 __all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales", "forward_sq_norms",
            "last_layer_grad_norm", "last_layer_grad_norms"]
 
-_PLACEMENTS = ("pre", "post")
-_NORMS = ("layernorm", "rmsnorm")
-_BLOCKS = ("mlp", "attention", "both")
-_INITS = ("xavier", "normal")
+_CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm"), "block": ("mlp", "attention", "both"),
+            "init": ("xavier", "normal")}
 _NORMAL_STD = 0.02
 
 
@@ -117,15 +115,12 @@ class StackConfig:
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
             check_int(getattr(self, name), f"StackConfig.{name}", 0 if name == "seed" else 1)
         if self.d_model % self.n_heads:
-            raise ValueError(
-                f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
-                "choose a divisor of the width"
-            )
+            raise ValueError(f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
+                             "choose a divisor of the width")
         for name, low in (("d_ff", 1), ("vocab_size", 2)):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), f"StackConfig.{name}", low)
-        for name, allowed in (("placement", _PLACEMENTS), ("norm", _NORMS), ("block", _BLOCKS),
-                              ("init", _INITS)):
+        for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
@@ -164,6 +159,9 @@ class StackConfig:
 def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     r"""Residual and branch scales ``(lam, beta)`` of a DSLM-style stack of ``n_layers`` blocks.
 
+    Kedia et al. (2024): :math:`\lambda^2 + \beta^2 = 1` keeps unit second moment at every add;
+    ``k = 2`` gives their :math:`\beta^2 \approx 0.005` at 192 layers (our reading, not a quote).
+
     Parameters
     ----------
     n_layers : int
@@ -182,11 +180,6 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
         If ``n_layers`` is not an integer or ``k`` not a real number.
     ValueError
         If ``n_layers`` < 1 or not ``0 < k <= 2 N``.
-
-    Notes
-    -----
-    Kedia et al. (2024): :math:`\lambda^2 + \beta^2 = 1` keeps unit second moment at every add;
-    ``k = 2`` reproduces their :math:`\beta^2 \approx 0.005` at 192 layers (our reading, not a quote).
 
     Examples
     --------
@@ -318,10 +311,8 @@ def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
         positions = [int(positions)]
     pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(np.asarray(positions))
     if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
-        raise ValueError(
-            f"{name} must be None or a non-empty 1-D list/tensor of integer token positions, "
-            f"got {positions!r}"
-        )
+        raise ValueError(f"{name} must be None or a non-empty 1-D list/tensor of integer token positions, "
+                         f"got {positions!r}")
     if int(pos.min()) < 0 or int(pos.max()) >= T:
         raise ValueError(f"{name} must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
     mask = torch.zeros(T, dtype=torch.bool, device=device)
@@ -362,17 +353,13 @@ class ResidualStack(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
         if x.ndim != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(
-                f"x must have shape [batch, tokens, {self.config.d_model}], got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must have shape [batch, tokens, {self.config.d_model}], got {tuple(x.shape)}")
         if x.shape[0] < 1 or x.shape[1] < 1:
             raise ValueError(f"x must have at least one sequence and one token, got {tuple(x.shape)}")
         p = next(self.parameters())
         if x.dtype != p.dtype:
-            raise ValueError(
-                f"x has dtype {x.dtype} but the stack's parameters are {p.dtype}; "
-                f"convert with x.to({p.dtype}) or the model with .to({x.dtype})"
-            )
+            raise ValueError(f"x has dtype {x.dtype} but the stack's parameters are {p.dtype}; "
+                             f"convert with x.to({p.dtype}) or the model with .to({x.dtype})")
 
     def _injection(self, x, layer, vector, positions):
         """Validate the injection arguments; return (layer, [B, T, d] addend) or (None, None)."""
@@ -465,6 +452,9 @@ class ResidualStack(nn.Module):
 def sharpen_attention(stack, logit_std: float, seed: int = 0):
     r"""Re-draw every attention sublayer's query and key maps so the logits spread by ``logit_std``.
 
+    :math:`W_Q, W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries, so a logit has variance
+    :math:`\sigma_a^2` for inputs with :math:`\|x\|^2 = d`.
+
     Parameters
     ----------
     stack : ResidualStack
@@ -486,11 +476,6 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     ValueError
         If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
 
-    Notes
-    -----
-    :math:`W_Q, W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries, so a logit has variance
-    :math:`\sigma_a^2` for inputs with :math:`\|x\|^2 = d`.
-
     Examples
     --------
     >>> st = sharpen_attention(ResidualStack(StackConfig(d_model=16, n_layers=1, n_heads=2)), 4.0)
@@ -500,16 +485,12 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     """
     if not isinstance(stack, ResidualStack):
         raise TypeError(f"stack must be a companion.stacks.residual.ResidualStack, got {type(stack).__name__}")
-    sigma = check_real(logit_std, "logit_std")
-    if sigma <= 0:
-        raise ValueError(f"logit_std must be > 0, got {sigma}")
+    sigma = check_real(logit_std, "logit_std", lo=0.0, lo_open=True)
     seed = check_int(seed, "seed", 0)
     attention = [sub.f for blk in stack.blocks for sub in blk.sublayers if sub.kind == "attention"]
     if not attention:
-        raise ValueError(
-            f"the stack has no attention sublayer (block = {stack.config.block!r}); "
-            "use block='attention' or 'both'"
-        )
+        raise ValueError(f"the stack has no attention sublayer (block = {stack.config.block!r}); "
+                         "use block='attention' or 'both'")
     d = stack.config.d_model
     g = torch.Generator().manual_seed(seed)
     std = math.sqrt(sigma / d)
@@ -532,6 +513,8 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
                      seed: int = 0, stack: ResidualStack | None = None,
                      device: str = "cpu") -> dict[str, np.ndarray]:
     r"""Mean squared norms of the residual stream at every layer, for Gaussian input tokens.
+
+    Xiong et al.'s Lemma 2 bounds them (chapter *Signal propagation*).  Runs under ``torch.no_grad``.
 
     Parameters
     ----------
@@ -560,10 +543,6 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
         If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If a count is < 1 (``seed`` < 0).
-
-    Notes
-    -----
-    Xiong et al.'s Lemma 2 bounds: chapter *Signal propagation*.  Runs under ``torch.no_grad``.
 
     Examples
     --------
@@ -602,6 +581,9 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
                          seed: int = 0, device: str = "cpu") -> float:
     r"""Frobenius norm of the loss gradient w.r.t. the last block's MLP output weight.
 
+    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels
+    (Xiong et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).
+
     Parameters
     ----------
     config : StackConfig
@@ -626,11 +608,6 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
         If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
-
-    Notes
-    -----
-    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels
-    (Xiong et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).
 
     Examples
     --------
@@ -667,6 +644,9 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
                           seed: int = 0, device: str = "cpu", per_token: bool = False) -> np.ndarray:
     r""":func:`~companion.stacks.residual.last_layer_grad_norm` for every depth ``1..L`` at once, from one deep stack.
 
+    Per-layer seeding makes the depth-``l`` stack the first ``l`` blocks of the deep one, so one
+    forward pass suffices: each depth's last add is replayed from the recorded input and differentiated.
+
     Parameters
     ----------
     config : StackConfig
@@ -680,18 +660,12 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
     Returns
     -------
     numpy.ndarray, shape (L,)
-        Entry ``l - 1`` is the norm for the stack made of the first ``l`` blocks.
+        Entry ``l - 1``: ``last_layer_grad_norm(replace(config, n_layers=l))`` (tested).
 
     Raises
     ------
     TypeError, ValueError
         As :func:`~companion.stacks.residual.last_layer_grad_norm`.
-
-    Notes
-    -----
-    Per-layer seeding makes the depth-``l`` stack the first ``l`` blocks of the deep one, so one
-    forward pass suffices: each depth's last add is replayed from the recorded input and
-    differentiated; it equals ``last_layer_grad_norm(replace(config, n_layers=l))`` (tested).
 
     Examples
     --------
