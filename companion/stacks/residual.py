@@ -11,7 +11,8 @@
 
 with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024);
 the measurements of the chapter *Signal propagation* follow.  Weights of block ``l`` depend only on
-``(config.seed, l)``, so a depth-``L`` stack is the first ``L`` blocks of any deeper one.
+``(config.seed, l)``, so a depth-``L`` stack is the first ``L`` blocks of any deeper one.  An
+argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from torch import nn
 
 from companion._validation import check_int, check_real, check_vector, is_int
 
-__all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales", "forward_sq_norms",
-           "last_layer_grad_norm", "last_layer_grad_norms"]
+__all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales",
+           "forward_sq_norms", "last_layer_grad_norm", "last_layer_grad_norms"]
 
-_CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm"), "block": ("mlp", "attention", "both"),
-            "init": ("xavier", "normal")}
+_CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm"),
+            "block": ("mlp", "attention", "both"), "init": ("xavier", "normal")}
 _NORMAL_STD = 0.02
 
 
@@ -81,7 +82,7 @@ class StackConfig:
     Raises
     ------
     TypeError
-        If a field has the wrong type.
+        If a field has the wrong type (NaN or inf for a float).
     ValueError
         If a field is out of range or a name is unknown.
 
@@ -124,8 +125,9 @@ class StackConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
-            if not _is_finite_real(getattr(self, name)):
-                raise TypeError(f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not _is_finite_real(value):
+                raise TypeError(f"StackConfig.{name} must be a finite real number, got {value!r}")
         if self.gain <= 0:
             raise ValueError(f"StackConfig.gain must be > 0, got {self.gain}")
         if self.eps < 0:
@@ -176,8 +178,6 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
 
     Raises
     ------
-    TypeError
-        If ``n_layers`` is not an integer or ``k`` not a real number.
     ValueError
         If ``n_layers`` < 1 or not ``0 < k <= 2 N``.
 
@@ -328,11 +328,6 @@ class ResidualStack(nn.Module):
     config : StackConfig
         The stack (update rule in the module docstring).
 
-    Raises
-    ------
-    TypeError
-        If ``config`` is not a StackConfig.
-
     Examples
     --------
     >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2))
@@ -353,7 +348,8 @@ class ResidualStack(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
         if x.ndim != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(f"x must have shape [batch, tokens, {self.config.d_model}], got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape [batch, tokens, {self.config.d_model}], "
+                             f"got {tuple(x.shape)}")
         if x.shape[0] < 1 or x.shape[1] < 1:
             raise ValueError(f"x must have at least one sequence and one token, got {tuple(x.shape)}")
         p = next(self.parameters())
@@ -402,8 +398,6 @@ class ResidualStack(nn.Module):
 
         Raises
         ------
-        TypeError
-            If ``x`` is not a tensor.
         ValueError
             If ``x`` has the wrong shape or dtype, or the injection arguments are inconsistent,
             out of range or not finite in the stack's dtype.
@@ -471,8 +465,6 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
     ValueError
         If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
 
@@ -539,8 +531,6 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If a count is < 1 (``seed`` < 0).
 
@@ -581,21 +571,14 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
                          seed: int = 0, device: str = "cpu") -> float:
     r"""Frobenius norm of the loss gradient w.r.t. the last block's MLP output weight.
 
-    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels
-    (Xiong et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).
+    The last entry of :func:`~companion.stacks.residual.last_layer_grad_norms`, which defines the loss.
 
     Parameters
     ----------
     config : StackConfig
-        Must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
-    n_sequences, seq_len : int
-        Gaussian input tokens, as in :func:`~companion.stacks.residual.forward_sq_norms`.
-    n_classes : int, default 16
-        Classes of the readout.
-    seed : int, default 0
-        Seed of the inputs, labels and readout.
-    device : str, default "cpu"
-        Where to run.
+        Must contain an MLP.
+    n_sequences, seq_len, n_classes, seed, device
+        As in :func:`~companion.stacks.residual.last_layer_grad_norms`.
 
     Returns
     -------
@@ -604,10 +587,8 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
-        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
+        As :func:`~companion.stacks.residual.last_layer_grad_norms`.
 
     Examples
     --------
@@ -615,13 +596,7 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     >>> last_layer_grad_norm(cfg, n_sequences=2, seq_len=4) > 0
     True
     """
-    x, readout, labels = _readout_problem(config, n_sequences, seq_len, n_classes, seed, device)
-    stack = ResidualStack(config).to(device)
-    out = stack(x)
-    loss = F.cross_entropy((out.final @ readout).reshape(-1, n_classes), labels)
-    w = stack.blocks[-1].sublayers[-1].f.w_out.weight
-    (grad,) = torch.autograd.grad(loss, w)
-    return float(grad.norm())
+    return float(last_layer_grad_norms(config, n_sequences, seq_len, n_classes, seed, device)[-1])
 
 
 def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):
@@ -642,17 +617,24 @@ def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, see
 
 def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
                           seed: int = 0, device: str = "cpu", per_token: bool = False) -> np.ndarray:
-    r""":func:`~companion.stacks.residual.last_layer_grad_norm` for every depth ``1..L`` at once, from one deep stack.
+    r"""Gradient norm of the last MLP output weight, for the stacks of every depth ``1..L`` at once.
 
-    Per-layer seeding makes the depth-``l`` stack the first ``l`` blocks of the deep one, so one
-    forward pass suffices: each depth's last add is replayed from the recorded input and differentiated.
+    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels (Xiong
+    et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).  Per-layer seeding makes the
+    depth-``l`` stack the first ``l`` blocks of the deep one, so one forward pass suffices: each
+    depth's last add is replayed from the recorded input and differentiated.
 
     Parameters
     ----------
     config : StackConfig
-        The deepest stack; must contain an MLP.
-    n_sequences, seq_len, n_classes, seed, device
-        As in :func:`~companion.stacks.residual.last_layer_grad_norm` (same inputs, readout and labels).
+        The deepest stack; must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
+    n_sequences, seq_len : int
+        Gaussian input tokens, as in :func:`~companion.stacks.residual.forward_sq_norms`.
+    n_classes : int, default 16
+        Classes of the readout.
+    seed : int, default 0
+        Seed of the inputs, labels and readout.
+    device : str, default "cpu"
     per_token : bool, default False
         ``True``: mean over tokens of each token's gradient norm (the per-sample quantity Xiong
         et al. bound) instead of the gradient of the mean loss.
@@ -660,12 +642,12 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
     Returns
     -------
     numpy.ndarray, shape (L,)
-        Entry ``l - 1``: ``last_layer_grad_norm(replace(config, n_layers=l))`` (tested).
+        Entry ``l - 1``: :math:`\|\partial \tilde{\mathcal L} / \partial W^{2,l}\|_F`, first ``l`` blocks.
 
     Raises
     ------
-    TypeError, ValueError
-        As :func:`~companion.stacks.residual.last_layer_grad_norm`.
+    ValueError
+        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
 
     Examples
     --------
