@@ -81,7 +81,8 @@ def _attention_parts(block):
             if isinstance(q, torch.nn.Linear) and isinstance(k, torch.nn.Linear):
                 return mod, q, k
     raise ValueError(f"could not find separate query/key projections (q_proj/k_proj or query/key) in "
-                     f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) are not supported")
+                     f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) "
+                     "are not supported")
 
 
 def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, rotary: bool = True,
@@ -310,8 +311,8 @@ def _dot_product_moments(mq, vq, mk, vk) -> tuple[np.ndarray, np.ndarray]:
         mean = (mq * mk).sum(-1)
         var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
     if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-        raise ValueError("the mean or variance of q.k exceeds the float64 range; rescale the inputs (the mean "
-                         "scales like the product of the scales of q and k, the variance like its square)")
+        raise ValueError("the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
+                         "mean scales like the product of the scales of q and k, the variance like its square)")
     return mean, var
 
 

@@ -42,10 +42,8 @@ def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]
     if m.shape != s.shape:
         raise ValueError(f"mu and sigma must have the same shape [..., d], got {m.shape} and {s.shape}")
     if positive and (s <= 0).any():
-        raise ValueError(
-            f"sigma must be > 0 in every channel, got {int((s <= 0).sum())} channel(s) with "
-            "sigma <= 0; drop constant channels before comparing counts"
-        )
+        raise ValueError(f"sigma must be > 0 in every channel, got {int((s <= 0).sum())} channel(s) with "
+                         "sigma <= 0; drop constant channels before comparing counts")
     if not positive and (s < 0).any():
         raise ValueError(f"sigma must be >= 0, got min {s.min():.4g}")
     return m, s
@@ -134,14 +132,9 @@ def _predicted_counts(m: np.ndarray, s: np.ndarray, t: np.ndarray, n: int) -> di
     """:func:`predicted_counts` on validated arrays."""
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
-    gauss = np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
+    out = {"gaussian": np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)}
     b = exceedance.theorem2_bounds(n, mm, tt, ss)
-    return {
-        "gaussian": gauss,
-        "lower": np.asarray(b.lower, dtype=np.float64),
-        "notes_lower": np.asarray(b.notes_lower, dtype=np.float64),
-        "upper": np.asarray(b.upper, dtype=np.float64),
-    }
+    return out | {k: np.asarray(getattr(b, k), dtype=np.float64) for k in ("lower", "notes_lower", "upper")}
 
 
 @dataclass(frozen=True)
@@ -209,9 +202,8 @@ class CountComparison:
             return np.where(pred > 0, obs / np.where(pred > 0, pred, 1.0), np.where(obs > 0, np.inf, np.nan))
 
 
-def compare_counts(
-    counts, mu, sigma, thresholds, n_tokens, centred_tol: float = 0.1, alpha: float = 1e-3
-) -> CountComparison:
+def compare_counts(counts, mu, sigma, thresholds, n_tokens, centred_tol: float = 0.1,
+                   alpha: float = 1e-3) -> CountComparison:
     r"""Observed :math:`C_j(t)` against the exact-Gaussian prediction and the Theorem 1/2 bounds.
 
     Parameters
@@ -249,9 +241,8 @@ def compare_counts(
     n = check_int(n_tokens, "n_tokens", 1)
     expected = m.shape[:-1] + (t.size, m.shape[-1])
     if c.shape != expected:
-        raise ValueError(
-            f"counts must have shape mu.shape[:-1] + (len(thresholds), d) = {expected}, got {c.shape}"
-        )
+        raise ValueError(f"counts must have shape mu.shape[:-1] + (len(thresholds), d) = {expected}, "
+                         f"got {c.shape}")
     if not np.isfinite(c).all() or (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
         raise ValueError(f"counts must be integers in [0, n_tokens={n}]")
     check_real(alpha, "alpha", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
@@ -269,19 +260,11 @@ def compare_counts(
         return np.stack([np.where(reg == k, x, 0).sum(-1) for k in range(len(REGIMES))], axis=-1)
 
     return CountComparison(
-        thresholds=t,
-        n_tokens=n,
-        n_channels=by_regime(np.ones_like(c, dtype=np.int64)),
-        observed=by_regime(c),
-        gaussian=by_regime(pred["gaussian"]),
-        lower=by_regime(pred["lower"]),
-        upper=by_regime(pred["upper"]),
-        lower_violations=by_regime(lo_bad.astype(np.int64)),
-        upper_violations=by_regime(up_bad.astype(np.int64)),
-        channel_lower_violation=lo_bad.any(axis=-2),
-        channel_upper_violation=up_bad.any(axis=-2),
-        alpha=float(alpha),
-    )
+        thresholds=t, n_tokens=n, n_channels=by_regime(np.ones_like(c, dtype=np.int64)),
+        observed=by_regime(c), gaussian=by_regime(pred["gaussian"]), lower=by_regime(pred["lower"]),
+        upper=by_regime(pred["upper"]), lower_violations=by_regime(lo_bad.astype(np.int64)),
+        upper_violations=by_regime(up_bad.astype(np.int64)), channel_lower_violation=lo_bad.any(axis=-2),
+        channel_upper_violation=up_bad.any(axis=-2), alpha=float(alpha))
 
 
 def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> list[str]:
