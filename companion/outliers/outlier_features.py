@@ -46,15 +46,10 @@ class OutlierFeatureStatistics:
     n_layers: int
     model: str
 
-    def _check_shares(self, layer_share, position_share):
-        return (check_real(layer_share, "layer_share", lo=0.0, hi=1.0),
-                check_real(position_share, "position_share", lo=0.0, hi=1.0))
-
     def affected_layers(self, position_share: float = 0.06) -> np.ndarray:
         """Bool ``[L, d]``: feature ``j`` reaches the threshold on at least ``position_share`` of
         the positions at either linear input of block ``l``."""
-        _, p = self._check_shares(0.0, position_share)
-        hit = self.share >= p
+        hit = self.share >= check_real(position_share, "position_share", lo=0.0, hi=1.0)
         return hit[0::2] | hit[1::2]
 
     def systematic(self, layer_share: float = 0.25, position_share: float = 0.06) -> np.ndarray:
@@ -63,11 +58,11 @@ class OutlierFeatureStatistics:
 
         Raises
         ------
-        TypeError, ValueError
-            If a share is not a number in [0, 1].
+        ValueError
+            If a share is not in [0, 1].
         """
-        lay, pos = self._check_shares(layer_share, position_share)
-        frac = self.affected_layers(pos).mean(axis=0)
+        lay = check_real(layer_share, "layer_share", lo=0.0, hi=1.0)
+        frac = self.affected_layers(position_share).mean(axis=0)
         return np.flatnonzero((frac >= lay) & (frac > 0))
 
     def per_layer(self, position_share: float = 0.06) -> np.ndarray:
@@ -114,8 +109,7 @@ def linear_input_sites(m) -> list:
     return out
 
 
-def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8,
-                               max_length: int | None = None,
+def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8, max_length: int | None = None,
                                skip_first: bool = False) -> OutlierFeatureStatistics:
     r"""Per block and feature, the share of positions where a normalised linear input reaches ``threshold``.
 
@@ -141,8 +135,7 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
 
     Examples
     --------
-    >>> ofs = outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64))  # doctest: +SKIP
-    >>> ofs.systematic()                                                          # doctest: +SKIP
+    >>> outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64)).systematic()  # doctest: +SKIP
     """
     import torch
 

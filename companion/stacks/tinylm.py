@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion._validation import check_vector, is_int
+from companion._validation import check_vector, is_int, is_real
 from companion.stacks.residual import (_NORMAL_STD, ResidualStack, StackConfig, StackOutput, _check_counts,
-                                       _init_linear, _is_finite_real, _layer_generator, _token_mask)
+                                       _init_linear, _layer_generator, _token_mask)
 
 __all__ = ["TinyLM", "StackAdapter", "byte_tokenize", "unigram_loss", "train_tiny_lm"]
 
@@ -291,7 +291,7 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     _check_counts(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed)
     if warmup is not None and (not is_int(warmup) or warmup < 0):
         raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
-    if not _is_finite_real(lr) or lr <= 0:
+    if not (is_real(lr) and math.isfinite(lr)) or lr <= 0:
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     if seq_len > config.max_len:
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
