@@ -22,11 +22,6 @@ __all__ = ["QueryKeyCapture", "capture_queries_keys", "logit_pairs", "dot_produc
            "partial_dot_statistics", "attention_logit_statistics", "centred_logit_statistics"]
 
 
-def _generator(rng) -> np.random.Generator:
-    """``rng`` as a Generator; None means the fixed seed 0 (reproducible subsets)."""
-    return as_generator(0 if rng is None else rng)
-
-
 @dataclass(frozen=True)
 class QueryKeyCapture:
     """Queries and keys of one attention layer over a batch of texts (real tokens only).
@@ -235,7 +230,7 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     if not 0 <= head < cap.n_heads:
         raise ValueError(f"head {head} is outside [0, {cap.n_heads - 1}]")
     mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
-    return _logit_pairs(cap, head, skip_first, mp, _generator(rng))
+    return _logit_pairs(cap, head, skip_first, mp, as_generator(0 if rng is None else rng))
 
 
 def _check_capture(cap, skip_first) -> bool:
@@ -362,7 +357,7 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
                 raise ValueError(f"every size must lie in [1, d_k={d}], got {s}")
     sz_arr = np.asarray(sz, dtype=np.int64)
     n_ord = check_int(n_orders, "n_orders", 1)
-    gen = _generator(rng)
+    gen = as_generator(0 if rng is None else rng)
     prod = qa * ka
     mq, vq = qa.mean(0), qa.var(0)
     mk, vk = ka.mean(0), ka.var(0)
@@ -412,7 +407,7 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
     """
     skip_first = _check_capture(cap, skip_first)
     mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
-    gen = _generator(rng)
+    gen = as_generator(0 if rng is None else rng)
     keys = ("mean", "var", "var_scaled", "snr", "shared_mean", "var_independent", "q_norm2", "k_norm2")
     out = {key: np.zeros(cap.n_heads) for key in keys}
     for h in range(cap.n_heads):

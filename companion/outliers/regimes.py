@@ -273,7 +273,6 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     Parameters
     ----------
     m : companion.transformers.models.LoadedModel
-        Supplies the tokenizer and the default truncation length.
     texts : sequence of str
         Candidate texts in a fixed order (e.g. :func:`companion.corpus.load_corpus`).
     max_tokens : int
@@ -546,10 +545,8 @@ def _check_statistics(st) -> None:
     from companion.outliers.channel_statistics import ChannelStatistics
 
     if not isinstance(st, ChannelStatistics):
-        raise TypeError(
-            f"st must be a companion.outliers.channel_statistics.ChannelStatistics (from probes.channel_statistics or "
-            f"experiments.channel_statistics.statistics_of), got {type(st).__name__}"
-        )
+        raise TypeError(f"st must be a companion.outliers.channel_statistics.ChannelStatistics (from "
+                        f"channel_statistics or experiments.channel_statistics.statistics_of), got {type(st).__name__}")
 
 
 def coarsen_thresholds(st, step: int = 2, start: int = 0):
