@@ -16,7 +16,7 @@ import numpy as np
 
 from companion._validation import check_bool, check_int, check_real, check_texts
 
-__all__ = ["OutlierFeatureStatistics", "outlier_feature_statistics", "linear_input_sites"]
+__all__ = ["OutlierFeatureStatistics", "outlier_feature_statistics"]
 
 #: Names of the first FFN linear layer (the expansion) in the supported architectures.
 _FFN_NAMES = ("mlp.gate_proj", "mlp.up_proj", "intermediate.dense", "mlp.fc1", "fc1")
@@ -79,23 +79,8 @@ def _find(block, names):
     return None
 
 
-def linear_input_sites(m) -> list:
-    """The (attention-input, FFN-input) linear modules of every block, in order.
-
-    Parameters
-    ----------
-    m : companion.transformers.models.LoadedModel
-
-    Returns
-    -------
-    list of (torch.nn.Linear, torch.nn.Linear)
-        The query projection and the first FFN linear layer of each block: their inputs are the normalised hidden states of LLM.int8().
-
-    Raises
-    ------
-    ValueError
-        If a block has no recognisable query projection or FFN expansion.
-    """
+def _linear_input_sites(m) -> list:
+    """(query projection, first FFN linear) of every block; their inputs are LLM.int8()'s hidden states."""
     from companion.transformers.models import check_model
 
     check_model(m)
@@ -109,8 +94,8 @@ def linear_input_sites(m) -> list:
     return out
 
 
-def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8, max_length: int | None = None,
-                               skip_first: bool = False) -> OutlierFeatureStatistics:
+def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8,
+                               max_length: int | None = None, skip_first: bool = False) -> OutlierFeatureStatistics:
     r"""Per block and feature, the share of positions where a normalised linear input reaches ``threshold``.
 
     Parameters
@@ -131,7 +116,8 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     Raises
     ------
     ValueError
-        If ``texts`` is empty, ``threshold < 0`` or no position is left.
+        If ``texts`` is empty, ``threshold < 0``, no position is left, or a block has no recognisable
+        query projection or FFN expansion.
 
     Examples
     --------
@@ -142,7 +128,7 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     from companion.transformers.hooks import hooks
     from companion.transformers.models import tokenize
 
-    sites = linear_input_sites(m)
+    sites = _linear_input_sites(m)
     texts = check_texts(texts, single=True)
     t = check_real(threshold, "threshold", lo=0.0)
     bs = check_int(batch_size, "batch_size", 1)
