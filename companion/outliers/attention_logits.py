@@ -95,8 +95,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     max_length : int or None
         Truncation length (default ``m.max_length``).
     rotary : bool, default True
-        Apply the model's rotary position embedding (if it has one) to the captured vectors, as the attention does; ``False`` returns the raw
-        projections.
+        Apply the model's rotary embedding (if any), as the attention does; ``False``: the raw projections.
     batch_size : int, default 16
         Texts per forward pass.
 

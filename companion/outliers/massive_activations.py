@@ -89,8 +89,7 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     max_length : int or None
         Truncation for the median (default ``m.max_length``).
     median_texts : int, default 16
-        The median :math:`|h|` of each layer is taken over the real tokens of the first ``median_texts`` texts (it is a scale, not a statistic of the
-        channel).
+        The layers' median :math:`|h|` (a scale) is over the real tokens of the first ``median_texts`` texts.
 
     Returns
     -------

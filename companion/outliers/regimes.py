@@ -57,8 +57,7 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     ----------
     mu, sigma : array_like, shape ``[..., d]``
         Channel means and standard deviations (``sigma >= 0``).
-    thresholds : array_like, shape ``[n_t]``
-        Thresholds :math:`t \ge 0`.
+    thresholds : array_like, shape ``[n_t]``, entries ``>= 0``
     centred_tol : float, default 0.1
         A channel counts as centred when :math:`|\mu_j| \le` ``centred_tol`` :math:`\cdot\sigma_j`.
 
@@ -99,8 +98,7 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     ----------
     mu, sigma : array_like, shape ``[..., d]``
         Fitted channel means and standard deviations (``sigma > 0``).
-    thresholds : array_like, shape ``[n_t]``
-        Thresholds :math:`t \ge 0`.
+    thresholds : array_like, shape ``[n_t]``, entries ``>= 0``
     n_tokens : int
         Number of rows :math:`N` the statistics were computed from.
 
