@@ -385,7 +385,6 @@ class ResidualStack(nn.Module):
         Returns
         -------
         StackOutput
-            The record of the run.
 
         Raises
         ------
@@ -512,7 +511,6 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     stack : ResidualStack, optional
         Use this (e.g. trained) stack instead.
     device : str, default "cpu"
-        Where to run.
 
     Returns
     -------
@@ -528,8 +526,7 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     Examples
     --------
     >>> cfg = StackConfig(d_model=32, n_layers=4, d_ff=32, block="mlp")
-    >>> r = forward_sq_norms(cfg, n_sequences=4, seq_len=8)
-    >>> r["stream"].shape
+    >>> forward_sq_norms(cfg, n_sequences=4, seq_len=8)["stream"].shape
     (5, 8)
     """
     if not isinstance(config, StackConfig):
