@@ -121,7 +121,7 @@ def test_ablation_needs_a_causal_model_and_two_tokens(llama, bert):
 @pytest.mark.parametrize("kind", ["llama", "bert"])
 def test_outlier_feature_shares_match_a_direct_capture(kind, tokenizer):  # noqa: F811
     m = _tiny(kind, tokenizer)
-    sites = of.linear_input_sites(m)
+    sites = of._linear_input_sites(m)
     got = {}
 
     def grab(s):
@@ -164,7 +164,7 @@ def test_outlier_features_reject_bad_input(llama):
     with pytest.raises(ValueError, match="non-empty"):
         of.outlier_feature_statistics(llama, [])
     with pytest.raises(TypeError, match="LoadedModel"):
-        of.linear_input_sites(torch.nn.Linear(2, 2))
+        of.outlier_feature_statistics(torch.nn.Linear(2, 2), TEXTS)
     st = of.outlier_feature_statistics(llama, TEXTS)
     with pytest.raises(ValueError):
         st.systematic(layer_share=1.5)

@@ -441,9 +441,21 @@ def test_grad_norms_from_one_deep_stack_match_separate_stacks(placement, block):
     cfg = StackConfig(d_model=16, n_layers=5, n_heads=2, d_ff=24, placement=placement, block=block,
                       residual_scale=lam, branch_scale=beta, final_norm=(placement == "pre"))
     all_depths = last_layer_grad_norms(cfg, n_sequences=2, seq_len=6, seed=3)
-    separate = [last_layer_grad_norm(replace(cfg, n_layers=l), n_sequences=2, seq_len=6, seed=3)
+    separate = [_direct_grad_norm(replace(cfg, n_layers=l), n_sequences=2, seq_len=6, seed=3)
                 for l in range(1, 6)]
     np.testing.assert_allclose(all_depths, separate, rtol=1e-5)
+    assert last_layer_grad_norm(cfg, n_sequences=2, seq_len=6, seed=3) == pytest.approx(separate[-1], rel=1e-5)
+
+
+def _direct_grad_norm(cfg, n_sequences, seq_len, seed, n_classes=16):
+    """Reference: autograd through the whole stack to the last MLP's output weight (mean loss)."""
+    from companion.stacks.residual import _readout_problem
+
+    x, readout, labels = _readout_problem(cfg, n_sequences, seq_len, n_classes, seed, "cpu")
+    stack = ResidualStack(cfg)
+    loss = torch.nn.functional.cross_entropy((stack(x).final @ readout).reshape(-1, n_classes), labels)
+    (grad,) = torch.autograd.grad(loss, stack.blocks[-1].sublayers[-1].f.w_out.weight)
+    return float(grad.norm())
 
 
 def test_grad_norms_errors():

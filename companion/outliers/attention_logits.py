@@ -1,13 +1,9 @@
 r"""Attention logits of real Transformers: query/key capture, logit pairs and their statistics.
 
-The analysis behind the section *Attention logits* of ``book/outliers_real_models.ipynb``:
-queries and keys are read with hooks on the real projection modules (rotary embeddings applied
-with the model's own function), every scored (query, key) pair is formed, and the moments of the
-logit :math:`q\cdot k` are set beside :prf:ref:`olr-thm-dot` (independent coordinates).
-
-Derivations (moments of :math:`q\cdot k`, the rotary capture): the chapter :doc:`/book/outliers_real_models`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+Queries and keys are read with hooks on the real projection modules (rotary embeddings applied with
+the model's own function), and the moments of the logit :math:`q\cdot k` over every scored pair are
+set beside :prf:ref:`olr-thm-dot`; derivations: the section *Attention logits* of the chapter
+:doc:`/book/outliers_real_models`.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -22,24 +18,10 @@ import numpy as np
 
 from companion._validation import as_generator, check_bool, check_int, check_texts, real_array
 
-__all__ = [
-    "QueryKeyCapture",
-    "capture_queries_keys",
-    "logit_pairs",
-    "dot_product_moments",
-    "partial_dot_statistics",
-    "attention_logit_statistics",
-    "centred_logit_statistics",
-]
+__all__ = ["QueryKeyCapture", "capture_queries_keys", "logit_pairs", "dot_product_moments",
+           "partial_dot_statistics", "attention_logit_statistics", "centred_logit_statistics"]
 
 
-# --- argument checking (thin wrappers around companion._validation) ---
-def _generator(rng) -> np.random.Generator:
-    """``rng`` as a Generator; None means the fixed seed 0 (reproducible subsets)."""
-    return as_generator(0 if rng is None else rng)
-
-
-# --- attention logits ---
 @dataclass(frozen=True)
 class QueryKeyCapture:
     """Queries and keys of one attention layer over a batch of texts (real tokens only).
@@ -52,14 +34,10 @@ class QueryKeyCapture:
     k : numpy.ndarray, shape ``[n_tokens, n_kv_heads, d_k]``, float32
         For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the
         logit before the ``1/sqrt(d_k)`` scale.
-    text : numpy.ndarray of int, shape ``[n_tokens]``
-        Index of the text each token belongs to.
-    position : numpy.ndarray of int, shape ``[n_tokens]``
-        Position of the token within its text (0 = first token).
-    causal : bool
-        Whether the model attends only to earlier positions.
-    rotary : bool
-        Whether rotary position embeddings were applied.
+    text, position : numpy.ndarray of int, shape ``[n_tokens]``
+        The text each token belongs to, and its position there (0 = first token).
+    causal, rotary : bool
+        Whether the model attends only to earlier positions; whether rotary embeddings were applied.
     scaling : float
         The factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models).
     """
@@ -75,16 +53,17 @@ class QueryKeyCapture:
 
     @property
     def n_heads(self) -> int:
+        """Number of query heads."""
         return self.q.shape[1]
 
     @property
     def d_k(self) -> int:
+        """Dimension of a query or key head."""
         return self.q.shape[2]
 
     def kv_head(self, head: int) -> int:
         """Key head read by query head ``head`` (grouped-query attention shares key heads)."""
-        group = self.q.shape[1] // self.k.shape[1]
-        return head // group
+        return head // (self.q.shape[1] // self.k.shape[1])
 
 
 def _attention_parts(block):
@@ -96,10 +75,9 @@ def _attention_parts(block):
             q, k = getattr(mod, qn, None), getattr(mod, kn, None)
             if isinstance(q, torch.nn.Linear) and isinstance(k, torch.nn.Linear):
                 return mod, q, k
-    raise ValueError(
-        f"could not find separate query/key projections (q_proj/k_proj or query/key) in "
-        f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) are not supported"
-    )
+    raise ValueError(f"could not find separate query/key projections (q_proj/k_proj or query/key) in "
+                     f"{type(block).__name__}; models with a fused projection (GPT-2's c_attn) "
+                     "are not supported")
 
 
 def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, rotary: bool = True,
@@ -117,8 +95,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     max_length : int or None
         Truncation length (default ``m.max_length``).
     rotary : bool, default True
-        Apply the model's rotary position embedding (if it has one) to the captured vectors, as the attention does; ``False`` returns the raw
-        projections.
+        Apply the model's rotary embedding (if any), as the attention does; ``False``: the raw projections.
     batch_size : int, default 16
         Texts per forward pass.
 
@@ -135,16 +112,13 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     Examples
     --------
     >>> caps = capture_queries_keys(load("minilm-l6"), ["In the beginning."], layers=[0])  # doctest: +SKIP
-    >>> caps[0].q.shape                                                                   # doctest: +SKIP
-    (6, 12, 32)
     """
     import torch
 
     from companion.transformers.hooks import hooks
-    from companion.transformers.models import LoadedModel, tokenize
+    from companion.transformers.models import check_model, tokenize
 
-    if not isinstance(m, LoadedModel):
-        raise TypeError(f"m must be a LoadedModel from companion.transformers.models.load, got {type(m).__name__}")
+    check_model(m)
     rotary = check_bool(rotary, "rotary")
     bs = check_int(batch_size, "batch_size", 1)
     L = m.n_layers
@@ -181,8 +155,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
             got[(layer, "pe")] = kwargs.get("position_embeddings")
         return hook
 
-    qs = {l: [] for l in layers}
-    ks = {l: [] for l in layers}
+    qs, ks = {l: [] for l in layers}, {l: [] for l in layers}
     text_idx, pos_idx = [], []
     rotated = False
     forward = [(lin, out_hook(l, name)) for l, (_, qlin, klin) in parts.items()
@@ -190,11 +163,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     pre = [(attn, pre_hook(l)) for l, (attn, _, _) in parts.items()]
     with hooks(forward=forward, pre=pre, pre_with_kwargs=True):
         for start in range(0, len(texts), bs):
-            chunk = list(texts[start:start + bs])
-            enc = tokenize(m, chunk, max_length)
-            kwargs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-            if "token_type_ids" in enc:
-                kwargs["token_type_ids"] = enc["token_type_ids"]
+            enc = tokenize(m, list(texts[start:start + bs]), max_length)
+            kwargs = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
             if causal:
                 kwargs["use_cache"] = False
             got.clear()
@@ -221,14 +191,10 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
             b_idx, p_idx = torch.nonzero(keep, as_tuple=True)
             text_idx.append((b_idx + start).cpu().numpy())
             pos_idx.append(p_idx.cpu().numpy())
-    text_arr = np.concatenate(text_idx)
-    pos_arr = np.concatenate(pos_idx)
+    text_arr, pos_arr = np.concatenate(text_idx), np.concatenate(pos_idx)
     scaling = float(getattr(parts[layers[0]][0], "scaling", 1.0 / math.sqrt(d_k)))
-    return [
-        QueryKeyCapture(layer=l, q=np.concatenate(qs[l]), k=np.concatenate(ks[l]), text=text_arr,
-                        position=pos_arr, causal=causal, rotary=rotated, scaling=scaling)
-        for l in layers
-    ]
+    return [QueryKeyCapture(layer=l, q=np.concatenate(qs[l]), k=np.concatenate(ks[l]), text=text_arr,
+                            position=pos_arr, causal=causal, rotary=rotated, scaling=scaling) for l in layers]
 
 
 def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_pairs: int | None = None,
@@ -257,33 +223,36 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     ------
     ValueError
         If ``head`` is out of range, ``max_pairs < 1`` or no pair is left.
-
-    Examples
-    --------
-    >>> q, k = logit_pairs(cap, head=0, max_pairs=10_000)   # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
+    skip_first = _check_capture(cap, skip_first)
     check_int(head, "head", None)
     if not 0 <= head < cap.n_heads:
         raise ValueError(f"head {head} is outside [0, {cap.n_heads - 1}]")
-    skip_first = check_bool(skip_first, "skip_first")
     mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
-    return _logit_pairs(cap, head, skip_first, mp, _generator(rng))
+    return _logit_pairs(cap, head, skip_first, mp, as_generator(0 if rng is None else rng))
+
+
+def _check_capture(cap, skip_first) -> bool:
+    """TypeError unless ``cap`` is a QueryKeyCapture; ``skip_first`` as a bool."""
+    if not isinstance(cap, QueryKeyCapture):
+        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
+    return check_bool(skip_first, "skip_first")
+
+
+def _text_groups(cap: QueryKeyCapture, skip_first: bool, min_size: int) -> list[np.ndarray]:
+    """Token indices of each text (without its first token if ``skip_first``), if at least ``min_size``."""
+    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
+    groups = [np.arange(s, e) for s, e in zip(starts, np.r_[starts[1:], cap.text.size])]
+    if skip_first:
+        groups = [idx[cap.position[idx] != 0] for idx in groups]
+    return [idx for idx in groups if idx.size >= min_size]
 
 
 def _logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool, mp: int | None,
                  gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """:func:`logit_pairs` on validated arguments."""
     qi_all, kj_all = [], []
-    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
-    ends = np.r_[starts[1:], cap.text.size]
-    for s, e in zip(starts, ends):
-        idx = np.arange(s, e)
-        if skip_first:
-            idx = idx[cap.position[idx] != 0]
-        if idx.size == 0:
-            continue
+    for idx in _text_groups(cap, skip_first, 1):
         ii, jj = np.meshgrid(idx, idx, indexing="ij")
         keep = (cap.position[jj] <= cap.position[ii]) if cap.causal else np.ones_like(ii, dtype=bool)
         qi_all.append(ii[keep])
@@ -322,8 +291,7 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     """
     arrs = [real_array(n, v, min_ndim=1) for n, v in
             (("mu_q", mu_q), ("var_q", var_q), ("mu_k", mu_k), ("var_k", var_k))]
-    shape = arrs[0].shape
-    if any(a.shape != shape for a in arrs):
+    if any(a.shape != arrs[0].shape for a in arrs):
         raise ValueError(f"mu_q, var_q, mu_k, var_k must share one shape, got {[a.shape for a in arrs]}")
     mq, vq, mk, vk = arrs
     if (vq < 0).any() or (vk < 0).any():
@@ -337,10 +305,8 @@ def _dot_product_moments(mq, vq, mk, vk) -> tuple[np.ndarray, np.ndarray]:
         mean = (mq * mk).sum(-1)
         var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
     if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-        raise ValueError(
-            "the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
-            "mean scales like the product of the scales of q and k, the variance like its square)"
-        )
+        raise ValueError("the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
+                         "mean scales like the product of the scales of q and k, the variance like its square)")
     return mean, var
 
 
@@ -376,8 +342,7 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     >>> g = np.random.default_rng(0)
     >>> out = partial_dot_statistics(g.standard_normal((20000, 64)), g.standard_normal((20000, 64)), sizes=[1, 64])
     """
-    qa = real_array("q", q)
-    ka = real_array("k", k)
+    qa, ka = real_array("q", q), real_array("k", k)
     if qa.ndim != 2 or qa.shape != ka.shape or qa.shape[0] < 2:
         raise ValueError(f"q and k must be matching [P, d_k] arrays with P >= 2, got {qa.shape} and {ka.shape}")
     P, d = qa.shape
@@ -391,18 +356,16 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
                 raise ValueError(f"every size must lie in [1, d_k={d}], got {s}")
     sz_arr = np.asarray(sz, dtype=np.int64)
     n_ord = check_int(n_orders, "n_orders", 1)
-    gen = _generator(rng)
+    gen = as_generator(0 if rng is None else rng)
     prod = qa * ka
     mq, vq = qa.mean(0), qa.var(0)
     mk, vk = ka.mean(0), ka.var(0)
-    ind_mean_c = mq * mk
-    ind_var_c = vq * vk + vq * mk**2 + vk * mq**2
+    ind_mean_c, ind_var_c = mq * mk, vq * vk + vq * mk**2 + vk * mq**2
     acc = {key: np.zeros(sz_arr.size) for key in ("mean", "var", "var_scaled", "snr", "mean_independent", "var_independent")}
     for _ in range(n_ord):
         perm = gen.permutation(d)
         cum = np.cumsum(prod[:, perm], axis=1)[:, sz_arr - 1]
-        mean = cum.mean(0)
-        var = cum.var(0)
+        mean, var = cum.mean(0), cum.var(0)
         acc["mean"] += mean
         acc["var"] += var
         acc["var_scaled"] += var / sz_arr
@@ -440,16 +403,10 @@ def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, m
     ------
     TypeError, ValueError
         As :func:`logit_pairs`.
-
-    Examples
-    --------
-    >>> st = attention_logit_statistics(caps[0])   # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
-    skip_first = check_bool(skip_first, "skip_first")
+    skip_first = _check_capture(cap, skip_first)
     mp = None if max_pairs is None else check_int(max_pairs, "max_pairs", 1)
-    gen = _generator(rng)
+    gen = as_generator(0 if rng is None else rng)
     keys = ("mean", "var", "var_scaled", "snr", "shared_mean", "var_independent", "q_norm2", "k_norm2")
     out = {key: np.zeros(cap.n_heads) for key in keys}
     for h in range(cap.n_heads):
@@ -488,23 +445,8 @@ def centred_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False) -> 
     ------
     ValueError
         If no query has two keys to compare.
-
-    Examples
-    --------
-    >>> st = centred_logit_statistics(caps[0])     # doctest: +SKIP
     """
-    if not isinstance(cap, QueryKeyCapture):
-        raise TypeError(f"cap must be a QueryKeyCapture, got {type(cap).__name__}")
-    skip_first = check_bool(skip_first, "skip_first")
-    starts = np.flatnonzero(np.r_[True, cap.text[1:] != cap.text[:-1]])
-    ends = np.r_[starts[1:], cap.text.size]
-    groups = []
-    for s, e in zip(starts, ends):
-        idx = np.arange(s, e)
-        if skip_first:
-            idx = idx[cap.position[idx] != 0]
-        if idx.size >= 2:
-            groups.append(idx)
+    groups = _text_groups(cap, _check_capture(cap, skip_first), 2)
     if not groups:
         raise ValueError("no query has two keys to compare; pass longer texts or skip_first=False")
     keys = ("snr_raw", "query_constant_share", "snr_centred", "var_centred", "n_pairs")

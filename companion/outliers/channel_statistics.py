@@ -3,9 +3,8 @@
 :func:`channel_statistics` runs the model over any number of texts in batches and keeps, per layer
 ``l`` and channel ``j``, the mean, variance, min, max, max ``|x|`` and the exceedance counts
 ``C_j(t) = #{tokens : |h_{l,j}| > t}`` for a grid of thresholds, in ``O(L · d · |t|)`` memory
-(:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+(:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.  An argument of
+the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -16,14 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from companion._validation import check_int, check_texts, check_thresholds
+from companion._validation import check_bool, check_int, check_texts, check_thresholds
 from companion.transformers.models import LoadedModel, check_model, encode
 from companion.transformers.stream import forward_states
 
 __all__ = ["ChannelStatistics", "channel_statistics"]
 
 
-# --------------------------------------------------------------------------- channel statistics
 @dataclass(frozen=True)
 class ChannelStatistics:
     """Per-layer, per-channel statistics of the residual stream over a corpus.
@@ -64,15 +62,8 @@ class ChannelStatistics:
         return {k: getattr(self, k) for k in ("mean", "var", "min", "max", "max_abs", "counts", "thresholds")}
 
 
-def channel_statistics(
-    m: LoadedModel,
-    texts,
-    thresholds,
-    batch_size: int = 16,
-    max_length: int | None = None,
-    skip_first: bool = False,
-    progress: bool = False,
-) -> ChannelStatistics:
+def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, max_length: int | None = None,
+                       skip_first: bool = False, progress: bool = False) -> ChannelStatistics:
     """Stream per-channel statistics of every residual-stream layer over a corpus.
 
     Parameters
@@ -104,15 +95,13 @@ def channel_statistics(
 
     Examples
     --------
-    >>> st = channel_statistics(m, corpus_sentences(64), thresholds=[1, 5, 20])   # doctest: +SKIP
-    >>> st.counts.shape                                                           # doctest: +SKIP
+    >>> channel_statistics(m, corpus_sentences(64), [1, 5, 20]).counts.shape   # doctest: +SKIP
     (31, 3, 576)
     """
     check_model(m)
     t = check_thresholds(thresholds)
     batch_size = check_int(batch_size, "batch_size", 1)
-    if not isinstance(skip_first, bool):
-        raise TypeError(f"skip_first must be True or False, got {skip_first!r}")
+    skip_first = check_bool(skip_first, "skip_first")
     texts = check_texts(texts, single=True)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     L1, d, nt = m.n_layers + 1, m.d_model, len(t)

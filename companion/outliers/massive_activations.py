@@ -1,22 +1,11 @@
 r"""Massive activations (Sun et al. 2024): where they appear, how large, and the zero/mean ablation.
 
-:cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median
-in fixed channels at the first token (and the first delimiter) of large language models; they
-appear abruptly at an early layer and stay nearly constant.  Their test of what the activations
-do is an ablation: set them to **zero** (the model breaks) or to their **mean** over inputs
-(nothing changes), and watch the loss and the attention paid to the first token (the attention
-sink of :cite:t:`xiao2024attentionsinks`).  This module implements that protocol for a loaded
-causal model:
-
-* :func:`first_token_profile` -- one channel at the first position, per layer and text, with
-  the layer's median :math:`|h|` (:class:`FirstTokenProfile`, whose
-  :meth:`~FirstTokenProfile.emergence_layer` applies Sun et al.'s size criterion);
-* :func:`ablate_activation` -- next-token loss and first-token attention weights per text with
-  the activation replaced by a value (or untouched) at one layer (:class:`AblationRun`).
-
-Intervals over prompts come from :func:`companion.theory.bootstrap.bootstrap_interval`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+:cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median in
+fixed channels at the first token of large language models, and test them by an ablation: set them
+to zero (the model breaks) or to their mean (nothing changes), watching the loss and the attention
+paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  Intervals over prompts:
+:func:`companion.theory.bootstrap.bootstrap_interval`.  An argument of the wrong type raises
+``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -45,7 +34,6 @@ def _model_texts_channel(m, texts, channel, causal: bool) -> tuple[list[str], in
     return texts, channel
 
 
-# --- where and how large ---
 @dataclass(frozen=True)
 class FirstTokenProfile:
     """One channel of the residual stream at the first position, for every layer and text.
@@ -101,8 +89,7 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     max_length : int or None
         Truncation for the median (default ``m.max_length``).
     median_texts : int, default 16
-        The median :math:`|h|` of each layer is taken over the real tokens of the first ``median_texts`` texts (it is a scale, not a statistic of the
-        channel).
+        The layers' median :math:`|h|` (a scale) is over the real tokens of the first ``median_texts`` texts.
 
     Returns
     -------
@@ -135,7 +122,6 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     return FirstTokenProfile(values=np.concatenate(values, axis=1), median_abs=med, channel=channel)
 
 
-# --- the ablation ---
 @dataclass(frozen=True)
 class AblationRun:
     """Per-text loss and first-token attention of one (possibly ablated) run.

@@ -5,14 +5,7 @@ magnitude is at least 6.0 in the inputs of the linear layers that follow a norma
 attention projections and the FFN expansion), in at least 25% of the layers and at least 6%
 of the sequence positions; with that criterion they find systematic outliers emerge around 6.7B
 parameters.  This module reads exactly those inputs with forward pre-hooks and applies the
-criterion:
-
-* :func:`outlier_feature_statistics` -- one pass over texts; per site (attention input, FFN
-  input of every block) and feature, the share of positions with :math:`|x| \ge 6` and the
-  largest :math:`|x|` (:class:`OutlierFeatureStatistics`);
-* :meth:`OutlierFeatureStatistics.systematic` -- the features that meet the criterion.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+criterion.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ import numpy as np
 
 from companion._validation import check_bool, check_int, check_real, check_texts
 
-__all__ = ["OutlierFeatureStatistics", "outlier_feature_statistics", "linear_input_sites"]
+__all__ = ["OutlierFeatureStatistics", "outlier_feature_statistics"]
 
 #: Names of the first FFN linear layer (the expansion) in the supported architectures.
 _FFN_NAMES = ("mlp.gate_proj", "mlp.up_proj", "intermediate.dense", "mlp.fc1", "fc1")
@@ -53,15 +46,10 @@ class OutlierFeatureStatistics:
     n_layers: int
     model: str
 
-    def _check_shares(self, layer_share, position_share):
-        return (check_real(layer_share, "layer_share", lo=0.0, hi=1.0),
-                check_real(position_share, "position_share", lo=0.0, hi=1.0))
-
     def affected_layers(self, position_share: float = 0.06) -> np.ndarray:
         """Bool ``[L, d]``: feature ``j`` reaches the threshold on at least ``position_share`` of
         the positions at either linear input of block ``l``."""
-        _, p = self._check_shares(0.0, position_share)
-        hit = self.share >= p
+        hit = self.share >= check_real(position_share, "position_share", lo=0.0, hi=1.0)
         return hit[0::2] | hit[1::2]
 
     def systematic(self, layer_share: float = 0.25, position_share: float = 0.06) -> np.ndarray:
@@ -70,11 +58,11 @@ class OutlierFeatureStatistics:
 
         Raises
         ------
-        TypeError, ValueError
-            If a share is not a number in [0, 1].
+        ValueError
+            If a share is not in [0, 1].
         """
-        lay, pos = self._check_shares(layer_share, position_share)
-        frac = self.affected_layers(pos).mean(axis=0)
+        lay = check_real(layer_share, "layer_share", lo=0.0, hi=1.0)
+        frac = self.affected_layers(position_share).mean(axis=0)
         return np.flatnonzero((frac >= lay) & (frac > 0))
 
     def per_layer(self, position_share: float = 0.06) -> np.ndarray:
@@ -91,23 +79,8 @@ def _find(block, names):
     return None
 
 
-def linear_input_sites(m) -> list:
-    """The (attention-input, FFN-input) linear modules of every block, in order.
-
-    Parameters
-    ----------
-    m : companion.transformers.models.LoadedModel
-
-    Returns
-    -------
-    list of (torch.nn.Linear, torch.nn.Linear)
-        The query projection and the first FFN linear layer of each block: their inputs are the normalised hidden states of LLM.int8().
-
-    Raises
-    ------
-    ValueError
-        If a block has no recognisable query projection or FFN expansion.
-    """
+def _linear_input_sites(m) -> list:
+    """(query projection, first FFN linear) of every block; their inputs are LLM.int8()'s hidden states."""
     from companion.transformers.models import check_model
 
     check_model(m)
@@ -122,8 +95,7 @@ def linear_input_sites(m) -> list:
 
 
 def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8,
-                               max_length: int | None = None,
-                               skip_first: bool = False) -> OutlierFeatureStatistics:
+                               max_length: int | None = None, skip_first: bool = False) -> OutlierFeatureStatistics:
     r"""Per block and feature, the share of positions where a normalised linear input reaches ``threshold``.
 
     Parameters
@@ -144,19 +116,19 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     Raises
     ------
     ValueError
-        If ``texts`` is empty, ``threshold < 0`` or no position is left.
+        If ``texts`` is empty, ``threshold < 0``, no position is left, or a block has no recognisable
+        query projection or FFN expansion.
 
     Examples
     --------
-    >>> ofs = outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64))  # doctest: +SKIP
-    >>> ofs.systematic()                                                          # doctest: +SKIP
+    >>> outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64)).systematic()  # doctest: +SKIP
     """
     import torch
 
     from companion.transformers.hooks import hooks
     from companion.transformers.models import tokenize
 
-    sites = linear_input_sites(m)
+    sites = _linear_input_sites(m)
     texts = check_texts(texts, single=True)
     t = check_real(threshold, "threshold", lo=0.0)
     bs = check_int(batch_size, "batch_size", 1)

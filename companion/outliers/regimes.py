@@ -1,63 +1,49 @@
 r"""Channel regimes of real residual streams: predicted versus observed counts, tails, top activations.
 
-The analysis behind the chapter *Outliers in real Transformers*
-(``book/outliers_real_models.ipynb``).  The statistics themselves are streamed by
-:func:`companion.outliers.channel_statistics.channel_statistics` (per layer ``l`` and channel ``j``: the mean
-:math:`\mu_j`, the variance :math:`\sigma_j^2` and the exceedance counts
-:math:`C_j(t) = \#\{i \le N : |h_{ij}| > t\}`); the functions here turn them into the quantities
-the outlier note talks about, and measure where real activations leave the note's model
-:math:`X_{ij} = \mu_j + Z_{ij}` with sub-Gaussian :math:`Z`.  Attention logits are in
-:mod:`companion.outliers.attention_logits`, massive activations in :mod:`companion.outliers.massive_activations`.
-
-Arrays of per-channel parameters have the channel axis last, ``mu[..., d]``; per-threshold results
-have shape ``[..., n_t, d]``, the layout of ``ChannelStatistics.counts``.  Derivations, the regimes and
-the meaning of the bounds and diagnostics: the chapter :doc:`/book/outliers_real_models`.
-
-An argument of the wrong type raises ``TypeError`` naming it; the Raises sections list the other errors.
+The analysis of the chapter :doc:`/book/outliers_real_models` (derivations, regimes, the meaning of
+the bounds and diagnostics), applied to the statistics of
+:func:`companion.outliers.channel_statistics.channel_statistics` (means :math:`\mu_j`, variances,
+counts :math:`C_j(t) = \#\{i : |h_{ij}| > t\}`).  Per-channel arrays have the channel axis last
+(``mu[..., d]``); per-threshold results have shape ``[..., n_t, d]``, the layout of
+``ChannelStatistics.counts``.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from numbers import Integral
 
 import numpy as np
 from scipy import special, stats
 
 from companion.theory import exceedance
-from companion._validation import check_int, check_real, check_texts, check_thresholds, real_array
+from companion._validation import (check_int, check_real, check_texts, check_thresholds, integer_counts,
+                                  real_array)
 
-__all__ = [
-    "REGIMES",
-    "classify_regime",
-    "predicted_counts",
-    "CountComparison",
-    "compare_counts",
-    "corpus_subset",
-    "coarsen_thresholds",
-    "tail_diagnostics",
-    "gaussian_max_abs_quantile",
-    "empirical_variance_proxy",
-    "top_activations",
-    "max_abs_z",
-]
+__all__ = ["REGIMES", "classify_regime", "predicted_counts", "CountComparison", "compare_counts",
+           "corpus_subset", "coarsen_thresholds", "tail_diagnostics", "gaussian_max_abs_quantile",
+           "empirical_variance_proxy", "top_activations", "max_abs_z"]
 
 #: Regime codes returned by :func:`classify_regime`, in order 0, 1, 2.
 REGIMES = ("centred", "intermediate", "mean-dominated")
 
 
-# --- argument checking (thin wrappers around companion._validation) ---
+def _numeric_array(x, name: str, what: str) -> np.ndarray:
+    """``x`` (array_like or torch tensor) as a numpy array of integers or floats; TypeError otherwise."""
+    a = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise TypeError(f"{name} must {what}, got dtype {a.dtype}")
+    return a
+
+
 def _mu_sigma(mu, sigma, positive: bool = True) -> tuple[np.ndarray, np.ndarray]:
     m = real_array("mu", mu, min_ndim=1)
     s = real_array("sigma", sigma, min_ndim=1)
     if m.shape != s.shape:
         raise ValueError(f"mu and sigma must have the same shape [..., d], got {m.shape} and {s.shape}")
     if positive and (s <= 0).any():
-        raise ValueError(
-            f"sigma must be > 0 in every channel, got {int((s <= 0).sum())} channel(s) with "
-            "sigma <= 0; drop constant channels before comparing counts"
-        )
+        raise ValueError(f"sigma must be > 0 in every channel, got {int((s <= 0).sum())} channel(s) with "
+                         "sigma <= 0; drop constant channels before comparing counts")
     if not positive and (s < 0).any():
         raise ValueError(f"sigma must be >= 0, got min {s.min():.4g}")
     return m, s
@@ -71,8 +57,7 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     ----------
     mu, sigma : array_like, shape ``[..., d]``
         Channel means and standard deviations (``sigma >= 0``).
-    thresholds : array_like, shape ``[n_t]``
-        Thresholds :math:`t \ge 0`.
+    thresholds : array_like, shape ``[n_t]``, entries ``>= 0``
     centred_tol : float, default 0.1
         A channel counts as centred when :math:`|\mu_j| \le` ``centred_tol`` :math:`\cdot\sigma_j`.
 
@@ -103,8 +88,7 @@ def _classify_regime(m: np.ndarray, s: np.ndarray, t: np.ndarray, tol: float) ->
     a = np.abs(m)[..., None, :]
     tt = t[:, None]
     centred = a <= tol * s[..., None, :]
-    out = np.where(a > tt, 2, np.where(centred, 0, 1)).astype(np.int8)
-    return out
+    return np.where(a > tt, 2, np.where(centred, 0, 1)).astype(np.int8)
 
 
 def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
@@ -114,8 +98,7 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     ----------
     mu, sigma : array_like, shape ``[..., d]``
         Fitted channel means and standard deviations (``sigma > 0``).
-    thresholds : array_like, shape ``[n_t]``
-        Thresholds :math:`t \ge 0`.
+    thresholds : array_like, shape ``[n_t]``, entries ``>= 0``
     n_tokens : int
         Number of rows :math:`N` the statistics were computed from.
 
@@ -147,14 +130,9 @@ def _predicted_counts(m: np.ndarray, s: np.ndarray, t: np.ndarray, n: int) -> di
     """:func:`predicted_counts` on validated arrays."""
     mm, ss = m[..., None, :], s[..., None, :]
     tt = t[:, None]
-    gauss = np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)
+    out = {"gaussian": np.asarray(exceedance.expected_count_gaussian(n, mm, tt, ss), dtype=np.float64)}
     b = exceedance.theorem2_bounds(n, mm, tt, ss)
-    return {
-        "gaussian": gauss,
-        "lower": np.asarray(b.lower, dtype=np.float64),
-        "notes_lower": np.asarray(b.notes_lower, dtype=np.float64),
-        "upper": np.asarray(b.upper, dtype=np.float64),
-    }
+    return out | {k: np.asarray(getattr(b, k), dtype=np.float64) for k in ("lower", "notes_lower", "upper")}
 
 
 @dataclass(frozen=True)
@@ -222,9 +200,8 @@ class CountComparison:
             return np.where(pred > 0, obs / np.where(pred > 0, pred, 1.0), np.where(obs > 0, np.inf, np.nan))
 
 
-def compare_counts(
-    counts, mu, sigma, thresholds, n_tokens, centred_tol: float = 0.1, alpha: float = 1e-3
-) -> CountComparison:
+def compare_counts(counts, mu, sigma, thresholds, n_tokens, centred_tol: float = 0.1,
+                   alpha: float = 1e-3) -> CountComparison:
     r"""Observed :math:`C_j(t)` against the exact-Gaussian prediction and the Theorem 1/2 bounds.
 
     Parameters
@@ -256,19 +233,14 @@ def compare_counts(
     >>> cc.observed[0, 0].tolist(), cc.upper_violations[0, 0].tolist()
     ([400.0, 0.0, 990.0], [1, 0, 0])
     """
-    c = np.asarray(counts)
-    if hasattr(counts, "detach"):
-        c = counts.detach().cpu().numpy()
-    if c.dtype == bool or not (np.issubdtype(c.dtype, np.integer) or np.issubdtype(c.dtype, np.floating)):
-        raise TypeError(f"counts must be an integer array, got dtype {c.dtype}")
+    c = _numeric_array(counts, "counts", "be an integer array")
     m, s = _mu_sigma(mu, sigma)
     t = check_thresholds(thresholds)
     n = check_int(n_tokens, "n_tokens", 1)
     expected = m.shape[:-1] + (t.size, m.shape[-1])
     if c.shape != expected:
-        raise ValueError(
-            f"counts must have shape mu.shape[:-1] + (len(thresholds), d) = {expected}, got {c.shape}"
-        )
+        raise ValueError(f"counts must have shape mu.shape[:-1] + (len(thresholds), d) = {expected}, "
+                         f"got {c.shape}")
     if not np.isfinite(c).all() or (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
         raise ValueError(f"counts must be integers in [0, n_tokens={n}]")
     check_real(alpha, "alpha", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
@@ -286,19 +258,11 @@ def compare_counts(
         return np.stack([np.where(reg == k, x, 0).sum(-1) for k in range(len(REGIMES))], axis=-1)
 
     return CountComparison(
-        thresholds=t,
-        n_tokens=n,
-        n_channels=by_regime(np.ones_like(c, dtype=np.int64)),
-        observed=by_regime(c),
-        gaussian=by_regime(pred["gaussian"]),
-        lower=by_regime(pred["lower"]),
-        upper=by_regime(pred["upper"]),
-        lower_violations=by_regime(lo_bad.astype(np.int64)),
-        upper_violations=by_regime(up_bad.astype(np.int64)),
-        channel_lower_violation=lo_bad.any(axis=-2),
-        channel_upper_violation=up_bad.any(axis=-2),
-        alpha=float(alpha),
-    )
+        thresholds=t, n_tokens=n, n_channels=by_regime(np.ones_like(c, dtype=np.int64)),
+        observed=by_regime(c), gaussian=by_regime(pred["gaussian"]), lower=by_regime(pred["lower"]),
+        upper=by_regime(pred["upper"]), lower_violations=by_regime(lo_bad.astype(np.int64)),
+        upper_violations=by_regime(up_bad.astype(np.int64)), channel_lower_violation=lo_bad.any(axis=-2),
+        channel_upper_violation=up_bad.any(axis=-2), alpha=float(alpha))
 
 
 def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> list[str]:
@@ -307,7 +271,6 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     Parameters
     ----------
     m : companion.transformers.models.LoadedModel
-        Supplies the tokenizer and the default truncation length.
     texts : sequence of str
         Candidate texts in a fixed order (e.g. :func:`companion.corpus.load_corpus`).
     max_tokens : int
@@ -430,19 +393,11 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
     >>> round(gaussian_max_abs_quantile(1), 4)        # median of |G|
     0.6745
     """
-    arr = np.asarray(n)
-    if arr.dtype == object and arr.size and all(  # Python ints beyond the 64-bit range
-        isinstance(v, Integral) and not isinstance(v, bool) for v in arr.ravel().tolist()
-    ):
-        arr = np.asarray([float(v) for v in arr.ravel().tolist()]).reshape(arr.shape)
-    elif arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"n must be a positive integer or an array of them, got {type(n).__name__}")
-    if (arr < 1).any():
-        raise ValueError(f"n must be >= 1, got min {int(arr.min())}")
+    arr = integer_counts("n", n).astype(np.float64)  # also Python ints beyond the int64 range
     check_real(q, "q")
     if not (0.0 < q < 1.0):
         raise ValueError(f"q must lie strictly between 0 and 1, got {q!r}")
-    log_r = math.log(q) / arr.astype(np.float64)  # r = q**(1/n) = P(|G| <= m)
+    log_r = math.log(q) / arr  # r = q**(1/n) = P(|G| <= m)
     tail = -np.expm1(log_r)  # 1 - r
     out = -special.ndtri(tail / 2.0)
     # r < 1e-3: 1 - r keeps too few digits of r (m = 0.0 for q = 1e-300, n = 10); there
@@ -545,11 +500,10 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     Examples
     --------
     >>> h = np.zeros((1, 1, 3, 4)); h[0, 0, 0, 2] = -50.0; h[0, 0, 1:, :] = 0.5
-    >>> r = top_activations(h)
+    >>> top_activations(h)["ratio"].tolist()      # -50 against a median |h| of 0.5
+    [[100.0]]
     """
-    a = h.detach().cpu().numpy() if hasattr(h, "detach") else np.asarray(h)
-    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
-        raise TypeError(f"h must hold real numbers, got dtype {a.dtype}")
+    a = _numeric_array(h, "h", "hold real numbers")
     if not np.issubdtype(a.dtype, np.floating):
         a = a.astype(np.float64)
     if a.ndim != 4:
@@ -589,10 +543,8 @@ def _check_statistics(st) -> None:
     from companion.outliers.channel_statistics import ChannelStatistics
 
     if not isinstance(st, ChannelStatistics):
-        raise TypeError(
-            f"st must be a companion.outliers.channel_statistics.ChannelStatistics (from probes.channel_statistics or "
-            f"experiments.channel_statistics.statistics_of), got {type(st).__name__}"
-        )
+        raise TypeError(f"st must be a companion.outliers.channel_statistics.ChannelStatistics (from "
+                        f"channel_statistics or experiments.channel_statistics.statistics_of), got {type(st).__name__}")
 
 
 def coarsen_thresholds(st, step: int = 2, start: int = 0):
@@ -615,10 +567,6 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
     ------
     ValueError
         If ``step < 1`` or ``start`` is outside the grid.
-
-    Examples
-    --------
-    >>> coarse = coarsen_thresholds(st, 2)          # doctest: +SKIP
     """
     _check_statistics(st)
     step = check_int(step, "step", 1)
@@ -640,10 +588,6 @@ def max_abs_z(st) -> np.ndarray:
     numpy.ndarray, shape ``[L+1, d]``
         :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a constant channel with a non-zero deviation, NaN for
         ``0/0``).
-
-    Examples
-    --------
-    >>> z = max_abs_z(st)                            # doctest: +SKIP
     """
     _check_statistics(st)
     with np.errstate(divide="ignore", invalid="ignore"):

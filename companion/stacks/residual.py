@@ -9,16 +9,15 @@
     Pre-LN :  h <- lam * h + beta * F(Norm(h))
     Post-LN:  h <- Norm(lam * h + beta * F(h))
 
-with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024).
-:func:`~companion.stacks.residual.forward_sq_norms` and the ``last_layer_grad_norm*`` functions are
-the measurements of the chapter *Signal propagation*.  Weights of block ``l`` depend only on
-``(config.seed, l)``, so a depth-``L`` stack is the first ``L`` blocks of any deeper one.
+with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024);
+the measurements of the chapter *Signal propagation* follow.  Weights of block ``l`` depend only on
+``(config.seed, l)``, so a depth-``L`` stack is the first ``L`` blocks of any deeper one.  An
+argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -26,29 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion._validation import check_int, check_real, check_vector, is_int
+from companion._validation import check_int, check_real, check_vector, is_int, is_real
 
-__all__ = [
-    "StackConfig",
-    "StackOutput",
-    "ResidualStack",
-    "sharpen_attention",
-    "dslm_scales",
-    "forward_sq_norms",
-    "last_layer_grad_norm",
-    "last_layer_grad_norms",
-]
+__all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales",
+           "forward_sq_norms", "last_layer_grad_norm", "last_layer_grad_norms"]
 
-_PLACEMENTS = ("pre", "post")
-_NORMS = ("layernorm", "rmsnorm")
-_BLOCKS = ("mlp", "attention", "both")
-_INITS = ("xavier", "normal")
+_CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm"),
+            "block": ("mlp", "attention", "both"), "init": ("xavier", "normal")}
 _NORMAL_STD = 0.02
-
-
-def _is_finite_real(v) -> bool:
-    """A finite real number, not a bool."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 @dataclass(frozen=True)
@@ -92,15 +76,13 @@ class StackConfig:
     Raises
     ------
     TypeError
-        If a field has the wrong type.
+        If a field has the wrong type (NaN or inf for a float).
     ValueError
         If a field is out of range or a name is unknown.
 
     Examples
     --------
     >>> cfg = StackConfig(d_model=32, n_layers=2, placement="post")
-    >>> cfg.ff_width
-    128
     >>> StackConfig.from_dict(cfg.to_dict()) == cfg
     True
     """
@@ -126,22 +108,18 @@ class StackConfig:
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
             check_int(getattr(self, name), f"StackConfig.{name}", 0 if name == "seed" else 1)
         if self.d_model % self.n_heads:
-            raise ValueError(
-                f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
-                "choose a divisor of the width"
-            )
+            raise ValueError(f"StackConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
+                             "choose a divisor of the width")
         for name, low in (("d_ff", 1), ("vocab_size", 2)):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), f"StackConfig.{name}", low)
-        for name, allowed in (("placement", _PLACEMENTS), ("norm", _NORMS), ("block", _BLOCKS),
-                              ("init", _INITS)):
+        for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"StackConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("residual_scale", "branch_scale", "gain", "eps"):
-            if not _is_finite_real(getattr(self, name)):
-                raise TypeError(
-                    f"StackConfig.{name} must be a finite real number, got {getattr(self, name)!r}"
-                )
+            value = getattr(self, name)
+            if not (is_real(value) and math.isfinite(value)):
+                raise TypeError(f"StackConfig.{name} must be a finite real number, got {value!r}")
         if self.gain <= 0:
             raise ValueError(f"StackConfig.gain must be > 0, got {self.gain}")
         if self.eps < 0:
@@ -175,6 +153,9 @@ class StackConfig:
 def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     r"""Residual and branch scales ``(lam, beta)`` of a DSLM-style stack of ``n_layers`` blocks.
 
+    Kedia et al. (2024): :math:`\lambda^2 + \beta^2 = 1` keeps unit second moment at every add;
+    ``k = 2`` gives their :math:`\beta^2 \approx 0.005` at 192 layers (our reading, not a quote).
+
     Parameters
     ----------
     n_layers : int
@@ -189,15 +170,8 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
 
     Raises
     ------
-    TypeError
-        If ``n_layers`` is not an integer or ``k`` not a real number.
     ValueError
         If ``n_layers`` < 1 or not ``0 < k <= 2 N``.
-
-    Notes
-    -----
-    Kedia et al. (2024): :math:`\lambda^2 + \beta^2 = 1` keeps unit second moment at every add;
-    ``k = 2`` reproduces their :math:`\beta^2 \approx 0.005` at 192 layers (our reading, not a quote).
 
     Examples
     --------
@@ -329,10 +303,8 @@ def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
         positions = [int(positions)]
     pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(np.asarray(positions))
     if pos.ndim != 1 or pos.numel() == 0 or pos.is_floating_point() or pos.dtype == torch.bool:
-        raise ValueError(
-            f"{name} must be None or a non-empty 1-D list/tensor of integer token positions, "
-            f"got {positions!r}"
-        )
+        raise ValueError(f"{name} must be None or a non-empty 1-D list/tensor of integer token positions, "
+                         f"got {positions!r}")
     if int(pos.min()) < 0 or int(pos.max()) >= T:
         raise ValueError(f"{name} must lie in [0, {T - 1}] (tokens), got {pos.tolist()}")
     mask = torch.zeros(T, dtype=torch.bool, device=device)
@@ -347,11 +319,6 @@ class ResidualStack(nn.Module):
     ----------
     config : StackConfig
         The stack (update rule in the module docstring).
-
-    Raises
-    ------
-    TypeError
-        If ``config`` is not a StackConfig.
 
     Examples
     --------
@@ -373,17 +340,14 @@ class ResidualStack(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
         if x.ndim != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(
-                f"x must have shape [batch, tokens, {self.config.d_model}], got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must have shape [batch, tokens, {self.config.d_model}], "
+                             f"got {tuple(x.shape)}")
         if x.shape[0] < 1 or x.shape[1] < 1:
             raise ValueError(f"x must have at least one sequence and one token, got {tuple(x.shape)}")
         p = next(self.parameters())
         if x.dtype != p.dtype:
-            raise ValueError(
-                f"x has dtype {x.dtype} but the stack's parameters are {p.dtype}; "
-                f"convert with x.to({p.dtype}) or the model with .to({x.dtype})"
-            )
+            raise ValueError(f"x has dtype {x.dtype} but the stack's parameters are {p.dtype}; "
+                             f"convert with x.to({p.dtype}) or the model with .to({x.dtype})")
 
     def _injection(self, x, layer, vector, positions):
         """Validate the injection arguments; return (layer, [B, T, d] addend) or (None, None)."""
@@ -413,7 +377,6 @@ class ResidualStack(nn.Module):
         inject_layer : int, optional
             Add ``inject_vector`` before block ``inject_layer`` (``L``: before the final norm).
         inject_vector : Tensor [d_model] or [batch, d_model], optional
-            The vector.
         inject_positions : int, list of int or 1-D integer tensor, optional
             Token positions that receive it (``None``: all).
         blocks : range, optional
@@ -422,12 +385,9 @@ class ResidualStack(nn.Module):
         Returns
         -------
         StackOutput
-            The record of the run.
 
         Raises
         ------
-        TypeError
-            If ``x`` is not a tensor.
         ValueError
             If ``x`` has the wrong shape or dtype, or the injection arguments are inconsistent,
             out of range or not finite in the stack's dtype.
@@ -436,13 +396,14 @@ class ResidualStack(nn.Module):
         layer_inj, addend = self._injection(x, inject_layer, inject_vector, inject_positions)
         cfg = self.config
         lam, beta, pre = cfg.residual_scale, cfg.branch_scale, cfg.placement == "pre"
-        rec = _Recorder()
-
-        h = x                                                         # [B, T, d]
+        streams, norm_ins, branches = [], [], []          # L+1, L x S, L x S tensors [B, T, d]
+        h = x
         for layer in range(cfg.n_layers) if blocks is None else blocks:
             if layer == layer_inj:
                 h = h + addend                                        # injection site h_l
-            rec.stream(h)
+            streams.append(h)
+            norm_ins.append([])
+            branches.append([])
             for sub in self.blocks[layer].sublayers:
                 if pre:   # Pre-LN: the norm sits on the branch; the stream is never normalised
                     norm_in = h
@@ -452,11 +413,16 @@ class ResidualStack(nn.Module):
                     branch = beta * sub.f(h)
                     norm_in = lam * h + branch
                     h = sub.norm(norm_in)
-                rec.sublayer(layer, norm_in, branch)                  # [B, T, d] each
+                norm_ins[-1].append(norm_in)
+                branches[-1].append(branch)
         if layer_inj == cfg.n_layers:
             h = h + addend                                            # injection site h_L
-        rec.stream(h)
-        return rec.output(final=self.final_norm(h))                   # final: [B, T, d]
+        streams.append(h)
+        norm_in = torch.stack([torch.stack(b) for b in norm_ins])    # [L, S, B, T, d]
+        branch = torch.stack([torch.stack(b) for b in branches])      # [L, S, B, T, d]
+        return StackOutput(stream=torch.stack(streams), pre_norm=norm_in[:, -1],
+                           branch=branch.sum(dim=1) if branch.shape[1] > 1 else branch[:, 0],
+                           final=self.final_norm(h), sublayer_norm_input=norm_in, sublayer_branch=branch)
 
     def apply_block(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """Block ``layer`` applied to a stream ``h`` of shape ``[batch, tokens, d_model]``.
@@ -467,41 +433,11 @@ class ResidualStack(nn.Module):
         return self.forward(h, blocks=range(layer, layer + 1)).stream[-1]
 
 
-class _Recorder:
-    """Records one forward pass: the stream before every block, each sublayer's norm input and branch."""
-
-    def __init__(self):
-        self.streams: list[torch.Tensor] = []                     # L+1 x [B, T, d]
-        self.norm_inputs: list[list[torch.Tensor]] = []           # L x S x [B, T, d]
-        self.branches: list[list[torch.Tensor]] = []              # L x S x [B, T, d]
-        self.layer: int | None = None
-
-    def stream(self, h: torch.Tensor) -> None:
-        self.streams.append(h)
-
-    def sublayer(self, layer: int, norm_input: torch.Tensor, branch: torch.Tensor) -> None:
-        if layer != self.layer:                                   # the first sublayer of a block
-            self.layer = layer
-            self.norm_inputs.append([])
-            self.branches.append([])
-        self.norm_inputs[-1].append(norm_input)
-        self.branches[-1].append(branch)
-
-    def output(self, final: torch.Tensor) -> StackOutput:
-        norm_in = torch.stack([torch.stack(b) for b in self.norm_inputs])   # [L, S, B, T, d]
-        branch = torch.stack([torch.stack(b) for b in self.branches])       # [L, S, B, T, d]
-        return StackOutput(
-            stream=torch.stack(self.streams),                                # [L+1, B, T, d]
-            pre_norm=norm_in[:, -1],                                         # [L, B, T, d]
-            branch=branch.sum(dim=1) if branch.shape[1] > 1 else branch[:, 0],
-            final=final,
-            sublayer_norm_input=norm_in,
-            sublayer_branch=branch,
-        )
-
-
 def sharpen_attention(stack, logit_std: float, seed: int = 0):
     r"""Re-draw every attention sublayer's query and key maps so the logits spread by ``logit_std``.
+
+    :math:`W_Q, W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries, so a logit has variance
+    :math:`\sigma_a^2` for inputs with :math:`\|x\|^2 = d`.
 
     Parameters
     ----------
@@ -519,15 +455,8 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
     ValueError
         If the stack has no attention sublayer, ``logit_std`` <= 0 or ``seed`` < 0.
-
-    Notes
-    -----
-    :math:`W_Q, W_K` get i.i.d. :math:`N(0, \sigma_a/d)` entries, so a logit has variance
-    :math:`\sigma_a^2` for inputs with :math:`\|x\|^2 = d`.
 
     Examples
     --------
@@ -538,16 +467,12 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     """
     if not isinstance(stack, ResidualStack):
         raise TypeError(f"stack must be a companion.stacks.residual.ResidualStack, got {type(stack).__name__}")
-    sigma = check_real(logit_std, "logit_std")
-    if sigma <= 0:
-        raise ValueError(f"logit_std must be > 0, got {sigma}")
+    sigma = check_real(logit_std, "logit_std", lo=0.0, lo_open=True)
     seed = check_int(seed, "seed", 0)
     attention = [sub.f for blk in stack.blocks for sub in blk.sublayers if sub.kind == "attention"]
     if not attention:
-        raise ValueError(
-            f"the stack has no attention sublayer (block = {stack.config.block!r}); "
-            "use block='attention' or 'both'"
-        )
+        raise ValueError(f"the stack has no attention sublayer (block = {stack.config.block!r}); "
+                         "use block='attention' or 'both'")
     d = stack.config.d_model
     g = torch.Generator().manual_seed(seed)
     std = math.sqrt(sigma / d)
@@ -571,6 +496,8 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
                      device: str = "cpu") -> dict[str, np.ndarray]:
     r"""Mean squared norms of the residual stream at every layer, for Gaussian input tokens.
 
+    Xiong et al.'s Lemma 2 bounds them (chapter *Signal propagation*).  Runs under ``torch.no_grad``.
+
     Parameters
     ----------
     config : StackConfig
@@ -584,7 +511,6 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     stack : ResidualStack, optional
         Use this (e.g. trained) stack instead.
     device : str, default "cpu"
-        Where to run.
 
     Returns
     -------
@@ -594,20 +520,13 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
         If a count is < 1 (``seed`` < 0).
-
-    Notes
-    -----
-    Xiong et al.'s Lemma 2 bounds: chapter *Signal propagation*.  Runs under ``torch.no_grad``.
 
     Examples
     --------
     >>> cfg = StackConfig(d_model=32, n_layers=4, d_ff=32, block="mlp")
-    >>> r = forward_sq_norms(cfg, n_sequences=4, seq_len=8)
-    >>> r["stream"].shape
+    >>> forward_sq_norms(cfg, n_sequences=4, seq_len=8)["stream"].shape
     (5, 8)
     """
     if not isinstance(config, StackConfig):
@@ -640,18 +559,14 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
                          seed: int = 0, device: str = "cpu") -> float:
     r"""Frobenius norm of the loss gradient w.r.t. the last block's MLP output weight.
 
+    The last entry of :func:`~companion.stacks.residual.last_layer_grad_norms`, which defines the loss.
+
     Parameters
     ----------
     config : StackConfig
-        Must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
-    n_sequences, seq_len : int
-        Gaussian input tokens, as in :func:`~companion.stacks.residual.forward_sq_norms`.
-    n_classes : int, default 16
-        Classes of the readout.
-    seed : int, default 0
-        Seed of the inputs, labels and readout.
-    device : str, default "cpu"
-        Where to run.
+        Must contain an MLP.
+    n_sequences, seq_len, n_classes, seed, device
+        As in :func:`~companion.stacks.residual.last_layer_grad_norms`.
 
     Returns
     -------
@@ -660,15 +575,8 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a StackConfig or a count is not an integer.
     ValueError
-        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
-
-    Notes
-    -----
-    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels
-    (Xiong et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).
+        As :func:`~companion.stacks.residual.last_layer_grad_norms`.
 
     Examples
     --------
@@ -676,13 +584,7 @@ def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int
     >>> last_layer_grad_norm(cfg, n_sequences=2, seq_len=4) > 0
     True
     """
-    x, readout, labels = _readout_problem(config, n_sequences, seq_len, n_classes, seed, device)
-    stack = ResidualStack(config).to(device)
-    out = stack(x)
-    loss = F.cross_entropy((out.final @ readout).reshape(-1, n_classes), labels)
-    w = stack.blocks[-1].sublayers[-1].f.w_out.weight
-    (grad,) = torch.autograd.grad(loss, w)
-    return float(grad.norm())
+    return float(last_layer_grad_norms(config, n_sequences, seq_len, n_classes, seed, device)[-1])
 
 
 def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):
@@ -703,14 +605,24 @@ def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, see
 
 def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
                           seed: int = 0, device: str = "cpu", per_token: bool = False) -> np.ndarray:
-    r""":func:`~companion.stacks.residual.last_layer_grad_norm` for every depth ``1..L`` at once, from one deep stack.
+    r"""Gradient norm of the last MLP output weight, for the stacks of every depth ``1..L`` at once.
+
+    Loss: mean cross-entropy of a fixed random Xavier readout of ``final`` with random labels (Xiong
+    et al.'s setting; their Theorem 1 in the chapter *Signal propagation*).  Per-layer seeding makes the
+    depth-``l`` stack the first ``l`` blocks of the deep one, so one forward pass suffices: each
+    depth's last add is replayed from the recorded input and differentiated.
 
     Parameters
     ----------
     config : StackConfig
-        The deepest stack; must contain an MLP.
-    n_sequences, seq_len, n_classes, seed, device
-        As in :func:`~companion.stacks.residual.last_layer_grad_norm` (same inputs, readout and labels).
+        The deepest stack; must contain an MLP (``block`` is ``"mlp"`` or ``"both"``).
+    n_sequences, seq_len : int
+        Gaussian input tokens, as in :func:`~companion.stacks.residual.forward_sq_norms`.
+    n_classes : int, default 16
+        Classes of the readout.
+    seed : int, default 0
+        Seed of the inputs, labels and readout.
+    device : str, default "cpu"
     per_token : bool, default False
         ``True``: mean over tokens of each token's gradient norm (the per-sample quantity Xiong
         et al. bound) instead of the gradient of the mean loss.
@@ -718,18 +630,12 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
     Returns
     -------
     numpy.ndarray, shape (L,)
-        Entry ``l - 1`` is the norm for the stack made of the first ``l`` blocks.
+        Entry ``l - 1``: :math:`\|\partial \tilde{\mathcal L} / \partial W^{2,l}\|_F`, first ``l`` blocks.
 
     Raises
     ------
-    TypeError, ValueError
-        As :func:`~companion.stacks.residual.last_layer_grad_norm`.
-
-    Notes
-    -----
-    Per-layer seeding makes the depth-``l`` stack the first ``l`` blocks of the deep one, so one
-    forward pass suffices: each depth's last add is replayed from the recorded input and
-    differentiated; it equals ``last_layer_grad_norm(replace(config, n_layers=l))`` (tested).
+    ValueError
+        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
 
     Examples
     --------

@@ -1,10 +1,8 @@
 """The tiny language model: a residual stack between a byte embedding and an unembedding.
 
-* :class:`~companion.stacks.tinylm.TinyLM` -- byte embedding + learned positions + a :class:`~companion.stacks.residual.ResidualStack`
-  + unembedding, and :func:`train_tiny_lm`, which trains one on the committed corpus in well under a
-  minute on a CPU; :func:`byte_tokenize` and :func:`unigram_loss` (the loss of the best model that
-  ignores context).
-* :class:`StackAdapter` -- a stack or a TinyLM seen the way the injection engine sees a model.
+It trains on the committed corpus in well under a minute on a CPU; :class:`StackAdapter` shows a
+stack or a TinyLM to the injection engine.  An argument of the wrong type raises ``TypeError``
+naming it.
 """
 
 from __future__ import annotations
@@ -16,15 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion._validation import check_vector, is_int
+from companion._validation import check_vector, is_int, is_real
 from companion.stacks.residual import (_NORMAL_STD, ResidualStack, StackConfig, StackOutput, _check_counts,
-                                       _init_linear, _is_finite_real, _layer_generator, _token_mask)
+                                       _init_linear, _layer_generator, _token_mask)
 
 __all__ = ["TinyLM", "StackAdapter", "byte_tokenize", "unigram_loss", "train_tiny_lm"]
 
 
 class TinyLM(nn.Module):
     """Token embedding + learned positions + :class:`~companion.stacks.residual.ResidualStack` + unembedding.
+
+    ``x_0 = E[ids] + P[positions]``; with ``init="xavier"`` both tables are ``N(0, 1/2)`` so
+    ``E||x_0||^2 = d``.  The unembedding is untied and bias-free.
 
     Parameters
     ----------
@@ -33,15 +34,8 @@ class TinyLM(nn.Module):
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`~companion.stacks.residual.StackConfig`.
     ValueError
         If ``config.vocab_size`` is None.
-
-    Notes
-    -----
-    ``x_0 = E[ids] + P[positions]``; with ``init="xavier"`` both tables are ``N(0, 1/2)`` so
-    ``E||x_0||^2 = d``.  The unembedding is untied and bias-free.
 
     Examples
     --------
@@ -87,11 +81,8 @@ class TinyLM(nn.Module):
 
         Raises
         ------
-        TypeError
-            If ``ids`` is not an integer tensor.
         ValueError
-            If ``ids`` is not 2-D, too long, or out of the vocabulary, or an injection
-            argument is invalid.
+            If ``ids`` is not 2-D, too long, or out of the vocabulary, or an injection argument is invalid.
         """
         out = self.stack(self.embed(ids), **inject_kwargs)
         return self.unembed(out.final), out
@@ -114,13 +105,9 @@ class TinyLM(nn.Module):
 class StackAdapter:
     """A ResidualStack or TinyLM seen the way the injection engine sees a model.
 
-    The engine (:mod:`companion.injection.engine`) needs from a model only what this class (and
-    :class:`companion.transformers.stream.ModelAdapter` for real Transformers) exposes:
-    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name``; ``baseline`` (``[h_0, ..., h_L]``
-    of the run without injection, computed once); ``attention_mask`` (all ones);
-    ``position_mask(positions)``; ``check_vector(vector, rows, scales)``; ``block(i, h, k)``
-    (block ``i`` on ``k`` runs stacked along the batch axis); ``output(h)`` (the final norm) and
-    ``logits(h)`` (``None`` for a bare stack).
+    The engine (:mod:`companion.injection.engine`) needs from a model only the attributes
+    ``n_layers``, ``d_model``, ``dtype``, ``device``, ``name`` and the members below, as
+    :class:`companion.transformers.stream.ModelAdapter` gives them for real Transformers.
 
     Parameters
     ----------
@@ -128,11 +115,6 @@ class StackAdapter:
         The model.
     inputs : torch.Tensor
         ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a ``TinyLM``.
-
-    Raises
-    ------
-    TypeError
-        If ``model`` is neither a ``ResidualStack`` nor a ``TinyLM``.
     """
 
     def __init__(self, model, inputs):
@@ -141,9 +123,8 @@ class StackAdapter:
         elif isinstance(model, ResidualStack):
             self.stack, self.lm = model, None
         else:
-            raise TypeError(
-                f"model must be a companion.stacks.residual.ResidualStack or TinyLM, got {type(model).__name__}"
-            )
+            raise TypeError(f"model must be a companion.stacks.residual.ResidualStack or TinyLM, "
+                            f"got {type(model).__name__}")
         self.inputs = inputs
         cfg = self.stack.config
         p = next(model.parameters())
@@ -209,8 +190,6 @@ def byte_tokenize(text) -> torch.Tensor:
 
     Raises
     ------
-    TypeError
-        If ``text`` is neither a string nor a sequence of strings.
     ValueError
         If the text is empty.
 
@@ -266,6 +245,9 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
                   dtype: torch.dtype | None = None):
     """Train a :class:`~companion.stacks.tinylm.TinyLM` on bytes of ``text`` with AdamW; deterministic on CPU.
 
+    Next-byte cross-entropy; gradients clipped to norm 1; AdamW ``betas=(0.9, 0.95)``, weight
+    decay 0.01 on matrices.  Post-LN needs ``lr=1e-3`` or a longer warm-up (Xiong et al. 2020).
+
     Parameters
     ----------
     config : StackConfig
@@ -279,7 +261,6 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     seed : int, default 0
         Seed of the window sampling (the weights are seeded by ``config.seed``).
     device : str, default "cpu"
-        Where to train.
     warmup : int or None
         Linear warm-up steps (``None``: ``max(1, steps // 10)``), then cosine decay to ``lr / 10``.
     dtype : torch.dtype, optional
@@ -292,16 +273,9 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`~companion.stacks.residual.StackConfig` or a count is not an integer.
     ValueError
         If ``config.vocab_size != 256``, a count is < 1, ``lr`` <= 0, ``seq_len > max_len``,
-        or the text is shorter than ``seq_len + 1`` bytes.
-
-    Notes
-    -----
-    Next-byte cross-entropy; gradients clipped to norm 1; AdamW ``betas=(0.9, 0.95)``, weight
-    decay 0.01 on matrices.  Post-LN needs ``lr=1e-3`` or a longer warm-up (Xiong et al. 2020).
+        or the text is shorter than ``seq_len + 2`` bytes.
 
     Examples
     --------
@@ -317,7 +291,7 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     _check_counts(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed)
     if warmup is not None and (not is_int(warmup) or warmup < 0):
         raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
-    if not _is_finite_real(lr) or lr <= 0:
+    if not (is_real(lr) and math.isfinite(lr)) or lr <= 0:
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     if seq_len > config.max_len:
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
