@@ -109,21 +109,6 @@ def quantize_linear_inputs(
 class LinearQuantization:
     """How the linear layers are fake-quantised by :func:`quantized_linears`.
 
-    Parameters
-    ----------
-    act_bits : int or None
-        Bit width of the inputs (``None``: inputs stay in floating point).
-    act_granularity : {"tensor", "token", "channel"}
-        Which entries share a range (the current batch's range unless ``static``).
-    act_symmetric : bool
-        Symmetric grid, or asymmetric with a zero-point.
-    static : bool
-        Use the calibrated ranges passed to :func:`quantized_linears`; values beyond them are clipped.
-    weight_bits : int or None
-        Bit width of the weights, one range per output row (``None``: float weights).
-    weight_symmetric : bool
-        Symmetric or asymmetric weight grid.
-
     Raises
     ------
     TypeError, ValueError
@@ -135,12 +120,14 @@ class LinearQuantization:
     'A8 per-tensor static symmetric'
     """
 
-    act_bits: int | None = 8
+    act_bits: int | None = 8  #: bit width of the inputs (``None``: inputs stay in floating point)
+    #: which entries share a range: ``"tensor"``, ``"token"`` or ``"channel"`` (batch's range unless static)
     act_granularity: str = "tensor"
-    act_symmetric: bool = True
+    act_symmetric: bool = True  #: symmetric grid, or asymmetric with a zero-point
+    #: use the ranges calibrated for :func:`quantized_linears`; values beyond them are clipped
     static: bool = False
-    weight_bits: int | None = None
-    weight_symmetric: bool = True
+    weight_bits: int | None = None  #: bit width of the weights, one range per output row (``None``: float)
+    weight_symmetric: bool = True  #: symmetric or asymmetric weight grid
 
     def __post_init__(self):
         if self.act_bits is not None:

@@ -17,9 +17,8 @@ from companion._validation import (
     check_choice, check_indices, check_int, check_real, float_tensor, real_array,
 )
 
-__all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "max_rounding_error",
-           "channel_mse", "fold_center_into_bias", "dynamic_range", "quantize_with_range", "quantize_weight",
-           "smoothquant_scales"]
+__all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "channel_mse",
+           "fold_center_into_bias", "quantize_with_range", "quantize_weight", "smoothquant_scales"]
 
 #: The groups that can share one scale: the whole tensor, one channel (last axis), one token (row).
 GRANULARITIES = ("tensor", "channel", "token")
@@ -212,24 +211,8 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     return out.numpy() if was_numpy else out
 
 
-def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None, keep_channels=None):
-    """Worst-case absolute error ``Δ/2`` of :func:`fake_quantize`, broadcast to the shape of ``x``.
-
-    Parameters
-    ----------
-    x, bits, granularity, center, keep_channels
-        As in :func:`fake_quantize`.
-
-    Returns
-    -------
-    torch.Tensor or numpy.ndarray
-        ``Δ/2`` for every element (0 for kept channels); shape and type of ``x``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        As in :func:`fake_quantize`.
-    """
+def _max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None, keep_channels=None):
+    """Worst-case error ``Δ/2`` of :func:`fake_quantize` (0 on kept channels), shape and type of ``x``."""
     t, was_numpy, q, c, mask = _quantizer_args(x, bits, granularity, center, keep_channels)
     y, _, _ = _centred(t, c)
     half = torch.broadcast_to(_scale_of(y, q, granularity, mask) / 2, t.shape).to(t.dtype)
@@ -344,29 +327,8 @@ def _quantize_range(y: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tens
     return (y.div(step).round() + z).clamp(0, levels).sub(z).mul(step)
 
 
-def dynamic_range(x, granularity: str = "tensor"):
-    """Smallest and largest value of each group that shares a quantiser range.
-
-    Parameters
-    ----------
-    x, granularity
-        As in :func:`fake_quantize`.
-
-    Returns
-    -------
-    (lo, hi) : pair of torch.Tensor or numpy.ndarray
-        Shapes ``()``, ``(d,)`` or ``x.shape[:-1] + (1,)``; type of ``x``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`fake_quantize`.
-
-    Examples
-    --------
-    >>> [v.ravel().tolist() for v in dynamic_range(np.array([[1.0, -4.0], [0.5, 2.0]]), "token")]
-    [[-4.0, 0.5], [1.0, 2.0]]
-    """
+def _dynamic_range(x, granularity: str = "tensor"):
+    """``(lo, hi)``: smallest and largest value of each group that shares a range; type of ``x``."""
     t, was_numpy = float_tensor(x)
     check_choice(granularity, "granularity", GRANULARITIES)
     lo, hi = _per_group(t, granularity, torch.amin), _per_group(t, granularity, torch.amax)

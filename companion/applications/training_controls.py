@@ -280,19 +280,6 @@ _CLIP_MODES = ("none", "fixed", "tail")
 class TrainingControls:
     """Gradient clipping and the mean-and-Frobenius regulariser of one training run.
 
-    Parameters
-    ----------
-    clip : {"none", "fixed", "tail"}, default "fixed"
-        Clip the global gradient norm never, at ``clip_value``, or at the :class:`TailClipper` threshold.
-    clip_value : float > 0, default 1.0
-        The fixed threshold.
-    tail_delta, tail_window, tail_min_history
-        The :class:`TailClipper`'s ``delta``, ``window`` and ``min_history``.
-    lam_frobenius, lam_colmean : float ≥ 0, default 0
-        ``λ_F`` and ``λ_μ`` of :func:`mean_frobenius_penalty`.
-    reg_targets : tuple of str, default ("w_v", "w_o")
-        Matrices the regulariser acts on (:func:`regularised_weights`).
-
     Raises
     ------
     TypeError, ValueError
@@ -304,14 +291,15 @@ class TrainingControls:
     'tail'
     """
 
+    #: clip the gradient norm: ``"none"``, ``"fixed"`` (``clip_value``) or ``"tail"`` (:class:`TailClipper`)
     clip: str = "fixed"
-    clip_value: float = 1.0
-    tail_delta: float = 0.01
-    tail_window: int = 50
-    tail_min_history: int = 20
-    lam_frobenius: float = 0.0
-    lam_colmean: float = 0.0
-    reg_targets: tuple[str, ...] = ("w_v", "w_o")
+    clip_value: float = 1.0  #: the fixed threshold, > 0
+    tail_delta: float = 0.01  #: the :class:`TailClipper`'s ``delta``
+    tail_window: int = 50  #: the :class:`TailClipper`'s ``window``
+    tail_min_history: int = 20  #: the :class:`TailClipper`'s ``min_history``
+    lam_frobenius: float = 0.0  #: ``λ_F`` of :func:`mean_frobenius_penalty`, ≥ 0
+    lam_colmean: float = 0.0  #: ``λ_μ`` of :func:`mean_frobenius_penalty`, ≥ 0
+    reg_targets: tuple[str, ...] = ("w_v", "w_o")  #: matrices regularised (:func:`regularised_weights`)
 
     def __post_init__(self):
         if not isinstance(self.clip, str) or self.clip not in _CLIP_MODES:
@@ -331,31 +319,16 @@ class TrainingControls:
 
 @dataclass
 class ControlledRun:
-    """Record of :func:`train_with_controls`.
+    """Record of :func:`train_with_controls`."""
 
-    Attributes
-    ----------
-    model : TinyLM
-        Trained, in ``eval()`` mode.
-    losses, grad_norms, thresholds : numpy.ndarray, shape (steps,)
-        Per step: cross-entropy (nats/byte, without the penalty), global gradient norm before
-        clipping, and the clipping threshold (``inf`` = none).
-    clipped : numpy.ndarray of bool, shape (steps,)
-        Whether the step was clipped.
-    eval_loss : float
-        Held-out cross-entropy (:func:`tiny_lm_loss`).
-    controls, config : TrainingControls, StackConfig
-        The run's controls and model configuration.
-    """
-
-    model: TinyLM
-    losses: np.ndarray
-    grad_norms: np.ndarray
-    thresholds: np.ndarray
-    clipped: np.ndarray
-    eval_loss: float
-    controls: TrainingControls
-    config: StackConfig = field(repr=False)
+    model: TinyLM  #: the trained model, in ``eval()`` mode
+    losses: np.ndarray  #: cross-entropy per step (nats/byte, without the penalty), shape (steps,)
+    grad_norms: np.ndarray  #: global gradient norm per step, before clipping
+    thresholds: np.ndarray  #: clipping threshold per step (``inf`` = none)
+    clipped: np.ndarray  #: whether each step was clipped (bool)
+    eval_loss: float  #: held-out cross-entropy (:func:`tiny_lm_loss`)
+    controls: TrainingControls  #: the run's controls
+    config: StackConfig = field(repr=False)  #: the model's configuration
 
     @property
     def clip_rate(self) -> float:
@@ -539,33 +512,18 @@ def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: in
 # =========================================================================== stream drift
 @dataclass(frozen=True)
 class StreamDrift:
-    """Mean drift and outliers of a TinyLM's residual stream at each of its ``L+1`` layers.
+    """Mean drift and outliers of a TinyLM's residual stream at each of its ``L+1`` layers."""
 
-    Attributes
-    ----------
-    mean, std, channel_max_abs : numpy.ndarray, shape (L+1, d)
-        Channel mean ``μ_j``, standard deviation ``σ_j`` and largest ``|x_tj|`` over the tokens.
-    rms, max_abs : numpy.ndarray, shape (L+1,)
-        ``sqrt(mean x²)`` over tokens and channels (the layer's typical scale) and the largest ``|x|``.
-    multiples : numpy.ndarray, shape (k,)
-        Thresholds ``t = multiple · rms_l``.
-    exceed_frac : numpy.ndarray, shape (L+1, k)
-        Fraction of entries with ``|x| > t``.
-    mean_dominated : numpy.ndarray of int, shape (L+1, k)
-        Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
-    n_tokens : int
-        Number of tokens.
-    """
-
-    mean: np.ndarray
-    std: np.ndarray
-    rms: np.ndarray
-    max_abs: np.ndarray
-    multiples: np.ndarray
-    exceed_frac: np.ndarray
+    mean: np.ndarray  #: channel mean ``μ_j`` over the tokens, shape (L+1, d)
+    std: np.ndarray  #: channel standard deviation ``σ_j``, shape (L+1, d)
+    rms: np.ndarray  #: ``sqrt(mean x²)`` over tokens and channels (the layer's scale), shape (L+1,)
+    max_abs: np.ndarray  #: largest ``|x|`` of each layer, shape (L+1,)
+    multiples: np.ndarray  #: thresholds ``t = multiple · rms_l``, shape (k,)
+    exceed_frac: np.ndarray  #: fraction of entries with ``|x| > t``, shape (L+1, k)
+    #: number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime), int, shape (L+1, k)
     mean_dominated: np.ndarray
-    n_tokens: int
-    channel_max_abs: np.ndarray
+    n_tokens: int  #: number of tokens
+    channel_max_abs: np.ndarray  #: largest ``|x_tj|`` of each channel, shape (L+1, d)
 
     @property
     def channel_peak(self) -> np.ndarray:
