@@ -170,12 +170,10 @@ def capture_linear_inputs(model: torch.nn.Module, inputs,
 
     Parameters
     ----------
-    model : torch.nn.Module
-        Called as ``model(ids)`` (tensor) or ``model(**inputs)`` (mapping).
+    model, modules
+        As in :func:`linear_input_statistics`.
     inputs : torch.Tensor or mapping
         One batch; with an ``attention_mask`` in a mapping, pad tokens are dropped.
-    modules : mapping name -> nn.Linear
-        The layers whose inputs are captured.
 
     Returns
     -------
@@ -244,8 +242,7 @@ def top_channels(values, k: int) -> np.ndarray:
     ----------
     values : array_like, shape (d,)
         One score per channel.
-    k : int
-        How many channels, 0 ≤ k ≤ d.
+    k : int, 0 ≤ k ≤ d
 
     Returns
     -------
@@ -358,7 +355,6 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
     scores : array_like, shape (n,)
         One score per neuron (:func:`neuron_scores`).
     fraction : float in [0, 1]
-        The share of neurons selected.
 
     Returns
     -------

@@ -52,6 +52,14 @@ def _check_cast(cast: torch.Tensor, original: torch.Tensor, name: str) -> None:
         )
 
 
+def _check_weight(w, name: str) -> None:
+    """TypeError/ValueError unless ``w`` is a 2-D floating tensor."""
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError(f"{name} must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (out, in), got shape {tuple(w.shape)}")
+
+
 def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
     """Boolean mask of the channels kept in floating point, or None."""
     if keep_channels is None:
@@ -127,8 +135,7 @@ def qmax(bits: int) -> int:
 
     Parameters
     ----------
-    bits : int
-        Bit width, 2 ≤ bits ≤ 16.
+    bits : int, 2 ≤ bits ≤ 16
 
     Returns
     -------
@@ -202,8 +209,7 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
 
     Examples
     --------
-    >>> x = np.array([[0.0, 1.0, -0.6], [2.54, 0.01, 0.2]])
-    >>> fake_quantize(x, 8, "tensor").round(4).tolist()
+    >>> fake_quantize(np.array([[0.0, 1.0, -0.6], [2.54, 0.01, 0.2]]), 8).round(4).tolist()
     [[0.0, 1.0, -0.6], [2.54, 0.0, 0.2]]
     """
     t, was_numpy, q, c, mask = _quantizer_args(x, bits, granularity, center, keep_channels)
@@ -284,10 +290,7 @@ def fold_center_into_bias(weight, bias, center):
     >>> fold_center_into_bias(torch.tensor([[1.0, 2.0], [0.0, -1.0]]), None, torch.ones(2)).tolist()
     [3.0, -1.0]
     """
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
-    if weight.ndim != 2:
-        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+    _check_weight(weight, "weight")
     out = weight @ _channel_vector(center, weight.shape[1], weight, "center")
     if bias is not None:
         out = out + _channel_vector(bias, weight.shape[0], weight, "bias")
@@ -386,7 +389,6 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     Parameters
     ----------
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The weight (``nn.Linear`` layout).
     bits, symmetric
         As in :func:`quantize_with_range`.
     granularity : {"channel", "tensor"}

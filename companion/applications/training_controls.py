@@ -1,8 +1,5 @@
 """The outlier note's training controls (§6), made testable on a byte-level TinyLM.
 
-Gradient clipping at a sub-Gaussian tail threshold, the regulariser ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``,
-a training loop with both, and the measurements of the residual stream's mean drift and outliers.
-
 Weights use the ``nn.Linear`` layout ``(out, in)``; the note's *column* ``j`` (the weights feeding
 output ``j``) is row ``j`` here.  Derivations: the chapter :doc:`/book/training_controls`.
 """
@@ -20,6 +17,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from companion._validation import check_int, check_real, real_array, real_vector
+from companion.applications.quantization import _check_weight
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM
 
@@ -147,21 +145,12 @@ class TailClipper:
 
 
 # =========================================================================== the regulariser
-def _check_weight(w, name: str) -> None:
-    """TypeError/ValueError unless ``w`` is a 2-D floating tensor."""
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
-        raise TypeError(f"{name} must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
-    if w.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (out, in), got shape {tuple(w.shape)}")
-
-
 def column_means(weight: torch.Tensor) -> torch.Tensor:
     """The note's column means: for each output ``j``, the mean of the weights feeding it.
 
     Parameters
     ----------
     weight : torch.Tensor, shape (out, in)
-        ``nn.Linear`` layout.
 
     Returns
     -------
@@ -207,8 +196,7 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
 
     Examples
     --------
-    >>> W = torch.tensor([[1.0, 3.0], [2.0, -2.0]])
-    >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)  # 0.1*18 + 1*(4 + 0)
+    >>> round(float(mean_frobenius_penalty([torch.tensor([[1.0, 3.0], [2.0, -2.0]])], 0.1, 1.0)), 4)
     5.8
     """
     lf = check_real(lam_frobenius, "lam_frobenius", lo=0.0)
@@ -360,7 +348,6 @@ def train_with_controls(
     train_ids, eval_ids : torch.LongTensor, 1-D
         Byte ids (:func:`~companion.stacks.tinylm.byte_tokenize`) of the training and held-out text.
     controls : TrainingControls
-        Clipping rule and regulariser.
     steps, batch_size, seq_len, warmup, seed
         As in :func:`~companion.stacks.tinylm.train_tiny_lm`.
     lr : float > 0
@@ -378,12 +365,6 @@ def train_with_controls(
     ------
     TypeError, ValueError
         For a bad argument or text, or a training loss that becomes NaN/inf (the message says when).
-
-    Examples
-    --------
-    >>> from companion.stacks.tinylm import byte_tokenize
-    >>> cfg, ids = StackConfig(d_model=16, n_heads=2, vocab_size=256, max_len=32), byte_tokenize("abcd" * 60)
-    >>> run = train_with_controls(cfg, ids, ids, TrainingControls(clip="tail"), steps=3, seq_len=16)
     """
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
@@ -520,8 +501,7 @@ class StreamDrift:
     max_abs: np.ndarray  #: largest ``|x|`` of each layer, shape (L+1,)
     multiples: np.ndarray  #: thresholds ``t = multiple · rms_l``, shape (k,)
     exceed_frac: np.ndarray  #: fraction of entries with ``|x| > t``, shape (L+1, k)
-    #: number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime), int, shape (L+1, k)
-    mean_dominated: np.ndarray
+    mean_dominated: np.ndarray  #: channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime), (L+1, k)
     n_tokens: int  #: number of tokens
     channel_max_abs: np.ndarray  #: largest ``|x_tj|`` of each channel, shape (L+1, d)
 
@@ -613,9 +593,8 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
 
     Examples
     --------
-    >>> m, lo, hi = seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
-    >>> float(m), round(float(lo), 3), round(float(hi), 3)
-    (3.0, 1.037, 4.963)
+    >>> [round(float(v), 3) for v in seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])]
+    [3.0, 1.037, 4.963]
     """
     lv = _check_probability(level, "level")
     a = real_array("values", values)
