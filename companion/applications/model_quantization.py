@@ -37,7 +37,7 @@ def quantize_linear_inputs(
     centers: Mapping[str, torch.Tensor] | None = None,
     keep_channels: Mapping[str, object] | None = None,
 ) -> Iterator[dict[str, torch.utils.hooks.RemovableHandle]]:
-    """Context manager: fake-quantise the input of every chosen ``nn.Linear`` on its batch's range.
+    """Context manager: fake-quantise the input of every chosen ``nn.Linear`` on its batch's range (dynamic).
 
     Parameters
     ----------
