@@ -419,7 +419,7 @@ def _check_bound(x, y, half):
 def test_property_float16_quantisation_keeps_its_error_bound(x, bits, granularity):
     # in float16, round(x/Δ)·Δ rounds twice: 8 bits, max|x| = 3.28 gave an error 0.0137 > Δ/2
     y = qz.fake_quantize(x, bits, granularity)
-    _check_bound(x, y, qz.max_rounding_error(x, bits, granularity))
+    _check_bound(x, y, qz._max_rounding_error(x, bits, granularity))
 
 
 def test_float16_centre_at_the_opposite_end_of_the_range():
@@ -427,14 +427,14 @@ def test_float16_centre_at_the_opposite_end_of_the_range():
     x = np.array([[F16_MAX, -3.0, 1.0], [100.0, 0.5, -F16_MAX]], dtype=np.float16)
     c = np.array([-F16_MAX, 0.0, F16_MAX])
     y = qz.fake_quantize(x, 8, "tensor", center=c)
-    _check_bound(x, y, qz.max_rounding_error(x, 8, center=c))
+    _check_bound(x, y, qz._max_rounding_error(x, 8, center=c))
 
 
 def test_float32_centre_at_the_opposite_end_of_the_range():
     x = torch.tensor([[3e38, -3e38], [1.0, 2.0]])
     c = torch.tensor([-3e38, 3e38])
     y = qz.fake_quantize(x, 8, "channel", center=c)  # was NaN
-    _check_bound(x.numpy(), y.numpy(), qz.max_rounding_error(x, 8, "channel", center=c).numpy())
+    _check_bound(x.numpy(), y.numpy(), qz._max_rounding_error(x, 8, "channel", center=c).numpy())
     with pytest.raises(ValueError, match="float64"):  # no wider dtype than float64
         qz.fake_quantize(np.array([[1.7e308, -1.7e308]]), 8, center=np.array([-1.7e308, 1.7e308]))
 
@@ -443,12 +443,12 @@ def test_float32_centre_at_the_opposite_end_of_the_range():
     "call",
     [
         lambda: qz.fake_quantize(np.ones((2, 3), np.float16), 8, center=np.array([1e5, 0.0, 0.0])),
-        lambda: qz.max_rounding_error(np.ones((2, 3), np.float16), 8, center=np.array([0, 7e4, 0])),
+        lambda: qz._max_rounding_error(np.ones((2, 3), np.float16), 8, center=np.array([0, 7e4, 0])),
         lambda: qz.fold_center_into_bias(
             torch.ones(2, 3, dtype=torch.float16), None, np.array([1e5, 1.0, 1.0])
         ),
     ],
-    ids=["fake_quantize", "max_rounding_error", "fold_center_into_bias"],
+    ids=["fake_quantize", "_max_rounding_error", "fold_center_into_bias"],
 )
 def test_centre_beyond_the_float16_range_is_refused(call):
     # the centre became inf in the cast and every output NaN

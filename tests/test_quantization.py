@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from companion.applications.quantization import (
-    GRANULARITIES, channel_mse, fake_quantize, fold_center_into_bias, max_rounding_error, qmax,
+    GRANULARITIES, channel_mse, fake_quantize, fold_center_into_bias, _max_rounding_error, qmax,
     quantization_scale,
 )
 from companion.applications.model_quantization import quantize_linear_inputs
@@ -115,7 +115,7 @@ def test_types_and_dtypes_preserved():
 def test_error_bound_grid_and_idempotence(x, bits, granularity):
     """|x - Q(x)| ≤ Δ/2, Q(x)/Δ is an integer in [-q, q], and Q(Q(x)) = Q(x)."""
     y = fake_quantize(x, bits, granularity)
-    half = max_rounding_error(x, bits, granularity)
+    half = _max_rounding_error(x, bits, granularity)
     assert np.all(np.abs(y - x) <= half * (1 + 1e-9) + 1e-300)
     scale = quantization_scale(x, bits, granularity)
     k = y / scale
@@ -227,7 +227,7 @@ def test_bad_x(x, exc, msg):
     with pytest.raises(exc, match=msg):
         fake_quantize(x, 8)
     with pytest.raises(exc, match=msg):
-        max_rounding_error(x, 8)
+        _max_rounding_error(x, 8)
 
 
 @pytest.mark.parametrize(
@@ -303,7 +303,7 @@ from companion.applications.model_quantization import (
     weight_bias_correction,
 )
 from companion.applications.quantization import (
-    dynamic_range, quantize_weight, quantize_with_range, smoothquant_scales,
+    _dynamic_range, quantize_weight, quantize_with_range, smoothquant_scales,
 )
 
 
@@ -311,7 +311,7 @@ def test_range_quantiser_matches_the_dynamic_one():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(6, 5, 7, generator=g, dtype=torch.float64) * 3
     for gran in ("tensor", "channel", "token"):
-        lo, hi = dynamic_range(x, gran)
+        lo, hi = _dynamic_range(x, gran)
         torch.testing.assert_close(quantize_with_range(x, 4, lo, hi), fake_quantize(x, 4, gran), rtol=0, atol=0)
 
 
@@ -319,7 +319,7 @@ def test_range_quantiser_matches_the_dynamic_one():
 def test_asymmetric_grid(bits):
     rng = np.random.default_rng(bits)
     x = rng.uniform(-0.3, 5.0, size=(200, 3))
-    lo, hi = dynamic_range(x, "channel")
+    lo, hi = _dynamic_range(x, "channel")
     xq = quantize_with_range(x, bits, lo, hi, symmetric=False)
     step = (hi - np.minimum(lo, 0)) / (2**bits - 1)
     assert (np.abs(xq - x) <= step / 2 * (1 + 1e-9) + 1e-12).all()   # inside the range: half a step
@@ -378,7 +378,7 @@ def test_quantized_linears_computes_the_scheme_and_restores_the_weights():
     with quantized_linears({"l": lin}, spec, smooth={"l": s}, output_shift={"l": shift}):
         y = lin(x)
     xs = x / s
-    lo, hi = dynamic_range(xs, "token")
+    lo, hi = _dynamic_range(xs, "token")
     ref = (quantize_with_range(xs, 4, lo, hi, symmetric=False) @ quantize_weight(w0 * s, 4).T
            + lin.bias - shift)
     torch.testing.assert_close(y, ref)

@@ -1,9 +1,6 @@
 """Part III, applications: quantisation, pruning and the training controls of the outlier note.
 
-========================  ==================================================================
-``quantization``          fake quantisers: scales, granularities, ranges, SmoothQuant's migration
-``model_quantization``    quantising a model's linear layers; Nagel et al.'s bias corrections
-``pruning``               statistics of linear-layer inputs; pruning with or without mean compensation
-``training_controls``     tail-bound gradient clipping and the mean-and-Frobenius regulariser
-========================  ==================================================================
+``quantization`` (fake quantisers, ranges, SmoothQuant), ``model_quantization`` (a model's linear layers
+quantised; bias corrections), ``pruning`` (statistics of linear-layer inputs; pruning with or without mean
+compensation) and ``training_controls`` (tail-bound gradient clipping, the mean-and-Frobenius regulariser).
 """

@@ -37,10 +37,7 @@ def quantize_linear_inputs(
     centers: Mapping[str, torch.Tensor] | None = None,
     keep_channels: Mapping[str, object] | None = None,
 ) -> Iterator[dict[str, torch.utils.hooks.RemovableHandle]]:
-    """Context manager: fake-quantise the input of every chosen ``nn.Linear`` during forward passes.
-
-    Each input is quantised by :func:`~companion.applications.quantization.fake_quantize` on the
-    range of the current batch (dynamic quantisation).
+    """Context manager: fake-quantise the input of every chosen ``nn.Linear`` on its batch's range (dynamic).
 
     Parameters
     ----------
@@ -71,16 +68,14 @@ def quantize_linear_inputs(
     >>> with quantize_linear_inputs(lin, 8, modules={"lin": lin}):
     ...     y = lin(torch.randn(4, 3))  # y = lin(fake_quantize(x, 8))
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     q = qmax(bits)
     check_choice(granularity, "granularity", GRANULARITIES)
-    if modules is None:
+    if modules is None and isinstance(model, torch.nn.Module):
         modules = {n: m for n, m in model.named_modules()
                    if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"}
         if not modules:
             raise ValueError("no linear layers to hook; pass modules={name: nn.Linear}")
-    modules = check_linears(modules)
+    modules = check_linears(modules, model)
     centers, keep_channels = dict(centers or {}), dict(keep_channels or {})
     _check_names(centers, modules, "centers", "that are not hooked")
     _check_names(keep_channels, modules, "keep_channels", "that are not hooked")
@@ -109,21 +104,6 @@ def quantize_linear_inputs(
 class LinearQuantization:
     """How the linear layers are fake-quantised by :func:`quantized_linears`.
 
-    Parameters
-    ----------
-    act_bits : int or None
-        Bit width of the inputs (``None``: inputs stay in floating point).
-    act_granularity : {"tensor", "token", "channel"}
-        Which entries share a range (the current batch's range unless ``static``).
-    act_symmetric : bool
-        Symmetric grid, or asymmetric with a zero-point.
-    static : bool
-        Use the calibrated ranges passed to :func:`quantized_linears`; values beyond them are clipped.
-    weight_bits : int or None
-        Bit width of the weights, one range per output row (``None``: float weights).
-    weight_symmetric : bool
-        Symmetric or asymmetric weight grid.
-
     Raises
     ------
     TypeError, ValueError
@@ -135,12 +115,13 @@ class LinearQuantization:
     'A8 per-tensor static symmetric'
     """
 
-    act_bits: int | None = 8
+    act_bits: int | None = 8  #: bit width of the inputs (``None``: inputs stay in floating point)
+    #: which entries share a range: ``"tensor"``, ``"token"`` or ``"channel"`` (batch's range unless static)
     act_granularity: str = "tensor"
-    act_symmetric: bool = True
-    static: bool = False
-    weight_bits: int | None = None
-    weight_symmetric: bool = True
+    act_symmetric: bool = True  #: symmetric grid, or asymmetric with a zero-point
+    static: bool = False  #: use the calibrated ranges of :func:`quantized_linears`, clipping beyond them
+    weight_bits: int | None = None  #: bit width of the weights, one range per output row (``None``: float)
+    weight_symmetric: bool = True  #: symmetric or asymmetric weight grid
 
     def __post_init__(self):
         if self.act_bits is not None:
@@ -216,7 +197,6 @@ def quantized_linears(
     ----------
     modules : mapping name -> nn.Linear
     spec : LinearQuantization
-        What is quantised, and how.
     ranges : mapping name -> (lo, hi), optional
         Calibrated input ranges (in the smoothed coordinates); required when ``spec.static``.
     smooth : mapping name -> array of shape (in,), optional
@@ -344,9 +324,8 @@ def mean_quantization_error(model: torch.nn.Module, batches, modules: Mapping[st
 
     Parameters
     ----------
-    model : torch.nn.Module
-        Called as ``model(batch)`` for a tensor or ``model(**batch)`` for a mapping.
-    batches : iterable of tensors or mappings
+    model, batches
+        As in :func:`~companion.applications.pruning.linear_input_statistics`.
     modules, ranges, smooth
         As in :func:`quantized_linears`.
     spec : LinearQuantization

@@ -64,24 +64,14 @@ def _tokens(x: torch.Tensor, mask) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LinearInputStatistics:
-    """Per-channel statistics of the input of one linear layer over a corpus (float64 arrays).
+    """Per-channel statistics of the input of one linear layer over a corpus (float64 arrays)."""
 
-    Attributes
-    ----------
-    mean, var, max_abs : numpy.ndarray, shape (in_features,)
-        Channel mean ``μ_j``, population variance ``σ_j²`` and ``max |x_j|`` over the tokens.
-    n_tokens : int
-        Number of tokens that entered (pads excluded).
-    min, max : numpy.ndarray of shape (in_features,), or None
-        Smallest and largest value of each channel (``None`` if built by hand without them).
-    """
-
-    mean: np.ndarray
-    var: np.ndarray
-    max_abs: np.ndarray
-    n_tokens: int
-    min: np.ndarray | None = None
-    max: np.ndarray | None = None
+    mean: np.ndarray  #: channel mean ``μ_j``, shape (in_features,)
+    var: np.ndarray  #: population variance ``σ_j²`` over the tokens
+    max_abs: np.ndarray  #: ``max |x_j|`` over the tokens
+    n_tokens: int  #: number of tokens that entered (pads excluded)
+    min: np.ndarray | None = None  #: smallest value of each channel (``None`` if built by hand)
+    max: np.ndarray | None = None  #: largest value of each channel (``None`` if built by hand)
 
     @property
     def std(self) -> np.ndarray:
@@ -180,12 +170,10 @@ def capture_linear_inputs(model: torch.nn.Module, inputs,
 
     Parameters
     ----------
-    model : torch.nn.Module
-        Called as ``model(ids)`` (tensor) or ``model(**inputs)`` (mapping).
+    model, modules
+        As in :func:`linear_input_statistics`.
     inputs : torch.Tensor or mapping
         One batch; with an ``attention_mask`` in a mapping, pad tokens are dropped.
-    modules : mapping name -> nn.Linear
-        The layers whose inputs are captured.
 
     Returns
     -------
@@ -254,8 +242,7 @@ def top_channels(values, k: int) -> np.ndarray:
     ----------
     values : array_like, shape (d,)
         One score per channel.
-    k : int
-        How many channels, 0 ≤ k ≤ d.
+    k : int, 0 ≤ k ≤ d
 
     Returns
     -------
@@ -368,7 +355,6 @@ def lowest_fraction(scores, fraction: float) -> np.ndarray:
     scores : array_like, shape (n,)
         One score per neuron (:func:`neuron_scores`).
     fraction : float in [0, 1]
-        The share of neurons selected.
 
     Returns
     -------

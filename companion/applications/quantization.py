@@ -17,9 +17,8 @@ from companion._validation import (
     check_choice, check_indices, check_int, check_real, float_tensor, real_array,
 )
 
-__all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "max_rounding_error",
-           "channel_mse", "fold_center_into_bias", "dynamic_range", "quantize_with_range", "quantize_weight",
-           "smoothquant_scales"]
+__all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "channel_mse",
+           "fold_center_into_bias", "quantize_with_range", "quantize_weight", "smoothquant_scales"]
 
 #: The groups that can share one scale: the whole tensor, one channel (last axis), one token (row).
 GRANULARITIES = ("tensor", "channel", "token")
@@ -51,6 +50,14 @@ def _check_cast(cast: torch.Tensor, original: torch.Tensor, name: str) -> None:
             f"{name} has values up to {big:.4g}, beyond the range of {cast.dtype} "
             f"(max {torch.finfo(cast.dtype).max:.4g}); they become inf after the cast"
         )
+
+
+def _check_weight(w, name: str) -> None:
+    """TypeError/ValueError unless ``w`` is a 2-D floating tensor."""
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError(f"{name} must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (out, in), got shape {tuple(w.shape)}")
 
 
 def _keep_mask(keep_channels, d: int, device) -> torch.Tensor | None:
@@ -128,8 +135,7 @@ def qmax(bits: int) -> int:
 
     Parameters
     ----------
-    bits : int
-        Bit width, 2 ≤ bits ≤ 16.
+    bits : int, 2 ≤ bits ≤ 16
 
     Returns
     -------
@@ -203,8 +209,7 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
 
     Examples
     --------
-    >>> x = np.array([[0.0, 1.0, -0.6], [2.54, 0.01, 0.2]])
-    >>> fake_quantize(x, 8, "tensor").round(4).tolist()
+    >>> fake_quantize(np.array([[0.0, 1.0, -0.6], [2.54, 0.01, 0.2]]), 8).round(4).tolist()
     [[0.0, 1.0, -0.6], [2.54, 0.0, 0.2]]
     """
     t, was_numpy, q, c, mask = _quantizer_args(x, bits, granularity, center, keep_channels)
@@ -212,24 +217,8 @@ def fake_quantize(x, bits: int, granularity: str = "tensor", *, center=None, kee
     return out.numpy() if was_numpy else out
 
 
-def max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None, keep_channels=None):
-    """Worst-case absolute error ``Δ/2`` of :func:`fake_quantize`, broadcast to the shape of ``x``.
-
-    Parameters
-    ----------
-    x, bits, granularity, center, keep_channels
-        As in :func:`fake_quantize`.
-
-    Returns
-    -------
-    torch.Tensor or numpy.ndarray
-        ``Δ/2`` for every element (0 for kept channels); shape and type of ``x``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        As in :func:`fake_quantize`.
-    """
+def _max_rounding_error(x, bits: int, granularity: str = "tensor", *, center=None, keep_channels=None):
+    """Worst-case error ``Δ/2`` of :func:`fake_quantize` (0 on kept channels), shape and type of ``x``."""
     t, was_numpy, q, c, mask = _quantizer_args(x, bits, granularity, center, keep_channels)
     y, _, _ = _centred(t, c)
     half = torch.broadcast_to(_scale_of(y, q, granularity, mask) / 2, t.shape).to(t.dtype)
@@ -301,10 +290,7 @@ def fold_center_into_bias(weight, bias, center):
     >>> fold_center_into_bias(torch.tensor([[1.0, 2.0], [0.0, -1.0]]), None, torch.ones(2)).tolist()
     [3.0, -1.0]
     """
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError("weight must be a floating torch.Tensor of shape (out, in)")
-    if weight.ndim != 2:
-        raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+    _check_weight(weight, "weight")
     out = weight @ _channel_vector(center, weight.shape[1], weight, "center")
     if bias is not None:
         out = out + _channel_vector(bias, weight.shape[0], weight, "bias")
@@ -344,29 +330,8 @@ def _quantize_range(y: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tens
     return (y.div(step).round() + z).clamp(0, levels).sub(z).mul(step)
 
 
-def dynamic_range(x, granularity: str = "tensor"):
-    """Smallest and largest value of each group that shares a quantiser range.
-
-    Parameters
-    ----------
-    x, granularity
-        As in :func:`fake_quantize`.
-
-    Returns
-    -------
-    (lo, hi) : pair of torch.Tensor or numpy.ndarray
-        Shapes ``()``, ``(d,)`` or ``x.shape[:-1] + (1,)``; type of ``x``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`fake_quantize`.
-
-    Examples
-    --------
-    >>> [v.ravel().tolist() for v in dynamic_range(np.array([[1.0, -4.0], [0.5, 2.0]]), "token")]
-    [[-4.0, 0.5], [1.0, 2.0]]
-    """
+def _dynamic_range(x, granularity: str = "tensor"):
+    """``(lo, hi)``: smallest and largest value of each group that shares a range; type of ``x``."""
     t, was_numpy = float_tensor(x)
     check_choice(granularity, "granularity", GRANULARITIES)
     lo, hi = _per_group(t, granularity, torch.amin), _per_group(t, granularity, torch.amax)
@@ -424,7 +389,6 @@ def quantize_weight(weight, bits: int, *, granularity: str = "channel", symmetri
     Parameters
     ----------
     weight : torch.Tensor or numpy.ndarray, shape (out, in)
-        The weight (``nn.Linear`` layout).
     bits, symmetric
         As in :func:`quantize_with_range`.
     granularity : {"channel", "tensor"}

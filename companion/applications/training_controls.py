@@ -1,8 +1,5 @@
 """The outlier note's training controls (§6), made testable on a byte-level TinyLM.
 
-Gradient clipping at a sub-Gaussian tail threshold, the regulariser ``λ_F ‖W‖_F² + λ_μ ‖colmean(W)‖²``,
-a training loop with both, and the measurements of the residual stream's mean drift and outliers.
-
 Weights use the ``nn.Linear`` layout ``(out, in)``; the note's *column* ``j`` (the weights feeding
 output ``j``) is row ``j`` here.  Derivations: the chapter :doc:`/book/training_controls`.
 """
@@ -20,6 +17,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from companion._validation import check_int, check_real, real_array, real_vector
+from companion.applications.quantization import _check_weight
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM
 
@@ -147,21 +145,12 @@ class TailClipper:
 
 
 # =========================================================================== the regulariser
-def _check_weight(w, name: str) -> None:
-    """TypeError/ValueError unless ``w`` is a 2-D floating tensor."""
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
-        raise TypeError(f"{name} must be a floating torch.Tensor of shape (out, in), got {type(w).__name__}")
-    if w.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (out, in), got shape {tuple(w.shape)}")
-
-
 def column_means(weight: torch.Tensor) -> torch.Tensor:
     """The note's column means: for each output ``j``, the mean of the weights feeding it.
 
     Parameters
     ----------
     weight : torch.Tensor, shape (out, in)
-        ``nn.Linear`` layout.
 
     Returns
     -------
@@ -207,8 +196,7 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
 
     Examples
     --------
-    >>> W = torch.tensor([[1.0, 3.0], [2.0, -2.0]])
-    >>> round(float(mean_frobenius_penalty([W], 0.1, 1.0)), 4)  # 0.1*18 + 1*(4 + 0)
+    >>> round(float(mean_frobenius_penalty([torch.tensor([[1.0, 3.0], [2.0, -2.0]])], 0.1, 1.0)), 4)
     5.8
     """
     lf = check_real(lam_frobenius, "lam_frobenius", lo=0.0)
@@ -280,19 +268,6 @@ _CLIP_MODES = ("none", "fixed", "tail")
 class TrainingControls:
     """Gradient clipping and the mean-and-Frobenius regulariser of one training run.
 
-    Parameters
-    ----------
-    clip : {"none", "fixed", "tail"}, default "fixed"
-        Clip the global gradient norm never, at ``clip_value``, or at the :class:`TailClipper` threshold.
-    clip_value : float > 0, default 1.0
-        The fixed threshold.
-    tail_delta, tail_window, tail_min_history
-        The :class:`TailClipper`'s ``delta``, ``window`` and ``min_history``.
-    lam_frobenius, lam_colmean : float ≥ 0, default 0
-        ``λ_F`` and ``λ_μ`` of :func:`mean_frobenius_penalty`.
-    reg_targets : tuple of str, default ("w_v", "w_o")
-        Matrices the regulariser acts on (:func:`regularised_weights`).
-
     Raises
     ------
     TypeError, ValueError
@@ -304,14 +279,15 @@ class TrainingControls:
     'tail'
     """
 
+    #: clip the gradient norm: ``"none"``, ``"fixed"`` (``clip_value``) or ``"tail"`` (:class:`TailClipper`)
     clip: str = "fixed"
-    clip_value: float = 1.0
-    tail_delta: float = 0.01
-    tail_window: int = 50
-    tail_min_history: int = 20
-    lam_frobenius: float = 0.0
-    lam_colmean: float = 0.0
-    reg_targets: tuple[str, ...] = ("w_v", "w_o")
+    clip_value: float = 1.0  #: the fixed threshold, > 0
+    tail_delta: float = 0.01  #: the :class:`TailClipper`'s ``delta``
+    tail_window: int = 50  #: the :class:`TailClipper`'s ``window``
+    tail_min_history: int = 20  #: the :class:`TailClipper`'s ``min_history``
+    lam_frobenius: float = 0.0  #: ``λ_F`` of :func:`mean_frobenius_penalty`, ≥ 0
+    lam_colmean: float = 0.0  #: ``λ_μ`` of :func:`mean_frobenius_penalty`, ≥ 0
+    reg_targets: tuple[str, ...] = ("w_v", "w_o")  #: matrices regularised (:func:`regularised_weights`)
 
     def __post_init__(self):
         if not isinstance(self.clip, str) or self.clip not in _CLIP_MODES:
@@ -331,31 +307,16 @@ class TrainingControls:
 
 @dataclass
 class ControlledRun:
-    """Record of :func:`train_with_controls`.
+    """Record of :func:`train_with_controls`."""
 
-    Attributes
-    ----------
-    model : TinyLM
-        Trained, in ``eval()`` mode.
-    losses, grad_norms, thresholds : numpy.ndarray, shape (steps,)
-        Per step: cross-entropy (nats/byte, without the penalty), global gradient norm before
-        clipping, and the clipping threshold (``inf`` = none).
-    clipped : numpy.ndarray of bool, shape (steps,)
-        Whether the step was clipped.
-    eval_loss : float
-        Held-out cross-entropy (:func:`tiny_lm_loss`).
-    controls, config : TrainingControls, StackConfig
-        The run's controls and model configuration.
-    """
-
-    model: TinyLM
-    losses: np.ndarray
-    grad_norms: np.ndarray
-    thresholds: np.ndarray
-    clipped: np.ndarray
-    eval_loss: float
-    controls: TrainingControls
-    config: StackConfig = field(repr=False)
+    model: TinyLM  #: the trained model, in ``eval()`` mode
+    losses: np.ndarray  #: cross-entropy per step (nats/byte, without the penalty), shape (steps,)
+    grad_norms: np.ndarray  #: global gradient norm per step, before clipping
+    thresholds: np.ndarray  #: clipping threshold per step (``inf`` = none)
+    clipped: np.ndarray  #: whether each step was clipped (bool)
+    eval_loss: float  #: held-out cross-entropy (:func:`tiny_lm_loss`)
+    controls: TrainingControls  #: the run's controls
+    config: StackConfig = field(repr=False)  #: the model's configuration
 
     @property
     def clip_rate(self) -> float:
@@ -387,7 +348,6 @@ def train_with_controls(
     train_ids, eval_ids : torch.LongTensor, 1-D
         Byte ids (:func:`~companion.stacks.tinylm.byte_tokenize`) of the training and held-out text.
     controls : TrainingControls
-        Clipping rule and regulariser.
     steps, batch_size, seq_len, warmup, seed
         As in :func:`~companion.stacks.tinylm.train_tiny_lm`.
     lr : float > 0
@@ -405,12 +365,6 @@ def train_with_controls(
     ------
     TypeError, ValueError
         For a bad argument or text, or a training loss that becomes NaN/inf (the message says when).
-
-    Examples
-    --------
-    >>> from companion.stacks.tinylm import byte_tokenize
-    >>> cfg, ids = StackConfig(d_model=16, n_heads=2, vocab_size=256, max_len=32), byte_tokenize("abcd" * 60)
-    >>> run = train_with_controls(cfg, ids, ids, TrainingControls(clip="tail"), steps=3, seq_len=16)
     """
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
@@ -539,33 +493,17 @@ def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: in
 # =========================================================================== stream drift
 @dataclass(frozen=True)
 class StreamDrift:
-    """Mean drift and outliers of a TinyLM's residual stream at each of its ``L+1`` layers.
+    """Mean drift and outliers of a TinyLM's residual stream at each of its ``L+1`` layers."""
 
-    Attributes
-    ----------
-    mean, std, channel_max_abs : numpy.ndarray, shape (L+1, d)
-        Channel mean ``μ_j``, standard deviation ``σ_j`` and largest ``|x_tj|`` over the tokens.
-    rms, max_abs : numpy.ndarray, shape (L+1,)
-        ``sqrt(mean x²)`` over tokens and channels (the layer's typical scale) and the largest ``|x|``.
-    multiples : numpy.ndarray, shape (k,)
-        Thresholds ``t = multiple · rms_l``.
-    exceed_frac : numpy.ndarray, shape (L+1, k)
-        Fraction of entries with ``|x| > t``.
-    mean_dominated : numpy.ndarray of int, shape (L+1, k)
-        Number of channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime).
-    n_tokens : int
-        Number of tokens.
-    """
-
-    mean: np.ndarray
-    std: np.ndarray
-    rms: np.ndarray
-    max_abs: np.ndarray
-    multiples: np.ndarray
-    exceed_frac: np.ndarray
-    mean_dominated: np.ndarray
-    n_tokens: int
-    channel_max_abs: np.ndarray
+    mean: np.ndarray  #: channel mean ``μ_j`` over the tokens, shape (L+1, d)
+    std: np.ndarray  #: channel standard deviation ``σ_j``, shape (L+1, d)
+    rms: np.ndarray  #: ``sqrt(mean x²)`` over tokens and channels (the layer's scale), shape (L+1,)
+    max_abs: np.ndarray  #: largest ``|x|`` of each layer, shape (L+1,)
+    multiples: np.ndarray  #: thresholds ``t = multiple · rms_l``, shape (k,)
+    exceed_frac: np.ndarray  #: fraction of entries with ``|x| > t``, shape (L+1, k)
+    mean_dominated: np.ndarray  #: channels with ``|μ_j| > t`` (Theorem 2's mean-dominated regime), (L+1, k)
+    n_tokens: int  #: number of tokens
+    channel_max_abs: np.ndarray  #: largest ``|x_tj|`` of each channel, shape (L+1, d)
 
     @property
     def channel_peak(self) -> np.ndarray:
@@ -655,9 +593,8 @@ def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarra
 
     Examples
     --------
-    >>> m, lo, hi = seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
-    >>> float(m), round(float(lo), 3), round(float(hi), 3)
-    (3.0, 1.037, 4.963)
+    >>> [round(float(v), 3) for v in seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])]
+    [3.0, 1.037, 4.963]
     """
     lv = _check_probability(level, "level")
     a = real_array("values", values)
