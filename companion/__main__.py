@@ -19,7 +19,7 @@ import warnings
 
 from companion import __version__, experiments, suites
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main"]
 
 _EPILOG = """\
 Results are written as <out>/<experiment>/<config hash>.json + .npz; without --out, to the cache:
@@ -42,14 +42,8 @@ def _verbosity_options(parser: argparse.ArgumentParser, top: bool) -> None:
                         help="errors only and no progress bars")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for the tests and for ``--help``).
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The parser of every command.
-    """
+def _build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
     parser = argparse.ArgumentParser(
         prog="python -m companion", description="Run the real-model experiments of the book and manage "
         "their Results.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         damaged Result file; 1 for another operating-system error (the reason on stderr, no
         traceback).
     """
-    parser = build_parser()
+    parser = _build_parser()
     args = parser.parse_args(argv)
     handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show,
                 "run-suite": _cmd_run_suite}

@@ -19,8 +19,7 @@ import sys
 import warnings
 from importlib import metadata
 
-__all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "cpu_has_avx2", "kernel_environment",
-           "pin_cpu_kernels", "kernel_report", "check_kernels", "available_kernel_sets"]
+__all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "kernel_environment", "pin_cpu_kernels", "check_kernels"]
 
 #: The kernel set every stored output of the book was produced with.
 PINNED_KERNEL_SET = "avx2"
@@ -50,15 +49,8 @@ def _cpu_flags() -> set[str] | None:
         return None
 
 
-def cpu_has_avx2() -> bool:
-    """Whether this is an x86-64 CPU whose AVX2 support can be confirmed.
-
-    Returns
-    -------
-    bool
-        True on x86-64 Linux machines whose ``/proc/cpuinfo`` lists ``avx2`` and ``fma``;
-        False elsewhere (Arm, macOS, Windows, old x86), where nothing is pinned.
-    """
+def _cpu_has_avx2() -> bool:
+    """True on x86-64 Linux whose ``/proc/cpuinfo`` lists ``avx2`` and ``fma`` (else nothing is pinned)."""
     if platform.machine().lower() not in {"x86_64", "amd64"}:
         return False
     flags = _cpu_flags()
@@ -117,7 +109,7 @@ def pin_cpu_kernels(environ=None) -> dict[str, str]:
         The variables this call set (empty if nothing was pinned).
     """
     env = os.environ if environ is None else environ
-    if not cpu_has_avx2():
+    if not _cpu_has_avx2():
         return {}
     set_now = {}
     for key, value in kernel_environment(PINNED_KERNEL_SET).items():
@@ -127,15 +119,8 @@ def pin_cpu_kernels(environ=None) -> dict[str, str]:
     return set_now
 
 
-def kernel_report() -> dict[str, str]:
-    """What the loaded libraries actually use: torch's capability, NumPy's enabled targets, MKL.
-
-    Returns
-    -------
-    dict of str to str
-        ``torch`` (e.g. ``"AVX2"``; ``"not imported"``), ``numpy`` (the enabled dispatch targets),
-        and the kernel variables as set in the environment.
-    """
+def _kernel_report() -> dict[str, str]:
+    """The kernels in use: torch's capability, NumPy's enabled targets, the variables as set."""
     torch = sys.modules.get("torch")
     np_core = sys.modules.get("numpy._core._multiarray_umath")
     out = {"torch": torch.backends.cpu.get_cpu_capability() if torch is not None else "not imported",
@@ -187,16 +172,10 @@ def check_kernels() -> bool:
     return False
 
 
-def available_kernel_sets() -> list[str]:
-    """The kernel sets this CPU can run: ``default`` always; ``avx2`` and ``avx512`` where present.
-
-    Returns
-    -------
-    list of str
-        Names from :data:`KERNEL_SETS`, lowest first.
-    """
+def _available_kernel_sets() -> list[str]:
+    """The kernel sets this CPU can run, lowest first: ``default`` always, ``avx2``, ``avx512``."""
     out = ["default"]
-    if cpu_has_avx2():
+    if _cpu_has_avx2():
         out.append("avx2")
         flags = _cpu_flags() or set()
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
@@ -207,7 +186,7 @@ def available_kernel_sets() -> list[str]:
 def _main(argv: list[str]) -> int:
     """``python -m companion.determinism available | env SET | run SET -- COMMAND`` (SET forced)."""
     if argv == ["available"]:
-        print(" ".join(available_kernel_sets()))
+        print(" ".join(_available_kernel_sets()))
         return 0
     if (len(argv) >= 4 and argv[0] == "run" and argv[2] == "--") or (len(argv) == 2 and argv[0] == "env"):
         try:
