@@ -1,14 +1,12 @@
 """CPU kernel sets: make printed numbers independent of the reader's instruction set.
 
 torch, MKL, oneDNN and NumPy choose vectorised code from the CPU, so AVX-512 and AVX2 machines round
-differently in the last bits, and long training runs or fake quantisation can carry that into printed
-digits.  The book pins one kernel set, **AVX2** (every x86-64 CPU since about 2015), by variables each
-library reads once, at import: ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_CBWR=AVX2``,
-``ONEDNN_MAX_CPU_ISA=AVX2`` and ``NPY_DISABLE_CPU_FEATURES`` = NumPy's AVX-512 targets (NumPy >= 2.3).
-So :func:`pin_cpu_kernels` runs before torch and NumPy are imported (first thing in
-:func:`~companion.notebook.setup_notebook`); ``make test-portable`` forces the other sets of
-:data:`KERNEL_SETS`.  A variable already set is never overwritten, and nothing is pinned on CPUs that
-lack AVX2 or are not x86-64.  ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are deliberately left alone.
+differently in the last bits, and long training runs or fake quantisation carry that into printed digits.
+The book pins **AVX2** (every x86-64 CPU since about 2015) by the variables of :data:`KERNEL_SETS`, which
+each library reads once, at import: :func:`pin_cpu_kernels` runs first thing in
+:func:`~companion.notebook.setup_notebook`, never overwrites a variable already set, and pins nothing
+on CPUs without AVX2 or not x86-64.  ``make test-portable`` forces the other sets.
+``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are deliberately left alone.
 """
 
 from __future__ import annotations
@@ -72,7 +70,6 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
     Parameters
     ----------
     kernel_set : {"default", "avx2", "avx512"}
-        Which kernel set.
 
     Returns
     -------
@@ -94,9 +91,7 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
 
 
 def pin_cpu_kernels(environ=None) -> dict[str, str]:
-    """Pin the AVX2 kernel set for torch, MKL, oneDNN and NumPy, unless already chosen.
-
-    Run it before ``torch`` and ``numpy`` are imported; a variable already set is kept.
+    """Pin the AVX2 kernel set for torch, MKL, oneDNN and NumPy; run it before they are imported.
 
     Parameters
     ----------
@@ -106,7 +101,7 @@ def pin_cpu_kernels(environ=None) -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        The variables this call set (empty if nothing was pinned).
+        The variables this call set (one already set is kept; empty if nothing was pinned).
     """
     env = os.environ if environ is None else environ
     if not _cpu_has_avx2():
@@ -166,9 +161,7 @@ def check_kernels() -> bool:
         "so printed digits may differ from the book's stored outputs. Restart the kernel and run "
         "`import companion; companion.setup_notebook()` before importing torch or NumPy, or start "
         "Python with the variables of companion.determinism.kernel_environment() set.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+        RuntimeWarning, stacklevel=3)
     return False
 
 

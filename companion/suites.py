@@ -281,19 +281,11 @@ def _executor(kind: str, folder: Path, partition, gpus, minutes, cpus, mem_gb, p
     import submitit
 
     params: dict[str, Any] = {"timeout_min": max(1, int(round(minutes))), "name": "companion-suite"}
-    if gpus:
-        params["gpus_per_node"] = int(gpus)
-    if cpus:
-        params["cpus_per_task"] = int(cpus)
-    if mem_gb:
-        params["mem_gb"] = float(mem_gb)
+    wanted = {"gpus_per_node": (gpus, int), "cpus_per_task": (cpus, int), "mem_gb": (mem_gb, float)}
     if kind == "slurm":
-        if partition:
-            params["slurm_partition"] = partition
-        if parallel:
-            params["slurm_array_parallelism"] = int(parallel)
-        if slurm_args:
-            params["slurm_additional_parameters"] = dict(slurm_args)
+        wanted.update(slurm_partition=(partition, str), slurm_array_parallelism=(parallel, int),
+                      slurm_additional_parameters=(slurm_args, dict))
+    params.update({key: cast(value) for key, (value, cast) in wanted.items() if value})
     ex = submitit.AutoExecutor(folder=folder, cluster=kind)
     ex.update_parameters(**params)
     return ex
@@ -320,12 +312,10 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
         Passed to every job (None: CUDA if the job sees a GPU, else CPU).
     log_folder : path or None
         The submitit folder (default ``<results store>/suite-logs``, or the cache's).
-    partition, gpus : optional
-        SLURM partition; GPUs per job.
+    partition, gpus, cpus, mem_gb : optional
+        SLURM partition; GPUs, CPUs and memory (GB) per job.
     time_limit : minutes or "h:mm[:ss]", default "60"
         Per job (SLURM's ``--time``; the local executor kills a job after it).
-    cpus, mem_gb : optional
-        CPUs and memory (GB) per job.
     parallel : int or None
         Jobs at a time (SLURM array parallelism; local default 1).
     slurm_args : dict or None
@@ -421,11 +411,8 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|W
 
 def _error_line(text: str) -> str | None:
     """The exception line of a traceback inside submitit's error message (e.g. ``ValueError: ...``)."""
-    found = None
-    for line in text.splitlines():
-        if _EXCEPTION_LINE.match(line):
-            found = line.strip()
-    return found
+    found = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+    return found[-1] if found else None
 
 
 def _collect(entry: SuiteEntry, job) -> JobOutcome:
