@@ -1,8 +1,7 @@
 """Command line of the companion package: ``python -m companion`` (or ``companion``).
 
-Commands: ``models``, ``experiments``, ``run``, ``show`` and ``run-suite``
-(:func:`~companion.suites.run_suite`); ``python -m companion --help`` explains every option, and the
-README and the chapter *Running experiments* show them at work.
+``--help`` explains every option of ``models``, ``experiments``, ``run``, ``show`` and ``run-suite``
+(:func:`~companion.suites.run_suite`); the README and the chapter *Running experiments* show them at work.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import warnings
 
 from companion import __version__, experiments, suites
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main"]
 
 _EPILOG = """\
 Results are written as <out>/<experiment>/<config hash>.json + .npz; without --out, to the cache:
@@ -42,14 +41,8 @@ def _verbosity_options(parser: argparse.ArgumentParser, top: bool) -> None:
                         help="errors only and no progress bars")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for the tests and for ``--help``).
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The parser of every command.
-    """
+def _build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
     parser = argparse.ArgumentParser(
         prog="python -m companion", description="Run the real-model experiments of the book and manage "
         "their Results.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,10 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse_overrides(items: list[str], model: str | None) -> dict:
     values = {}
     for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        if not key.strip():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         values[key.strip()] = value
     if model is not None:
@@ -164,8 +155,7 @@ def _cmd_models(args) -> int:
     for r in rows:
         inst = {True: "yes", False: "NO", None: "-"}[r["installed"]]
         norm = f"{r['placement']}-{r['norm']}"
-        L = "" if r["n_layers"] is None else str(r["n_layers"])
-        d = "" if r["d_model"] is None else str(r["d_model"])
+        L, d = ("" if r[key] is None else str(r[key]) for key in ("n_layers", "d_model"))
         print(f"{r['name']:24s} {r['source']:8s} {inst:9s} {norm:17s} {L:>3s} {d:>5s}  {r['description']}")
         if r["installed"] is False:
             print(f"{'':24s} install with: {r['install']}")
@@ -237,12 +227,11 @@ def _cmd_run_suite(args) -> int:
         for e in entries:
             print(f"{e.label:28s} {e.experiment:20s} {e.config_hash}  {json.dumps(dataclasses.asdict(e.config))}")
         return 0
-    slurm_args = dict(_parse_overrides(args.slurm_args, None))
     report = suites.run_suite(
         entries, executor=args.executor, results_dir=args.out, device=args.device, log_folder=args.logs,
         partition=args.partition, gpus=args.gpus, time_limit=args.time, cpus=args.cpus, mem_gb=args.mem_gb,
-        parallel=args.parallel, slurm_args=slurm_args, force=args.force, wait=not args.no_wait,
-        progress=not args.quiet)
+        parallel=args.parallel, slurm_args=_parse_overrides(args.slurm_args, None), force=args.force,
+        wait=not args.no_wait, progress=not args.quiet)
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -289,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         damaged Result file; 1 for another operating-system error (the reason on stderr, no
         traceback).
     """
-    parser = build_parser()
+    parser = _build_parser()
     args = parser.parse_args(argv)
     handlers = {"models": _cmd_models, "experiments": _cmd_experiments, "run": _cmd_run, "show": _cmd_show,
                 "run-suite": _cmd_run_suite}

@@ -1,14 +1,12 @@
 """CPU kernel sets: make printed numbers independent of the reader's instruction set.
 
 torch, MKL, oneDNN and NumPy choose vectorised code from the CPU, so AVX-512 and AVX2 machines round
-differently in the last bits, and long training runs or fake quantisation can carry that into printed
-digits.  The book pins one kernel set, **AVX2** (every x86-64 CPU since about 2015), by variables each
-library reads once, at import: ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_CBWR=AVX2``,
-``ONEDNN_MAX_CPU_ISA=AVX2`` and ``NPY_DISABLE_CPU_FEATURES`` = NumPy's AVX-512 targets (NumPy >= 2.3).
-So :func:`pin_cpu_kernels` runs before torch and NumPy are imported (first thing in
-:func:`~companion.notebook.setup_notebook`); ``make test-portable`` forces the other sets of
-:data:`KERNEL_SETS`.  A variable already set is never overwritten, and nothing is pinned on CPUs that
-lack AVX2 or are not x86-64.  ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are deliberately left alone.
+differently in the last bits, and long training runs or fake quantisation carry that into printed digits.
+The book pins **AVX2** (every x86-64 CPU since about 2015) by the variables of :data:`KERNEL_SETS`, which
+each library reads once, at import: :func:`pin_cpu_kernels` runs first thing in
+:func:`~companion.notebook.setup_notebook`, never overwrites a variable already set, and pins nothing
+on CPUs without AVX2 or not x86-64.  ``make test-portable`` forces the other sets.
+``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are deliberately left alone.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ import sys
 import warnings
 from importlib import metadata
 
-__all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "cpu_has_avx2", "kernel_environment",
-           "pin_cpu_kernels", "kernel_report", "check_kernels", "available_kernel_sets"]
+__all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "kernel_environment", "pin_cpu_kernels", "check_kernels"]
 
 #: The kernel set every stored output of the book was produced with.
 PINNED_KERNEL_SET = "avx2"
@@ -50,15 +47,8 @@ def _cpu_flags() -> set[str] | None:
         return None
 
 
-def cpu_has_avx2() -> bool:
-    """Whether this is an x86-64 CPU whose AVX2 support can be confirmed.
-
-    Returns
-    -------
-    bool
-        True on x86-64 Linux machines whose ``/proc/cpuinfo`` lists ``avx2`` and ``fma``;
-        False elsewhere (Arm, macOS, Windows, old x86), where nothing is pinned.
-    """
+def _cpu_has_avx2() -> bool:
+    """True on x86-64 Linux whose ``/proc/cpuinfo`` lists ``avx2`` and ``fma`` (else nothing is pinned)."""
     if platform.machine().lower() not in {"x86_64", "amd64"}:
         return False
     flags = _cpu_flags()
@@ -80,7 +70,6 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
     Parameters
     ----------
     kernel_set : {"default", "avx2", "avx512"}
-        Which kernel set.
 
     Returns
     -------
@@ -102,9 +91,7 @@ def kernel_environment(kernel_set: str = PINNED_KERNEL_SET) -> dict[str, str]:
 
 
 def pin_cpu_kernels(environ=None) -> dict[str, str]:
-    """Pin the AVX2 kernel set for torch, MKL, oneDNN and NumPy, unless already chosen.
-
-    Run it before ``torch`` and ``numpy`` are imported; a variable already set is kept.
+    """Pin the AVX2 kernel set for torch, MKL, oneDNN and NumPy; run it before they are imported.
 
     Parameters
     ----------
@@ -114,10 +101,10 @@ def pin_cpu_kernels(environ=None) -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        The variables this call set (empty if nothing was pinned).
+        The variables this call set (one already set is kept; empty if nothing was pinned).
     """
     env = os.environ if environ is None else environ
-    if not cpu_has_avx2():
+    if not _cpu_has_avx2():
         return {}
     set_now = {}
     for key, value in kernel_environment(PINNED_KERNEL_SET).items():
@@ -127,15 +114,8 @@ def pin_cpu_kernels(environ=None) -> dict[str, str]:
     return set_now
 
 
-def kernel_report() -> dict[str, str]:
-    """What the loaded libraries actually use: torch's capability, NumPy's enabled targets, MKL.
-
-    Returns
-    -------
-    dict of str to str
-        ``torch`` (e.g. ``"AVX2"``; ``"not imported"``), ``numpy`` (the enabled dispatch targets),
-        and the kernel variables as set in the environment.
-    """
+def _kernel_report() -> dict[str, str]:
+    """The kernels in use: torch's capability, NumPy's enabled targets, the variables as set."""
     torch = sys.modules.get("torch")
     np_core = sys.modules.get("numpy._core._multiarray_umath")
     out = {"torch": torch.backends.cpu.get_cpu_capability() if torch is not None else "not imported",
@@ -181,22 +161,14 @@ def check_kernels() -> bool:
         "so printed digits may differ from the book's stored outputs. Restart the kernel and run "
         "`import companion; companion.setup_notebook()` before importing torch or NumPy, or start "
         "Python with the variables of companion.determinism.kernel_environment() set.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+        RuntimeWarning, stacklevel=3)
     return False
 
 
-def available_kernel_sets() -> list[str]:
-    """The kernel sets this CPU can run: ``default`` always; ``avx2`` and ``avx512`` where present.
-
-    Returns
-    -------
-    list of str
-        Names from :data:`KERNEL_SETS`, lowest first.
-    """
+def _available_kernel_sets() -> list[str]:
+    """The kernel sets this CPU can run, lowest first: ``default`` always, ``avx2``, ``avx512``."""
     out = ["default"]
-    if cpu_has_avx2():
+    if _cpu_has_avx2():
         out.append("avx2")
         flags = _cpu_flags() or set()
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
@@ -207,7 +179,7 @@ def available_kernel_sets() -> list[str]:
 def _main(argv: list[str]) -> int:
     """``python -m companion.determinism available | env SET | run SET -- COMMAND`` (SET forced)."""
     if argv == ["available"]:
-        print(" ".join(available_kernel_sets()))
+        print(" ".join(_available_kernel_sets()))
         return 0
     if (len(argv) >= 4 and argv[0] == "run" and argv[2] == "--") or (len(argv) == 2 and argv[0] == "env"):
         try:

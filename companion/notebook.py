@@ -33,10 +33,8 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     Raises
     ------
-    TypeError
-        If ``seed`` or ``threads`` is not an integer.
-    ValueError
-        If ``seed`` is negative or ``threads`` < 1.
+    TypeError, ValueError
+        If ``seed`` or ``threads`` is not an integer (TypeError), ``seed`` < 0 or ``threads`` < 1.
 
     Warns
     -----
@@ -45,9 +43,8 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
     Examples
     --------
-    >>> import numpy as np
     >>> rng = setup_notebook(seed=0)
-    >>> float(np.round(rng.standard_normal(), 4))
+    >>> round(float(rng.standard_normal()), 4)
     0.1257
     """
     from companion.determinism import check_kernels, pin_cpu_kernels
@@ -102,8 +99,7 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
             shell.run_line_magic("matplotlib", "inline")
             set_matplotlib_formats("png")
-            # `%matplotlib inline` re-applies the backend's own settings: fix size and an opaque
-            # white background (figures stay readable on the book's dark theme)
+            # `%matplotlib inline` resets the size; an opaque white background suits the dark theme
             matplotlib.rcParams.update({"figure.figsize": (7.0, 4.0), "figure.dpi": 100,
                                         "figure.facecolor": "white", "savefig.facecolor": "white",
                                         "savefig.transparent": False})

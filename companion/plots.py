@@ -44,9 +44,7 @@ def tail_curves(ax, t, exact=None, bounds=None, *, lw_bound: float = 0.9, ms: fl
     Parameters
     ----------
     ax : matplotlib.axes.Axes
-        Where to draw.
     t : array_like, 1-D
-        The abscissa.
     exact : dict, optional
         ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as ``"ko"``;
         default: the next colour, solid): exact or simulated tails, zeros masked (log scale).
@@ -71,8 +69,7 @@ def tail_curves(ax, t, exact=None, bounds=None, *, lw_bound: float = 0.9, ms: fl
         for label, entry in curves.items():
             values, fmt = entry if isinstance(entry, tuple) else (entry, None)
             if fmt is not None and not isinstance(fmt, str):
-                raise TypeError(f"the format of {kind}[{label!r}] must be a string, got "
-                                f"{type(fmt).__name__}")
+                raise TypeError(f"the format of {kind}[{label!r}] must be a string, got {type(fmt).__name__}")
             y = _vector(values, f"{kind}[{label!r}]", t.size)
             if kind == "exact":
                 y = np.where(y > 0, y, np.nan)
@@ -117,8 +114,7 @@ def counts(ax, x, simulated=None, expected=None, *, upper=None, lower=None, colo
     return lines
 
 
-def band(ax, x, y, lo, hi, *, color=None, label=None, fmt: str = "o-", ms: float = 3,
-         alpha: float = 0.15):
+def band(ax, x, y, lo, hi, *, color=None, label=None, fmt: str = "o-", ms: float = 3, alpha: float = 0.15):
     """A profile ``y`` against ``x`` with the interval ``[lo, hi]`` as a shaded band.
 
     Points whose ``x`` is not finite (e.g. layers a shallower member does not have) are dropped.
@@ -134,8 +130,7 @@ def band(ax, x, y, lo, hi, *, color=None, label=None, fmt: str = "o-", ms: float
     return line, fill
 
 
-def interval_errorbars(ax, x, y, lo, hi, *, label=None, fmt: str = "o-", capsize: float = 3,
-                       **kwargs):
+def interval_errorbars(ax, x, y, lo, hi, *, label=None, fmt: str = "o-", capsize: float = 3, **kwargs):
     """Estimates ``y`` at ``x`` with asymmetric intervals ``[lo, hi]`` (``lo <= y <= hi``).
 
     Returns the ``ErrorbarContainer``; extra keyword arguments go to ``Axes.errorbar``.
@@ -146,8 +141,7 @@ def interval_errorbars(ax, x, y, lo, hi, *, label=None, fmt: str = "o-", capsize
     with np.errstate(invalid="ignore"):
         if np.any(lo > y) or np.any(hi < y):
             raise ValueError("the intervals must contain the estimates (lo <= y <= hi)")
-    return ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt=fmt, capsize=capsize, label=label,
-                       **kwargs)
+    return ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt=fmt, capsize=capsize, label=label, **kwargs)
 
 
 def depth_axis(ax, depths, *, label: str = "depth L"):
@@ -218,7 +212,6 @@ def table(columns, rows, fmts, *, sep: str = " ") -> str:
     return "\n".join(lines)
 
 
-# --- per-layer profiles ---
 def _curve_items(curves, name: str):
     if not isinstance(curves, dict) or not curves:
         raise TypeError(f"{name} must be a non-empty dict label -> values or label -> (values, fmt)")
@@ -241,7 +234,6 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     Parameters
     ----------
     ax : matplotlib.axes.Axes
-        Where to draw.
     curves : dict
         ``label -> values`` or ``label -> (values, fmt)`` (a matplotlib format such as
         ``"C0o-"`` or ``"C0:"``; default: the next colour, ``"o-"``) or
@@ -250,13 +242,12 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
     x : array_like, optional
         Abscissa (default ``0, 1, ...``).
     xlabel, ylabel, title : str
-        Axis labels and title.
-    logy, logx : bool
-        Logarithmic y-axis, x-axis.
+    logy : bool
+        Logarithmic y-axis (``logx``: x-axis).
     ms : float
-        Marker size.
     legend_fontsize : float or None
         None: no legend.
+    logx : bool
     legend_loc : str or int
         The legend's location (``Axes.legend``'s ``loc``; default: the rc setting).
 

@@ -20,17 +20,8 @@ from typing import Any, Callable
 
 from companion import experiments as xp
 
-__all__ = [
-    "EXECUTORS",
-    "NAMED_SUITES",
-    "SuiteEntry",
-    "JobOutcome",
-    "SuiteReport",
-    "load_suite",
-    "entries_from_configs",
-    "parse_time",
-    "run_suite",
-]
+__all__ = ["EXECUTORS", "NAMED_SUITES", "SuiteEntry", "JobOutcome", "SuiteReport", "load_suite",
+           "run_suite"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,26 +106,8 @@ class SuiteReport:
         return "\n".join(lines)
 
 
-def entries_from_configs(configs) -> list[SuiteEntry]:
-    """Suite entries from configs.
-
-    Parameters
-    ----------
-    configs : dict label -> config, or sequence of configs
-        Registered experiment configs (unlabelled ones get the experiment name and hash).
-
-    Returns
-    -------
-    list of SuiteEntry
-        One entry per config, in order.
-
-    Raises
-    ------
-    TypeError
-        If an item is not a registered experiment config.
-    ValueError
-        If two entries share a label.
-    """
+def _entries_from_configs(configs) -> list[SuiteEntry]:
+    """Entries from ``label -> config`` or a sequence of configs (labelled ``<experiment>-<hash>``)."""
     items = list(configs.items()) if isinstance(configs, dict) else [(None, c) for c in configs]
     entries = []
     for label, config in items:
@@ -153,7 +126,7 @@ def entries_from_configs(configs) -> list[SuiteEntry]:
 def _smoke() -> list[SuiteEntry]:
     tiny = dict(d_model=8, max_depth=2, depths=(2,), gains=(1.0,), blocks=("mlp",), placements=("pre",),
                 batch=1, tokens=4)
-    return entries_from_configs({
+    return _entries_from_configs({
         "random-pre": xp.make_config("framework_random", tiny),
         "random-post": xp.make_config("framework_random", {**tiny, "placements": ("post",)}),
         "minilm-4-texts": xp.make_config("channel_statistics", model="minilm-l6", n_texts=4, batch_size=2,
@@ -164,14 +137,14 @@ def _smoke() -> list[SuiteEntry]:
 def _injection_gpu() -> list[SuiteEntry]:
     from companion.experiments.injection_window import GPU_CONFIGS
 
-    return entries_from_configs(dict(GPU_CONFIGS))
+    return _entries_from_configs(dict(GPU_CONFIGS))
 
 
 def _framework_gpu() -> list[SuiteEntry]:
     from companion.experiments.framework_random import GPU_RANDOM
     from companion.experiments.framework_trained import GPU_TRAINED
 
-    return entries_from_configs({"framework-random": GPU_RANDOM, "framework-trained": GPU_TRAINED})
+    return _entries_from_configs({"framework-random": GPU_RANDOM, "framework-trained": GPU_TRAINED})
 
 
 #: Suites known by name: ``name -> (description, builder)``.
@@ -256,30 +229,13 @@ def load_suite(source: str | Path) -> list[SuiteEntry]:
         if label in configs:
             raise ValueError(f"{where}: the label {label!r} repeats")
         configs[str(label)] = config
-    return entries_from_configs(configs)
+    return _entries_from_configs(configs)
 
 
-def parse_time(value) -> float:
+def _parse_time(value) -> float:
     """A time limit in minutes from ``90``, ``"90"``, ``"1:30"`` (h:mm) or ``"1:30:00"`` (h:mm:ss).
 
-    Parameters
-    ----------
-    value : int, float or str
-        The limit.
-
-    Returns
-    -------
-    float
-        Minutes.
-
-    Raises
-    ------
-    ValueError
-        If it cannot be read or is not positive.
-
-    Examples
-    --------
-    >>> parse_time("1:30"), parse_time("0:00:30"), parse_time(45)
+    >>> _parse_time("1:30"), _parse_time("0:00:30"), _parse_time(45)
     (90.0, 0.5, 45.0)
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -325,19 +281,11 @@ def _executor(kind: str, folder: Path, partition, gpus, minutes, cpus, mem_gb, p
     import submitit
 
     params: dict[str, Any] = {"timeout_min": max(1, int(round(minutes))), "name": "companion-suite"}
-    if gpus:
-        params["gpus_per_node"] = int(gpus)
-    if cpus:
-        params["cpus_per_task"] = int(cpus)
-    if mem_gb:
-        params["mem_gb"] = float(mem_gb)
+    wanted = {"gpus_per_node": (gpus, int), "cpus_per_task": (cpus, int), "mem_gb": (mem_gb, float)}
     if kind == "slurm":
-        if partition:
-            params["slurm_partition"] = partition
-        if parallel:
-            params["slurm_array_parallelism"] = int(parallel)
-        if slurm_args:
-            params["slurm_additional_parameters"] = dict(slurm_args)
+        wanted.update(slurm_partition=(partition, str), slurm_array_parallelism=(parallel, int),
+                      slurm_additional_parameters=(slurm_args, dict))
+    params.update({key: cast(value) for key, (value, cast) in wanted.items() if value})
     ex = submitit.AutoExecutor(folder=folder, cluster=kind)
     ex.update_parameters(**params)
     return ex
@@ -354,7 +302,7 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
     Parameters
     ----------
     entries : list of SuiteEntry, dict label -> config, or a suite name or file
-        What to run (:func:`load_suite`, :func:`entries_from_configs`).
+        What to run (:func:`load_suite`).
     executor : {"local", "slurm", "debug"}, default "local"
         Subprocesses here (``parallel`` at a time); one SLURM job array (run it on the login
         node); or this process, one job after another (pdb opens on a failure).
@@ -364,12 +312,10 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
         Passed to every job (None: CUDA if the job sees a GPU, else CPU).
     log_folder : path or None
         The submitit folder (default ``<results store>/suite-logs``, or the cache's).
-    partition, gpus : optional
-        SLURM partition; GPUs per job.
+    partition, gpus, cpus, mem_gb : optional
+        SLURM partition; GPUs, CPUs and memory (GB) per job.
     time_limit : minutes or "h:mm[:ss]", default "60"
         Per job (SLURM's ``--time``; the local executor kills a job after it).
-    cpus, mem_gb : optional
-        CPUs and memory (GB) per job.
     parallel : int or None
         Jobs at a time (SLURM array parallelism; local default 1).
     slurm_args : dict or None
@@ -400,13 +346,13 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
     if isinstance(entries, (str, Path)):
         entries = load_suite(entries)
     elif isinstance(entries, dict):
-        entries = entries_from_configs(entries)
+        entries = _entries_from_configs(entries)
     entries = list(entries)
     if not all(isinstance(e, SuiteEntry) for e in entries):
         raise TypeError("entries must be SuiteEntry objects (see load_suite)")
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    minutes = parse_time(time_limit)
+    minutes = _parse_time(time_limit)
     if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
         raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
     store = Path(results_dir) if results_dir is not None else None
@@ -465,11 +411,8 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|W
 
 def _error_line(text: str) -> str | None:
     """The exception line of a traceback inside submitit's error message (e.g. ``ValueError: ...``)."""
-    found = None
-    for line in text.splitlines():
-        if _EXCEPTION_LINE.match(line):
-            found = line.strip()
-    return found
+    found = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+    return found[-1] if found else None
 
 
 def _collect(entry: SuiteEntry, job) -> JobOutcome:

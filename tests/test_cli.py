@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from companion import experiments as ex
-from companion.__main__ import build_parser, main
+from companion.__main__ import _build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def test_help_explains_every_option(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = capsys.readouterr().out
-    run_parser = build_parser()._subparsers._group_actions[0].choices["run"]
+    run_parser = _build_parser()._subparsers._group_actions[0].choices["run"]
     for action in run_parser._actions:
         assert action.help, f"option {action.dest} has no help text"
         for flag in action.option_strings:

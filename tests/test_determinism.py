@@ -23,7 +23,7 @@ def test_kernel_environment_of_each_set():
 def test_pin_sets_missing_variables_and_keeps_forced_ones():
     env = {"ATEN_CPU_CAPABILITY": "default"}
     set_now = det.pin_cpu_kernels(env)
-    if not det.cpu_has_avx2():
+    if not det._cpu_has_avx2():
         assert set_now == {} and env == {"ATEN_CPU_CAPABILITY": "default"}
         return
     assert env["ATEN_CPU_CAPABILITY"] == "default"            # a forced kernel set wins
@@ -39,7 +39,7 @@ def test_test_process_runs_the_kernels_its_environment_names():
         pytest.skip("no kernel set pinned on this CPU")
     assert torch.backends.cpu.get_cpu_capability().lower() == wanted.lower()
     assert det.check_kernels()
-    report = det.kernel_report()
+    report = det._kernel_report()
     assert report["torch"].lower() == wanted.lower()
 
 
@@ -52,13 +52,13 @@ def test_check_kernels_warns_when_torch_runs_other_kernels(monkeypatch):
 
 
 def test_available_kernel_sets_start_with_default():
-    sets = det.available_kernel_sets()
+    sets = det._available_kernel_sets()
     assert sets[0] == "default" and set(sets) <= set(det.KERNEL_SETS)
 
 
-@pytest.mark.skipif(not det.cpu_has_avx2(), reason="kernel sets are pinned only on AVX2 CPUs")
+@pytest.mark.skipif(not det._cpu_has_avx2(), reason="kernel sets are pinned only on AVX2 CPUs")
 def test_cli_runs_a_command_under_a_forced_kernel_set():
-    code = ("import torch, numpy; from companion.determinism import kernel_report as r; "
+    code = ("import torch, numpy; from companion.determinism import _kernel_report as r; "
             "print(r()['torch'], r()['numpy'], sep='|')")
     out = subprocess.run([sys.executable, "-m", "companion.determinism", "run", "default", "--",
                           sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -79,7 +79,7 @@ def test_setup_notebook_pins_before_numpy_in_a_fresh_process():
             "print(os.environ.get('ATEN_CPU_CAPABILITY'), torch.backends.cpu.get_cpu_capability())")
     env = {k: v for k, v in os.environ.items() if k not in det.KERNEL_SETS["avx2"]}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    if det.cpu_has_avx2():
+    if det._cpu_has_avx2():
         assert out.stdout.split() == ["avx2", "AVX2"]
 
 
@@ -93,7 +93,7 @@ def test_setup_notebook_warns_if_numpy_came_first():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     flags = det._cpu_flags() or set()
     # NumPy < 2.3 is not pinned (it has no names for its AVX-512 targets), so nothing to warn about.
-    if det.cpu_has_avx2() and "avx512f" in flags and det._numpy_supports_targets():
+    if det._cpu_has_avx2() and "avx512f" in flags and det._numpy_supports_targets():
         assert out.returncode != 0 and "imported before companion.setup_notebook()" in out.stderr
     else:
         assert out.returncode == 0, out.stderr

@@ -403,12 +403,12 @@ def test_cli_command_rebuilds_the_same_config():
     import shlex
 
     from companion import experiments
-    from companion.__main__ import _parse_overrides, build_parser
+    from companion.__main__ import _parse_overrides, _build_parser
     from companion.experiments import injection_window as ei
 
     for cfg in list(ei.GPU_CONFIGS.values())[:3] + list(ei.CPU_CONFIGS.values()):
         line = ei.cli_command(cfg)
-        args = build_parser().parse_args(shlex.split(line)[3:])
+        args = _build_parser().parse_args(shlex.split(line)[3:])
         rebuilt = experiments.make_config(args.name, _parse_overrides(args.overrides, args.model))
         assert rebuilt == cfg
         assert experiments.config_hash(rebuilt) == experiments.config_hash(cfg)

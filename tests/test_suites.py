@@ -98,7 +98,7 @@ def test_slurm_parameters_are_passed_to_submitit(tmp_path, monkeypatch):
             seen.update(params)
 
     monkeypatch.setattr(submitit, "AutoExecutor", FakeExecutor)
-    suites._executor("slurm", tmp_path, "gpu", 1, suites.parse_time("2:00"), 8, 64, 4, {"account": "p"})
+    suites._executor("slurm", tmp_path, "gpu", 1, suites._parse_time("2:00"), 8, 64, 4, {"account": "p"})
     assert seen == {"folder": tmp_path, "cluster": "slurm", "timeout_min": 120, "name": "companion-suite",
                     "gpus_per_node": 1, "cpus_per_task": 8, "mem_gb": 64.0, "slurm_partition": "gpu",
                     "slurm_array_parallelism": 4, "slurm_additional_parameters": {"account": "p"}}
@@ -154,10 +154,10 @@ def test_bad_options(tmp_path, capsys):
     assert main(["run-suite"]) == 2
     with pytest.raises(SystemExit):
         main(["run-suite", "smoke", "--executor", "kubernetes"])
-    assert [suites.parse_time(x) for x in (90, "90", "1:30", "1:30:30")] == [90.0, 90.0, 90.0, 90.5]
+    assert [suites._parse_time(x) for x in (90, "90", "1:30", "1:30:30")] == [90.0, 90.0, 90.0, 90.5]
     for bad in ("0", "-1", "1:2:3:4", True):
         with pytest.raises(ValueError):
-            suites.parse_time(bad)
+            suites._parse_time(bad)
 
 
 @pytest.mark.slow

@@ -57,12 +57,12 @@ def _distances(run: dict, stored: dict) -> tuple[float, float]:
 
 
 def main() -> None:
-    from companion.determinism import available_kernel_sets
+    from companion.determinism import _available_kernel_sets
     import companion.experiments.framework_trained as xf
 
     stored = xf.load_models()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {ks: _train(ks, Path(tmp) / f"{ks}.npz") for ks in available_kernel_sets()}
+        runs = {ks: _train(ks, Path(tmp) / f"{ks}.npz") for ks in _available_kernel_sets()}
         other = _train("avx2", Path(tmp) / "seed1.npz", "{'seed': 1}")
         other_lr = _train("avx2", Path(tmp) / "lr.npz", "{'lr': 2.9e-3}")
     print("largest |loss difference| and relative distance of all weights, "
