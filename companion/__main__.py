@@ -17,8 +17,10 @@ import typing
 import warnings
 
 from companion import __version__, experiments, suites
+from companion._aliases import renamed_getattr as _renamed_getattr
 
 __all__ = ["main"]
+__getattr__ = _renamed_getattr("companion.__main__")  # 0.1 names made private (companion._aliases)
 
 _EPILOG = """\
 Results are written as <out>/<experiment>/<config hash>.json + .npz; without --out, to the cache:

@@ -42,11 +42,17 @@ MOVED = {
     "companion.training_controls": ("companion.applications.training_controls",),
 }
 
-#: old qualified name -> new qualified name, for the names that changed as well as moved.
+#: old qualified name -> new qualified name, for the names that changed (renamed, or made private
+#: because only the package uses them) as well as, or instead of, moving.
 RENAMED = {
     "companion.engine.injection_sweep": "companion.injection.engine.sweep_injections",
     "companion.engine.stack_injection_sweep": "companion.injection.engine.sweep_stack_injections",
     "companion.perturbation.injection_window": "companion.injection.metrics.effect_window",
+    "companion.quantization.max_rounding_error": "companion.applications.quantization._max_rounding_error",
+    "companion.determinism.cpu_has_avx2": "companion.determinism._cpu_has_avx2",
+    "companion.determinism.kernel_report": "companion.determinism._kernel_report",
+    "companion.determinism.available_kernel_sets": "companion.determinism._available_kernel_sets",
+    "companion.__main__.build_parser": "companion.__main__._build_parser",
 }
 
 
@@ -106,6 +112,20 @@ def install() -> None:
     """Put the finder of the old paths on ``sys.meta_path`` (once)."""
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.append(_Finder())
+
+
+def renamed_getattr(module: str):
+    """A module ``__getattr__`` serving the names :data:`RENAMED` took out of ``module`` itself."""
+
+    def __getattr__(name):
+        new = RENAMED.get(f"{module}.{name}")
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        _warn(f"{module}.{name}", new)
+        new_module, _, new_name = new.rpartition(".")
+        return getattr(importlib.import_module(new_module), new_name)
+
+    return __getattr__
 
 
 def package_getattr(package: str):

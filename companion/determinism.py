@@ -17,7 +17,10 @@ import sys
 import warnings
 from importlib import metadata
 
+from companion._aliases import renamed_getattr as _renamed_getattr
+
 __all__ = ["KERNEL_SETS", "PINNED_KERNEL_SET", "kernel_environment", "pin_cpu_kernels", "check_kernels"]
+__getattr__ = _renamed_getattr(__name__)  # release 0.1 names made private (companion._aliases)
 
 #: The kernel set every stored output of the book was produced with.
 PINNED_KERNEL_SET = "avx2"
