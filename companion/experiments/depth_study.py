@@ -46,28 +46,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class DepthStudy:
     """Config of the depth study (defaults: the CPU size rendered by the chapter).
 
-    Attributes
-    ----------
-    depths : tuple of int
-    placements : tuple of str
-        Subset of :data:`PLACEMENTS`.
-    d_model, n_heads, steps, batch_size, seq_len, warmup : int
-        Width and training of every member (:func:`~companion.stacks.tinylm.train_tiny_lm`).
-    lr : float
-    dtype : {"float64", "float32"}
-        Training and measuring precision.
-    dslm_k : float
-        Budget of the DSLM scales.
-    n_prompts, prompt_len : int
-        Evaluation prompts (corpus windows; injection at the last token).
-    n_targets, n_random, n_heldout : int
-        Target tokens, random directions defining chance, held-out directions measuring it.
-    scales : tuple of float
-        Injected norm in units of the layer's centred spread.
-    max_inject_layers : int
-        Injection grid size (every layer when ``L <= max_inject_layers``).
-    n_outlier_prompts, n_boot, seed : int
-        Outlier prompts, bootstrap resamples, seed of everything.
+    ``d_model``, ``n_heads``, ``steps``, ``batch_size``, ``seq_len``, ``lr`` and ``warmup`` are the
+    width and training of every member (:func:`~companion.stacks.tinylm.train_tiny_lm`).
 
     Raises
     ------
@@ -81,7 +61,7 @@ class DepthStudy:
     """
 
     depths: tuple[int, ...] = (4, 8, 16, 32, 64)
-    placements: tuple[str, ...] = ("pre", "post", "dslm")
+    placements: tuple[str, ...] = ("pre", "post", "dslm")  #: a subset of :data:`PLACEMENTS`
     d_model: int = 32
     n_heads: int = 4
     steps: int = 300
@@ -89,18 +69,18 @@ class DepthStudy:
     seq_len: int = 64
     lr: float = 1e-3
     warmup: int = 150
-    dtype: str = "float64"
-    dslm_k: float = 2.0
-    n_prompts: int = 16
-    prompt_len: int = 16
-    n_targets: int = 8
-    n_random: int = 16
-    n_heldout: int = 8
-    scales: tuple[float, ...] = (1.0, 4.0)
-    max_inject_layers: int = 8
-    n_outlier_prompts: int = 32
-    n_boot: int = 400
-    seed: int = 0
+    dtype: str = "float64"  #: training and measuring precision, ``"float64"`` or ``"float32"``
+    dslm_k: float = 2.0  #: budget of the DSLM scales
+    n_prompts: int = 16  #: evaluation prompts (corpus windows; injection at the last token)
+    prompt_len: int = 16  #: length of an evaluation prompt
+    n_targets: int = 8  #: target tokens
+    n_random: int = 16  #: random directions defining chance
+    n_heldout: int = 8  #: held-out random directions measuring chance
+    scales: tuple[float, ...] = (1.0, 4.0)  #: injected norm in units of the layer's centred spread
+    max_inject_layers: int = 8  #: injection grid size (every layer when ``L <= max_inject_layers``)
+    n_outlier_prompts: int = 32  #: prompts of the outlier statistics
+    n_boot: int = 400  #: bootstrap resamples
+    seed: int = 0  #: seed of everything
 
     def __post_init__(self):
         if not self.depths or not self.placements or not self.scales:
