@@ -30,7 +30,7 @@ from companion.stacks.residual import StackConfig, dslm_scales
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = ["DepthStudy", "GPU_CONFIG", "PLACEMENTS", "member_config", "inject_layers", "train_member",
-           "measure_model", "window_from_success", "chance_threshold"]
+           "measure_model"]
 
 #: Placements a study may contain (see the module docstring).
 PLACEMENTS = ("pre", "post", "dslm")
@@ -118,8 +118,8 @@ class DepthStudy:
             raise ValueError(f"DepthStudy.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Train and measure every member (see :func:`run_study`)."""
-        return run_study(self, device, progress)
+        """Train and measure every member; returns the Result's arrays and scalars."""
+        return _run_study(self, device, progress)
 
 
 #: The GPU size (``scripts/gpu_depth_study.py``, which explains the sizing; ``make gpu-results``).
@@ -228,50 +228,14 @@ def _directions(config: DepthStudy, model: TinyLM, targets: np.ndarray) -> np.nd
     return dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
 
 
-def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
-    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance.
-
-    Parameters
-    ----------
-    n_pairs : int
-        (prompt, target) pairs.
-    n_random : int
-        Random directions (chance ``1/(n_random + 1)``).
-    q : float
-
-    Returns
-    -------
-    float
-
-    Examples
-    --------
-    >>> round(chance_threshold(128, 16), 3)
-    0.109
-    """
+def _chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
+    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance."""
     p = 1.0 / (n_random + 1)
     return float(stats.binom.ppf(q, n_pairs, p) / n_pairs)
 
 
-def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
-    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``.
-
-    Parameters
-    ----------
-    rate, layers : numpy.ndarray
-        Success rate per grid layer, and the grid.
-    depth : int
-    threshold : float
-
-    Returns
-    -------
-    numpy.ndarray
-        NaN (coverage 0) if no layer qualifies.
-
-    Examples
-    --------
-    >>> window_from_success(np.array([0.0, 0.5, 0.9]), np.array([0, 2, 4]), 4, 0.1).tolist()
-    [0.5, 1.0, 0.75, 0.6666666666666666]
-    """
+def _window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
+    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``."""
     inside = np.asarray(rate) > threshold
     if not inside.any():
         return np.array([np.nan, np.nan, np.nan, 0.0])
@@ -428,23 +392,8 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
 
 
 # ------------------------------------------------------------------------------ the study
-def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
-    """Train and measure every member.
-
-    Parameters
-    ----------
-    config : DepthStudy
-    device : str or torch.device
-    progress : bool
-
-    Returns
-    -------
-    dict
-        The Result's arrays (axes placements, depths, scales, grid or stream layers; NaN beyond
-        a member's depth) and scalars.
-    """
-    if not isinstance(config, DepthStudy):
-        raise TypeError(f"config must be a DepthStudy, got {type(config).__name__}")
+def _run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
+    """Train and measure every member: the Result's arrays (NaN beyond a member's depth) and scalars."""
     P, D, M = len(config.placements), len(config.depths), max(config.depths)
     G = max(len(inject_layers(d, config.max_inject_layers)) for d in config.depths)
     S, K, C = len(config.scales), config.n_targets, len(COUNT_THRESHOLDS)
@@ -457,7 +406,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 "max_over_rms_median", "max_mean_over_sd", "n_mean_dominated"), (M + 1,)),
               (("count_observed", "count_expected"), (M + 1, C))]
     out = {k: np.full((P, D, *shape), np.nan) for keys, shape in shapes for k in keys}
-    threshold = chance_threshold(K * config.n_prompts, config.n_random)
+    threshold = _chance_threshold(K * config.n_prompts, config.n_random)
     bar = progress_bar(P * D, progress, "depth study")
     import time
     for pi, placement in enumerate(config.placements):
@@ -481,8 +430,8 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 out["null_rate"][pi, di, si, :g] = m["null_success"][si].mean(axis=(1, 2, 3))
                 out["top1_rate"][pi, di, si, :g] = m["top1"][si].mean(axis=(1, 2))
                 out["dlogp_target"][pi, di, si, :g] = m["dlogp_target"][si].mean(axis=(1, 2))
-                out["window"][pi, di, si] = window_from_success(rate, m["layers"], depth, threshold)
-                rows = [window_from_success(r, m["layers"], depth, threshold)
+                out["window"][pi, di, si] = _window_from_success(rate, m["layers"], depth, threshold)
+                rows = [_window_from_success(r, m["layers"], depth, threshold)
                         for r in _boot_rates(succ, config.n_boot, [config.seed, 11])]
                 out["window_lo"][pi, di, si] = np.nanpercentile(rows, 2.5, axis=0)
                 out["window_hi"][pi, di, si] = np.nanpercentile(rows, 97.5, axis=0)
