@@ -395,17 +395,13 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     -------
     dict
         ``concept_mean``, ``null_mean``, ``null_q`` (the null means' ``quantile``), ``diff`` (the
-        paired mean difference), ``diff_lo``, ``diff_hi`` (its bootstrap interval), ``success``.
+        paired mean difference), ``diff_lo``, ``diff_hi`` (its bootstrap interval) and ``success``:
+        ``concept_mean > null_q`` and ``diff_lo > 0``.
 
     Raises
     ------
     TypeError, ValueError
         Non-real inputs; bad shapes (fewer than 2 prompts or nulls), NaN, a level outside (0, 1).
-
-    Notes
-    -----
-    Success iff (i) the concept's prompt mean exceeds the ``quantile`` of the null prompt means
-    and (ii) the bootstrap interval of the paired difference lies above 0 (one-sided).
 
     Examples
     --------
@@ -504,6 +500,9 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
                    seed: int = 0) -> SuccessWindow:
     """The success window of one concept: where its readout beats the null, with edge intervals.
 
+    The window (not necessarily contiguous) is the layers that pass :func:`success_test`; the edge
+    intervals resample prompts (paired) and use only its ``concept_mean > null_q`` criterion.
+
     Parameters
     ----------
     result : Result
@@ -521,11 +520,6 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
     ------
     TypeError, ValueError
         As :func:`success_table`; an unknown concept or a scale not run.
-
-    Notes
-    -----
-    The window (not necessarily contiguous) is the layers that pass :func:`success_test`; the edge
-    intervals resample prompts (paired) and use its criterion (i) only.
 
     Examples
     --------
