@@ -58,11 +58,11 @@ def test_inject_grid_and_window_helpers():
     assert ds.inject_layers(8, 8).tolist() == list(range(9))
     grid = ds.inject_layers(64, 8)
     assert grid[0] == 0 and grid[-1] == 64 and len(grid) == 9
-    w = ds.window_from_success(np.array([0.0, 0.0, 0.5, 1.0]), np.array([0, 1, 2, 3]), 3, 0.2)
+    w = ds._window_from_success(np.array([0.0, 0.0, 0.5, 1.0]), np.array([0, 1, 2, 3]), 3, 0.2)
     np.testing.assert_allclose(w, [2 / 3, 1.0, 5 / 6, 0.5])
-    assert np.isnan(ds.window_from_success(np.zeros(3), np.arange(3), 2, 0.1)[:3]).all()
+    assert np.isnan(ds._window_from_success(np.zeros(3), np.arange(3), 2, 0.1)[:3]).all()
     # the window threshold sits above chance and below certainty
-    assert 1 / 17 < ds.chance_threshold(128, 16) < 0.2
+    assert 1 / 17 < ds._chance_threshold(128, 16) < 0.2
 
 
 def test_tiny_end_to_end():

@@ -19,27 +19,19 @@ __all__ = ["ChannelStatisticsExperiment", "statistics_of"]
 class ChannelStatisticsExperiment:
     """Per-layer, per-channel mean, variance, extremes and counts C_j(t) over corpus sentences.
 
-    Attributes
-    ----------
-    model : str
-        A name for :func:`companion.transformers.models.load`.
-    n_texts, min_words, max_words, max_length, batch_size : int
-        The first ``n_texts`` corpus sentences of ``min_words``-``max_words`` words; token truncation.
-    thresholds : tuple of float
-        The ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``.
-    skip_first : bool
-        Exclude the first token of each text (where massive activations sit).
-    dtype : str
+    The first ``n_texts`` corpus sentences of ``min_words``-``max_words`` words, truncated to
+    ``max_length`` tokens, in batches of ``batch_size``.
     """
 
-    model: str = "smollm2-135m"
+    model: str = "smollm2-135m"  #: a name for :func:`companion.transformers.models.load`
     n_texts: int = 64
     min_words: int = 8
     max_words: int = 40
     max_length: int = 64
     batch_size: int = 16
+    #: the ``t`` of ``C_j(t) = #{tokens: |h_j| > t}``
     thresholds: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
-    skip_first: bool = False
+    skip_first: bool = False  #: exclude the first token of each text (where massive activations sit)
     dtype: str = "float32"
 
     def compute(self, device, progress):

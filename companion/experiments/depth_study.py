@@ -30,7 +30,7 @@ from companion.stacks.residual import StackConfig, dslm_scales
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = ["DepthStudy", "GPU_CONFIG", "PLACEMENTS", "member_config", "inject_layers", "train_member",
-           "measure_model", "window_from_success", "chance_threshold"]
+           "measure_model"]
 
 #: Placements a study may contain (see the module docstring).
 PLACEMENTS = ("pre", "post", "dslm")
@@ -46,28 +46,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class DepthStudy:
     """Config of the depth study (defaults: the CPU size rendered by the chapter).
 
-    Attributes
-    ----------
-    depths : tuple of int
-    placements : tuple of str
-        Subset of :data:`PLACEMENTS`.
-    d_model, n_heads, steps, batch_size, seq_len, warmup : int
-        Width and training of every member (:func:`~companion.stacks.tinylm.train_tiny_lm`).
-    lr : float
-    dtype : {"float64", "float32"}
-        Training and measuring precision.
-    dslm_k : float
-        Budget of the DSLM scales.
-    n_prompts, prompt_len : int
-        Evaluation prompts (corpus windows; injection at the last token).
-    n_targets, n_random, n_heldout : int
-        Target tokens, random directions defining chance, held-out directions measuring it.
-    scales : tuple of float
-        Injected norm in units of the layer's centred spread.
-    max_inject_layers : int
-        Injection grid size (every layer when ``L <= max_inject_layers``).
-    n_outlier_prompts, n_boot, seed : int
-        Outlier prompts, bootstrap resamples, seed of everything.
+    ``d_model``, ``n_heads``, ``steps``, ``batch_size``, ``seq_len``, ``lr`` and ``warmup`` are the
+    width and training of every member (:func:`~companion.stacks.tinylm.train_tiny_lm`).
 
     Raises
     ------
@@ -81,7 +61,7 @@ class DepthStudy:
     """
 
     depths: tuple[int, ...] = (4, 8, 16, 32, 64)
-    placements: tuple[str, ...] = ("pre", "post", "dslm")
+    placements: tuple[str, ...] = ("pre", "post", "dslm")  #: a subset of :data:`PLACEMENTS`
     d_model: int = 32
     n_heads: int = 4
     steps: int = 300
@@ -89,18 +69,18 @@ class DepthStudy:
     seq_len: int = 64
     lr: float = 1e-3
     warmup: int = 150
-    dtype: str = "float64"
-    dslm_k: float = 2.0
-    n_prompts: int = 16
-    prompt_len: int = 16
-    n_targets: int = 8
-    n_random: int = 16
-    n_heldout: int = 8
-    scales: tuple[float, ...] = (1.0, 4.0)
-    max_inject_layers: int = 8
-    n_outlier_prompts: int = 32
-    n_boot: int = 400
-    seed: int = 0
+    dtype: str = "float64"  #: training and measuring precision, ``"float64"`` or ``"float32"``
+    dslm_k: float = 2.0  #: budget of the DSLM scales
+    n_prompts: int = 16  #: evaluation prompts (corpus windows; injection at the last token)
+    prompt_len: int = 16  #: length of an evaluation prompt
+    n_targets: int = 8  #: target tokens
+    n_random: int = 16  #: random directions defining chance
+    n_heldout: int = 8  #: held-out random directions measuring chance
+    scales: tuple[float, ...] = (1.0, 4.0)  #: injected norm in units of the layer's centred spread
+    max_inject_layers: int = 8  #: injection grid size (every layer when ``L <= max_inject_layers``)
+    n_outlier_prompts: int = 32  #: prompts of the outlier statistics
+    n_boot: int = 400  #: bootstrap resamples
+    seed: int = 0  #: seed of everything
 
     def __post_init__(self):
         if not self.depths or not self.placements or not self.scales:
@@ -138,8 +118,8 @@ class DepthStudy:
             raise ValueError(f"DepthStudy.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Train and measure every member (see :func:`run_study`)."""
-        return run_study(self, device, progress)
+        """Train and measure every member; returns the Result's arrays and scalars."""
+        return _run_study(self, device, progress)
 
 
 #: The GPU size (``scripts/gpu_depth_study.py``, which explains the sizing; ``make gpu-results``).
@@ -248,50 +228,14 @@ def _directions(config: DepthStudy, model: TinyLM, targets: np.ndarray) -> np.nd
     return dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
 
 
-def chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
-    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance.
-
-    Parameters
-    ----------
-    n_pairs : int
-        (prompt, target) pairs.
-    n_random : int
-        Random directions (chance ``1/(n_random + 1)``).
-    q : float
-
-    Returns
-    -------
-    float
-
-    Examples
-    --------
-    >>> round(chance_threshold(128, 16), 3)
-    0.109
-    """
+def _chance_threshold(n_pairs: int, n_random: int, q: float = 0.99) -> float:
+    """Success rate above which a layer is in the window: the ``q`` binomial quantile of chance."""
     p = 1.0 / (n_random + 1)
     return float(stats.binom.ppf(q, n_pairs, p) / n_pairs)
 
 
-def window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
-    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``.
-
-    Parameters
-    ----------
-    rate, layers : numpy.ndarray
-        Success rate per grid layer, and the grid.
-    depth : int
-    threshold : float
-
-    Returns
-    -------
-    numpy.ndarray
-        NaN (coverage 0) if no layer qualifies.
-
-    Examples
-    --------
-    >>> window_from_success(np.array([0.0, 0.5, 0.9]), np.array([0, 2, 4]), 4, 0.1).tolist()
-    [0.5, 1.0, 0.75, 0.6666666666666666]
-    """
+def _window_from_success(rate: np.ndarray, layers: np.ndarray, depth: int, threshold: float) -> np.ndarray:
+    """``[first, last, centre, coverage]`` (fractions of depth) of the layers with ``rate > threshold``."""
     inside = np.asarray(rate) > threshold
     if not inside.any():
         return np.array([np.nan, np.nan, np.nan, 0.0])
@@ -448,23 +392,8 @@ def measure_model(model: TinyLM, config: DepthStudy, device="cpu") -> dict:
 
 
 # ------------------------------------------------------------------------------ the study
-def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
-    """Train and measure every member.
-
-    Parameters
-    ----------
-    config : DepthStudy
-    device : str or torch.device
-    progress : bool
-
-    Returns
-    -------
-    dict
-        The Result's arrays (axes placements, depths, scales, grid or stream layers; NaN beyond
-        a member's depth) and scalars.
-    """
-    if not isinstance(config, DepthStudy):
-        raise TypeError(f"config must be a DepthStudy, got {type(config).__name__}")
+def _run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
+    """Train and measure every member: the Result's arrays (NaN beyond a member's depth) and scalars."""
     P, D, M = len(config.placements), len(config.depths), max(config.depths)
     G = max(len(inject_layers(d, config.max_inject_layers)) for d in config.depths)
     S, K, C = len(config.scales), config.n_targets, len(COUNT_THRESHOLDS)
@@ -477,7 +406,7 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 "max_over_rms_median", "max_mean_over_sd", "n_mean_dominated"), (M + 1,)),
               (("count_observed", "count_expected"), (M + 1, C))]
     out = {k: np.full((P, D, *shape), np.nan) for keys, shape in shapes for k in keys}
-    threshold = chance_threshold(K * config.n_prompts, config.n_random)
+    threshold = _chance_threshold(K * config.n_prompts, config.n_random)
     bar = progress_bar(P * D, progress, "depth study")
     import time
     for pi, placement in enumerate(config.placements):
@@ -501,8 +430,8 @@ def run_study(config: DepthStudy, device="cpu", progress: bool = False) -> dict:
                 out["null_rate"][pi, di, si, :g] = m["null_success"][si].mean(axis=(1, 2, 3))
                 out["top1_rate"][pi, di, si, :g] = m["top1"][si].mean(axis=(1, 2))
                 out["dlogp_target"][pi, di, si, :g] = m["dlogp_target"][si].mean(axis=(1, 2))
-                out["window"][pi, di, si] = window_from_success(rate, m["layers"], depth, threshold)
-                rows = [window_from_success(r, m["layers"], depth, threshold)
+                out["window"][pi, di, si] = _window_from_success(rate, m["layers"], depth, threshold)
+                rows = [_window_from_success(r, m["layers"], depth, threshold)
                         for r in _boot_rates(succ, config.n_boot, [config.seed, 11])]
                 out["window_lo"][pi, di, si] = np.nanpercentile(rows, 2.5, axis=0)
                 out["window_hi"][pi, di, si] = np.nanpercentile(rows, 97.5, axis=0)

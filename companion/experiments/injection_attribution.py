@@ -26,41 +26,22 @@ _KEYS = ("stream", "writes", "ln_input", "ln_rule", "ln_jacobian")
 class InjectionAttributionExperiment:
     """Per-stage projections of injected concept and random directions.
 
-    Attributes
-    ----------
-    model : str
-    layers : tuple of int
-        Injection layers (each in ``[0, L - 1]``); empty = every one.
-    concepts : tuple of str
-        Keys of :data:`companion.injection.directions.CONCEPTS`.
-    n_random : int
-        Random directions (seeded with ``seed``), after the concepts.
-    n_prompts, min_words, max_words, max_length : int
-        Corpus prompts as in ``injection_window``.
-    alpha : float
-        Relative size :math:`c = \\alpha n_\\ell`.
-    half_check : bool
-        Also run at ``alpha / 2`` (arrays ``half_l{l}_stream``, the projections only).
-    seed, batch_rows : int
-    dtype : str
-
-    Notes
-    -----
-    Result arrays per injection layer ``l``: ``l{l}_stream``, ``l{l}_writes`` (post-norm models
-    also ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``), ``half_l{l}_stream``; and
-    ``scale``, ``typical_norm``, ``directions``.
+    ``n_prompts``, ``min_words``, ``max_words`` and ``max_length`` select corpus prompts as in
+    ``injection_window``.  Result arrays per injection layer ``l``: ``l{l}_stream``, ``l{l}_writes``
+    (post-norm models also ``l{l}_ln_input``, ``l{l}_ln_rule``, ``l{l}_ln_jacobian``),
+    ``half_l{l}_stream``; and ``scale``, ``typical_norm``, ``directions``.
     """
 
     model: str = "minilm-l6"
-    layers: tuple[int, ...] = ()
-    concepts: tuple[str, ...] = ("sea", "joy")
-    n_random: int = 16
+    layers: tuple[int, ...] = ()  #: injection layers (each in ``[0, L - 1]``); empty = every one
+    concepts: tuple[str, ...] = ("sea", "joy")  #: keys of :data:`companion.injection.directions.CONCEPTS`
+    n_random: int = 16  #: random directions (seeded with ``seed``), after the concepts
     n_prompts: int = 32
     min_words: int = 6
     max_words: int = 11
     max_length: int = 64
-    alpha: float = 0.05
-    half_check: bool = True
+    alpha: float = 0.05  #: relative size :math:`c = \alpha n_\ell`
+    half_check: bool = True  #: also run at ``alpha / 2`` (arrays ``half_l{l}_stream``, projections only)
     seed: int = 0
     batch_rows: int = 320
     dtype: str = "float32"

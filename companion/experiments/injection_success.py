@@ -43,45 +43,28 @@ REGIME_THRESHOLDS = (6.0, 10.0)
 class InjectionSuccessExperiment:
     """Concept, random and null directions injected per layer: output readout of each concept.
 
-    Attributes
-    ----------
-    model : str
-        A name for :func:`companion.transformers.models.load`.
-    n_prompts, min_words, max_words, max_length, layers
-        As in :class:`~companion.experiments.injection_window.InjectionWindowExperiment`.
-    concepts : tuple of str
-        Word concepts of :data:`companion.injection.directions.CONCEPTS` (at least one).
-    scales : tuple of float
-        Increasing magnitudes :math:`\\alpha` (units of :math:`s_\\ell`) of the concept and random groups.
-    null_scale : float
-        The magnitude of the split and subspace nulls; one of ``scales``.
-    n_random, n_split, n_subspace : int
-        Directions per group (``n_random >= 2``; the other two may be 0).
-    subspace_k : int
-        Dimension of the principal subspace of the subspace nulls.
-    seed : int
-        Seed of every random choice (directions, splits).
-    dtype : str
-    max_batch_tokens : int
-        Memory bound of :func:`companion.injection.engine.sweep_injections`.
+    ``n_prompts``, ``min_words``, ``max_words``, ``max_length`` and ``layers`` are as in
+    :class:`~companion.experiments.injection_window.InjectionWindowExperiment`.
     """
 
-    model: str = "smollm2-135m"
+    model: str = "smollm2-135m"  #: a name for :func:`companion.transformers.models.load`
     n_prompts: int = 32
     min_words: int = 6
     max_words: int = 11
     max_length: int = 64
     layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 11, 14, 17, 20, 23, 26, 29, 30)
+    #: word concepts of :data:`companion.injection.directions.CONCEPTS` (at least one)
     concepts: tuple[str, ...] = ("sea", "fire", "music", "food")
+    #: increasing magnitudes :math:`\alpha` (units of :math:`s_\ell`) of the concept and random groups
     scales: tuple[float, ...] = (0.125, 0.5, 2.0)
-    null_scale: float = 0.5
-    n_random: int = 16
-    n_split: int = 8
-    n_subspace: int = 8
-    subspace_k: int = 16
-    seed: int = 0
+    null_scale: float = 0.5  #: magnitude of the split and subspace nulls; one of ``scales``
+    n_random: int = 16  #: random directions (>= 2)
+    n_split: int = 8  #: split nulls (may be 0)
+    n_subspace: int = 8  #: subspace nulls (may be 0)
+    subspace_k: int = 16  #: dimension of the principal subspace of the subspace nulls
+    seed: int = 0  #: seed of every random choice (directions, splits)
     dtype: str = "float32"
-    max_batch_tokens: int = 16384
+    max_batch_tokens: int = 16384  #: memory bound of :func:`companion.injection.engine.sweep_injections`
 
     def validate(self) -> None:
         """Check the fields that do not need the model.
@@ -412,17 +395,13 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     -------
     dict
         ``concept_mean``, ``null_mean``, ``null_q`` (the null means' ``quantile``), ``diff`` (the
-        paired mean difference), ``diff_lo``, ``diff_hi`` (its bootstrap interval), ``success``.
+        paired mean difference), ``diff_lo``, ``diff_hi`` (its bootstrap interval) and ``success``:
+        ``concept_mean > null_q`` and ``diff_lo > 0``.
 
     Raises
     ------
     TypeError, ValueError
         Non-real inputs; bad shapes (fewer than 2 prompts or nulls), NaN, a level outside (0, 1).
-
-    Notes
-    -----
-    Success iff (i) the concept's prompt mean exceeds the ``quantile`` of the null prompt means
-    and (ii) the bootstrap interval of the paired difference lies above 0 (one-sided).
 
     Examples
     --------
@@ -500,35 +479,19 @@ def success_table(result, null: str = "random", position: str | None = None,
 
 @dataclass(frozen=True)
 class SuccessWindow:
-    """The injection layers where a concept's readout succeeds, with bootstrap edges.
-
-    Attributes
-    ----------
-    concept, null, position : str
-    scale : float
-    n_layers : int
-    layers : numpy.ndarray of int
-        The injection layers where :func:`success_test` succeeds (possibly empty).
-    first, last : int or None
-        Their smallest and largest (``None`` if empty).
-    first_ci, last_ci : tuple of float
-        Bootstrap intervals of the edges over prompt resamples (NaN if none succeeds anywhere).
-    p_empty : float
-        Fraction of resamples in which no layer succeeds.
-    n_boot : int
-    """
+    """The injection layers where a concept's readout succeeds, with bootstrap edges."""
 
     concept: str
     null: str
     position: str
     scale: float
     n_layers: int
-    layers: np.ndarray
-    first: int | None
-    last: int | None
-    first_ci: tuple
-    last_ci: tuple
-    p_empty: float
+    layers: np.ndarray  #: injection layers where :func:`success_test` succeeds (possibly empty)
+    first: int | None  #: smallest of ``layers`` (``None`` if empty)
+    last: int | None  #: largest of ``layers`` (``None`` if empty)
+    first_ci: tuple  #: bootstrap interval of ``first`` over prompt resamples (NaN if none succeeds)
+    last_ci: tuple  #: bootstrap interval of ``last``
+    p_empty: float  #: fraction of resamples in which no layer succeeds
     n_boot: int
 
 
@@ -536,6 +499,9 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
                    position: str | None = None, level: float = 0.95, n_boot: int = 1000,
                    seed: int = 0) -> SuccessWindow:
     """The success window of one concept: where its readout beats the null, with edge intervals.
+
+    The window (not necessarily contiguous) is the layers that pass :func:`success_test`; the edge
+    intervals resample prompts (paired) and use only its ``concept_mean > null_q`` criterion.
 
     Parameters
     ----------
@@ -554,11 +520,6 @@ def success_window(result, concept: str, scale: float = 0.5, null: str = "random
     ------
     TypeError, ValueError
         As :func:`success_table`; an unknown concept or a scale not run.
-
-    Notes
-    -----
-    The window (not necessarily contiguous) is the layers that pass :func:`success_test`; the edge
-    intervals resample prompts (paired) and use its criterion (i) only.
 
     Examples
     --------

@@ -54,27 +54,9 @@ def _injection_mask(mask: torch.Tensor, where: str) -> torch.Tensor:
 class InjectionSweepExperiment:
     """Inject c·v into the residual stream at every layer and follow it to the output.
 
-    Attributes
-    ----------
-    model : str
-    n_texts, min_words, max_words, max_length, batch_size : int
-        Corpus sentences and batching, as in :class:`ChannelStatisticsExperiment`.
-    layers : tuple of int
-        Injection layers (``h_layer``, 0 = embeddings); empty = every layer ``0 .. L``.
-    scales : tuple of float
-        Magnitudes: norm ``scale × median ‖h_l‖`` (first tokens excluded) if ``relative``,
-        else ``scale``.
-    relative : bool
-    positions : {"prefix", "all", "last"}
-        Every real token but the last (a downstream reader, as in
-        :cite:t:`hahami2025disturbance`), every real token, or the last only.
-    seed : int
-        Seed of the random unit direction ``v``.
-    dtype : str
-
-    Notes
-    -----
-    Result arrays: one per name of :data:`~companion.injection.metrics.METRIC_NAMES`, each
+    Corpus sentences and batching as in
+    :class:`~companion.experiments.channel_statistics.ChannelStatisticsExperiment`.  Result arrays:
+    one per name of :data:`~companion.injection.metrics.METRIC_NAMES`, each
     ``[n_layers, n_scales, L+1, 2, n_texts]`` float32 (groups :data:`TOKEN_GROUPS`; NaN-aware
     mean over the injected tokens); ``magnitude`` ``[n_layers, n_scales]``, ``median_norm``,
     ``layers``, ``scales``; causal LMs: ``kl_last`` and ``top1_changed``
@@ -87,11 +69,14 @@ class InjectionSweepExperiment:
     max_words: int = 24
     max_length: int = 48
     batch_size: int = 8
-    layers: tuple[int, ...] = ()
+    layers: tuple[int, ...] = ()  #: injection layers (``h_layer``, 0 = embeddings); empty = all ``0 .. L``
+    #: norm ``scale × median ‖h_l‖`` (first tokens excluded) if ``relative``, else ``scale``
     scales: tuple[float, ...] = (0.25, 1.0)
     relative: bool = True
+    #: ``"prefix"``: every real token but the last (a downstream reader, as in
+    #: :cite:t:`hahami2025disturbance`); ``"all"``: every real token; ``"last"``: the last only
     positions: str = "prefix"
-    seed: int = 0
+    seed: int = 0  #: seed of the random unit direction ``v``
     dtype: str = "float32"
 
     def compute(self, device, progress):

@@ -76,47 +76,23 @@ def corpus_prompts(source, n_prompts: int | None = None, *, min_words: int = 6,
 @register("injection_window", schema=1)
 @dataclass(frozen=True)
 class InjectionWindowExperiment:
-    """Concept and random vectors injected at every layer: metrics per layer, output effect, window.
+    """Concept and random vectors injected at every layer: metrics per layer, output effect, window."""
 
-    Attributes
-    ----------
-    model : str
-        A name for :func:`companion.transformers.models.load` (offline name or hub id).
-    n_prompts : int
-        Number of two-sentence prompts (``2 * n_prompts`` corpus sentences).
-    min_words, max_words, max_length : int
-        Word-count window of the sentences; token truncation (losing a second segment raises).
-    layers : tuple of int
-        Injection layers (stream indices); empty = every layer ``0 .. L``.
-    rel_scales : tuple of float
-        Relative magnitudes ``alpha`` (added vector ``alpha * n_l * v_hat``).
-    abs_scales : tuple of float
-        Absolute magnitudes as multiples ``beta`` of ``n_ref``; empty = no absolute sweep.
-    abs_reference_fraction : float
-        ``n_ref`` is the typical norm at layer ``round(fraction * L)``.
-    concepts : tuple of str
-        Names in :data:`companion.injection.directions.CONCEPTS`.
-    n_random, seed : int
-        Random unit directions (at least one direction overall) and their seed.
-    dtype : str
-    max_batch_tokens : int
-        Memory bound of the sweep (:func:`companion.injection.engine.sweep_injections`).
-    """
-
-    model: str = "smollm2-135m"
-    n_prompts: int = 8
-    min_words: int = 6
-    max_words: int = 11
-    max_length: int = 64
+    model: str = "smollm2-135m"  #: a name for :func:`companion.transformers.models.load` (or a hub id)
+    n_prompts: int = 8  #: two-sentence prompts (``2 * n_prompts`` corpus sentences)
+    min_words: int = 6  #: fewest words of a sentence
+    max_words: int = 11  #: most words of a sentence
+    max_length: int = 64  #: token truncation (losing a second segment raises)
+    #: injection layers (stream indices); empty = every layer ``0 .. L``
     layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 11, 14, 17, 20, 23, 26, 29, 30)
-    rel_scales: tuple[float, ...] = (0.125, 0.5, 2.0)
-    abs_scales: tuple[float, ...] = (0.5,)
-    abs_reference_fraction: float = 0.1
-    concepts: tuple[str, ...] = ("sea",)
-    n_random: int = 1
-    seed: int = 0
+    rel_scales: tuple[float, ...] = (0.125, 0.5, 2.0)  #: relative magnitudes ``alpha`` (``alpha * n_l``)
+    abs_scales: tuple[float, ...] = (0.5,)  #: multiples ``beta`` of ``n_ref``; empty = no absolute sweep
+    abs_reference_fraction: float = 0.1  #: ``n_ref`` is the typical norm at ``round(fraction * L)``
+    concepts: tuple[str, ...] = ("sea",)  #: names in :data:`companion.injection.directions.CONCEPTS`
+    n_random: int = 1  #: random unit directions (at least one direction overall)
+    seed: int = 0  #: seed of the random directions
     dtype: str = "float32"
-    max_batch_tokens: int = 16384
+    max_batch_tokens: int = 16384  #: memory bound of :func:`companion.injection.engine.sweep_injections`
 
     def validate(self) -> None:
         """Check the fields that do not need the model.

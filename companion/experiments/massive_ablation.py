@@ -26,30 +26,15 @@ _ARRAYS = ("first_values", "median_abs", *(f"{k}_{arm}" for arm in ARMS for k in
 class MassiveAblationExperiment:
     """Zero versus mean ablation of one massive activation: loss and attention sinks per prompt.
 
-    Attributes
-    ----------
-    model : str
-        A causal model for :func:`companion.transformers.models.load`.
-    channel : int
-        The massive channel (507 in SmolLM2-135M).
-    layer : int
-        Residual-stream layer :math:`h_\\ell` edited (the output of block :math:`\\ell - 1`).
-    n_texts, n_calibration : int
-        Evaluation sentences, and the following calibration sentences (the "mean" arm's value).
-    min_words, max_words, max_length, batch_size : int
-    dtype : str
-
-    Notes
-    -----
     Result arrays: ``first_values`` ``[L+1, n_texts]``, ``median_abs``, ``calibration_values``,
     ``loss_<arm>`` ``[n_texts]`` and ``sink_<arm>`` ``[n_texts, L]`` per arm.
     """
 
-    model: str = "smollm2-135m"
-    channel: int = 507
-    layer: int = 12
-    n_texts: int = 256
-    n_calibration: int = 256
+    model: str = "smollm2-135m"  #: a causal model for :func:`companion.transformers.models.load`
+    channel: int = 507  #: the massive channel (507 in SmolLM2-135M)
+    layer: int = 12  #: residual-stream layer :math:`h_\ell` edited (the output of block :math:`\ell - 1`)
+    n_texts: int = 256  #: evaluation sentences
+    n_calibration: int = 256  #: the following calibration sentences (the "mean" arm's value)
     min_words: int = 8
     max_words: int = 40
     max_length: int = 64
