@@ -37,7 +37,6 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     weight : array_like, shape ``[d]``, optional
         The gain :math:`\gamma` (default ones).
     eps : float, default 0.0
-        The LayerNorm ``eps``.
 
     Returns
     -------
@@ -60,9 +59,7 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     x = real_array("x", x, 1)
     dl = real_array("delta", delta, 1)
     vv = real_array("v", v, 1)
-    eps = check_real(eps, "eps")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    eps = check_real(eps, "eps", lo=0.0)
     d = x.shape[-1]
     if d < 2:
         raise ValueError(f"x must have a last axis of length d >= 2, got shape {x.shape}")
@@ -142,8 +139,7 @@ class Attribution:
 
         Parameters
         ----------
-        group : str, default "injected"
-            A position group.
+        group : {"injected", "later", "last"}, default "injected"
 
         Returns
         -------
@@ -164,8 +160,7 @@ class Attribution:
 
         Parameters
         ----------
-        group : str, default "injected"
-            A position group.
+        group : {"injected", "later", "last"}, default "injected"
         directions : int or sequence of int, optional
             Direction indices (default all).
 
@@ -306,11 +301,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
     base = ad.baseline
     n_ell = float(typical_norms(torch.stack(base).to("cpu", torch.float64), prompts.injected.cpu())[layer])
-    if alpha is not None:
-        alpha = check_real(alpha, "alpha")
-        c = alpha * n_ell
-    else:
-        c = check_real(scale, "scale")
+    alpha = None if alpha is None else check_real(alpha, "alpha")
+    c = check_real(scale, "scale") if alpha is None else alpha * n_ell
     if c == 0 or not np.isfinite(c):
         raise ValueError(f"the injected size c must be finite and non-zero, got {c}")
     subs = _sublayers(m)

@@ -169,7 +169,6 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     Parameters
     ----------
     m : LoadedModel
-        The model whose tokenizer is used.
     first, second : sequence of str
         Segments that receive the injection, and the segments that follow them (same length).
     skip_first : bool or None
@@ -246,13 +245,11 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
     Parameters
     ----------
     m : LoadedModel
-        The model.
     positive, negative : sequence of str
         The two sets (e.g. ``ConceptSet.texts()``).
     pool : {"mean", "last"}, default "mean"
         Average each text's content tokens, or take its last content token.
-    name : str
-        Label of the result.
+    name : str, default "concept"
     skip_first, max_length : optional
         As in :func:`make_prompts`.
 
@@ -521,7 +518,6 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
     Parameters
     ----------
     m : LoadedModel
-        The model.
     concept : str or ConceptSet
         A word concept; its pool is ``positive + negative``.
     n : int

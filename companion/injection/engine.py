@@ -197,8 +197,7 @@ class SweepResult:
 
         Parameters
         ----------
-        positions : {"all", "injected", "later"}
-            The token set.
+        positions : {"all", "injected", "later"}, default "all"
 
         Returns
         -------
@@ -232,10 +231,9 @@ class SweepResult:
 
         Parameters
         ----------
-        threshold, relative, contiguous : float, bool, bool, optional
-            As in :func:`~companion.injection.metrics.effect_window`.
-        kind, positions : str, optional
-            As in :meth:`effect`.
+        threshold, kind, positions, relative, contiguous : optional
+            ``kind`` and ``positions`` as in :meth:`effect`, the others as in
+            :func:`~companion.injection.metrics.effect_window`.
         scale_index : int, default 0
             Which magnitude, when the sweep ran several.
 
@@ -431,7 +429,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     Parameters
     ----------
     model : companion.stacks.residual.ResidualStack or companion.stacks.tinylm.TinyLM
-        The stack.
     inputs : torch.Tensor
         ``[B, T, d]`` stream (ResidualStack) or ``[B, T]`` token ids (TinyLM).
     layers : sequence of int, optional
@@ -439,7 +436,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     scale : float, default 0.1
         :math:`a_\ell` = ``scale`` times the baseline's RMS norm at ``l`` (``relative``), else ``scale``.
     relative : bool, default True
-        See ``scale``.
     direction : array_like, shape ``[d]``, optional
         Direction ``v`` (default :func:`~companion.injection.directions.random_direction` with ``seed``).
     positions : int or sequence of int, optional
@@ -496,14 +492,10 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     lam = cfg.residual_scale
     n_sub = base.sublayer_norm_input.shape[1]
     if cfg.placement == "post":
-        ln_w = torch.stack(
-            [torch.stack([sub.norm.weight for sub in blk.sublayers]) for blk in stack.blocks]
-        )  # [L, S, d]
-        f = pt.postln_contraction_factors(
-            base.sublayer_norm_input, eps=cfg.eps, residual_scale=lam,
-            ln_weight=ln_w.detach().double().cpu().numpy()[:, :, None, None, :], v=v,
-            norm=cfg.norm,
-        )  # [L, S, B, T]
+        ln_w = torch.stack([torch.stack([sub.norm.weight for sub in blk.sublayers]) for blk in stack.blocks])
+        f = pt.postln_contraction_factors(  # [L, S, B, T]; ln_w is [L, S, d]
+            base.sublayer_norm_input, eps=cfg.eps, residual_scale=lam, v=v, norm=cfg.norm,
+            ln_weight=ln_w.detach().double().cpu().numpy()[:, :, None, None, :])
         factors = np.prod(f, axis=1)
     else:
         factors = np.full(stream_b.shape[1:3], lam**n_sub)[None].repeat(n_layers, axis=0)
@@ -590,7 +582,6 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     Parameters
     ----------
     m : LoadedModel
-        The model.
     prompts : InjectionPrompts
         From :func:`companion.injection.directions.make_prompts` for ``m``.
     layers : sequence of int
@@ -600,7 +591,6 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     scales : float or sequence of float
         Magnitudes > 0: :math:`\alpha` with ``c = alpha * norms[l]`` (``relative``), else ``c``.
     relative : bool, default True
-        See ``scales``.
     norms : array_like, shape ``[L+1]``, optional
         Magnitude unit per layer (default: :func:`~companion.injection.directions.typical_norms`).
     max_batch_tokens : int, default 16384

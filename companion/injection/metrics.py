@@ -165,9 +165,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     0.5
     """
     arr = as_float64(x, "x")
-    eps = check_real(eps, "eps")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    eps = check_real(eps, "eps", lo=0.0)
     if norm not in ("layernorm", "rmsnorm"):
         raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
     if arr.ndim == 0 or arr.shape[-1] < 2:
@@ -203,7 +201,6 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     ln_inputs : array_like or torch.Tensor, shape ``[L, ..., d]``
         Baseline input :math:`u_l` of each block's norm (``StackOutput.pre_norm``).
     eps : float, default 0.0
-        The norm's ``eps``.
     residual_scale : float, default 1.0
         Skip-path weight :math:`\lambda > 0`.
     ln_weight : array_like, shape ``[d]`` or ``[L, ..., d]``, optional
@@ -211,7 +208,6 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     v : array_like, shape ``[d]``, optional
         Perturbation direction (only with ``ln_weight``).
     norm : {"layernorm", "rmsnorm"}, default "layernorm"
-        See :func:`normalisation_scale`.
 
     Returns
     -------
@@ -523,7 +519,6 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     Parameters
     ----------
     placement : {"pre", "post"}
-        Norm placement of the stack.
     n_layers : int
         Depth ``L`` (injection layers ``0 .. L-1``).
     threshold : float, default 0.5
@@ -569,9 +564,7 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
         return L - n, L - 1
     if c is None:
         raise ValueError("placement='pre' needs c (the norm-growth slope)")
-    c = check_real(c, "c")
-    if c < 0:
-        raise ValueError(f"c must be >= 0, got {c}")
+    c = check_real(c, "c", lo=0.0)
     if c == 0:
         return 0, L - 1
     with np.errstate(over="ignore"):
