@@ -218,12 +218,12 @@ def test_injection_sweep_on_a_stack_is_forward_bit_for_bit():
         sw.effect()
     with pytest.raises(ValueError, match="unknown metric"):
         sw.mean("projection")
-    ad = engine.adapt(lm, ids)
+    ad = engine._adapt(lm, ids)
     assert isinstance(ad, StackAdapter) and torch.equal(torch.stack(ad.baseline), sw.baseline)
     with pytest.raises(ValueError, match="positions must lie"):
         engine.sweep_injections(lm, ids, [0], v, positions=[6])
     with pytest.raises(TypeError, match="ResidualStack or TinyLM"):
-        engine.adapt("a model", ids)
+        engine._adapt("a model", ids)
 
 
 @pytest.mark.parametrize("kind", ["llama", "bert"])

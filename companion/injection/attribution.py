@@ -37,7 +37,6 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     weight : array_like, shape ``[d]``, optional
         The gain :math:`\gamma` (default ones).
     eps : float, default 0.0
-        The LayerNorm ``eps``.
 
     Returns
     -------
@@ -48,10 +47,8 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
 
     Raises
     ------
-    TypeError
-        For non-real inputs.
-    ValueError
-        For mismatched shapes, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
+    TypeError, ValueError
+        For non-real inputs; mismatched shapes, ``d < 2``, NaN/inf, ``eps < 0`` or a zero ``v``.
 
     Examples
     --------
@@ -62,9 +59,7 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
     x = real_array("x", x, 1)
     dl = real_array("delta", delta, 1)
     vv = real_array("v", v, 1)
-    eps = check_real(eps, "eps")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    eps = check_real(eps, "eps", lo=0.0)
     d = x.shape[-1]
     if d < 2:
         raise ValueError(f"x must have a last axis of length d >= 2, got shape {x.shape}")
@@ -94,46 +89,29 @@ def layernorm_response(x, delta, v, weight=None, eps: float = 0.0) -> tuple[np.n
 
 @dataclass(frozen=True)
 class Attribution:
-    r"""The projection of an injected direction, stage by stage, per direction, prompt and group.
+    """The projection of an injected direction, stage by stage, per direction, prompt and group.
 
-    Attributes
-    ----------
-    model, placement : str
-        Model name; norm placement, ``"pre"`` or ``"post"``.
-    layer, n_layers : int
-        Injection layer :math:`\ell` (blocks :math:`\ell .. L-1` are attributed) and depth ``L``.
-    stages : tuple of str
-        :data:`STAGES` of the placement.
-    scale, alpha, typical_norm : float
-        Size :math:`c` of the injected vector; :math:`c / n_\ell` (``None`` for an absolute
-        magnitude); :math:`n_\ell`.
-    directions : numpy.ndarray, shape ``[n, d]``
-        The unit directions injected.
-    stream : numpy.ndarray, shape ``[n, batch, 3, L - ell + 1]``
-        :math:`p_m`, group mean of :math:`\hat v\cdot\delta_m`.
-    writes : numpy.ndarray, shape ``[n, batch, 3, L - ell, n_stages]``
-        The change of the projection made by each stage.
-    ln_input, ln_rule, ln_jacobian : numpy.ndarray or None, shape ``[n, batch, 3, L - ell, 2]``
-        Post-norm: per LayerNorm, input projection, product-rule and first-order predictions.
-    identity_error : float
-        :math:`\max|p_{m+1} - p_m - \sum_s w_{m,s}|/c` (rounding only).
+    The ``ln_*`` fields (post-norm only, else ``None``) have shape ``[n, batch, 3, L - ell, 2]``:
+    one entry per LayerNorm of a block.
     """
 
-    model: str
-    placement: str
-    layer: int
-    n_layers: int
-    stages: tuple
-    scale: float
-    alpha: float | None
-    typical_norm: float
-    directions: np.ndarray
+    model: str  #: Model name.
+    placement: str  #: Norm placement, ``"pre"`` or ``"post"``.
+    layer: int  #: Injection layer :math:`\ell` (blocks :math:`\ell .. L-1` are attributed).
+    n_layers: int  #: Depth ``L``.
+    stages: tuple  #: :data:`STAGES` of the placement.
+    scale: float  #: Size :math:`c` of the injected vector.
+    alpha: float | None  #: :math:`c / n_\ell` (``None`` for an absolute magnitude).
+    typical_norm: float  #: :math:`n_\ell`.
+    directions: np.ndarray  #: The unit directions injected, ``[n, d]``.
+    #: :math:`p_m`, group mean of :math:`\hat v\cdot\delta_m`, ``[n, batch, 3, L - ell + 1]``.
     stream: np.ndarray
+    #: The change of the projection made by each stage, ``[n, batch, 3, L - ell, n_stages]``.
     writes: np.ndarray
-    ln_input: np.ndarray | None
-    ln_rule: np.ndarray | None
-    ln_jacobian: np.ndarray | None
-    identity_error: float
+    ln_input: np.ndarray | None  #: The projection at the LayerNorm's input.
+    ln_rule: np.ndarray | None  #: The product-rule prediction of its output projection.
+    ln_jacobian: np.ndarray | None  #: The first-order (Jacobian) prediction.
+    identity_error: float  #: :math:`\max|p_{m+1} - p_m - \sum_s w_{m,s}|/c` (rounding only).
 
     @property
     def blocks(self) -> np.ndarray:  # numpydoc ignore=RT01
@@ -161,8 +139,7 @@ class Attribution:
 
         Parameters
         ----------
-        group : str, default "injected"
-            A position group.
+        group : {"injected", "later", "last"}, default "injected"
 
         Returns
         -------
@@ -183,8 +160,7 @@ class Attribution:
 
         Parameters
         ----------
-        group : str, default "injected"
-            A position group.
+        group : {"injected", "later", "last"}, default "injected"
         directions : int or sequence of int, optional
             Direction indices (default all).
 
@@ -300,12 +276,10 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
-    ValueError
-        For a layer outside ``[0, L-1]``, bad or zero directions, not exactly one of
-        ``scale``/``alpha``, prompts of another model, ``batch_rows < 2 * batch``, or an
-        unsupported block.
+    TypeError, ValueError
+        For arguments of the wrong type; a layer outside ``[0, L-1]``, bad or zero directions, not
+        exactly one of ``scale``/``alpha``, prompts of another model, ``batch_rows < 2 * batch``, or
+        an unsupported block.
 
     Examples
     --------
@@ -327,11 +301,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
         raise ValueError("prompts do not match the model's encoding; build them with make_prompts(m, ...)")
     base = ad.baseline
     n_ell = float(typical_norms(torch.stack(base).to("cpu", torch.float64), prompts.injected.cpu())[layer])
-    if alpha is not None:
-        alpha = check_real(alpha, "alpha")
-        c = alpha * n_ell
-    else:
-        c = check_real(scale, "scale")
+    alpha = None if alpha is None else check_real(alpha, "alpha")
+    c = check_real(scale, "scale") if alpha is None else alpha * n_ell
     if c == 0 or not np.isfinite(c):
         raise ValueError(f"the injected size c must be finite and non-zero, got {c}")
     subs = _sublayers(m)

@@ -31,24 +31,13 @@ GROUPS = ("injected", "later", "last")
 
 @dataclass(frozen=True)
 class ConceptSet:
-    """Two sets of texts whose difference of mean activations defines a concept direction.
+    """Two sets of texts whose difference of mean activations defines a concept direction."""
 
-    Attributes
-    ----------
-    name : str
-        Label.
-    positive, negative : tuple of str
-        The two sets (words are placed in ``template``; sentences used as they are).
-    template : str or None
-        Format string with one ``{}`` for words, ``None`` for sentences.
-    pool : {"last", "mean"}
-        Read the last content token (words) or average the content tokens (sentences).
-    """
-
-    name: str
-    positive: tuple
-    negative: tuple
-    template: str | None = None
+    name: str  #: Label.
+    positive: tuple  #: The positive set (words are placed in ``template``; sentences used as they are).
+    negative: tuple  #: The negative set, likewise.
+    template: str | None = None  #: Format string with one ``{}`` for words, ``None`` for sentences.
+    #: ``"last"``: read the last content token (words); ``"mean"``: average the content tokens (sentences).
     pool: str = "mean"
 
     def texts(self) -> tuple[list[str], list[str]]:
@@ -152,21 +141,15 @@ def _last_index(content: torch.Tensor) -> torch.Tensor:
 class InjectionPrompts:
     """Tokenised two-segment prompts and the position groups of the injection protocol.
 
-    Attributes
-    ----------
-    texts : tuple of str
-        ``first[i] + " " + second[i]``.
-    encoding : dict of str to torch.Tensor
-        As :func:`companion.transformers.models.tokenize` returns it (pass it as ``texts``).
-    injected, later, last : torch.Tensor of bool, shape ``[batch, tokens]``
-        Tokens of ``first``, tokens of ``second``, and the last content token.
+    The three masks are boolean tensors ``[batch, tokens]``.
     """
 
-    texts: tuple
+    texts: tuple  #: ``first[i] + " " + second[i]``.
+    #: As :func:`companion.transformers.models.tokenize` returns it (pass it as ``texts``).
     encoding: dict
-    injected: torch.Tensor
-    later: torch.Tensor
-    last: torch.Tensor
+    injected: torch.Tensor  #: Tokens of ``first``.
+    later: torch.Tensor  #: Tokens of ``second``.
+    last: torch.Tensor  #: The last content token.
 
     @property
     def groups(self) -> torch.Tensor:  # numpydoc ignore=RT01
@@ -186,7 +169,6 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     Parameters
     ----------
     m : LoadedModel
-        The model whose tokenizer is used.
     first, second : sequence of str
         Segments that receive the injection, and the segments that follow them (same length).
     skip_first : bool or None
@@ -201,10 +183,9 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel, a segment list is not text, or ``skip_first`` is not a bool.
-    ValueError
-        For empty or unequal lists, or a prompt left without an injected or later token.
+    TypeError, ValueError
+        If ``m`` is not a LoadedModel, a segment list is not text, or ``skip_first`` is not a bool
+        (TypeError); for empty or unequal lists, or a prompt left without an injected or later token.
 
     Examples
     --------
@@ -234,22 +215,12 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
 
 @dataclass(frozen=True)
 class ConceptVectors:
-    """A concept direction read at every layer.
+    """A concept direction read at every layer."""
 
-    Attributes
-    ----------
-    name, pool : str
-        Label; the pooling used.
-    unit : numpy.ndarray, shape ``[L+1, d]``
-        ``v_l / ||v_l||``, the direction injected at layer ``l``.
-    norm : numpy.ndarray, shape ``[L+1]``
-        ``||v_l||``.
-    """
-
-    name: str
-    unit: np.ndarray
-    norm: np.ndarray
-    pool: str
+    name: str  #: Label.
+    unit: np.ndarray  #: ``v_l / ||v_l||``, the direction injected at layer ``l``, ``[L+1, d]``.
+    norm: np.ndarray  #: ``||v_l||``, ``[L+1]``.
+    pool: str  #: The pooling used.
 
 
 def _pooled(m, texts, pool, skip_first, max_length) -> torch.Tensor:
@@ -274,13 +245,11 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
     Parameters
     ----------
     m : LoadedModel
-        The model.
     positive, negative : sequence of str
         The two sets (e.g. ``ConceptSet.texts()``).
     pool : {"mean", "last"}, default "mean"
         Average each text's content tokens, or take its last content token.
-    name : str
-        Label of the result.
+    name : str, default "concept"
     skip_first, max_length : optional
         As in :func:`make_prompts`.
 
@@ -291,10 +260,9 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
 
     Raises
     ------
-    TypeError
-        For wrong argument types.
-    ValueError
-        For empty sets, an unknown ``pool``, a text without content, or equal means at a layer.
+    TypeError, ValueError
+        For wrong argument types; empty sets, an unknown ``pool``, a text without content, or equal
+        means at a layer.
 
     Examples
     --------
@@ -333,10 +301,8 @@ def random_unit_vectors(d: int, n: int = 1, rng: np.random.Generator | None = No
 
     Raises
     ------
-    TypeError
-        If ``d``/``n`` are not integers or ``rng`` is not a Generator.
-    ValueError
-        If ``d < 1`` or ``n < 1``.
+    TypeError, ValueError
+        If ``d``/``n`` are not integers or ``rng`` is not a Generator; if ``d < 1`` or ``n < 1``.
 
     Examples
     --------
@@ -372,10 +338,8 @@ def random_direction(d: int, seed: int = 0, mean_zero: bool = True) -> np.ndarra
 
     Raises
     ------
-    TypeError
-        If ``d``/``seed`` are not integers or ``mean_zero`` is not a bool.
-    ValueError
-        If ``d < 2`` or ``seed < 0``.
+    TypeError, ValueError
+        If ``d``/``seed`` are not integers or ``mean_zero`` is not a bool; if ``d < 2`` or ``seed < 0``.
 
     Examples
     --------
@@ -428,10 +392,9 @@ def typical_norms(stream, mask) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``mask`` is not boolean or the stream is not real.
-    ValueError
-        If the shapes do not match, the mask selects nothing, or the stream is not finite.
+    TypeError, ValueError
+        If ``mask`` is not boolean or the stream is not real (TypeError); if the shapes do not match,
+        the mask selects nothing, or the stream is not finite.
 
     Examples
     --------
@@ -480,9 +443,7 @@ def typical_spreads(stream, mask) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        As :func:`typical_norms`.
-    ValueError
+    TypeError, ValueError
         As :func:`typical_norms`, and for fewer than two positions or zero spread.
 
     Examples
@@ -532,10 +493,9 @@ def concept_token_ids(m, concept) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a LoadedModel or ``concept`` not a name or ConceptSet.
-    ValueError
-        For an encoder, an unknown concept or a sentence concept.
+    TypeError, ValueError
+        If ``m`` is not a LoadedModel or ``concept`` not a name or ConceptSet (TypeError); for an
+        encoder, an unknown concept or a sentence concept.
     """
     check_model(m)
     if m.kind != "causal-lm":
@@ -558,7 +518,6 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
     Parameters
     ----------
     m : LoadedModel
-        The model.
     concept : str or ConceptSet
         A word concept; its pool is ``positive + negative``.
     n : int
@@ -575,10 +534,8 @@ def split_null_vectors(m, concept, n: int, rng=None, skip_first: bool | None = N
 
     Raises
     ------
-    TypeError
-        For wrong argument types.
-    ValueError
-        For ``n < 1``, an unknown or sentence concept, or a split with equal means.
+    TypeError, ValueError
+        For wrong argument types; ``n < 1``, an unknown or sentence concept, or a split with equal means.
     """
     check_model(m)
     c = _word_concept(concept)
@@ -621,10 +578,9 @@ def subspace_random_vectors(stream, mask, k: int, n: int, rng=None) -> np.ndarra
 
     Raises
     ------
-    TypeError
-        If ``mask`` is not boolean, ``k``/``n`` not integers or ``rng`` invalid.
-    ValueError
-        For mismatched shapes, ``k`` out of range, ``n < 1`` or a non-finite stream.
+    TypeError, ValueError
+        If ``mask`` is not boolean, ``k``/``n`` not integers or ``rng`` invalid (TypeError); for
+        mismatched shapes, ``k`` out of range, ``n < 1`` or a non-finite stream.
 
     Examples
     --------

@@ -1,8 +1,8 @@
 """The one injection engine for random stacks, trained stacks and real models.
 
 :func:`sweep_injections` adds ``c * v`` to ``h_l`` (the output of block ``l - 1``) at chosen
-positions and replays only blocks ``l .. L-1`` from the baseline, through an adapter
-(:func:`adapt`) that checks the model once.  :func:`sweep_stack_injections` (stacks) and
+positions and replays only blocks ``l .. L-1`` from the baseline, through an adapter that
+checks the model once.  :func:`sweep_stack_injections` (stacks) and
 :func:`track_injection` (real models, per position group) measure every layer and the output
 with :mod:`companion.injection.metrics`.
 """
@@ -24,7 +24,7 @@ from companion.transformers.stream import ModelAdapter
 from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
-    "adapt", "sweep_injections", "SweepResult", "EFFECT_KINDS", "sweep_stack_injections",
+    "sweep_injections", "SweepResult", "EFFECT_KINDS", "sweep_stack_injections",
     "track_injection",
 ]
 
@@ -36,28 +36,8 @@ EFFECT_KINDS = ("output_change", "output_projection", "kl", "kl_last", "embeddin
 _PER_SEQUENCE = ("kl_last", "embedding_change")
 
 
-def adapt(model, inputs, max_length: int | None = None):
-    """The adapter through which the engine runs ``model`` on ``inputs`` (checks the model).
-
-    Parameters
-    ----------
-    model : LoadedModel, ResidualStack or TinyLM
-        A real model or a stack.
-    inputs : texts, encoding, ``[B, T, d]`` stream or ``[B, T]`` token ids
-        As ``model`` takes them.
-    max_length : int or None
-        Truncation length of a real model's texts.
-
-    Returns
-    -------
-    companion.transformers.stream.ModelAdapter or companion.stacks.tinylm.StackAdapter
-        The adapter.
-
-    Raises
-    ------
-    TypeError
-        If ``model`` is none of these.
-    """
+def _adapt(model, inputs, max_length: int | None = None):
+    """The adapter through which the engine runs ``model`` on ``inputs`` (checks the model)."""
     if isinstance(model, LoadedModel):
         return ModelAdapter(model, inputs, max_length)
     return StackAdapter(model, inputs)
@@ -114,61 +94,33 @@ class SweepResult:
     r"""What every injection sweep returns: the streams, or the measurements you asked for.
 
     Runs are indexed ``[layer]`` for a scalar scale, ``[layer, scale]`` otherwise; a field a
-    sweep does not fill is ``None``.
-
-    Attributes
-    ----------
-    layers : numpy.ndarray of int
-        Injection layers in ``[0, L]``.
-    scales : float or numpy.ndarray
-        The magnitude(s) as given.
-    n_layers : int
-        Depth ``L``.
-    baseline : torch.Tensor, shape ``[L+1, batch, tokens, d]``
-        The run without injection.
-    injected : torch.Tensor
-        ``[runs..., L+1, ...]``: streams, or what ``measure`` returned (:func:`sweep_injections`).
-    attention_mask, injected_mask : torch.Tensor, shape ``[batch, tokens]``
-        Real tokens; the positions that received the vector.
-    metrics : dict of str to numpy.ndarray
-        :func:`~companion.injection.metrics.perturbation_metrics` per run and layer,
-        ``[runs..., L+1, batch, tokens]`` or ``[..., batch, len(groups)]``.
-    groups : tuple of str
-        Position groups of the metrics' last axis (:data:`~companion.injection.directions.GROUPS`).
-    effects, effect_name : dict of str to numpy.ndarray, str
-        Output effect per run keyed by :data:`EFFECT_KINDS`; the default kind of :meth:`effect`.
-    coefficient : numpy.ndarray
-        Length of the added vector of each run.
-    relative : bool
-        Whether scales were relative to the stream's size.
-    model : str
-        Name of a real model.
-    typical_norm : numpy.ndarray, shape ``[L+1]``
-        Magnitude unit per layer (:func:`track_injection`).
-    base_norm, base_sq_norm, direction, placement, predicted_projection
-        Stacks: ``||h_l||`` per position, :math:`\mathbb E\|h_l\|^2` per layer, the unit
-        direction, ``"pre"``/``"post"``, and the skip-path prediction of ``metrics["projection"]``.
+    sweep does not fill is ``None``.  The last five fields are filled for stacks only.
     """
 
-    layers: np.ndarray
-    scales: float | np.ndarray
-    n_layers: int
-    baseline: torch.Tensor | None = None
+    layers: np.ndarray  #: Injection layers in ``[0, L]``.
+    scales: float | np.ndarray  #: The magnitude(s) as given.
+    n_layers: int  #: Depth ``L``.
+    baseline: torch.Tensor | None = None  #: The run without injection, ``[L+1, batch, tokens, d]``.
+    #: ``[runs..., L+1, ...]``: streams, or what ``measure`` returned (:func:`sweep_injections`).
     injected: torch.Tensor | None = None
-    attention_mask: torch.Tensor | None = None
-    injected_mask: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None  #: Real tokens, ``[batch, tokens]``.
+    injected_mask: torch.Tensor | None = None  #: The positions that received the vector, ``[batch, tokens]``.
+    #: :func:`~companion.injection.metrics.perturbation_metrics` per run and layer,
+    #: ``[runs..., L+1, batch, tokens]`` or ``[..., batch, len(groups)]``.
     metrics: dict | None = None
+    #: Position groups of the metrics' last axis (:data:`~companion.injection.directions.GROUPS`).
     groups: tuple | None = None
-    effects: dict | None = None
-    effect_name: str | None = None
-    coefficient: np.ndarray | None = None
-    relative: bool | None = None
-    model: str | None = None
-    typical_norm: np.ndarray | None = None
-    base_norm: np.ndarray | None = None
-    base_sq_norm: np.ndarray | None = None
-    direction: np.ndarray | None = None
-    placement: str | None = None
+    effects: dict | None = None  #: Output effect per run keyed by :data:`EFFECT_KINDS`.
+    effect_name: str | None = None  #: The default kind of :meth:`effect`.
+    coefficient: np.ndarray | None = None  #: Length of the added vector of each run.
+    relative: bool | None = None  #: Whether scales were relative to the stream's size.
+    model: str | None = None  #: Name of a real model.
+    typical_norm: np.ndarray | None = None  #: Magnitude unit per layer, ``[L+1]`` (:func:`track_injection`).
+    base_norm: np.ndarray | None = None  #: ``||h_l||`` per position.
+    base_sq_norm: np.ndarray | None = None  #: :math:`\mathbb E\|h_l\|^2` per layer.
+    direction: np.ndarray | None = None  #: The unit direction.
+    placement: str | None = None  #: ``"pre"`` or ``"post"``.
+    #: The skip-path prediction of ``metrics["projection"]``.
     predicted_projection: np.ndarray | None = None
 
     def mean(self, metric: str, where: str | None = None) -> np.ndarray:
@@ -245,8 +197,7 @@ class SweepResult:
 
         Parameters
         ----------
-        positions : {"all", "injected", "later"}
-            The token set.
+        positions : {"all", "injected", "later"}, default "all"
 
         Returns
         -------
@@ -280,12 +231,9 @@ class SweepResult:
 
         Parameters
         ----------
-        threshold : float, default 0.5
-            As in :func:`~companion.injection.metrics.effect_window`.
-        kind, positions : str, optional
-            As in :meth:`effect`.
-        relative, contiguous : bool, default True
-            As in :func:`~companion.injection.metrics.effect_window`.
+        threshold, kind, positions, relative, contiguous : optional
+            ``kind`` and ``positions`` as in :meth:`effect`, the others as in
+            :func:`~companion.injection.metrics.effect_window`.
         scale_index : int, default 0
             Which magnitude, when the sweep ran several.
 
@@ -332,10 +280,9 @@ class SweepResult:
 
         Raises
         ------
-        TypeError
-            If ``layer`` is not an integer.
-        ValueError
-            For ``layer`` out of range or without an injection below, or unknown ``kind``/``positions``.
+        TypeError, ValueError
+            If ``layer`` is not an integer (TypeError), out of range or without an injection below,
+            or for an unknown ``kind``/``positions``.
         """
         m = check_int(layer, "layer", 1)
         if m > self.n_layers:
@@ -365,10 +312,10 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
 
     Parameters
     ----------
-    model : LoadedModel, ResidualStack, TinyLM, or an adapter from :func:`adapt`
+    model : LoadedModel, ResidualStack, TinyLM, ModelAdapter or StackAdapter
         The model (an adapter is used as it is, without a second check).
     inputs : texts, encoding, ``[B, T, d]`` stream or ``[B, T]`` token ids
-        As in :func:`adapt`; ignored when ``model`` is an adapter.
+        As ``model`` takes them; ignored when ``model`` is an adapter.
     layers : sequence of int in ``[0, L]``, or ``"all"``
         Injection layers, without repeats.
     vector : array, shape ``[d]`` or ``[n_layers, d]``
@@ -384,7 +331,7 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
     max_batch_tokens : int, default 16384
         Most token rows through a block at once (real models).
     max_length : int or None
-        As in :func:`adapt`.
+        Truncation length of a real model's texts.
 
     Returns
     -------
@@ -393,17 +340,15 @@ def sweep_injections(model, inputs, layers, vector, scale=1.0, positions=None, m
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
-    ValueError
-        For a layer out of range or repeated, a bad or overflowing vector, a non-finite scale,
-        empty texts or bad positions.
+    TypeError, ValueError
+        For arguments of the wrong type (TypeError); a layer out of range or repeated, a bad or
+        overflowing vector, a non-finite scale, empty texts or bad positions.
 
     Examples
     --------
     >>> sw = sweep_injections(m, texts, "all", v, scale=[2.0, 8.0])   # doctest: +SKIP
     """
-    ad = model if isinstance(model, (ModelAdapter, StackAdapter)) else adapt(model, inputs, max_length)
+    ad = model if isinstance(model, (ModelAdapter, StackAdapter)) else _adapt(model, inputs, max_length)
     L = ad.n_layers
     layers = _injection_layers(layers, L, ad.name)
     scalar = not isinstance(scale, (Sequence, np.ndarray, torch.Tensor))
@@ -484,7 +429,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     Parameters
     ----------
     model : companion.stacks.residual.ResidualStack or companion.stacks.tinylm.TinyLM
-        The stack.
     inputs : torch.Tensor
         ``[B, T, d]`` stream (ResidualStack) or ``[B, T]`` token ids (TinyLM).
     layers : sequence of int, optional
@@ -492,7 +436,6 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     scale : float, default 0.1
         :math:`a_\ell` = ``scale`` times the baseline's RMS norm at ``l`` (``relative``), else ``scale``.
     relative : bool, default True
-        See ``scale``.
     direction : array_like, shape ``[d]``, optional
         Direction ``v`` (default :func:`~companion.injection.directions.random_direction` with ``seed``).
     positions : int or sequence of int, optional
@@ -509,10 +452,9 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a stack or an argument has the wrong type.
-    ValueError
-        If ``scale <= 0``, ``layers`` is bad, ``direction`` is bad or zero, or the vectors overflow.
+    TypeError, ValueError
+        If ``model`` is not a stack or an argument has the wrong type (TypeError); if ``scale <= 0``,
+        ``layers`` is bad, ``direction`` is bad or zero, or the vectors overflow.
 
     Examples
     --------
@@ -550,14 +492,10 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
     lam = cfg.residual_scale
     n_sub = base.sublayer_norm_input.shape[1]
     if cfg.placement == "post":
-        ln_w = torch.stack(
-            [torch.stack([sub.norm.weight for sub in blk.sublayers]) for blk in stack.blocks]
-        )  # [L, S, d]
-        f = pt.postln_contraction_factors(
-            base.sublayer_norm_input, eps=cfg.eps, residual_scale=lam,
-            ln_weight=ln_w.detach().double().cpu().numpy()[:, :, None, None, :], v=v,
-            norm=cfg.norm,
-        )  # [L, S, B, T]
+        ln_w = torch.stack([torch.stack([sub.norm.weight for sub in blk.sublayers]) for blk in stack.blocks])
+        f = pt.postln_contraction_factors(  # [L, S, B, T]; ln_w is [L, S, d]
+            base.sublayer_norm_input, eps=cfg.eps, residual_scale=lam, v=v, norm=cfg.norm,
+            ln_weight=ln_w.detach().double().cpu().numpy()[:, :, None, None, :])
         factors = np.prod(f, axis=1)
     else:
         factors = np.full(stream_b.shape[1:3], lam**n_sub)[None].repeat(n_layers, axis=0)
@@ -644,7 +582,6 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     Parameters
     ----------
     m : LoadedModel
-        The model.
     prompts : InjectionPrompts
         From :func:`companion.injection.directions.make_prompts` for ``m``.
     layers : sequence of int
@@ -654,7 +591,6 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
     scales : float or sequence of float
         Magnitudes > 0: :math:`\alpha` with ``c = alpha * norms[l]`` (``relative``), else ``c``.
     relative : bool, default True
-        See ``scales``.
     norms : array_like, shape ``[L+1]``, optional
         Magnitude unit per layer (default: :func:`~companion.injection.directions.typical_norms`).
     max_batch_tokens : int, default 16384
@@ -671,10 +607,9 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
 
     Raises
     ------
-    TypeError
-        For wrong argument types.
-    ValueError
-        For bad layers, directions, scales, ``norms`` or ``centre``, or overflowing vectors.
+    TypeError, ValueError
+        For wrong argument types (TypeError); bad layers, directions, scales, ``norms`` or ``centre``,
+        or overflowing vectors.
 
     Examples
     --------

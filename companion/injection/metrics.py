@@ -66,10 +66,9 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
 
     Raises
     ------
-    TypeError
-        If an input is not a real array or tensor.
-    ValueError
-        For mismatched shapes, a ``v`` that is zero or does not broadcast, or NaN/inf.
+    TypeError, ValueError
+        If an input is not a real array or tensor (TypeError); for mismatched shapes, a ``v`` that
+        is zero or does not broadcast, or NaN/inf.
 
     Examples
     --------
@@ -156,10 +155,9 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
 
     Raises
     ------
-    TypeError
-        If ``x`` or ``eps`` is not real.
-    ValueError
-        For ``d < 2``, NaN/inf, ``eps < 0``, an unknown ``norm`` or an overflowing scale.
+    TypeError, ValueError
+        If ``x`` or ``eps`` is not real; for ``d < 2``, NaN/inf, ``eps < 0``, an unknown ``norm``
+        or an overflowing scale.
 
     Examples
     --------
@@ -167,9 +165,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     0.5
     """
     arr = as_float64(x, "x")
-    eps = check_real(eps, "eps")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    eps = check_real(eps, "eps", lo=0.0)
     if norm not in ("layernorm", "rmsnorm"):
         raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
     if arr.ndim == 0 or arr.shape[-1] < 2:
@@ -205,7 +201,6 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     ln_inputs : array_like or torch.Tensor, shape ``[L, ..., d]``
         Baseline input :math:`u_l` of each block's norm (``StackOutput.pre_norm``).
     eps : float, default 0.0
-        The norm's ``eps``.
     residual_scale : float, default 1.0
         Skip-path weight :math:`\lambda > 0`.
     ln_weight : array_like, shape ``[d]`` or ``[L, ..., d]``, optional
@@ -213,7 +208,6 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     v : array_like, shape ``[d]``, optional
         Perturbation direction (only with ``ln_weight``).
     norm : {"layernorm", "rmsnorm"}, default "layernorm"
-        See :func:`normalisation_scale`.
 
     Returns
     -------
@@ -222,10 +216,8 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
 
     Raises
     ------
-    TypeError
-        If an argument is not real.
-    ValueError
-        For a bad shape or value (as :func:`normalisation_scale`), ``residual_scale <= 0``,
+    TypeError, ValueError
+        If an argument is not real; as :func:`normalisation_scale`, and for ``residual_scale <= 0``,
         ``ln_weight`` without ``v``, or a zero ``v``.
 
     Examples
@@ -282,10 +274,9 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``inject_layer`` is not an integer or an array is not real.
-    ValueError
-        For empty or non-finite ``factors``, ``inject_layer`` outside ``[0, L]``, or bad ``initial``.
+    TypeError, ValueError
+        For a non-integer ``inject_layer`` or a non-real array (TypeError); empty or non-finite
+        ``factors``, ``inject_layer`` outside ``[0, L]``, or bad ``initial``.
 
     Examples
     --------
@@ -328,10 +319,9 @@ def fit_norm_growth(sq_norms) -> float:
 
     Raises
     ------
-    TypeError
-        If ``sq_norms`` is not real.
-    ValueError
-        If not 1-D with >= 2 entries, non-finite, negative, ``sq_norms[0] == 0``, or the slope overflows.
+    TypeError, ValueError
+        If ``sq_norms`` is not real; not 1-D with >= 2 entries, non-finite, negative,
+        ``sq_norms[0] == 0``, or the slope overflows.
 
     Examples
     --------
@@ -374,10 +364,9 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``c`` is not real or ``inject_layer``/``layers`` are not integers.
-    ValueError
-        If ``c < 0``, ``inject_layer < 0`` or some ``m < inject_layer``.
+    TypeError, ValueError
+        If ``c`` is not real or ``inject_layer``/``layers`` are not integers (TypeError); if
+        ``c < 0``, ``inject_layer < 0`` or some ``m < inject_layer``.
 
     Examples
     --------
@@ -404,29 +393,15 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Window:
-    """The injection window of one stack (see :func:`effect_window`).
+    """The injection window of one stack (see :func:`effect_window`)."""
 
-    Attributes
-    ----------
-    layers : numpy.ndarray of int
-        Injection layers in the window, ascending.
-    best, first, last : int
-        Layer of the largest effect; smallest and largest layer in the window (-1 if empty).
-    n_layers : int
-        Depth ``L``; fractions are ``layer / L``.
-    threshold : float
-        The threshold used.
-    relative : bool
-        Whether it was relative to the largest effect.
-    """
-
-    layers: np.ndarray
-    best: int
-    first: int
-    last: int
-    n_layers: int
-    threshold: float
-    relative: bool
+    layers: np.ndarray  #: Injection layers in the window, ascending.
+    best: int  #: Layer of the largest effect.
+    first: int  #: Smallest layer in the window (-1 if empty).
+    last: int  #: Largest layer in the window (-1 if empty).
+    n_layers: int  #: Depth ``L``; fractions are ``layer / L``.
+    threshold: float  #: The threshold used.
+    relative: bool  #: Whether it was relative to the largest effect.
 
     @property
     def best_fraction(self) -> float:  # numpydoc ignore=RT01
@@ -483,10 +458,9 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
 
     Raises
     ------
-    TypeError
-        If ``relative``/``contiguous`` are not bool or ``layers``/``n_layers`` not integers.
-    ValueError
-        For a bad ``effect`` (shape, NaN/inf, negative), bad ``layers`` or a threshold out of range.
+    TypeError, ValueError
+        If ``relative``/``contiguous`` are not bool or ``layers``/``n_layers`` not integers (TypeError);
+        for a bad ``effect`` (shape, NaN/inf, negative), bad ``layers`` or a threshold out of range.
 
     Examples
     --------
@@ -545,7 +519,6 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     Parameters
     ----------
     placement : {"pre", "post"}
-        Norm placement of the stack.
     n_layers : int
         Depth ``L`` (injection layers ``0 .. L-1``).
     threshold : float, default 0.5
@@ -562,10 +535,9 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
 
     Raises
     ------
-    TypeError
-        If an argument has the wrong type.
-    ValueError
-        For an unknown ``placement``, a missing or out-of-range parameter, or bad ``n_layers``/``threshold``.
+    TypeError, ValueError
+        For an argument of the wrong type; an unknown ``placement``, a missing or out-of-range
+        parameter, or bad ``n_layers``/``threshold``.
 
     Examples
     --------
@@ -592,9 +564,7 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
         return L - n, L - 1
     if c is None:
         raise ValueError("placement='pre' needs c (the norm-growth slope)")
-    c = check_real(c, "c")
-    if c < 0:
-        raise ValueError(f"c must be >= 0, got {c}")
+    c = check_real(c, "c", lo=0.0)
     if c == 0:
         return 0, L - 1
     with np.errstate(over="ignore"):
@@ -621,10 +591,8 @@ def next_token_kl(logits_base, logits_inj) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If an input is not real.
-    ValueError
-        For different shapes, an empty vocabulary axis, or NaN/inf.
+    TypeError, ValueError
+        If an input is not real; for different shapes, an empty vocabulary axis, or NaN/inf.
 
     Examples
     --------
@@ -670,10 +638,8 @@ def embedding_change(e_base, e_inj) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If an input is not real.
-    ValueError
-        For different shapes, a zero vector, or NaN/inf.
+    TypeError, ValueError
+        If an input is not real; for different shapes, a zero vector, or NaN/inf.
 
     Examples
     --------
