@@ -86,8 +86,7 @@ def check_finite(arr, name: str) -> None:
 
 
 def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) -> np.ndarray:
-    """``value`` (number, sequence, array or tensor) as a finite float64 array of ``>= min_ndim``
-    dimensions (of ``shape`` when given; ``None`` entries match any length)."""
+    """``value`` as a finite float64 array of ``>= min_ndim`` axes (of ``shape``; None matches any length)."""
     what = f"{name} must be a real number or an array of real numbers"
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}, got a string")
@@ -231,8 +230,7 @@ def check_layer_list(layers, name: str = "layers") -> tuple[int, ...]:
 
 def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None, scales=(),
                  name: str = "vector", where: str = "the model"):
-    """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a tensor of ``dtype`` on ``device``, finite
-    also times each of ``scales`` in that dtype."""
+    """``vector`` ``[d]`` (or ``[rows, d]``) as a ``dtype`` tensor on ``device``, finite times each scale."""
     import torch
     if not isinstance(vector, torch.Tensor):
         if isinstance(vector, (str, bytes)):
@@ -262,8 +260,7 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
 
 
 def freeze(dist, name: str = "dist"):
-    """``dist()`` for an unfrozen scipy.stats distribution without shape parameters (``stats.norm``),
-    TypeError for one with (``stats.bernoulli``); anything else unchanged."""
+    """``dist()`` for an unfrozen scipy.stats law without shapes, TypeError for one with; else ``dist``."""
     if isinstance(dist, (stats.rv_continuous, stats.rv_discrete)):
         if dist.numargs:
             public = getattr(stats, str(dist.name), None) is dist
@@ -358,10 +355,9 @@ def row_counts(name: str, N) -> np.ndarray:
     """``N`` as a positive int64 array (a scalar or array of integers) for the simulation."""
     arr = integer_counts(name, N)
     if arr.dtype == object or (arr.dtype == np.uint64 and arr.size and int(arr.max()) > INT64_MAX):
-        raise ValueError(
-            f"{name} = {int(np.max(arr))} exceeds the int64 range ({INT64_MAX:.3g}); a simulation "
-            "cannot draw that many rows (use the exact functions, which accept any N)"
-        )
+        raise ValueError(f"{name} = {int(np.max(arr))} exceeds the int64 range ({INT64_MAX:.3g}); a "
+                         "simulation cannot draw that many rows (use the exact functions, which "
+                         "accept any N)")
     return arr.astype(np.int64)
 
 

@@ -46,10 +46,8 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    TypeError
-        If ``h`` is not a tensor.
-    ValueError
-        If the model has no next-token head, or ``h`` does not end with ``d_model``.
+    TypeError, ValueError
+        If ``h`` is not a tensor, the model has no next-token head, or ``h`` does not end with ``d_model``.
 
     Examples
     --------

