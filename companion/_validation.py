@@ -1,7 +1,6 @@
 """Argument checks of the public functions (package-internal): one wording of each error.
 
-``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value; torch is imported
-only inside the torch checks, so every folder may use this module.
+``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value; torch is imported lazily.
 """
 
 from __future__ import annotations
@@ -252,10 +251,9 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
     out = vector.to(device=device, dtype=dtype)
     for s in (1.0, *scales):
         if not bool(torch.isfinite(s * out).all()):
-            raise ValueError(f"{'scale * ' if s != 1.0 else ''}{name} reaches "
-                             f"{float(vector.abs().max()) * abs(s):.4g}, beyond the range of the dtype "
-                             f"{dtype} of {where} (max {torch.finfo(dtype).max:.4g}); use a smaller scale "
-                             "or vector")
+            peak, hi = float(vector.abs().max()) * abs(s), torch.finfo(dtype).max
+            raise ValueError(f"{'scale * ' if s != 1.0 else ''}{name} reaches {peak:.4g}, beyond the range "
+                             f"of the dtype {dtype} of {where} (max {hi:.4g}); use a smaller scale or vector")
     return out
 
 

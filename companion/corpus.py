@@ -48,7 +48,7 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
     min_chars : int, default 40
         Paragraphs shorter than this (headings, chapter numbers) are dropped.
     max_paragraphs : int or None
-        Keep only the first ``max_paragraphs`` paragraphs.
+        Keep only the first ``max_paragraphs`` paragraphs (None: all).
 
     Returns
     -------

@@ -62,7 +62,6 @@ class LoadedModel:
         Returns
         -------
         LoadedModel
-            The copy (:func:`~companion.transformers.models.load` returns a shared, cached object).
         """
         return wrap(_copy.deepcopy(self.model), self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
@@ -194,8 +193,8 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
         Labels stored on the result.
     placement : {"pre", "post"} or None
         Overrides the detection from ``model.config.model_type``.
-    max_length : int
-        Default truncation length of :func:`~companion.transformers.models.tokenize`.
+    max_length : int, default 128
+        As :attr:`~companion.transformers.models.LoadedModel.max_length`.
 
     Returns
     -------
@@ -343,7 +342,6 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     ----------
     m : LoadedModel
     texts : str or sequence of str
-        A single string is treated as a list of one.
     max_length : int or None
         Truncate to this many tokens (default ``m.max_length``).
 

@@ -85,7 +85,6 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     texts, max_length
         As :func:`~companion.transformers.models.tokenize`.
     batch_size : int, default 8
-        Texts per forward pass.
     per_text : bool, default False
         Return one mean per text instead of the mean over all predicted tokens.
 

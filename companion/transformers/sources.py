@@ -58,7 +58,6 @@ HUB_EXAMPLES: tuple[str, ...] = (
     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
     "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B")
 
-# model_type -> placement of the normalisation relative to the residual branch
 _PRE_NORM_TYPES = frozenset(
     "gpt2 gpt_neox gpt_neo gptj codegen llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe "
     "gemma gemma2 gemma3_text phi phi3 olmo olmo2 falcon bloom stablelm starcoder2 granite "
@@ -67,8 +66,7 @@ _POST_NORM_TYPES = frozenset(
     "bert roberta xlm-roberta distilbert electra albert camembert mpnet ernie megatron-bert "
     "deberta deberta-v2 xlm".split())
 
-# bump when the on-disk conversion format changes (old caches are then ignored)
-_CONVERSION_VERSION = 1
+_CONVERSION_VERSION = 1  # bump when the on-disk format changes (old caches are then ignored)
 _MARKER = "companion.json"  # in each converted folder: conversion version; size and SHA-256 of each file
 
 
@@ -97,8 +95,7 @@ def _package_path(spec: OfflineModel) -> Path:
 
 def _quiet_transformers():
     """Import transformers with its warnings, logging and progress bars silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. tqdm's "IProgress not found" inside Jupyter
+    with warnings.catch_warnings(action="ignore"):  # e.g. tqdm's "IProgress not found" inside Jupyter
         import transformers
         from tqdm import auto  # noqa: F401, pyflakes: ignore (imported quietly, before transformers needs it)
 
@@ -118,8 +115,7 @@ def _load_gguf(path: Path):
     """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores; cached on disk)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=torch.float32)
@@ -232,8 +228,7 @@ def _load_folder(folder, kind: str, dtype: torch.dtype | None, local: bool = Tru
     _quiet_transformers()
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
     cls = AutoModelForCausalLM if kind == "causal-lm" else AutoModel
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=local)
         model = cls.from_pretrained(str(folder), local_files_only=local, dtype=dtype or torch.float32)
     return model, tokenizer
@@ -273,7 +268,6 @@ def _load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: boo
                   f"delete it (rm -r {folder}) or set COMPANION_CACHE to a writable folder")
         warnings.warn(f"the converted {spec.name} model cached in {folder} is damaged ({reason}); "
                       f"{advice}", CorruptCacheWarning, stacklevel=3)
-    # reuse a GGUF load already made in this process, else de-quantise now
     model, tokenizer = gguf_loaded if gguf_loaded is not None else _load_gguf(path)
     if not can_save or not _save_converted(model, tokenizer, folder):
         return model, tokenizer, str(path)
@@ -306,8 +300,7 @@ def _load_hub(name: str, dtype: torch.dtype | None):
     _quiet_transformers()
     from transformers import AutoConfig
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             config, local = AutoConfig.from_pretrained(name, local_files_only=True), True
     except Exception:  # noqa: BLE001 - any failure means "not available locally"
         local = False

@@ -1,9 +1,9 @@
 """Read and perturb the raw residual stream of a real Transformer with forward hooks.
 
-A model with ``L`` blocks has ``L + 1`` states: ``h_0`` is the input of block 0 (the embedding
-output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.  For ``l < L`` this
-is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is the last block's raw
-output (transformers reports it after the final norm).
+A model with ``L`` blocks has ``L + 1`` states: ``h_0`` is the input of block 0 (the embedding output;
+LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``, transformers'
+``output_hidden_states[l]`` for ``l < L``; for pre-norm models ``h_L`` is the last block's raw output
+(transformers reports it after the final norm).
 """
 
 from __future__ import annotations
