@@ -13,10 +13,7 @@ DISTRIBUTION = "fading-outliers-companion"
 
 
 def package_data(*parts: str) -> Path:
-    """Path (which may not exist) of ``companion/data/<parts>``, found with :mod:`importlib.resources`.
-
-    TypeError if a part is not a string; ValueError if the package is not on disk (a zip archive).
-    """
+    """Path (may not exist) of ``companion/data/<parts>``; ValueError if the package is not on disk."""
     if not all(isinstance(p, str) for p in parts):
         raise TypeError(f"path parts must be strings, got {parts!r}")
     resource = importlib.resources.files("companion").joinpath("data", *parts)

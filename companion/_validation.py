@@ -1,7 +1,6 @@
 """Argument checks of the public functions (package-internal): one wording of each error.
 
-``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value; torch is imported
-only inside the torch checks, so every folder may use this module.
+``TypeError`` for a wrong kind of argument, ``ValueError`` for a wrong value; torch is imported lazily.
 """
 
 from __future__ import annotations
@@ -86,8 +85,7 @@ def check_finite(arr, name: str) -> None:
 
 
 def real_array(name: str, value, min_ndim: int = 0, shape: tuple | None = None) -> np.ndarray:
-    """``value`` (number, sequence, array or tensor) as a finite float64 array of ``>= min_ndim``
-    dimensions (of ``shape`` when given; ``None`` entries match any length)."""
+    """``value`` as a finite float64 array of ``>= min_ndim`` axes (of ``shape``; None matches any length)."""
     what = f"{name} must be a real number or an array of real numbers"
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}, got a string")
@@ -231,8 +229,7 @@ def check_layer_list(layers, name: str = "layers") -> tuple[int, ...]:
 
 def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None, scales=(),
                  name: str = "vector", where: str = "the model"):
-    """``vector`` of shape ``[d]`` (or ``[rows, d]``) as a tensor of ``dtype`` on ``device``, finite
-    also times each of ``scales`` in that dtype."""
+    """``vector`` ``[d]`` (or ``[rows, d]``) as a ``dtype`` tensor on ``device``, finite times each scale."""
     import torch
     if not isinstance(vector, torch.Tensor):
         if isinstance(vector, (str, bytes)):
@@ -254,16 +251,14 @@ def check_vector(vector, d: int, rows: int | None = None, *, dtype, device=None,
     out = vector.to(device=device, dtype=dtype)
     for s in (1.0, *scales):
         if not bool(torch.isfinite(s * out).all()):
-            raise ValueError(f"{'scale * ' if s != 1.0 else ''}{name} reaches "
-                             f"{float(vector.abs().max()) * abs(s):.4g}, beyond the range of the dtype "
-                             f"{dtype} of {where} (max {torch.finfo(dtype).max:.4g}); use a smaller scale "
-                             "or vector")
+            peak, hi = float(vector.abs().max()) * abs(s), torch.finfo(dtype).max
+            raise ValueError(f"{'scale * ' if s != 1.0 else ''}{name} reaches {peak:.4g}, beyond the range "
+                             f"of the dtype {dtype} of {where} (max {hi:.4g}); use a smaller scale or vector")
     return out
 
 
 def freeze(dist, name: str = "dist"):
-    """``dist()`` for an unfrozen scipy.stats distribution without shape parameters (``stats.norm``),
-    TypeError for one with (``stats.bernoulli``); anything else unchanged."""
+    """``dist()`` for an unfrozen scipy.stats law without shapes, TypeError for one with; else ``dist``."""
     if isinstance(dist, (stats.rv_continuous, stats.rv_discrete)):
         if dist.numargs:
             public = getattr(stats, str(dist.name), None) is dist
@@ -358,10 +353,9 @@ def row_counts(name: str, N) -> np.ndarray:
     """``N`` as a positive int64 array (a scalar or array of integers) for the simulation."""
     arr = integer_counts(name, N)
     if arr.dtype == object or (arr.dtype == np.uint64 and arr.size and int(arr.max()) > INT64_MAX):
-        raise ValueError(
-            f"{name} = {int(np.max(arr))} exceeds the int64 range ({INT64_MAX:.3g}); a simulation "
-            "cannot draw that many rows (use the exact functions, which accept any N)"
-        )
+        raise ValueError(f"{name} = {int(np.max(arr))} exceeds the int64 range ({INT64_MAX:.3g}); a "
+                         "simulation cannot draw that many rows (use the exact functions, which "
+                         "accept any N)")
     return arr.astype(np.int64)
 
 

@@ -10,22 +10,11 @@ from pathlib import Path
 
 from companion._paths import DISTRIBUTION, package_data
 
-__all__ = ["corpus_dir", "corpus_files", "load_corpus", "corpus_sentences"]
+__all__ = ["load_corpus", "corpus_sentences"]
 
 
-def corpus_dir() -> Path:
-    """Folder holding the corpus ``*.txt`` files.
-
-    Returns
-    -------
-    pathlib.Path
-        ``$COMPANION_DATA`` if set, else ``companion/data/corpus``.
-
-    Raises
-    ------
-    ValueError
-        If the folder does not exist.
-    """
+def _corpus_dir() -> Path:
+    """Folder of the corpus: ``$COMPANION_DATA`` if set, else ``companion/data/corpus``; it must exist."""
     env = os.environ.get("COMPANION_DATA")
     if env:
         path = Path(env).expanduser()
@@ -42,22 +31,11 @@ def corpus_dir() -> Path:
     return path
 
 
-def corpus_files() -> list[Path]:
-    """The corpus text files.
-
-    Returns
-    -------
-    list of pathlib.Path
-        The ``*.txt`` files of :func:`~companion.corpus.corpus_dir`, sorted.
-
-    Raises
-    ------
-    ValueError
-        If there is none.
-    """
-    files = sorted(corpus_dir().glob("*.txt"))
+def _corpus_files() -> list[Path]:
+    """The sorted ``*.txt`` files of ``_corpus_dir()``; ValueError if there is none."""
+    files = sorted(_corpus_dir().glob("*.txt"))
     if not files:
-        raise ValueError(f"no .txt files in {corpus_dir()}; the corpus is listed in "
+        raise ValueError(f"no .txt files in {_corpus_dir()}; the corpus is listed in "
                          "companion/data/corpus/SOURCES.md")
     return files
 
@@ -70,12 +48,11 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
     min_chars : int, default 40
         Paragraphs shorter than this (headings, chapter numbers) are dropped.
     max_paragraphs : int or None
-        Keep only the first ``max_paragraphs`` paragraphs.
+        Keep only the first ``max_paragraphs`` paragraphs (None: all).
 
     Returns
     -------
     list of str
-        The paragraphs.
 
     Raises
     ------
@@ -91,7 +68,7 @@ def load_corpus(min_chars: int = 40, max_paragraphs: int | None = None) -> list[
 
 def _corpus_paragraphs(min_chars: int) -> list[str]:
     """Whitespace-normalised paragraphs of every corpus file with ``>= min_chars`` characters."""
-    texts = (f.read_text(encoding="utf-8").replace("\r\n", "\n") for f in corpus_files())
+    texts = (f.read_text(encoding="utf-8").replace("\r\n", "\n") for f in _corpus_files())
     paragraphs = (" ".join(p.split()) for text in texts for p in re.split(r"\n\s*\n", text) if p.strip())
     return [p for p in paragraphs if len(p) >= min_chars]
 
@@ -112,7 +89,6 @@ def corpus_sentences(n: int | None = None, min_words: int = 6, max_words: int = 
     Returns
     -------
     list of str
-        The sentences.
 
     Raises
     ------

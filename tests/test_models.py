@@ -78,7 +78,7 @@ def test_converted_cache_equals_gguf_load(smol, tmp_path, monkeypatch):
     # writing a fresh cache (into an empty folder) reuses the in-process GGUF load and reloads equal weights
     monkeypatch.setenv("COMPANION_CACHE", str(tmp_path))
     spec = sources.OFFLINE_MODELS["smollm2-135m"]
-    model, tokenizer, source = sources.load_offline(spec, None, True)
+    model, tokenizer, source = sources._load_offline(spec, None, True)
     assert source.startswith(str(tmp_path)) and (tmp_path / source.split("/")[-1] / "companion.json").exists()
     # the marker, written last, records every file's size and SHA-256 (checked on later loads)
     marker = json.loads((tmp_path / source.split("/")[-1] / "companion.json").read_text())
@@ -87,7 +87,7 @@ def test_converted_cache_equals_gguf_load(smol, tmp_path, monkeypatch):
     assert sources._cache_problem(weights.parent) is None
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, ref[key], rtol=0, atol=0)
-    assert sources.cache_dir() == tmp_path
+    assert sources._cache_dir() == tmp_path
 
 
 def test_available_models_lists_both_offline_models():

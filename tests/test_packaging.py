@@ -20,7 +20,7 @@ import companion
 from companion import _paths
 from companion import experiments as xp
 from companion.experiments import store
-from companion.corpus import corpus_dir
+from companion.corpus import _corpus_dir
 from companion.experiments import framework_trained as xf
 from companion.experiments import injection_window as ei
 
@@ -82,8 +82,8 @@ def test_data_is_package_data_found_with_importlib_resources(monkeypatch):
     package = Path(companion.__file__).parent
     monkeypatch.delenv("COMPANION_DATA", raising=False)
     monkeypatch.delenv("COMPANION_RESULTS", raising=False)
-    assert corpus_dir() == _paths.package_data("corpus") == package / "data" / "corpus"
-    assert (corpus_dir() / "SOURCES.md").is_file() and sorted(corpus_dir().glob("*.txt"))
+    assert _corpus_dir() == _paths.package_data("corpus") == package / "data" / "corpus"
+    assert (_corpus_dir() / "SOURCES.md").is_file() and sorted(_corpus_dir().glob("*.txt"))
     assert xp.stored_root() == package / "data" / "results"
     assert xf.stored_models_path() == package / "data" / "results" / "framework_tiny_lms.npz"
     with pytest.raises(TypeError, match="strings"):

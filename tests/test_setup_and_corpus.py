@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import companion
-from companion.corpus import corpus_files, corpus_sentences, load_corpus
+from companion.corpus import _corpus_files, corpus_sentences, load_corpus
 
 
 def test_setup_notebook_is_deterministic_and_sets_environment():
@@ -36,7 +36,7 @@ def test_setup_notebook_rejects_bad_input(kwargs, exc, match):
 
 
 def test_corpus_is_present_and_clean():
-    assert len(corpus_files()) >= 1
+    assert len(_corpus_files()) >= 1
     paragraphs = load_corpus()
     assert sum(len(p) for p in paragraphs) > 300_000
     assert all("\n" not in p and len(p) >= 40 for p in paragraphs)

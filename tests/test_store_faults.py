@@ -531,7 +531,7 @@ def fake_conversion(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "_load_gguf", convert)
     monkeypatch.setattr(models, "_LOADED", {})  # no real GGUF load of this process is reused
     monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "cache"))
-    return types.SimpleNamespace(load=lambda: sources.load_offline(spec, None, True), calls=calls,
+    return types.SimpleNamespace(load=lambda: sources._load_offline(spec, None, True), calls=calls,
                                  models=models)
 
 
@@ -539,7 +539,7 @@ def test_a_fresh_conversion_records_sizes_and_checksums(fake_conversion):
     models = fake_conversion.models
     model, tokenizer, source = fake_conversion.load()
     folder = Path(source)
-    assert fake_conversion.calls["n"] == 1 and folder.parent == sources.cache_dir()
+    assert fake_conversion.calls["n"] == 1 and folder.parent == sources._cache_dir()
     marker = json.loads((folder / "companion.json").read_text())
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(marker["files"])
     for name, spec in marker["files"].items():
@@ -608,7 +608,7 @@ def test_a_damaged_cache_is_converted_again_with_a_warning(fake_conversion, faul
     assert sources._cache_problem(folder) is None
     for key, value in reference.items():
         assert (model.state_dict()[key] == value).all()
-    assert sorted(p.name for p in sources.cache_dir().iterdir()) == [folder.name]  # none left aside
+    assert sorted(p.name for p in sources._cache_dir().iterdir()) == [folder.name]  # none left aside
     fake_conversion.load()
     assert fake_conversion.calls["n"] == 2  # repaired: read from the cache again
 

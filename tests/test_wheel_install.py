@@ -80,9 +80,9 @@ SMOKE = textwrap.dedent('''
     out["companion_version"] = companion.__version__
     out["checkout"] = None if _paths.source_checkout() is None else str(_paths.source_checkout())
 
-    from companion.corpus import corpus_dir, corpus_sentences
+    from companion.corpus import _corpus_dir, corpus_sentences
     sentences = corpus_sentences()
-    out["corpus_dir"] = str(corpus_dir())
+    out["corpus_dir"] = str(_corpus_dir())
     out["n_sentences"] = len(sentences)
     out["sentences_head"] = sentences[:3]
 

@@ -17,12 +17,10 @@ def _pairs(spec, label: str) -> list[tuple[torch.nn.Module, Callable]]:
     items = [] if spec is None else list(spec.items() if isinstance(spec, Mapping) else spec)
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):
-            raise TypeError(f"{label} must be a mapping module -> hook or pairs (module, hook), "
-                            f"got {item!r}")
+            raise TypeError(f"{label} must be a mapping module -> hook or pairs (module, hook), got {item!r}")
         module, fn = item
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"{label}: hooks attach to torch.nn.Module objects, "
-                            f"got {type(module).__name__}")
+            raise TypeError(f"{label}: hooks attach to torch.nn.Module objects, got {type(module).__name__}")
         if not callable(fn):
             raise TypeError(f"{label}: the hook for {type(module).__name__} is not callable")
     return items
@@ -35,20 +33,17 @@ def hooks(forward: HookSpec | None = None, pre: HookSpec | None = None, *,
 
     Parameters
     ----------
-    forward : mapping ``{module: fn}`` or iterable of ``(module, fn)``, optional
-        Forward hooks, ``fn(module, args, output)`` (``fn(module, args, kwargs, output)`` with
-        ``forward_with_kwargs``); a non-``None`` return value replaces the output.
-    pre : mapping ``{module: fn}`` or iterable of ``(module, fn)``, optional
-        Forward-pre hooks, ``fn(module, args)`` (``fn(module, args, kwargs)`` with
-        ``pre_with_kwargs``); a non-``None`` return value replaces the inputs.
+    forward, pre : mapping ``{module: fn}`` or iterable of ``(module, fn)``, optional
+        Forward hooks ``fn(module, args, output)`` and forward-pre hooks ``fn(module, args)``; a
+        non-``None`` return value replaces the output (the inputs).  With ``*_with_kwargs``,
+        ``kwargs`` follows ``args`` (``with_kwargs`` of ``register_forward_hook`` and its pre twin).
     forward_with_kwargs, pre_with_kwargs : bool
-        ``with_kwargs`` of ``register_forward_hook`` / ``register_forward_pre_hook``.
 
     Yields
     ------
     list of torch.utils.hooks.RemovableHandle
-        The handles, pre hooks first, each group in the order given.  They are removed when the
-        block ends, also by an exception or when attaching a later hook fails.
+        The handles, pre hooks first; all removed when the block ends, also on an exception or when
+        attaching a later hook fails.
 
     Raises
     ------

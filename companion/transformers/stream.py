@@ -1,9 +1,9 @@
 """Read and perturb the raw residual stream of a real Transformer with forward hooks.
 
-A model with ``L`` blocks has ``L + 1`` states: ``h_0`` is the input of block 0 (the embedding
-output; LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``.  For ``l < L`` this
-is transformers' ``output_hidden_states[l]``; for pre-norm models ``h_L`` is the last block's raw
-output (transformers reports it after the final norm).
+A model with ``L`` blocks has ``L + 1`` states: ``h_0`` is the input of block 0 (the embedding output;
+LayerNorm-ed for BERT/MiniLM) and ``h_l`` the output of block ``l − 1``, transformers'
+``output_hidden_states[l]`` for ``l < L``; for pre-norm models ``h_L`` is the last block's raw output
+(transformers reports it after the final norm).
 """
 
 from __future__ import annotations
@@ -58,10 +58,8 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
 
     Raises
     ------
-    TypeError
-        If ``positions`` has the wrong type.
-    ValueError
-        If a position lies outside a text, the mask has the wrong shape, or it selects nothing.
+    TypeError, ValueError
+        If ``positions`` has the wrong type, a position lies outside a text, or nothing is selected.
 
     Examples
     --------
@@ -169,9 +167,7 @@ def residual_stream(m: LoadedModel, texts, max_length: int | None = None) -> tor
     Parameters
     ----------
     m : LoadedModel
-        From :func:`companion.transformers.models.load`.
     texts : str, sequence of str, or an encoding from :func:`companion.transformers.models.tokenize`
-        The inputs.
     max_length : int or None
         Truncation length (default ``m.max_length``).
 
@@ -209,7 +205,6 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     vector : torch.Tensor or numpy.ndarray, shape ``[d]``
         The direction added, times the finite ``scale``.
     scale : float, default 1.0
-        Its multiplier.
     positions : None, sequence of int, or bool ``[batch, tokens]``
         Tokens that receive the vector, as :func:`~companion.transformers.stream.position_mask`.
 
@@ -220,11 +215,9 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
 
     Raises
     ------
-    TypeError
-        For arguments of the wrong type.
-    ValueError
-        If ``layer`` is outside ``[0, L]``, ``vector`` has not ``d`` finite entries, ``scale · vector``
-        overflows the dtype, ``texts`` is empty, or ``positions`` is invalid.
+    TypeError, ValueError
+        For arguments of the wrong type; if ``layer`` is outside ``[0, L]``, ``vector`` has not ``d``
+        finite entries, ``scale · vector`` overflows the dtype, or ``texts``/``positions`` are invalid.
 
     Examples
     --------
