@@ -54,6 +54,9 @@ RENAMED = {
     "companion.determinism.kernel_report": "companion.determinism._kernel_report",
     "companion.determinism.available_kernel_sets": "companion.determinism._available_kernel_sets",
     "companion.__main__.build_parser": "companion.__main__._build_parser",
+    "companion.models.cache_dir": "companion.transformers.sources._cache_dir",
+    "companion.corpus.corpus_dir": "companion.corpus._corpus_dir",
+    "companion.corpus.corpus_files": "companion.corpus._corpus_files",
 }
 
 

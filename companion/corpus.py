@@ -8,9 +8,11 @@ import os
 import re
 from pathlib import Path
 
+from companion._aliases import renamed_getattr as _renamed_getattr
 from companion._paths import DISTRIBUTION, package_data
 
 __all__ = ["load_corpus", "corpus_sentences"]
+__getattr__ = _renamed_getattr(__name__)  # 0.1 names made private (companion._aliases)
 
 
 def _corpus_dir() -> Path:
