@@ -26,16 +26,15 @@ from companion.experiments.registry import (
     FRAMEWORK_SCHEMA, _config_dict, _schema, config_hash, experiment_names, get_experiment, make_config, register,
 )
 from companion.experiments.store import (
-    CorruptResultError, CorruptResultWarning, Result, StaleResultWarning, add_checksums, cache_root, check_writable,
-    load_result, result_path, results_root, save_result, stored_results, stored_root, stored_target,
+    CorruptResultError, CorruptResultWarning, Result, StaleResultWarning, cache_root, check_writable, load_result,
+    result_path, save_result, stored_results, stored_root,
 )
 
 __all__ = [
     "FRAMEWORK_SCHEMA", "Result", "check_result", "register", "experiment_names", "get_experiment",
     "make_config", "config_hash", "run", "progress_bar", "run_cached", "save_result", "load_result",
-    "result_path", "results_root", "stored_root", "stored_results", "stored_target", "cache_root",
-    "add_checksums", "check_writable", "stale_reason", "StaleResultWarning", "CorruptResultWarning",
-    "CorruptResultError",
+    "result_path", "stored_root", "stored_results", "cache_root", "check_writable", "stale_reason",
+    "StaleResultWarning", "CorruptResultWarning", "CorruptResultError",
 ]
 
 logger = logging.getLogger(__name__)

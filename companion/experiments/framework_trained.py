@@ -21,7 +21,8 @@ import torch
 from companion._validation import check_positive, check_tuple
 from companion.corpus import load_corpus
 from companion.injection.engine import sweep_stack_injections
-from companion.experiments import progress_bar, register, stored_root, stored_target
+from companion.experiments import progress_bar, register, stored_root
+from companion.experiments.store import _stored_target
 from companion.injection.metrics import effect_window
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
@@ -341,7 +342,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     config : TrainedWindowsConfig
         The config they were trained with.
     path : str or Path, optional
-        ``.npz`` file (JSON sidecar beside it); default in :func:`~companion.experiments.stored_target`.
+        ``.npz`` file (JSON sidecar beside it); default :func:`stored_models_path` (the cache outside a clone).
 
     Returns
     -------
@@ -358,7 +359,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     >>> save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())   # doctest: +SKIP
     """
     _check_config(config)
-    path = Path(path) if path is not None else stored_target() / stored_models_path().name
+    path = Path(path) if path is not None else _stored_target() / stored_models_path().name
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():
