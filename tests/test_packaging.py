@@ -85,7 +85,7 @@ def test_data_is_package_data_found_with_importlib_resources(monkeypatch):
     assert corpus_dir() == _paths.package_data("corpus") == package / "data" / "corpus"
     assert (corpus_dir() / "SOURCES.md").is_file() and sorted(corpus_dir().glob("*.txt"))
     assert xp.stored_root() == package / "data" / "results"
-    assert xf.stored_models_path() == package / "data" / "results" / "framework_tiny_lms.npz"
+    assert xf._stored_models_path() == package / "data" / "results" / "framework_tiny_lms.npz"
     with pytest.raises(TypeError, match="strings"):
         _paths.package_data("corpus", 3)
 
@@ -114,7 +114,7 @@ def test_companion_results_moves_both_folders(monkeypatch, tmp_path):
     monkeypatch.setenv("COMPANION_RESULTS", str(tmp_path))
     assert xp.stored_root() == tmp_path / "stored" and xp.cache_root() == tmp_path / "cache"
     assert store._stored_target() == tmp_path / "stored"
-    assert xf.stored_models_path() == tmp_path / "stored" / "framework_tiny_lms.npz"
+    assert xf._stored_models_path() == tmp_path / "stored" / "framework_tiny_lms.npz"
     assert ei.gpu_results() == {}
 
 
