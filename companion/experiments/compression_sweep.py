@@ -1,11 +1,9 @@
 """The ``compression_sweep`` experiment: quantisation schemes and pruning on a causal LM.
 
-Every scheme is applied to the 210 linear layers in SmolLM2-135M's blocks (head and embeddings
-stay float) and measured on held-out text against the float model (paired loss increase per
-text, next-token KL, relative MSE of the stream after every block); calibration uses another
-corpus split.  The chapter *Applications* renders the stored Result and re-measures a few
-schemes live with :class:`CompressionBench`.  SmolLM2-135M's offline weights are a dequantised
-Q4_1 checkpoint (already on a 4-bit grid per block of 32): read the weight rows against that.
+Every scheme is applied to the linear layers of SmolLM2-135M's blocks and measured on held-out text
+against the float model (loss increase, next-token KL, relative MSE of the stream per block); the
+chapter *Applications* renders the stored Result and re-measures a few schemes with
+:class:`CompressionBench`.  The offline weights are a dequantised Q4_1 checkpoint (a 4-bit grid per 32).
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ class CompressionBench:
         Each at least ``seq_len`` tokens long.
     seq_len : int
     stats : dict name -> LinearInputStatistics, optional
-        Calibration statistics (:func:`~companion.applications.pruning.linear_input_statistics`)
-        if already computed.
+        Precomputed calibration statistics (:func:`~companion.applications.pruning.linear_input_statistics`).
 
     Raises
     ------

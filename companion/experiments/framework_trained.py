@@ -29,6 +29,8 @@ __all__ = ["WINDOW_KINDS_TRAINED", "TrainedWindowsConfig", "GPU_TRAINED", "tiny_
 
 #: Output effects of the trained-stack windows.
 WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
+_EFFECTS = {"kl_later": ("kl", "later"), "kl_injected": ("kl", "injected"),
+            "relative_projection": ("output_projection", "injected")}  # (metric, positions) of each kind
 
 #: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others: the sweep).
 TRAINING_FIELDS = ("widths", "depths", "placements", "n_heads", "steps", "batch_size", "seq_len",
@@ -106,11 +108,7 @@ class TrainedWindowsConfig:
         check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Train and sweep the models (:func:`sweep_trained`), and sweep them at initialisation too.
-
-        Returns the sweeps (the initial ones as ``"init_*"``), ``"train_loss"`` ``[P, W, D, steps]``,
-        the axis labels and the hash of the training fields; ``progress`` shows a bar over the models.
-        """
+        """Sweep the models trained and at initialisation (``"init_*"``), with ``train_loss``."""
         bar = progress_bar(len(_model_keys(self)), progress, "training")
         models = train_models(self, device, bar.update if bar else None)
         if bar:
@@ -268,9 +266,8 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
         effects = {k: np.zeros(depth) for k in WINDOW_KINDS_TRAINED}
         for j in range(config.n_directions):
             sw = sweep_stack_injections(model, ids, scale=config.scale, positions=span, seed=config.seed + j)
-            effects["kl_later"] += sw.effect("kl", "later") / config.n_directions
-            effects["kl_injected"] += sw.effect("kl", "injected") / config.n_directions
-            effects["relative_projection"] += sw.effect("output_projection", "injected") / config.n_directions
+            for kind, (metric, where) in _EFFECTS.items():
+                effects[kind] += sw.effect(metric, where) / config.n_directions
         for kind, eff in effects.items():
             out[f"effect_{kind}"][idx][:depth] = eff
             out[f"window_{kind}"][idx] = effect_window(
@@ -310,10 +307,6 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     ------
     TypeError
         If ``config`` is not a :class:`TrainedWindowsConfig`.
-
-    Examples
-    --------
-    >>> save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())   # doctest: +SKIP
     """
     _check_config(config)
     path = Path(path) if path is not None else _stored_target() / _stored_models_path().name

@@ -19,6 +19,7 @@ import threading
 import uuid
 import zipfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -346,10 +347,7 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         text = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read the Result at {path}: {exc}") from exc
-
-    def corrupt(reason: str) -> CorruptResultError:
-        return CorruptResultError(path, reason)
-
+    corrupt = partial(CorruptResultError, path)
     try:
         meta = json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError

@@ -1,10 +1,8 @@
 """Clipping and the mean-and-Frobenius regulariser, several seeds per arm, on trained TinyLMs.
 
-A byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed corpus
-once per *arm* of :data:`ARMS` and *seed* (shared by the arms: paired differences), and measured
-on held-out paragraphs; each seed's initialisation is measured too.  The chapter *Training
-controls* renders :data:`SHORT` and the default regime, stored as :data:`LONG_CLIP` and
-:data:`LONG_REG` and joined by :func:`merge_arms`.
+A byte-level Pre-LN TinyLM is trained once per *arm* of :data:`ARMS` and *seed* (shared by the arms:
+paired differences) and measured on held-out paragraphs, as is each seed's initialisation.  Chapter
+*Training controls* renders :data:`SHORT` and :data:`LONG_CLIP` + :data:`LONG_REG` (:func:`merge_arms`).
 """
 
 from __future__ import annotations
