@@ -105,7 +105,7 @@ def test_train_sweep_save_load_round_trip(tmp_path):
     assert np.all(np.isnan(arrays["effect_kl_later"][:, :, 0, 1]))      # depth 1 has one layer
     assert arrays["train_loss"].shape == (2, 1, 2, 3) and np.all(np.isfinite(arrays["train_loss"]))
     assert "init_effect_kl_later" in arrays and np.all(arrays["eval_loss"] > 0)
-    assert out.scalars["training_hash"] == xf.training_hash(cfg)
+    assert out.scalars["training_hash"] == xf._training_hash(cfg)
 
     models = xf.train_models(cfg, only=[("pre", 8, 2)])
     assert list(models) == [("pre", 8, 2)]
@@ -141,7 +141,7 @@ def test_stored_results_reads_matching_results(tmp_path):
 
 
 def test_stored_weights_are_small_and_load():
-    path = xf.stored_models_path()
+    path = xf._stored_models_path()
     assert path.stat().st_size < 2 * 1024**2
     models = xf.load_models()
     assert sorted(models) == sorted(xf._model_keys(xf.TrainedWindowsConfig()))

@@ -85,7 +85,7 @@ def test_data_is_package_data_found_with_importlib_resources(monkeypatch):
     assert _corpus_dir() == _paths.package_data("corpus") == package / "data" / "corpus"
     assert (_corpus_dir() / "SOURCES.md").is_file() and sorted(_corpus_dir().glob("*.txt"))
     assert xp.stored_root() == package / "data" / "results"
-    assert xf.stored_models_path() == package / "data" / "results" / "framework_tiny_lms.npz"
+    assert xf._stored_models_path() == package / "data" / "results" / "framework_tiny_lms.npz"
     with pytest.raises(TypeError, match="strings"):
         _paths.package_data("corpus", 3)
 
@@ -93,9 +93,9 @@ def test_data_is_package_data_found_with_importlib_resources(monkeypatch):
 def test_results_folders_in_a_clone(monkeypatch):
     monkeypatch.delenv("COMPANION_RESULTS", raising=False)
     assert _paths.source_checkout() == REPO
-    assert xp.results_root() == REPO / "results"
+    assert store._results_root() == REPO / "results"
     assert xp.cache_root() == REPO / "results" / "cache"
-    assert xp.stored_target() == xp.stored_root()        # GPU runs to commit, from a clone
+    assert store._stored_target() == xp.stored_root()        # GPU runs to commit, from a clone
     assert ei.cli_command(ei.InjectionWindowExperiment()).endswith("--out companion/data/results")
 
 
@@ -105,7 +105,7 @@ def test_results_folders_of_an_installed_package(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(store, "source_checkout", lambda: None)
     cache = tmp_path / ".cache" / "companion" / "results" / "cache"
-    assert xp.cache_root() == cache and xp.stored_target() == cache
+    assert xp.cache_root() == cache and store._stored_target() == cache
     assert xp.result_path(ei.InjectionWindowExperiment()).parent.parent == cache
     assert xp.stored_root() == Path(companion.__file__).parent / "data" / "results"
 
@@ -113,8 +113,8 @@ def test_results_folders_of_an_installed_package(monkeypatch, tmp_path):
 def test_companion_results_moves_both_folders(monkeypatch, tmp_path):
     monkeypatch.setenv("COMPANION_RESULTS", str(tmp_path))
     assert xp.stored_root() == tmp_path / "stored" and xp.cache_root() == tmp_path / "cache"
-    assert xp.stored_target() == tmp_path / "stored"
-    assert xf.stored_models_path() == tmp_path / "stored" / "framework_tiny_lms.npz"
+    assert store._stored_target() == tmp_path / "stored"
+    assert xf._stored_models_path() == tmp_path / "stored" / "framework_tiny_lms.npz"
     assert ei.gpu_results() == {}
 
 

@@ -499,12 +499,12 @@ def test_bad_deployable_inputs():
 
 
 def test_compression_sweep_scheme_names_parse():
-    from companion.experiments.compression_sweep import CompressionBench, quantization_schemes
+    from companion.experiments.compression_sweep import CompressionBench, _quantization_schemes
 
     bench = object.__new__(CompressionBench)
     bench.activation = lambda bits, gran, **kw: ("A", bits, gran, kw)
     bench.weights = lambda bits, **kw: ("W", bits, kw)
-    got = {n: bench.scheme(n) for n in quantization_schemes((0.5,))}
+    got = {n: bench.scheme(n) for n in _quantization_schemes((0.5,))}
     assert got["A8 tensor static asym"] == ("A", 8, "tensor", {"symmetric": False, "static": True,
                                                                 "weight_bits": None})
     assert got["W4 asym, bias corr"] == ("W", 4, {"symmetric": False, "bias_correction": True})

@@ -240,20 +240,20 @@ def test_json_without_checksums_is_still_read_and_can_be_migrated(stored):
     with pytest.raises(ex.CorruptResultError, match="declares float64"):
         ex.load_result(stored)
     with pytest.raises(ex.CorruptResultError):  # a damaged pair is not blessed with checksums
-        ex.add_checksums(stored)
+        store._add_checksums(stored)
     assert "npz_sha256" not in json.loads(stored.read_text())
     # the migration adds the checksums, and nothing else changes
     _replace_arrays(stored, lambda a: a.update(x=original.arrays["x"]))
     before = json.loads(stored.read_text())
     npz_before = stored.with_suffix(".npz").read_bytes()
-    assert ex.add_checksums(stored) is True
+    assert store._add_checksums(stored) is True
     after = json.loads(stored.read_text())
     assert stored.with_suffix(".npz").read_bytes() == npz_before
     assert ex.load_result(stored).config_hash == original.config_hash
     _strip_checksums(stored)
     assert json.loads(stored.read_text()) == before  # only the checksums were added
-    ex.add_checksums(stored)
-    assert ex.add_checksums(stored) is False and json.loads(stored.read_text()) == after
+    store._add_checksums(stored)
+    assert store._add_checksums(stored) is False and json.loads(stored.read_text()) == after
     assert not list(stored.parent.glob(".*"))  # no temporary file left
     _replace_arrays(stored, _edit_value)  # now detected
     with pytest.raises(ex.CorruptResultError, match="values of array 'x'"):

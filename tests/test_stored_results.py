@@ -82,7 +82,7 @@ def test_every_stored_result_carries_checksums_that_verify():
         meta = json.loads(path.read_text())
         npz = path.with_suffix(".npz").read_bytes()
         assert meta.get("npz_sha256") == hashlib.sha256(npz).hexdigest(), (
-            f"{path} has no (or a wrong) npz_sha256; add it with experiments.add_checksums")
+            f"{path} has no (or a wrong) npz_sha256; add it with experiments.store._add_checksums")
         result = xp.load_result(path)  # verifies the per-array checksums too
         assert all(len(spec["sha256"]) == 64 for spec in meta["arrays"].values())
         assert result.config_hash == path.stem

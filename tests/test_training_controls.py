@@ -378,7 +378,7 @@ def test_study_config_checks_and_tiny_run(tmp_path):
     with pytest.raises(ValueError, match="arm must be"):
         tcs.arm_controls("magic")
     with pytest.raises(TypeError, match="TrainingControlsStudy"):
-        tcs.run_study({"steps": 3})
+        tcs._run_study({"steps": 3})
     cfg = tcs.tiny()
     r = xp.run(cfg)
     A, S = len(cfg.arms), len(cfg.seeds)

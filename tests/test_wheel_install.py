@@ -109,7 +109,7 @@ SMOKE = textwrap.dedent('''
     out["stored"] = {"path": str(stored.path), "hash": stored.config_hash,
                      "n_tokens": stored.scalars.get("n_tokens")}
     out["tiny_lms"] = len(xf.load_models())
-    out["tiny_lms_path"] = str(xf.stored_models_path())
+    out["tiny_lms_path"] = str(xf._stored_models_path())
 
     @xp.register("wheel_smoke", schema=1)
     @dataclass(frozen=True)

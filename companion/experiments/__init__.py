@@ -1,13 +1,10 @@
 """Experiments: a frozen config dataclass -> ``run(config, device)`` -> a :class:`Result`, cached.
 
-One code path serves every size: a chapter runs a config's defaults (the CPU size; CI runs only
-those), the CLI (``python -m companion run NAME --device cuda --set key=value``) an experiment's
-``GPU_*`` config.  Both give a :class:`Result` (arrays, config, versions, device, wall time) saved
-as ``<results>/<experiment>/<config hash>.json`` + ``.npz`` (:mod:`companion.experiments.store`;
-the registry and the hash: :mod:`companion.experiments.registry`).  :func:`run_cached` reuses a
-stored Result only if its config hash and schema match, else recomputes and says so.  GPU Results
-are copied into ``companion/data/results/NAME/``, where chapters read them.  To add an experiment,
-drop a module that defines a config decorated with :func:`register` into ``companion/experiments/``.
+A chapter runs a config's defaults (the CPU size), the CLI (``python -m companion run NAME --device
+cuda --set key=value``) an experiment's ``GPU_*`` config; both give a :class:`Result` saved under its
+config hash (:mod:`companion.experiments.store`).  :func:`run_cached` reuses a stored Result only if
+its config hash and schema match.  GPU Results are copied into ``companion/data/results/NAME/``.
+To add an experiment, put a module with a config decorated by :func:`register` in this folder.
 """
 
 from __future__ import annotations
@@ -23,19 +20,19 @@ from pathlib import Path
 import numpy as np
 
 from companion.experiments.registry import (
-    FRAMEWORK_SCHEMA, _config_dict, _schema, config_hash, experiment_names, get_experiment, make_config, register,
+    FRAMEWORK_SCHEMA, _config_dict, _schema, config_hash, experiment_names, get_experiment, make_config,
+    register,
 )
 from companion.experiments.store import (
-    CorruptResultError, CorruptResultWarning, Result, StaleResultWarning, add_checksums, cache_root, check_writable,
-    load_result, result_path, results_root, save_result, stored_results, stored_root, stored_target,
+    CorruptResultError, CorruptResultWarning, Result, StaleResultWarning, cache_root, check_writable,
+    load_result, result_path, save_result, stored_results, stored_root,
 )
 
 __all__ = [
     "FRAMEWORK_SCHEMA", "Result", "check_result", "register", "experiment_names", "get_experiment",
     "make_config", "config_hash", "run", "progress_bar", "run_cached", "save_result", "load_result",
-    "result_path", "results_root", "stored_root", "stored_results", "stored_target", "cache_root",
-    "add_checksums", "check_writable", "stale_reason", "StaleResultWarning", "CorruptResultWarning",
-    "CorruptResultError",
+    "result_path", "stored_root", "stored_results", "cache_root", "check_writable", "stale_reason",
+    "StaleResultWarning", "CorruptResultWarning", "CorruptResultError",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,7 +41,22 @@ logger = logging.getLogger(__name__)
 def check_result(result, experiment: str, arrays=(), scalars=()) -> Result:
     """``result``, checked to be a :class:`Result` of ``experiment`` holding the named arrays and scalars.
 
-    TypeError for anything else, ValueError (saying what to do) if one of them is missing.
+    Parameters
+    ----------
+    result : object
+    experiment : str
+    arrays, scalars : sequence of str
+        Keys ``result.arrays`` and ``result.scalars`` must hold.
+
+    Returns
+    -------
+    Result
+        ``result`` itself.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not a Result of ``experiment`` (TypeError); a key missing (ValueError, saying what to do).
     """
     if not isinstance(result, Result) or result.name != experiment:
         raise TypeError(f"result must be a Result of the {experiment} experiment, got "
@@ -83,7 +95,8 @@ def _device_string(device) -> str:
 
 def _split_outputs(outputs: dict, name: str) -> tuple[dict, dict]:
     if not isinstance(outputs, dict):
-        raise TypeError(f"{name}.compute must return a dict of arrays and scalars, got {type(outputs).__name__}")
+        raise TypeError(f"{name}.compute must return a dict of arrays and scalars, "
+                        f"got {type(outputs).__name__}")
     arrays, scalars = {}, {}
     for key, value in outputs.items():
         if not isinstance(key, str) or not key.isidentifier():
@@ -122,10 +135,8 @@ def run(config, device=None, progress: bool = False) -> Result:
 
     Raises
     ------
-    TypeError
-        Not a registered config, or ``compute`` returns something unstorable.
-    ValueError
-        The device is not available.
+    TypeError, ValueError
+        Not a registered config, or ``compute`` returns something unstorable; an unavailable device.
     """
     from companion.transformers.models import select_device
 
@@ -170,9 +181,7 @@ def stale_reason(result: Result, config) -> str | None:
     Parameters
     ----------
     result : Result
-        A loaded Result.
-    config
-        A registered experiment config.
+    config : a registered experiment config instance
 
     Returns
     -------
@@ -227,8 +236,8 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     Warns
     -----
     StaleResultWarning
-        A stored Result whose hash or schema does not match (or, as
-        :class:`CorruptResultWarning`, whose files are damaged) is recomputed and overwritten.
+        A stored Result whose hash or schema does not match, or (:class:`CorruptResultWarning`)
+        whose files are damaged, is recomputed and overwritten.
 
     Examples
     --------

@@ -1,11 +1,9 @@
 """The ``compression_sweep`` experiment: quantisation schemes and pruning on a causal LM.
 
-Every scheme is applied to the 210 linear layers in SmolLM2-135M's blocks (head and embeddings
-stay float) and measured on held-out text against the float model (paired loss increase per
-text, next-token KL, relative MSE of the stream after every block); calibration uses another
-corpus split.  The chapter *Applications* renders the stored Result and re-measures a few
-schemes live with :class:`CompressionBench`.  SmolLM2-135M's offline weights are a dequantised
-Q4_1 checkpoint (already on a 4-bit grid per block of 32): read the weight rows against that.
+Every scheme is applied to the linear layers of SmolLM2-135M's blocks and measured on held-out text
+against the float model (loss increase, next-token KL, relative MSE of the stream per block); the
+chapter *Applications* renders the stored Result and re-measures a few schemes with
+:class:`CompressionBench`.  The offline weights are a dequantised Q4_1 checkpoint (a 4-bit grid per 32).
 """
 
 from __future__ import annotations
@@ -27,26 +25,15 @@ from companion.corpus import load_corpus
 from companion.experiments import register
 from companion.transformers import models
 
-__all__ = ["CompressionSweepExperiment", "CompressionBench", "SITES", "quantization_schemes"]
+__all__ = ["CompressionSweepExperiment", "CompressionBench", "SITES"]
 
 #: The four kinds of linear input of a Llama block, by the layer that reads them.
 SITES = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
          "down": ("down_proj",)}
 
 
-def quantization_schemes(alphas) -> list[str]:
-    """Return the names of the whole-model schemes the sweep measures, in table order.
-
-    Parameters
-    ----------
-    alphas : sequence of float
-        SmoothQuant migration strengths.
-
-    Returns
-    -------
-    list of str
-        Names that :meth:`CompressionBench.scheme` reads.
-    """
+def _quantization_schemes(alphas) -> list[str]:
+    """Names of the whole-model schemes (:meth:`CompressionBench.scheme`), in table order."""
     names = ["A8 tensor dynamic", "A8 tensor dynamic, centred on mean", "A8 tensor static",
              "A8 tensor static, act bias corr", "A8 tensor static asym", "A8 token dynamic",
              "A8 token dynamic asym", "A4 token dynamic", "A4 token dynamic, centred on mean",
@@ -69,8 +56,7 @@ class CompressionBench:
         Each at least ``seq_len`` tokens long.
     seq_len : int
     stats : dict name -> LinearInputStatistics, optional
-        Calibration statistics (:func:`~companion.applications.pruning.linear_input_statistics`)
-        if already computed.
+        Precomputed calibration statistics (:func:`~companion.applications.pruning.linear_input_statistics`).
 
     Raises
     ------
@@ -102,7 +88,7 @@ class CompressionBench:
         return logp, loss.numpy(), hidden
 
     def measure(self, ctx=None, split: str = "eval") -> dict:
-        """Loss increase and KL per text, relative MSE per block (first token excluded), with ``ctx`` applied."""
+        """Loss increase and KL per text, relative MSE per block (first token excluded), under ``ctx``."""
         if split not in self._base:
             self._base[split] = self._run(self.calib)
         logp0, loss0, h0 = self._base[split]
@@ -157,7 +143,8 @@ class CompressionBench:
         ranges = self.static_ranges(mods, symmetric, smooth) if static else None
         shift = None
         if bias_correction:
-            err = mean_quantization_error(self.m.model, [self.calib], mods, spec, ranges=ranges, smooth=smooth)
+            err = mean_quantization_error(self.m.model, [self.calib], mods, spec, ranges=ranges,
+                                          smooth=smooth)
             shift = {n: activation_bias_correction(mod.weight, err[n]) for n, mod in mods.items()}
         return quantized_linears(mods, spec, ranges=ranges, smooth=smooth, output_shift=shift)
 
@@ -174,7 +161,7 @@ class CompressionBench:
         return quantized_linears(mods, spec, output_shift=shift)
 
     def scheme(self, name: str):
-        """The context manager of a named whole-model scheme (:func:`quantization_schemes`)."""
+        """The context manager of a named whole-model scheme (the ``schemes`` of the Result)."""
         base, _, option = name.partition(", ")
         kw = {}
         if option.startswith("SQ alpha="):
@@ -205,41 +192,21 @@ def _summary(r) -> list[float]:
 class CompressionSweepExperiment:
     """Quantisation schemes, mixed precision and pruning with mean compensation on a causal LM.
 
-    Attributes
-    ----------
-    model : str
-        A causal LM for :func:`~companion.transformers.models.load`.
-    n_calib, n_eval : int
-        Texts in the calibration and evaluation splits (corpus paragraphs of >= ``seq_len`` tokens).
-    seq_len : int
-    dtype : str
-        Compute type (float64: float32 roundings differ between CPU kernels).
-    alphas : tuple of float
-        SmoothQuant migration strengths.
-    low_bits, high_bits : int
-        Mixed precision: per-token dynamic activations at ``low_bits``, chosen layers/sites at ``high_bits``.
-    keep_layers : int
-        Layers kept at ``high_bits`` by each selection rule.
-    prune_fractions : tuple of float
-        Fractions of the MLP neurons of every block removed.
-
-    Notes
-    -----
     Summary rows hold (loss increase, s.e., KL, s.e., relative MSE after the last block):
     ``schemes_summary``, ``site_summary``, ``mixed_summary``, ``prune_summary [n_scores, 2, n_fractions,
     5]`` (without / with mean compensation); per layer ``layer_kl``, ``layer_mean_share``, ``layer_range``.
     """
 
-    model: str = "smollm2-135m"
-    n_calib: int = 8
-    n_eval: int = 8
+    model: str = "smollm2-135m"  #: a causal LM for :func:`~companion.transformers.models.load`
+    n_calib: int = 8  #: calibration texts (corpus paragraphs of >= ``seq_len`` tokens)
+    n_eval: int = 8  #: evaluation texts, likewise
     seq_len: int = 64
-    dtype: str = "float64"
-    alphas: tuple[float, ...] = (0.25, 0.5, 0.65, 0.8, 0.9)
-    low_bits: int = 4
-    high_bits: int = 8
-    keep_layers: int = 6
-    prune_fractions: tuple[float, ...] = (0.1, 0.3)
+    dtype: str = "float64"  #: compute type (float32 roundings differ between CPU kernels)
+    alphas: tuple[float, ...] = (0.25, 0.5, 0.65, 0.8, 0.9)  #: SmoothQuant migration strengths
+    low_bits: int = 4  #: mixed precision: per-token dynamic activations at ``low_bits``...
+    high_bits: int = 8  #: ... and the chosen layers or sites at ``high_bits``
+    keep_layers: int = 6  #: layers kept at ``high_bits`` by each selection rule
+    prune_fractions: tuple[float, ...] = (0.1, 0.3)  #: fractions of every block's MLP neurons removed
 
     def compute(self, device, progress):
         """Run the sweep; returns the Result's arrays and scalars."""
@@ -251,7 +218,7 @@ class CompressionSweepExperiment:
         bench = CompressionBench(m, long_enough[:self.n_calib],
                                  long_enough[self.n_calib:self.n_calib + self.n_eval], self.seq_len)
         out: dict = {"base_loss": bench.base_loss}
-        names = quantization_schemes(self.alphas)
+        names = _quantization_schemes(self.alphas)
         res = [bench.measure(bench.scheme(n)) for n in names]
         out["schemes"] = names
         out["schemes_summary"] = np.array([_summary(r) for r in res])
@@ -292,12 +259,15 @@ class CompressionSweepExperiment:
         downs = bench.modules(["down"])
         scores = pruning.PRUNING_SCORES
         prune = np.zeros((len(scores), 2, len(self.prune_fractions), 5))
+        means = {n: bench.stats[n].mean for n in downs}
         for a, method in enumerate(scores):
+            neuron = {n: pruning.neuron_scores(method, bench.stats[n], mod.weight, seed=0)
+                      for n, mod in downs.items()}
             for c, f in enumerate(self.prune_fractions):
-                chosen = {n: pruning.lowest_fraction(
-                    pruning.neuron_scores(method, bench.stats[n], mod.weight, seed=0), f) for n, mod in downs.items()}
-                for b, fill in enumerate((None, {n: bench.stats[n].mean for n in downs})):
-                    prune[a, b, c] = _summary(bench.measure(pruning.zero_linear_inputs(downs, chosen, fill=fill)))
+                chosen = {n: pruning.lowest_fraction(v, f) for n, v in neuron.items()}
+                for b, fill in enumerate((None, means)):
+                    pruned = pruning.zero_linear_inputs(downs, chosen, fill=fill)
+                    prune[a, b, c] = _summary(bench.measure(pruned))
         out["prune_scores"] = list(scores)
         out["prune_summary"] = prune
         out.update(m.facts())

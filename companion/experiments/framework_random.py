@@ -1,10 +1,8 @@
 """Experiment ``framework_random``: injection windows of random-initialised stacks.
 
-One injection sweep per placement x block type x gain of a random
-:class:`~companion.stacks.residual.ResidualStack` of the maximal depth, read at every depth ``L``
-(its first ``L`` blocks are the depth-``L`` stack); chapter *The three-effect framework*.
-:data:`GPU_RANDOM` is the GPU size; the trained counterpart is
-:mod:`~companion.experiments.framework_trained`.
+One sweep per placement x block type x gain of a random stack of the maximal depth, read at every
+depth ``L`` (its first ``L`` blocks); chapter *The three-effect framework*.  :data:`GPU_RANDOM` is
+the GPU size.
 """
 
 from __future__ import annotations
@@ -36,26 +34,6 @@ WINDOW_KINDS_RANDOM = ("relative_projection", "relative_size")
 class RandomWindowsConfig:
     """Windows of random-initialised stacks across placements, block types, gains and depths.
 
-    Parameters
-    ----------
-    d_model, max_depth : int
-        Width and depth of the swept stack.
-    depths : tuple of int
-        Depths (<= ``max_depth``) at which the window is read.
-    gains : tuple of float
-        Block-output gains (``StackConfig.gain``).
-    blocks, placements : tuple of str
-        Subsets of :data:`BLOCK_TYPES` and ``("pre", "post")``.
-    batch, tokens : int
-        Input: ``batch`` sequences of ``tokens`` i.i.d. ``N(0, I_d)`` vectors.
-    scale : float
-        Injected norm relative to the baseline's RMS stream norm at the injection layer.
-    threshold : float
-        Relative window threshold.
-    sharp_logit_std : float
-        Logit spread of ``"sharp_attention"`` blocks.
-    seed : int
-
     Raises
     ------
     TypeError, ValueError
@@ -67,17 +45,17 @@ class RandomWindowsConfig:
     ((4, 8, 16, 32), 128)
     """
 
-    d_model: int = 64
-    max_depth: int = 32
-    depths: tuple[int, ...] = (4, 8, 16, 32)
-    gains: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    blocks: tuple[str, ...] = BLOCK_TYPES
+    d_model: int = 64  #: width of the swept stack
+    max_depth: int = 32  #: depth of the swept stack
+    depths: tuple[int, ...] = (4, 8, 16, 32)  #: depths (<= ``max_depth``) at which the window is read
+    gains: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  #: block-output gains (``StackConfig.gain``)
+    blocks: tuple[str, ...] = BLOCK_TYPES  #: a subset of :data:`BLOCK_TYPES`
     placements: tuple[str, ...] = ("pre", "post")
-    batch: int = 4
+    batch: int = 4  #: input: ``batch`` sequences of ``tokens`` i.i.d. ``N(0, I_d)`` vectors
     tokens: int = 16
-    scale: float = 0.1
-    threshold: float = 0.5
-    sharp_logit_std: float = 16.0
+    scale: float = 0.1  #: injected norm relative to the baseline's RMS stream norm at the injection layer
+    threshold: float = 0.5  #: relative window threshold
+    sharp_logit_std: float = 16.0  #: logit spread of ``"sharp_attention"`` blocks
     seed: int = 0
 
     def __post_init__(self):
@@ -106,6 +84,11 @@ class RandomWindowsConfig:
         out.update(placements=list(self.placements), blocks=list(self.blocks),
                    gains=list(self.gains), depths=list(self.depths))
         return out
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, RandomWindowsConfig):
+        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
 
 
 def random_stack(placement: str, block: str, gain: float, d_model: int, n_layers: int,
@@ -183,8 +166,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
     >>> out["effect_relative_projection"].shape, out["window_relative_size"].shape
     ((2, 1, 1, 2, 4), (2, 1, 1, 2, 4))
     """
-    if not isinstance(config, RandomWindowsConfig):
-        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    _check_config(config)
     P, K, G, D, M = (len(config.placements), len(config.blocks), len(config.gains),
                      len(config.depths), config.max_depth)
     out = {f"effect_{k}": np.full((P, K, G, D, M), np.nan) for k in WINDOW_KINDS_RANDOM}
@@ -240,8 +222,7 @@ def predicted_first_fraction(arrays: dict, config: RandomWindowsConfig) -> np.nd
     >>> predicted_first_fraction(run_random_windows(cfg), cfg).shape
     (2, 1, 1, 2)
     """
-    if not isinstance(config, RandomWindowsConfig):
-        raise TypeError(f"config must be a RandomWindowsConfig, got {type(config).__name__}")
+    _check_config(config)
     out = np.empty(arrays["growth_c"].shape + (len(config.depths),))
     for (p, k, g), _ in np.ndenumerate(arrays["growth_c"]):
         for di, depth in enumerate(config.depths):

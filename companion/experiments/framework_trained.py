@@ -1,11 +1,8 @@
 """Experiment ``framework_trained``: injection windows of small trained language models.
 
-Byte-level :class:`~companion.stacks.tinylm.TinyLM` s of several widths and depths are trained on
-the committed corpus (:func:`train_models`) and swept (:func:`sweep_trained`), and so are the same
-architectures at initialisation (chapter *The three-effect framework*; the random counterpart is
-:mod:`companion.experiments.framework_random`).  :data:`GPU_TRAINED` is the GPU size.  The chapter
-does not train: it loads the CPU-sized float16 weights (:func:`load_models`), which
-``tests/test_experiments_framework.py`` checks by retraining.
+Byte-level TinyLMs of several widths and depths are trained (:func:`train_models`) and swept
+(:func:`sweep_trained`), trained and at initialisation (chapter *The three-effect framework*).
+:data:`GPU_TRAINED` is the GPU size.  The chapter loads the stored CPU-sized weights (:func:`load_models`).
 """
 
 from __future__ import annotations
@@ -21,39 +18,30 @@ import torch
 from companion._validation import check_positive, check_tuple
 from companion.corpus import load_corpus
 from companion.injection.engine import sweep_stack_injections
-from companion.experiments import progress_bar, register, stored_root, stored_target
+from companion.experiments import progress_bar, register, stored_root
+from companion.experiments.store import _stored_target
 from companion.injection.metrics import effect_window
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = ["WINDOW_KINDS_TRAINED", "TrainedWindowsConfig", "GPU_TRAINED", "tiny_lm_config", "train_models",
-           "sweep_trained", "training_hash", "stored_models_path", "save_models", "load_models",
-           "TRAINING_FIELDS"]
+           "sweep_trained", "save_models", "load_models", "TRAINING_FIELDS"]
 
 #: Output effects of the trained-stack windows.
 WINDOW_KINDS_TRAINED = ("kl_later", "kl_injected", "relative_projection")
+_EFFECTS = {"kl_later": ("kl", "later"), "kl_injected": ("kl", "injected"),
+            "relative_projection": ("output_projection", "injected")}  # (metric, positions) of each kind
 
 #: Fields of :class:`TrainedWindowsConfig` that determine the trained weights (the others: the sweep).
 TRAINING_FIELDS = ("widths", "depths", "placements", "n_heads", "steps", "batch_size", "seq_len",
                    "lr", "warmup", "seed")
 
 
-def training_hash(config: "TrainedWindowsConfig") -> str:
-    """SHA-256 (16 hex digits) of the fields of ``config`` that determine the trained weights.
+def _training_hash(config: "TrainedWindowsConfig") -> str:
+    """SHA-256 (16 hex digits) of the :data:`TRAINING_FIELDS` of ``config``.
 
-    Parameters
-    ----------
-    config : TrainedWindowsConfig
-        Only its :data:`TRAINING_FIELDS` count.
-
-    Returns
-    -------
-    str
-
-    Examples
-    --------
-    >>> a, b = TrainedWindowsConfig(), TrainedWindowsConfig(scale=1.0)
-    >>> training_hash(a) == training_hash(b), training_hash(a) == training_hash(TrainedWindowsConfig(steps=10))
+    >>> h, cfg = _training_hash(TrainedWindowsConfig()), TrainedWindowsConfig
+    >>> h == _training_hash(cfg(scale=1.0)), h == _training_hash(cfg(steps=9))
     (True, False)
     """
     payload = json.dumps({k: getattr(config, k) for k in TRAINING_FIELDS}, sort_keys=True)
@@ -65,26 +53,8 @@ def training_hash(config: "TrainedWindowsConfig") -> str:
 class TrainedWindowsConfig:
     """Small language models (:class:`~companion.stacks.tinylm.TinyLM`) trained, then swept.
 
-    Parameters
-    ----------
-    widths, depths : tuple of int
-        ``d_model`` and number of layers of the models.
-    placements : tuple of str
-    n_heads, steps, batch_size, seq_len, warmup : int
-        Training (:func:`~companion.stacks.tinylm.train_tiny_lm`).
-    lr : float
-    eval_sequences : int
-        Evaluation windows of ``seq_len`` bytes, evenly spaced through the corpus.
-    inject_start, inject_stop : int
-        The injected span; tokens after it are the "later" positions.
-    scale : float
-        Injected norm relative to the RMS stream norm at the injection layer.
-    n_directions : int
-        Random directions (seeds ``seed ..``) whose effects are averaged.
-    threshold : float
-        Relative window threshold.
-    seed : int
-        Only :data:`TRAINING_FIELDS` determine the weights (keyed by :func:`training_hash`).
+    Training fields (:func:`~companion.stacks.tinylm.train_tiny_lm`) are :data:`TRAINING_FIELDS`;
+    only they determine the weights.
 
     Raises
     ------
@@ -98,8 +68,8 @@ class TrainedWindowsConfig:
     ((2, 4, 8), 16, 32, (128, 256, 512))
     """
 
-    widths: tuple[int, ...] = (32,)
-    depths: tuple[int, ...] = (2, 4, 8)
+    widths: tuple[int, ...] = (32,)  #: ``d_model`` of the models
+    depths: tuple[int, ...] = (2, 4, 8)  #: numbers of layers of the models
     placements: tuple[str, ...] = ("pre", "post")
     n_heads: int = 4
     steps: int = 300
@@ -107,12 +77,12 @@ class TrainedWindowsConfig:
     seq_len: int = 64
     lr: float = 3e-3
     warmup: int = 150
-    eval_sequences: int = 8
-    inject_start: int = 16
-    inject_stop: int = 32
-    scale: float = 0.5
-    n_directions: int = 4
-    threshold: float = 0.5
+    eval_sequences: int = 8  #: evaluation windows of ``seq_len`` bytes, evenly spaced through the corpus
+    inject_start: int = 16  #: first injected token
+    inject_stop: int = 32  #: end of the injected span; tokens after it are the "later" positions
+    scale: float = 0.5  #: injected norm relative to the RMS stream norm at the injection layer
+    n_directions: int = 4  #: random directions (seeds ``seed ..``) whose effects are averaged
+    threshold: float = 0.5  #: relative window threshold
     seed: int = 0
 
     def __post_init__(self):
@@ -138,11 +108,7 @@ class TrainedWindowsConfig:
         check_tuple(self.placements, "placements", str, allowed=("pre", "post"))
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Train and sweep the models (:func:`sweep_trained`), and sweep them at initialisation too.
-
-        Returns the sweeps (the initial ones as ``"init_*"``), ``"train_loss"`` ``[P, W, D, steps]``,
-        the axis labels and the :func:`training_hash`; ``progress`` shows a bar over the models.
-        """
+        """Sweep the models trained and at initialisation (``"init_*"``), with ``train_loss``."""
         bar = progress_bar(len(_model_keys(self)), progress, "training")
         models = train_models(self, device, bar.update if bar else None)
         if bar:
@@ -155,7 +121,7 @@ class TrainedWindowsConfig:
         init = {k: TinyLM(tiny_lm_config(self, *k)).eval() for k in models}
         out.update({f"init_{k}": v for k, v in sweep_trained(init, self, device).items()})
         out.update(placements=list(self.placements), widths=list(self.widths),
-                   depths=list(self.depths), training_hash=training_hash(self))
+                   depths=list(self.depths), training_hash=_training_hash(self))
         return out
 
 
@@ -225,8 +191,9 @@ def train_models(config: TrainedWindowsConfig, device: str | torch.device = "cpu
     --------
     >>> cfg = TrainedWindowsConfig(widths=(8,), depths=(1,), placements=("pre",), n_heads=2, steps=2,
     ...                            batch_size=2, seq_len=16, warmup=1, inject_start=4, inject_stop=8)
-    >>> list(train_models(cfg))
-    [('pre', 8, 1)]
+    >>> models = train_models(cfg)
+    >>> list(models), len(models["pre", 8, 1][1])
+    ([('pre', 8, 1)], 2)
     """
     _check_config(config)
     keys = _model_keys(config)
@@ -299,9 +266,8 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
         effects = {k: np.zeros(depth) for k in WINDOW_KINDS_TRAINED}
         for j in range(config.n_directions):
             sw = sweep_stack_injections(model, ids, scale=config.scale, positions=span, seed=config.seed + j)
-            effects["kl_later"] += sw.effect("kl", "later") / config.n_directions
-            effects["kl_injected"] += sw.effect("kl", "injected") / config.n_directions
-            effects["relative_projection"] += sw.effect("output_projection", "injected") / config.n_directions
+            for kind, (metric, where) in _EFFECTS.items():
+                effects[kind] += sw.effect(metric, where) / config.n_directions
         for kind, eff in effects.items():
             out[f"effect_{kind}"][idx][:depth] = eff
             out[f"window_{kind}"][idx] = effect_window(
@@ -315,19 +281,8 @@ def sweep_trained(models: dict, config: TrainedWindowsConfig, device: str | torc
     return out
 
 
-def stored_models_path() -> Path:
-    """Path of the committed CPU-trained weights.
-
-    Returns
-    -------
-    pathlib.Path
-        ``framework_tiny_lms.npz`` in :func:`~companion.experiments.stored_root`.
-
-    Examples
-    --------
-    >>> stored_models_path().name
-    'framework_tiny_lms.npz'
-    """
+def _stored_models_path() -> Path:
+    """Path of the committed CPU-trained weights (``framework_tiny_lms.npz`` in ``stored_root()``)."""
     return stored_root() / "framework_tiny_lms.npz"
 
 
@@ -341,7 +296,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     config : TrainedWindowsConfig
         The config they were trained with.
     path : str or Path, optional
-        ``.npz`` file (JSON sidecar beside it); default in :func:`~companion.experiments.stored_target`.
+        ``.npz`` file (JSON sidecar beside it); default: the stored weights' path (cache outside a clone).
 
     Returns
     -------
@@ -352,13 +307,9 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     ------
     TypeError
         If ``config`` is not a :class:`TrainedWindowsConfig`.
-
-    Examples
-    --------
-    >>> save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())   # doctest: +SKIP
     """
     _check_config(config)
-    path = Path(path) if path is not None else stored_target() / stored_models_path().name
+    path = Path(path) if path is not None else _stored_target() / _stored_models_path().name
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():
@@ -368,7 +319,7 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
         losses[key] = [round(float(x), 6) for x in loss]
     np.savez_compressed(path, **arrays)
     sidecar = {"training": {k: getattr(config, k) for k in TRAINING_FIELDS},
-               "training_hash": training_hash(config), "models": sorted(losses), "train_loss": losses,
+               "training_hash": _training_hash(config), "models": sorted(losses), "train_loss": losses,
                "dtype": "float16", "threads": torch.get_num_threads(),
                "versions": {"torch": torch.__version__, "numpy": np.__version__}}
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=1))
@@ -381,10 +332,9 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     Parameters
     ----------
     path : str or Path, optional
-        Default :func:`stored_models_path`.
+        Default: the committed weights, ``framework_tiny_lms.npz`` in ``stored_root()``.
     config : TrainedWindowsConfig, optional
-        Expected config (default ``TrainedWindowsConfig()``); a file of another
-        :func:`training_hash` is refused.
+        Expected config (default ``TrainedWindowsConfig()``); weights trained otherwise are refused.
 
     Returns
     -------
@@ -402,14 +352,14 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     >>> sorted(models)[0], models[("pre", 32, 8)][0].config.n_layers
     (('post', 32, 2), 8)
     """
-    path = Path(path) if path is not None else stored_models_path()
+    path = Path(path) if path is not None else _stored_models_path()
     config = TrainedWindowsConfig() if config is None else config
     sidecar_path = path.with_suffix(".json")
     if not path.exists() or not sidecar_path.exists():
         raise ValueError(f"no stored models at {path} (+ .json); create them with "
                          "save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())")
     sidecar = json.loads(sidecar_path.read_text())
-    if sidecar.get("training_hash") != training_hash(config):
+    if sidecar.get("training_hash") != _training_hash(config):
         wanted = {k: getattr(config, k) for k in TRAINING_FIELDS}
         raise ValueError(f"the models at {path} were trained with {sidecar.get('training')}, not with the "
                          f"requested {wanted}; retrain and save")

@@ -80,11 +80,14 @@ def register(name: str, schema: int = 1):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise TypeError(f"{cls.__name__}.{f.name} needs a default (the default config is the small one)")
+                raise TypeError(f"{cls.__name__}.{f.name} needs a default "
+                                "(the default config is the small one)")
             _field_kind(hints[f.name], f"{cls.__name__}.{f.name}")
         other = _REGISTRY.get(name)
-        if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"experiment {name!r} is already registered by {other.__module__}.{other.__qualname__}")
+        where = (cls.__module__, cls.__qualname__)
+        if other is not None and (other.__module__, other.__qualname__) != where:
+            raise ValueError(f"experiment {name!r} is already registered by "
+                             f"{other.__module__}.{other.__qualname__}")
         cls.experiment_name = name
         cls.schema = schema
         _REGISTRY[name] = cls
@@ -105,12 +108,17 @@ def _discover() -> None:
             try:
                 importlib.import_module(f"{package.__name__}.{info.name}")
             except Exception as exc:  # noqa: BLE001 - one broken module must not hide the others
-                warnings.warn(f"experiments module {info.name!r} could not be imported ({type(exc).__name__}: "
-                              f"{exc}); its experiments are unavailable", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"experiments module {info.name!r} could not be imported "
+                              f"({type(exc).__name__}: {exc}); its experiments are unavailable",
+                              RuntimeWarning, stacklevel=2)
 
 
 def experiment_names() -> list[str]:
     """Sorted names of all registered experiments (modules are discovered on first call).
+
+    Returns
+    -------
+    list of str
 
     Examples
     --------
@@ -123,6 +131,14 @@ def experiment_names() -> list[str]:
 
 def get_experiment(name: str) -> type:
     """The config class registered as ``name`` (one of :func:`experiment_names`).
+
+    Parameters
+    ----------
+    name : str
+
+    Returns
+    -------
+    type
 
     Raises
     ------
@@ -240,7 +256,8 @@ def make_config(name_or_cls, overrides: dict | None = None, **kwargs):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ValueError(f"{cls.experiment_name} has no option {', '.join(unknown)}; options: {', '.join(sorted(names))}")
+        raise ValueError(f"{cls.experiment_name} has no option {', '.join(unknown)}; "
+                         f"options: {', '.join(sorted(names))}")
     typed = {k: _coerce(v, hints[k], f"{cls.experiment_name}.{k}") for k, v in values.items()}
     return cls(**typed)
 
@@ -254,6 +271,14 @@ def _config_dict(config) -> dict:
 
 def config_hash(config) -> str:
     """16-hex-digit SHA-256 of the experiment name and the canonical JSON of ``config``.
+
+    Parameters
+    ----------
+    config : a registered experiment config instance
+
+    Returns
+    -------
+    str
 
     Raises
     ------

@@ -1,16 +1,10 @@
 """The Result store: a Result is a JSON file and an ``.npz`` file, checksummed and written atomically.
 
-Stored Results that chapters read live in :func:`stored_root` (package data, searched first);
-what is computed locally goes to :func:`cache_root` (never site-packages).
-
-Integrity: the JSON names the SHA-256 of its ``.npz`` bytes and of each array (dtype, shape,
-values); :func:`load_result` checks them and the declared shapes and dtypes, and raises
-:class:`CorruptResultError` for a damaged or mismatched pair (which
-:func:`~companion.experiments.run_cached` turns into a recompute with a
-:class:`CorruptResultWarning`); :func:`add_checksums` adds checksums to an older JSON.
-:func:`save_result` writes both files under unique temporary names and publishes them (``.npz``
-first, JSON last) under a per-Result lock (``<hash>.lock``), so concurrent writers of one config
-leave the complete pair of the last; readers take no lock and re-read a pair replaced meanwhile.
+Chapters read :func:`stored_root` (package data, searched first); local runs go to :func:`cache_root`.
+The JSON holds the SHA-256 of the ``.npz`` and of each array, which :func:`load_result` checks
+(:class:`CorruptResultError` otherwise).  :func:`save_result` publishes both files (``.npz`` first)
+under a per-Result lock, so concurrent writers leave the last complete pair; readers take no lock
+and re-read a pair replaced meanwhile.
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ import threading
 import uuid
 import zipfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +32,8 @@ try:  # POSIX advisory locks; elsewhere only threads of one process are serialis
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["Result", "StaleResultWarning", "CorruptResultWarning", "CorruptResultError", "results_root",
-           "cache_root", "stored_root", "stored_target", "stored_results", "result_path", "check_writable",
-           "save_result", "load_result", "add_checksums"]
+__all__ = ["Result", "StaleResultWarning", "CorruptResultWarning", "CorruptResultError", "cache_root",
+           "stored_root", "stored_results", "result_path", "check_writable", "save_result", "load_result"]
 
 #: Fields every Result JSON holds, with their JSON types; then the optional ones with their defaults.
 _META_TYPES: dict[str, tuple] = {
@@ -69,7 +63,7 @@ class CorruptResultError(ValueError):
     path : pathlib.Path
         The Result's JSON file (attribute ``path``).
     reason : str
-        What is wrong (attribute ``reason``), e.g. ``"its JSON holds a list, not a Result object"``.
+        What is wrong (attribute ``reason``).
     """
 
     def __init__(self, path, reason: str):
@@ -87,55 +81,27 @@ class CorruptResultError(ValueError):
 
 @dataclass
 class Result:
-    """What an experiment run produced, with everything needed to trust and reproduce it.
+    """What an experiment run produced, with everything needed to trust and reproduce it."""
 
-    Attributes
-    ----------
-    name : str
-        Experiment name.
-    config, scalars : dict
-        The config and the scalar outputs, as JSON values.
-    arrays : dict of str -> numpy.ndarray
-    versions : dict
-        python, torch, transformers, numpy, companion and the platform.
-    device : str
-        E.g. ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
-    wall_time : float
-        Seconds spent in ``compute``.
-    schema : str
-        ``"<framework schema>.<experiment schema>"``.
-    config_hash, created : str
-        The key of :func:`result_path`; the UTC time (ISO 8601).
-    path : pathlib.Path or None
-        Where it is stored.
-    """
-
-    name: str
-    config: dict
-    arrays: dict
-    scalars: dict
-    versions: dict
-    device: str
-    wall_time: float
-    schema: str
-    config_hash: str
-    created: str = ""
-    path: Path | None = field(default=None, compare=False, repr=False)
+    name: str  #: experiment name
+    config: dict  #: the config, as JSON values
+    arrays: dict  #: name -> numpy.ndarray
+    scalars: dict  #: the scalar outputs, as JSON values
+    versions: dict  #: python, torch, transformers, numpy, companion and the platform
+    device: str  #: e.g. ``"cuda:0 (NVIDIA H100 80GB HBM3)"``
+    wall_time: float  #: seconds spent in ``compute``
+    schema: str  #: ``"<framework schema>.<experiment schema>"``
+    config_hash: str  #: the key of :func:`result_path`
+    created: str = ""  #: UTC time (ISO 8601)
+    path: Path | None = field(default=None, compare=False, repr=False)  #: where it is stored
 
     def config_object(self):
         """The frozen config instance this Result was computed from."""
         return make_config(self.name, self.config)
 
 
-def results_root() -> Path:
-    """Root folder of the Results computed here (its ``cache/`` subfolder is :func:`cache_root`).
-
-    Returns
-    -------
-    pathlib.Path
-        ``$COMPANION_RESULTS`` if set; else ``<repository>/results`` in a clone; else
-        ``~/.cache/companion/results``.
-    """
+def _results_root() -> Path:
+    """``$COMPANION_RESULTS``, else ``<repository>/results``, else ``~/.cache/companion/results``."""
     env = os.environ.get("COMPANION_RESULTS")
     if env:
         return Path(env).expanduser()
@@ -149,9 +115,10 @@ def cache_root() -> Path:
     Returns
     -------
     pathlib.Path
-        ``<results root>/cache`` (:func:`results_root`).
+        ``$COMPANION_RESULTS/cache``, else ``<repository>/results/cache`` in a clone, else
+        ``~/.cache/companion/results/cache``.
     """
-    return results_root() / "cache"
+    return _results_root() / "cache"
 
 
 def stored_root() -> Path:
@@ -162,17 +129,11 @@ def stored_root() -> Path:
     pathlib.Path
         ``$COMPANION_RESULTS/stored`` if set, else the package data ``companion/data/results``.
     """
-    return results_root() / "stored" if os.environ.get("COMPANION_RESULTS") else package_data("results")
+    return _results_root() / "stored" if os.environ.get("COMPANION_RESULTS") else package_data("results")
 
 
-def stored_target() -> Path:
-    """Where helpers that produce Results to keep write by default.
-
-    Returns
-    -------
-    pathlib.Path
-        :func:`stored_root` in a clone or under ``$COMPANION_RESULTS``, else :func:`cache_root`.
-    """
+def _stored_target() -> Path:
+    """:func:`stored_root` in a clone or under ``$COMPANION_RESULTS`` (Results to keep), else the cache."""
     writable = os.environ.get("COMPANION_RESULTS") or source_checkout() is not None
     return stored_root() if writable else cache_root()
 
@@ -183,7 +144,7 @@ def stored_results(name: str, root: str | Path | None = None) -> list[Result]:
     Parameters
     ----------
     name : str
-        A registered experiment name (:func:`~companion.experiments.registry.experiment_names`).
+        A registered experiment name.
     root : path, optional
         Folder holding ``<name>/<hash>.json`` files (default :func:`stored_root`).
 
@@ -337,12 +298,9 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
 
     Raises
     ------
-    TypeError
-        Not a Result, or an array of object dtype.
-    ValueError
-        An array name that is not an identifier.
-    OSError
-        The folder cannot be written (:func:`~companion.experiments.run_cached` checks before computing).
+    TypeError, ValueError, OSError
+        Not a Result or an object array (TypeError); an array name that is not an identifier
+        (ValueError); a folder that cannot be written (OSError).
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -389,10 +347,7 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         text = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read the Result at {path}: {exc}") from exc
-
-    def corrupt(reason: str) -> CorruptResultError:
-        return CorruptResultError(path, reason)
-
+    corrupt = partial(CorruptResultError, path)
     try:
         meta = json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
@@ -452,10 +407,7 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
 
 
 def load_result(path: str | Path) -> Result:
-    """Read and verify a Result written by :func:`save_result` (no pickles are loaded).
-
-    Checks the JSON's fields and types, the arrays' shapes and dtypes, and the checksums when
-    recorded; a pair that a writer replaces during the read is read again.
+    """Read and verify a Result written by :func:`save_result` (types, shapes, checksums; no pickles).
 
     Parameters
     ----------
@@ -469,10 +421,8 @@ def load_result(path: str | Path) -> Result:
 
     Raises
     ------
-    CorruptResultError
-        (a ``ValueError``) The files exist but do not form a valid Result.
-    ValueError
-        The JSON file cannot be read at all (missing, a folder).
+    CorruptResultError, ValueError
+        The files do not form a valid Result (CorruptResultError, a ValueError); the JSON cannot be read.
 
     Examples
     --------
@@ -525,30 +475,8 @@ def _pair_signature(path: Path) -> tuple:
     return tuple(out)
 
 
-def add_checksums(path: str | Path) -> bool:
-    """One-off migration: record the checksums in a Result JSON written before they existed.
-
-    Only the JSON changes (rewritten atomically); the arrays are checked first.
-
-    Parameters
-    ----------
-    path : str or Path
-        The Result's ``.json`` file.
-
-    Returns
-    -------
-    bool
-        True if the JSON was changed, False if it already held (valid) checksums.
-
-    Raises
-    ------
-    CorruptResultError, ValueError
-        As :func:`load_result`: a damaged Result is not blessed with checksums.
-
-    Examples
-    --------
-    >>> changed = [add_checksums(p) for p in sorted(stored_root().glob("*/*.json"))]  # doctest: +SKIP
-    """
+def _add_checksums(path: str | Path) -> bool:
+    """Record the checksums in a (verified) Result JSON written before they existed; True if changed."""
     path = Path(path)
     with _pair_lock(path):
         result, meta = _read_pair(path)

@@ -1,10 +1,8 @@
 """Clipping and the mean-and-Frobenius regulariser, several seeds per arm, on trained TinyLMs.
 
-A byte-level Pre-LN :class:`~companion.stacks.tinylm.TinyLM` is trained on the committed corpus
-once per *arm* of :data:`ARMS` and *seed* (shared by the arms: paired differences), and measured
-on held-out paragraphs; each seed's initialisation is measured too.  The chapter *Training
-controls* renders :data:`SHORT` and the default regime, stored as :data:`LONG_CLIP` and
-:data:`LONG_REG` and joined by :func:`merge_arms`.
+A byte-level Pre-LN TinyLM is trained once per *arm* of :data:`ARMS` and *seed* (shared by the arms:
+paired differences) and measured on held-out paragraphs, as is each seed's initialisation.  Chapter
+*Training controls* renders :data:`SHORT` and :data:`LONG_CLIP` + :data:`LONG_REG` (:func:`merge_arms`).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from companion.applications.training_controls import (
 )
 
 __all__ = ["ARMS", "LONG_CLIP", "LONG_REG", "PER_ARM", "SHORT", "TrainingControlsStudy", "arm_controls",
-           "corpus_split", "member_config", "merge_arms", "run_study", "tiny"]
+           "corpus_split", "member_config", "merge_arms", "tiny"]
 
 #: The arms a study may contain, with their controls: the reference, clipping at 1, sub-Gaussian tail
 #: clipping, the regulariser on the attention value and output matrices, the column-mean penalty on
@@ -47,25 +45,6 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class TrainingControlsStudy:
     """Config of the study (defaults: the longer, larger-rate regime rendered by the chapter).
 
-    Parameters
-    ----------
-    arms : tuple of str
-        Keys of :data:`ARMS`.
-    seeds : tuple of int
-    d_model, n_layers, n_heads : int
-        The Pre-LN TinyLM.
-    steps, batch_size, seq_len, warmup : int
-    lr : float
-        Peak rate of Adam (no weight decay), warm-up then cosine decay.
-    dtype : {"float32", "float64"}
-        Training precision.
-    held_out : int
-        The last ``len(paragraphs) // held_out`` paragraphs are held out.
-    eval_windows : int
-        Held-out windows for the stream statistics after training.
-    probe_every, probe_windows : int
-        Channel peaks during training.
-
     Raises
     ------
     TypeError, ValueError
@@ -77,21 +56,21 @@ class TrainingControlsStudy:
     (('none', 'fixed'), 100)
     """
 
-    arms: tuple[str, ...] = tuple(ARMS)
+    arms: tuple[str, ...] = tuple(ARMS)  #: keys of :data:`ARMS`
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    d_model: int = 48
+    d_model: int = 48  #: width of the Pre-LN TinyLM
     n_layers: int = 4
     n_heads: int = 4
     steps: int = 600
     batch_size: int = 16
     seq_len: int = 64
-    lr: float = 1e-2
+    lr: float = 1e-2  #: peak rate of Adam (no weight decay), warm-up then cosine decay
     warmup: int = 60
-    dtype: str = "float32"
-    held_out: int = 20
-    eval_windows: int = 64
-    probe_every: int = 50
-    probe_windows: int = 16
+    dtype: str = "float32"  #: training precision, ``"float32"`` or ``"float64"``
+    held_out: int = 20  #: the last ``len(paragraphs) // held_out`` paragraphs are held out
+    eval_windows: int = 64  #: held-out windows for the stream statistics after training
+    probe_every: int = 50  #: steps between two probes of the channel peaks during training
+    probe_windows: int = 16  #: held-out windows per probe
 
     def __post_init__(self):
         if not self.arms:
@@ -104,7 +83,8 @@ class TrainingControlsStudy:
         for s in self.seeds:
             check_int(s, "TrainingControlsStudy.seeds", minimum=0)
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"TrainingControlsStudy.seeds must be at least 2 distinct seeds, got {self.seeds}")
+            raise ValueError(f"TrainingControlsStudy.seeds must be at least 2 distinct seeds, "
+                             f"got {self.seeds}")
         for name in ("d_model", "n_layers", "n_heads", "steps", "batch_size", "seq_len", "eval_windows",
                      "probe_every", "probe_windows"):
             check_int(getattr(self, name), f"TrainingControlsStudy.{name}", minimum=1)
@@ -115,11 +95,12 @@ class TrainingControlsStudy:
                              f"d_model = {self.d_model}")
         check_real(self.lr, "TrainingControlsStudy.lr", lo=0.0, lo_open=True)
         if self.dtype not in _DTYPES:
-            raise ValueError(f"TrainingControlsStudy.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+            raise ValueError(f"TrainingControlsStudy.dtype must be one of {sorted(_DTYPES)}, "
+                             f"got {self.dtype!r}")
 
     def compute(self, device, progress: bool = False) -> dict:
-        """Train and measure every (arm, seed) pair (see :func:`run_study`)."""
-        return run_study(self, progress)
+        """Train and measure every (arm, seed) pair; the arrays of the Result."""
+        return _run_study(self, progress)
 
 
 #: The short regime: the applications chapter's former set-up (100 steps, peak rate 3e-3).
@@ -228,12 +209,8 @@ def _append(rows: dict, **values) -> None:
         rows.setdefault(key, []).append(value)
 
 
-def run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
-    """Train and measure every (arm, seed); return the arrays of the Result.
-
-    Axes: ``A`` arms, ``S`` seeds, ``T`` steps, ``K`` probes, ``L+1`` stream layers, ``d``
-    channels.
-    """
+def _run_study(config: TrainingControlsStudy, progress: bool = False) -> dict:
+    """Train and measure every (arm, seed); return the arrays of the Result."""
     if not isinstance(config, TrainingControlsStudy):
         raise TypeError(f"config must be a TrainingControlsStudy, got {type(config).__name__}")
     dtype = _DTYPES[config.dtype]
