@@ -57,6 +57,8 @@ RENAMED = {
     "companion.models.cache_dir": "companion.transformers.sources._cache_dir",
     "companion.corpus.corpus_dir": "companion.corpus._corpus_dir",
     "companion.corpus.corpus_files": "companion.corpus._corpus_files",
+    "companion.experiments.results_root": "companion.experiments.store._results_root",
+    "companion.experiments.add_checksums": "companion.experiments.store._add_checksums",
 }
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from companion._aliases import renamed_getattr as _renamed_getattr
 from companion.experiments.registry import (
     FRAMEWORK_SCHEMA, _config_dict, _schema, config_hash, experiment_names, get_experiment, make_config,
     register,
@@ -34,6 +35,7 @@ __all__ = [
     "result_path", "stored_root", "stored_results", "cache_root", "check_writable", "stale_reason",
     "StaleResultWarning", "CorruptResultWarning", "CorruptResultError",
 ]
+__getattr__ = _renamed_getattr(__name__)  # 0.1 names made private (companion._aliases)
 
 logger = logging.getLogger(__name__)
 
