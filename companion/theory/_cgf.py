@@ -40,8 +40,8 @@ LOG2 = math.log(2.0)
 
 
 def scalar_or_array(arr: np.ndarray):
-    """A float for a 0-d array."""
-    return float(arr) if arr.ndim == 0 else arr
+    """A Python scalar for a 0-d array."""
+    return arr.item() if arr.ndim == 0 else arr
 
 
 def broadcast(**arrays) -> list[np.ndarray]:

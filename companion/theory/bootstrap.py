@@ -67,7 +67,6 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
     Parameters
     ----------
     num : array_like, shape ``[n_directions, n_prompts]``
-        Numerator table.
     den : array_like of the same shape, optional
         Denominator table; default all ones (the statistic is then the mean of ``num``).
     n_boot, seed : int, default 2000 and 0

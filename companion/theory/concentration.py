@@ -179,10 +179,9 @@ def psi1_norm(x, *, centred: bool = False) -> float:
 
     Raises
     ------
-    TypeError
-        If ``x`` is neither a frozen distribution nor real array-like, or ``centred`` is not a bool.
-    ValueError
-        If a sample is empty, not 1-D or not finite, or a distribution has array parameters.
+    TypeError, ValueError
+        If an argument has the wrong type, a sample is empty, not 1-D or not finite, or a distribution
+        has array parameters.
 
     Examples
     --------
@@ -243,14 +242,11 @@ def subexponential_nu2(dist, b) -> float:
 
     Raises
     ------
-    TypeError
-        If ``dist`` is not a frozen scipy.stats distribution or ``b`` is not real.
-    ValueError
-        If ``b`` is not finite and positive, or ``dist`` has no finite mean.
+    TypeError, ValueError
+        If an argument has the wrong type, ``b`` is not finite and positive, or ``dist`` has no finite mean.
 
     Examples
     --------
-    >>> from scipy import stats
     >>> round(subexponential_nu2(stats.chi2(1), 4.0), 4)
     3.0904
     """
@@ -364,10 +360,9 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
 
     Raises
     ------
-    TypeError
-        If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
-    ValueError
-        If a range is not finite, reversed or of zero total width, ranges mismatch, or ``n`` is invalid.
+    TypeError, ValueError
+        If an argument has the wrong type, a range is not finite, reversed or of zero total width, ranges
+        mismatch, or ``n`` is invalid.
 
     Examples
     --------

@@ -82,7 +82,6 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
     n_samples : int
         Total number of samples (> 0).
     rng : numpy.random.Generator
-        Source of randomness.
     two_sided : bool, default True
         Two-sided (:math:`|X|\ge t`) or upper (:math:`X\ge t`) tail.
     chunk_size : int, default 262144
@@ -95,11 +94,9 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
 
     Raises
     ------
-    TypeError
-        If ``sampler``, ``rng`` or a count has the wrong type.
-    ValueError
-        If a count is < 1, ``t`` is negative or NaN, the law has no finite mean, or the sampler's
-        output has the wrong shape or non-finite values.
+    TypeError, ValueError
+        If an argument has the wrong type, a count is < 1, ``t`` is negative or NaN, the law has no
+        finite mean, or the sampler's output has the wrong shape or non-finite values.
 
     Examples
     --------

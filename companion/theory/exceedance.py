@@ -71,11 +71,7 @@ def _mts(mu, t, sigma) -> list[np.ndarray]:
 
 def _row_counts_real(name: str, N) -> np.ndarray:
     """``N`` as float64: any positive integer, also beyond int64 (16 digits above 2**53)."""
-    arr = integer_counts(name, N)
-    if arr.dtype == object:
-        flat = [float(v) for v in arr.ravel().tolist()]
-        return np.asarray(flat, dtype=np.float64).reshape(arr.shape)
-    return arr.astype(np.float64)
+    return integer_counts(name, N).astype(np.float64)
 
 
 def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -93,11 +89,6 @@ def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
 def _noise_name(noise) -> str:
     """The checked noise law (case-insensitive)."""
     return check_choice(noise.lower() if isinstance(noise, str) else noise, "noise", NOISE_LAWS)
-
-
-def _scalar_or_array(x: np.ndarray):
-    """A Python scalar for a 0-d array."""
-    return x.item() if x.ndim == 0 else x
 
 
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
@@ -120,10 +111,8 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued, or ``sharp`` is not a bool.
-    ValueError
-        If an input is invalid (as :func:`exceedance_probability`) or an entry has :math:`|\mu|\le t`.
+    TypeError, ValueError
+        As :func:`exceedance_probability`, if ``sharp`` is not a bool, or if an entry has :math:`|\mu|\le t`.
 
     Examples
     --------
@@ -142,7 +131,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
         raise ValueError(f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t (max of "
                          f"t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the other regimes")
     tail = np.exp(-_half_square_ratio(u, s))
-    return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
+    return _cgf.scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
 
 
 def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
@@ -168,7 +157,6 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     mu, t, sigma : float or array_like
         Channel mean(s), threshold(s) :math:`t\ge0` and noise scale :math:`\sigma>0` (module docstring).
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
-        Law of :math:`Z`.
 
     Returns
     -------
@@ -177,10 +165,9 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``noise`` is not a string.
-    ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes mismatch, or ``noise`` is unknown.
+    TypeError, ValueError
+        If an input is not real (TypeError) or not finite, ``sigma <= 0``, ``t < 0``, shapes mismatch, or
+        ``noise`` is not one of :data:`NOISE_LAWS`.
 
     Examples
     --------
@@ -202,7 +189,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
             ones = np.ones_like(s)
             scaled = _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law)
             p = np.where(odd, scaled, p)
-    return _scalar_or_array(np.minimum(p, 1.0))
+    return _cgf.scalar_or_array(np.minimum(p, 1.0))
 
 
 def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
@@ -233,7 +220,7 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     '6.221e-16'
     """
     complement = check_bool(complement, "complement")
-    return _scalar_or_array(_prob_gaussian(*_mts(mu, t, sigma), complement))
+    return _cgf.scalar_or_array(_prob_gaussian(*_mts(mu, t, sigma), complement))
 
 
 def _prob_gaussian(m: np.ndarray, tt: np.ndarray, s: np.ndarray, complement: bool) -> np.ndarray:
@@ -292,26 +279,24 @@ def expected_count_gaussian(N, mu, t, sigma):
     """
     n = _row_counts_real("N", N)
     n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
-    return _scalar_or_array(n * p)
+    return _cgf.scalar_or_array(n * p)
 
 
 class CountBounds(NamedTuple):
     """Bounds on :math:`E[C(t)]` returned by :func:`theorem2_bounds` (arrays or floats)."""
 
-    #: Best valid lower bound for every ``sigma**2``-sub-Gaussian noise (one-sided Theorem 1).
-    lower: object
-    #: Best valid upper bound for every ``sigma**2``-sub-Gaussian noise (two Chernoff tails, <= N).
-    upper: object
+    lower: object  #: Best lower bound valid for every ``sigma**2``-sub-Gaussian noise (one-sided Theorem 1).
+    upper: object  #: Best upper bound valid for every such noise (two Chernoff tails, <= N).
     #: The note's mean-dominated bound ``N(1 - 2exp(-u^2/2sigma^2))``, unclipped; NaN if ``|mu| <= t``.
     notes_lower: object
-    #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
-    notes_upper: object
-    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` or ``"pure-variance"`` (``mu == 0``).
-    regime: object
+    notes_upper: object  #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
+    regime: object  #: "mean-dominated" (``|mu| > t``), "pure-variance" (``mu == 0``) or "intermediate".
 
 
 def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     r"""Lower and upper bounds on :math:`E[C(t)]` for :math:`\sigma^2`-sub-Gaussian noise, all regimes.
+
+    Proof: chapter :doc:`/book/theorem2`.
 
     Parameters
     ----------
@@ -329,10 +314,6 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     ------
     TypeError, ValueError
         If ``N`` is not an integer >= 1, or as :func:`exceedance_probability`.
-
-    Notes
-    -----
-    Proof: chapter :doc:`/book/theorem2`.
 
     Examples
     --------
@@ -353,7 +334,7 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
         notes_lower = np.where(dominated, notes_lower, np.nan)
         notes_upper = np.where(m == 0, 2.0 * n * np.exp(-_half_square_ratio(tt, s)), np.nan)
     regime = np.where(dominated, "mean-dominated", np.where(m == 0, "pure-variance", "intermediate"))
-    return CountBounds(*(_scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
+    return CountBounds(*(_cgf.scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
 
 
 _MARGIN_KINDS = ("two-sided", "one-sided", "gaussian")
@@ -380,11 +361,8 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``kind`` is not a string.
-    ValueError
-        If an input is invalid (as :func:`exceedance_probability`), ``kind`` is unknown, or a bound's
-        margin overflows.
+    TypeError, ValueError
+        As :func:`exceedance_probability`, if ``kind`` is unknown, or if a bound's margin overflows.
 
     Examples
     --------
@@ -400,7 +378,7 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
         if not np.isfinite(margin).all():
             raise ValueError(f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
                              f"sigma = {s.max():.4g}; rescale t and sigma")
-        return _scalar_or_array(margin)
+        return _cgf.scalar_or_array(margin)
 
     def excess(mu):
         with np.errstate(over="ignore"):
@@ -425,7 +403,7 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
         hi = np.where(up, mid, hi)
         lo = np.where(up, lo, mid)
     root = np.where(at_zero, 0.0, middle(lo, hi))
-    return _scalar_or_array(root - tt)
+    return _cgf.scalar_or_array(root - tt)
 
 
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
@@ -512,7 +490,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, hi_q))
         q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, lo_r))
         lo, hi = n * q_minus, n * q_plus
-    return tuple(_scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
+    return tuple(_cgf.scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
@@ -595,6 +573,8 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
                     chunk_size: int = _DEFAULT_CHUNK):
     r"""Monte-Carlo counts :math:`C_j(t)=\#\{i\le N:|\mu_j+Z_{ij}|>t\}`, streamed in chunks.
 
+    Draws are float32: only their rounding (relative :math:`6\cdot10^{-8}`) separates these from exact counts.
+
     Parameters
     ----------
     N : int or 1-D sequence of int
@@ -604,7 +584,6 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
         Channel means, thresholds :math:`t\ge0` (all applied to the same draws) and noise scales;
         ``mu`` and ``sigma`` broadcast together into the channel shape.
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
-        Law of the noise.
     rng : None, int or numpy.random.Generator, optional
         Source of randomness (an int is a seed; None: fresh entropy).
     rho : float, default 0.0
@@ -622,10 +601,6 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     ------
     TypeError, ValueError
         If an argument has the wrong type or is out of range (``N`` beyond int64 included).
-
-    Notes
-    -----
-    Draws are float32: only their rounding (relative :math:`6\cdot10^{-8}`) separates these from exact counts.
 
     Examples
     --------

@@ -80,11 +80,9 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``x`` is a scalar or not finite, ``eps < 0``, ``gamma``/``beta`` do not have shape ``(d,)``,
-        or a row is degenerate (constant) while ``eps = 0``.
+    TypeError, ValueError
+        If ``x`` or ``eps`` is not real (TypeError), ``x`` is a scalar or not finite, ``eps < 0``,
+        ``gamma``/``beta`` do not have shape ``(d,)``, or a row is constant while ``eps = 0``.
 
     Examples
     --------
@@ -216,7 +214,6 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
     x : array_like, shape (d,) or (n, d)
         One input or a batch of rows.
     gamma : array_like, shape (d,)
-        The gain of the normalisation.
     kind : {"rmsnorm", "layernorm"}
         Which normalisation (a LayerNorm bias does not change the Jacobian).
     eps : float, default 0.0
@@ -230,10 +227,9 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
 
     Raises
     ------
-    TypeError
-        If ``x`` or ``gamma`` is not numeric (or None), or ``eps`` is not real.
-    ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D/2-D, ``d <= m``, or as :func:`layernorm`.
+    TypeError, ValueError
+        As :func:`layernorm` (``gamma`` None included), or if ``kind`` is unknown, ``x`` is not 1-D/2-D
+        or ``d <= m``.
 
     Examples
     --------
@@ -274,10 +270,8 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D/2-D, or as :func:`layernorm`.
+    TypeError, ValueError
+        As :func:`layernorm`, or if ``kind`` is unknown or ``x`` is not 1-D/2-D.
 
     Examples
     --------

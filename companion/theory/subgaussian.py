@@ -41,14 +41,10 @@ _METHODS = ("auto", "numeric", "closed_form")
 class ProxyResult(NamedTuple):
     """Full output of :func:`optimal_variance_proxy`."""
 
-    #: The optimal variance proxy (``math.inf`` if none is finite).
-    proxy: float
-    #: The variance, the limit of 2K(lambda)/lambda^2 at 0.
-    variance: float
-    #: Maximiser: ``0.0`` (proxy = variance), ``+-inf`` (a limit), finite, or ``nan``.
-    argmax: float
-    #: ``"closed_form"`` or ``"numeric"``.
-    method: str
+    proxy: float  #: The optimal variance proxy (``math.inf`` if none is finite).
+    variance: float  #: The variance, the limit of 2K(lambda)/lambda^2 at 0.
+    argmax: float  #: Maximiser: ``0.0`` (proxy = variance), ``+-inf`` (a limit), finite, or ``nan``.
+    method: str  #: ``"closed_form"`` or ``"numeric"``.
 
 
 def _check_no_overflow(out: np.ndarray, what: str) -> None:
@@ -121,11 +117,6 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
         )
 
 
-def _bernoulli_proxy_scalar(p: float) -> float:
-    """The Bernoulli proxy of one checked p."""
-    return float(_bernoulli_proxy(np.asarray(p, dtype=float)))
-
-
 def _bernoulli_argmax(p: float) -> float:
     """Maximiser 2 ln((1 - p)/p) of the Bernoulli proxy profile (0 at p in {0, 1/2, 1})."""
     if p in (0.0, 1.0) or p == 0.5:
@@ -151,7 +142,7 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
         n = upper - lower  # bernoulli: support {loc, loc + 1}
         p = (mean - lower) / n if n > 0 else 0.0
         p = min(max(p, 0.0), 1.0)
-        return ProxyResult(n * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p), "closed_form")
+        return ProxyResult(n * _bernoulli_proxy(np.asarray(p)), var, _bernoulli_argmax(p), "closed_form")
     if fam == "rv_sample":
         xk = np.asarray(dist.dist.xk, dtype=float)
         if xk.size == 1:
@@ -159,7 +150,7 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
         if xk.size == 2:  # two-point law = x1 + (x2 - x1) Bernoulli(p2)
             width = float(xk[1] - xk[0])
             p = float(dist.dist.pk[1])
-            proxy = width**2 * _bernoulli_proxy_scalar(p)
+            proxy = width**2 * _bernoulli_proxy(np.asarray(p))
             return ProxyResult(proxy, var, _bernoulli_argmax(p) / width, "closed_form")
     if fam in ("laplace_gen", "t_gen", "expon_gen", "logistic_gen", "poisson_gen", "cauchy_gen"):
         return ProxyResult(math.inf, var, math.nan, "closed_form")
@@ -245,11 +236,9 @@ def log_mgf(dist, lam, *, method: str = "auto"):
 
     Raises
     ------
-    TypeError
-        If ``dist``, ``lam`` or ``method`` has the wrong type.
-    ValueError
-        If ``lam`` is not finite, ``dist`` has no finite mean or is not representable (module
-        docstring), or ``method`` is unknown or has no closed form for this family.
+    TypeError, ValueError
+        If an argument has the wrong type, ``lam`` is not finite, ``dist`` has no finite mean or is not
+        representable (module docstring), or ``method`` is unknown or has no closed form for this family.
 
     Examples
     --------
@@ -584,10 +573,8 @@ def hoeffding_proxy(a, b):
 
     Raises
     ------
-    TypeError
-        If ``a`` or ``b`` is not real.
-    ValueError
-        If an end is not finite, ``b < a``, shapes do not broadcast, or the proxy overflows.
+    TypeError, ValueError
+        If an end is not real (TypeError) or not finite, ``b < a``, shapes do not broadcast, or it overflows.
 
     Examples
     --------
@@ -629,11 +616,9 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
 
     Raises
     ------
-    TypeError
-        If ``dist`` or ``centred`` has the wrong type.
-    ValueError
-        If ``dist`` is invalid or not representable (module docstring), or ``centred`` is False and
-        the mean exceeds :math:`10^{150}` in magnitude.
+    TypeError, ValueError
+        If an argument has the wrong type, ``dist`` is not representable (module docstring), or
+        ``centred`` is False and the mean exceeds :math:`10^{150}` in magnitude.
 
     Examples
     --------
@@ -702,11 +687,9 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
 
     Raises
     ------
-    TypeError
-        If ``w`` or ``sigma2`` is not real or ``dependent`` is not a bool.
-    ValueError
-        If ``w`` is not a finite non-empty 1-D/2-D array, ``sigma2`` is not positive or does not
-        match ``w.shape[0]``, or the proxy overflows.
+    TypeError, ValueError
+        If an argument has the wrong type, ``w`` is not a finite non-empty 1-D/2-D array, ``sigma2`` is
+        not positive or does not match ``w.shape[0]``, or the proxy overflows.
 
     Examples
     --------
