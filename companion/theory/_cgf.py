@@ -275,10 +275,8 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
     lower, upper = (float(v) for v in dist.support())
     scale = length_scale(dist, var)
     if is_discrete(dist):
-        gen = dist.dist
-        if hasattr(gen, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
-            loc = lower - float(np.min(gen.xk))
-            x = np.asarray(gen.xk, dtype=float) + loc
+        if hasattr(dist.dist, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
+            x = atoms(dist)[0]
         else:
             lo, hi = lower, upper
             if np.isinf(lo):

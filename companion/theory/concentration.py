@@ -1,8 +1,9 @@
 r"""Concentration beyond one sub-Gaussian variable: sub-exponential laws, sums, maxima, norms.
 
-Theory and notation: chapter :doc:`/book/concentration` (:math:`N` variables of a maximum, :math:`n`
-summands, :math:`d` coordinates).  Laws are evaluated with the node sets of ``companion.theory._cgf``,
-a continuous law split at its mean (where the density of a Gaussian dot product is singular).
+Theory, notation and the proof of every bound: chapter :doc:`/book/concentration` (:math:`N` variables
+of a maximum, :math:`n` summands, :math:`d` coordinates).  Laws are evaluated with the node sets of
+``companion.theory._cgf``, a continuous law split at its mean (where the density of a Gaussian dot
+product is singular).
 """
 
 from __future__ import annotations
@@ -96,8 +97,6 @@ _gaussian_dot = _GaussianDot(name="gaussian_dot", shapes="d")
 
 def dot_product_law(d_k, scaled: bool = False):
     r"""Law of :math:`q\cdot k` for independent :math:`q,k\sim N(0,I_{d_k})`, as a scipy law.
-
-    Derivation: chapter :doc:`/book/concentration`.
 
     Parameters
     ----------
@@ -297,8 +296,6 @@ def subexponential_nu2(dist, b) -> float:
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     r"""Bound a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms (Bernstein).
 
-    Proof: chapter :doc:`/book/concentration`.
-
     Parameters
     ----------
     t : float or array_like
@@ -306,7 +303,6 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     nu2, b : float or array_like
         :math:`\nu^2>0` and :math:`b\ge0` of each term (:math:`b=0`: sub-Gaussian), broadcast with ``t``.
     n : int, default 1
-        Number of independent terms.
     two_sided : bool, default True
         Bound :math:`P(|S_n|\ge t)` (True) or :math:`P(S_n\ge t)` (False).
 
@@ -389,8 +385,6 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     r"""Bound on the largest of :math:`N` centred sub-Gaussian or sub-exponential variables.
 
-    Proof: chapter :doc:`/book/concentration`; the exact Gaussian value is :func:`gaussian_max_expectation`.
-
     Parameters
     ----------
     N : int or array_like of int
@@ -405,7 +399,8 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     Returns
     -------
     float or numpy.ndarray
-        :math:`\max(\sqrt{2\sigma^2L},\,2bL)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
+        :math:`\max(\sqrt{2\sigma^2L},\,2bL)`, :math:`L=\ln M` or :math:`\ln(M/\delta)` (exact Gaussian
+        value: :func:`gaussian_max_expectation`).
 
     Raises
     ------
@@ -488,12 +483,9 @@ def gaussian_max_expectation(N, absolute: bool = True):
 def gaussian_max_lower_bound(N, a=0.0):
     r"""Explicit lower bound on :math:`\mathbb E\max_{i\le N}|G_i|`, :math:`G_i` i.i.d. N(0, 1).
 
-    Proof: chapter :doc:`/book/concentration`.
-
     Parameters
     ----------
     N : int or array_like of int
-        Number of variables :math:`N\ge1`.
     a : float, default 0.0
         Free parameter :math:`a\ge0` of the bound.
 
@@ -608,14 +600,10 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
 def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided: bool = True):
     r"""Dimension-free bound on the deviation of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`.
 
-    Proofs: chapter :doc:`/book/concentration`.
-
     Parameters
     ----------
-    t : float or array_like
-        Deviations :math:`t\ge0`.
-    sigma2 : float, default 1.0
-        Variance :math:`\sigma^2>0` of each coordinate.
+    t, sigma2 : float or array_like, float (default 1.0)
+        Deviations :math:`t\ge0` and the variance :math:`\sigma^2>0` of each coordinate.
     method : {"lipschitz", "interpolation", "bernstein"}
         ``"bernstein"``: from :math:`\sigma\sqrt d`, :math:`2e^{-t^2/(8\sigma^2)}`; ``"interpolation"``:
         from :math:`\mathbb E\|h\|`, :math:`2e^{-2t^2/(\pi^2\sigma^2)}`; ``"lipschitz"``: from

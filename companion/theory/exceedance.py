@@ -1,6 +1,6 @@
 r"""Theorems 1 and 2 of the outlier note: bounds, exact values and streamed simulations.
 
-Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  Rows :math:`X_{ij}=\mu_j+Z_{ij}`
+Theory and proofs: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  Rows :math:`X_{ij}=\mu_j+Z_{ij}`
 (:math:`i\le N`, channel :math:`j`); :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.  The noise is centred and
 symmetric with variance :math:`\sigma^2` (``sigma`` its scale): ``gaussian`` :math:`\sigma G`; ``uniform``
 on :math:`[-\sqrt3\sigma,\sqrt3\sigma]`; ``rademacher`` :math:`\pm\sigma`; the first three have optimal
@@ -93,8 +93,6 @@ def _noise_name(noise) -> str:
 
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     r"""Lower bound of Theorem 1 on :math:`P(|\mu+Z|>t)` when :math:`|\mu|>t`.
-
-    Proof: chapter :doc:`/book/theorem1`.
 
     Parameters
     ----------
@@ -257,10 +255,9 @@ def expected_count_gaussian(N, mu, t, sigma):
 
     Parameters
     ----------
-    N : int or array_like of int
-        Number(s) of rows :math:`N\ge1`, any size (used as float64).
-    mu, t, sigma : float or array_like
-        As in :func:`exceedance_probability_gaussian`.
+    N, mu, t, sigma : int or array_like of int, then float or array_like
+        Number(s) of rows :math:`N\ge1` (any size, used as float64); the rest as in
+        :func:`exceedance_probability_gaussian`.
 
     Returns
     -------
@@ -296,14 +293,10 @@ class CountBounds(NamedTuple):
 def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     r"""Lower and upper bounds on :math:`E[C(t)]` for :math:`\sigma^2`-sub-Gaussian noise, all regimes.
 
-    Proof: chapter :doc:`/book/theorem2`.
-
     Parameters
     ----------
-    N : int or array_like of int
-        Number(s) of rows :math:`N\ge1`, any size (used as float64).
-    mu, t, sigma : float or array_like
-        Channel mean(s), threshold(s) :math:`t\ge0` and sub-Gaussian parameter :math:`\sigma>0`.
+    N, mu, t, sigma : int or array_like of int, then float or array_like
+        As in :func:`expected_count_gaussian`, ``sigma`` being the sub-Gaussian parameter :math:`\sigma>0`.
 
     Returns
     -------
@@ -345,10 +338,8 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
 
     Parameters
     ----------
-    t : float or array_like
-        Threshold(s) :math:`t\ge0`.
-    sigma : float or array_like
-        Noise scale :math:`\sigma>0`.
+    t, sigma : float or array_like
+        Threshold(s) :math:`t\ge0` and noise scale :math:`\sigma>0`, broadcast together.
     kind : {"gaussian", "two-sided", "one-sided"}, default "gaussian"
         ``"two-sided"``: the note's bound, :math:`u=\sigma\sqrt{2\ln4}`; ``"one-sided"``: the sharp bound,
         :math:`u=\sigma\sqrt{2\ln2}`; ``"gaussian"``: the exact root of :math:`P(|\mu+\sigma G|>t)=1/2`.
@@ -417,14 +408,12 @@ def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
-    For independent rows (dependent rows need not concentrate); proofs: chapter :doc:`/book/theorem2`.
+    For independent rows (dependent rows need not concentrate).
 
     Parameters
     ----------
-    N : int or array_like of int
-        Number(s) of rows :math:`N\ge1`, any size (used as float64).
-    p : float or array_like
-        Exceedance probability per row, in :math:`[0,1]`.
+    N, p : int or array_like of int, float or array_like
+        Row counts (as in :func:`expected_count_gaussian`) and the exceedance probability per row, in [0, 1].
     delta : float, default 0.05
         Total miss probability in :math:`(0,1)`, split equally between the tails.
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
@@ -499,11 +488,9 @@ def _to_f32(x: np.ndarray) -> np.ndarray:
 
 
 class _BlockCounter:
-    """Counts, for a block of ``m`` channels, draws above ``hi`` and below ``lo`` (in draw space).
+    """Counts, for ``m`` channels, draws above ``hi`` and below ``lo``; a chunk has shape (rows, m).
 
-    Draw space: standard normal, U[0, 1), standard Laplace, or random bits (rademacher).  A chunk has
-    shape (rows, m), so the reduction over rows is vectorised across channels.
-    """
+    Draw space: standard normal, U[0, 1), standard Laplace, or random bits (rademacher)."""
 
     def __init__(self, noise: str, rng: np.random.Generator, chunk_size: int):
         self.noise = noise

@@ -1,7 +1,8 @@
 """LayerNorm and RMSNorm as plain functions (NumPy, float64), with their exact Jacobians.
 
-The objects of the chapter :doc:`/book/layernorm_geometry`; conventions follow PyTorch (population
-variance, ``eps`` inside the square root), and :func:`autograd_jacobian` checks the formulas against it.
+The objects of the chapter :doc:`/book/layernorm_geometry`, which derives the Jacobians, their spectra and
+the gain bounds; conventions follow PyTorch (population variance, ``eps`` inside the square root), and
+:func:`autograd_jacobian` checks the formulas against it.
 """
 
 from __future__ import annotations
@@ -140,12 +141,9 @@ def _one_point(x, eps, gamma) -> tuple[np.ndarray, float, np.ndarray | None]:
 def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     r"""Exact Jacobian of LayerNorm at a 1-D input, without affine parameters or with a gain.
 
-    Derivation and spectrum: chapter :doc:`/book/layernorm_geometry`.
-
     Parameters
     ----------
     x : array_like, shape (d,)
-        The point at which to differentiate.
     eps, gamma : float (default 0.0), array_like or None
         As in :func:`layernorm`; a gain makes the Jacobian :math:`\operatorname{diag}(\gamma)J`.
 
@@ -207,13 +205,10 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
                               eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Bound the spectral norm of a normalisation's Jacobian with a learned gain.
 
-    Proof: chapter :doc:`/book/layernorm_geometry`.
-
     Parameters
     ----------
-    x : array_like, shape (d,) or (n, d)
-        One input or a batch of rows.
-    gamma : array_like, shape (d,)
+    x, gamma : array_like, shape (d,) or (n, d), and shape (d,)
+        One input or a batch of rows, and the gain.
     kind : {"rmsnorm", "layernorm"}
         Which normalisation (a LayerNorm bias does not change the Jacobian).
     eps : float, default 0.0

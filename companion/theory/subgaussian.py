@@ -220,10 +220,8 @@ def log_mgf(dist, lam, *, method: str = "auto"):
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
-        The law of :math:`X` (continuous or discrete).
-    lam : float or array_like
-        Finite values of :math:`\lambda`, any shape.
+    dist, lam : frozen scipy.stats distribution, float or array_like
+        The law of :math:`X` (continuous or discrete) and finite values of :math:`\lambda` (any shape).
     method : {"auto", "numeric", "closed_form"}, default "auto"
         ``"auto"``: a closed form where implemented (normal, uniform, Laplace, exponential, Bernoulli,
         binomial, Poisson, Student-t), quadrature otherwise; ``"closed_form"`` raises if none exists.
@@ -339,9 +337,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
-        The law of :math:`X`, continuous or discrete.
-    method : {"auto", "numeric", "closed_form"}, default "auto"
+    dist, method : frozen scipy.stats distribution, {"auto", "numeric", "closed_form"}, default "auto"
         As in :func:`log_mgf` (closed forms: normal, uniform, Bernoulli, binomial, two-point laws,
         ``inf`` for heavy tails).
     full_output : bool, default False
@@ -486,10 +482,8 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
 
     Parameters
     ----------
-    t : float or array_like
-        Thresholds :math:`t\ge0`.
-    sigma2 : float or array_like
-        Variance proxy :math:`\sigma^2>0`, broadcast against ``t``.
+    t, sigma2 : float or array_like
+        Thresholds :math:`t\ge0` and variance proxy :math:`\sigma^2>0`, broadcast together.
     two_sided : bool, default True
         Bound :math:`2e^{-t^2/(2\sigma^2)}` on :math:`P(|X|\ge t)` (True) or half of it on one tail.
 
@@ -605,7 +599,6 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     Parameters
     ----------
     dist : frozen scipy.stats distribution
-        The law of :math:`X`.
     centred : bool, default False
         Compute :math:`\|X-\mathbb EX\|_{\psi_2}` instead.
 
