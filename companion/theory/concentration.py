@@ -179,8 +179,7 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type, a sample is empty, not 1-D or not finite, or a distribution
-        has array parameters.
+        If an argument has the wrong type or a sample is not a finite, non-empty 1-D array.
 
     Examples
     --------
@@ -357,8 +356,7 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type, a range is not finite, reversed or of zero total width, ranges
-        mismatch, or ``n`` is invalid.
+        If an argument has the wrong type or is out of range (Parameters), or every range has zero width.
 
     Examples
     --------
@@ -544,8 +542,7 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type (``rng`` None included) or is out of range, or the
-        sampler's output is misshapen or not finite.
+        If an argument has the wrong type (``rng`` None included) or range, or ``sampler`` returns bad draws.
 
     Examples
     --------

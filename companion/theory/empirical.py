@@ -12,7 +12,7 @@ from scipy import stats
 from companion.theory import _cgf
 from companion._validation import as_real_array, check_bool, check_dist, check_int, check_t, freeze
 
-__all__ = ["empirical_tail", "monte_carlo_tail"]
+__all__ = ["monte_carlo_tail"]
 
 
 def _is_law(x) -> bool:
@@ -35,33 +35,8 @@ def _count_at_least(values_sorted: np.ndarray, t: np.ndarray) -> np.ndarray:
     return values_sorted.size - np.searchsorted(values_sorted, t, side="left")
 
 
-def empirical_tail(samples, t, *, two_sided: bool = True):
-    r"""Empirical tail :math:`\frac1n\#\{i:|x_i|\ge t\}` (or :math:`x_i\ge t`), vectorised in ``t``.
-
-    Parameters
-    ----------
-    samples : array_like, shape (n,)
-        Finite samples (centre them first for the tail of :math:`X-\mathbb EX`).
-    t : float or array_like
-        Thresholds :math:`t\ge0`, any shape.
-    two_sided : bool, default True
-        Count :math:`|x_i|\ge t` (True) or :math:`x_i\ge t` (False).
-
-    Returns
-    -------
-    float or numpy.ndarray
-        Fractions, shape of ``t``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If an argument has the wrong type or is out of range (Parameters).
-
-    Examples
-    --------
-    >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
-    array([1. , 0.6, 0.2])
-    """
+def _empirical_tail(samples, t, *, two_sided: bool = True):
+    """Empirical tail ``#{i: |x_i| >= t} / n`` (or ``x_i >= t``) of a 1-D sample, vectorised in ``t``."""
     x = _check_sample(samples, "samples")
     t_arr = check_t(t)
     two = check_bool(two_sided, "two_sided")
@@ -95,8 +70,7 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type, a count is < 1, ``t`` is negative or NaN, the law has no
-        finite mean, or the sampler's output has the wrong shape or non-finite values.
+        If an argument has the wrong type or range, the law has no finite mean, or the draws are bad.
 
     Examples
     --------

@@ -14,7 +14,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 from companion.theory import _cgf
 from companion._validation import (
@@ -104,8 +104,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     Returns
     -------
     float or numpy.ndarray
-        The bound with :math:`u=|\mu|-t`, broadcast; unclipped (negative, i.e. vacuous, for
-        :math:`u<\sigma\sqrt{2\ln2}`).
+        The bound with :math:`u=|\mu|-t`, broadcast; unclipped (vacuous below :math:`u=\sigma\sqrt{2\ln2}`).
 
     Raises
     ------
@@ -164,8 +163,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     Raises
     ------
     TypeError, ValueError
-        If an input is not real (TypeError) or not finite, ``sigma <= 0``, ``t < 0``, shapes mismatch, or
-        ``noise`` is not one of :data:`NOISE_LAWS`.
+        If an input is not real (TypeError), is out of range (Parameters), or shapes do not broadcast.
 
     Examples
     --------
@@ -455,8 +453,6 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         half = np.sqrt(n * log_term / 2.0)
         lo, hi = n * pp - half, n * pp + half
     elif method == "exact":
-        from scipy import stats
-
         lo = stats.binom.ppf(delta / 2.0, n, pp)
         hi = stats.binom.isf(delta / 2.0, n, pp)
     else:
@@ -488,9 +484,8 @@ def _to_f32(x: np.ndarray) -> np.ndarray:
 
 
 class _BlockCounter:
-    """Counts, for ``m`` channels, draws above ``hi`` and below ``lo``; a chunk has shape (rows, m).
-
-    Draw space: standard normal, U[0, 1), standard Laplace, or random bits (rademacher)."""
+    """Counts, for ``m`` channels, draws above ``hi`` and below ``lo``, in draw space (standard normal,
+    U[0, 1), standard Laplace, or random bits for rademacher); a chunk has shape (rows, m)."""
 
     def __init__(self, noise: str, rng: np.random.Generator, chunk_size: int):
         self.noise = noise
@@ -581,8 +576,7 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     Returns
     -------
     int or numpy.ndarray of int64
-        Counts of shape ``channels + t.shape`` (a leading ``len(N)`` axis for a sequence ``N``); an
-        int when every input is a scalar.
+        Counts of shape ``channels + t.shape`` (a leading ``len(N)`` axis for a sequence ``N``), or an int.
 
     Raises
     ------

@@ -82,8 +82,7 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        If ``x`` or ``eps`` is not real (TypeError), ``x`` is a scalar or not finite, ``eps < 0``,
-        ``gamma``/``beta`` do not have shape ``(d,)``, or a row is constant while ``eps = 0``.
+        If an argument is not real (TypeError) or is out of range, or a row is constant with ``eps = 0``.
 
     Examples
     --------
@@ -223,8 +222,7 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
     Raises
     ------
     TypeError, ValueError
-        As :func:`layernorm` (``gamma`` None included), or if ``kind`` is unknown, ``x`` is not 1-D/2-D
-        or ``d <= m``.
+        As :func:`layernorm` (``gamma`` None included), or if ``kind`` is unknown or ``d <= m``.
 
     Examples
     --------

@@ -17,13 +17,13 @@ from typing import NamedTuple
 import numpy as np
 
 from companion.theory import _cgf
-from companion.theory.empirical import empirical_tail, monte_carlo_tail
+from companion.theory.empirical import monte_carlo_tail
 from companion._validation import (
     as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, is_discrete,
 )
 
 __all__ = [
-    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda", "empirical_tail",
+    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda",
     "hoeffding_proxy", "linear_map_proxy", "log_mgf", "monte_carlo_tail", "optimal_variance_proxy",
     "proxy_profile", "psi2_norm", "subgaussian_tail_bound",
 ]
@@ -72,12 +72,10 @@ def _log_sinhc(z: np.ndarray) -> np.ndarray:
     return out
 
 
-#: Spreads (IQR of a continuous law, width of the atoms of a finite one) handled by the numerics:
-#: the variance, the proxy and lambda**2 then stay far from float64 underflow and overflow.
+#: Spreads (IQR, width of the atoms) for which the variance, proxy and lambda**2 stay far from float64 limits.
 _SPREAD_RANGE = (1e-150, 1e150)
-#: Quadrature nodes of a continuous law are ``mean + y`` in float64, so the centred nodes ``y``
-#: lose the digits of ``mean``: measured proxy errors 4e-11 (norm, mean 1e8 sd), 2.5e-9 (beta(2, 5),
-#: mean 5e8 IQR), 4e-6 (norm, mean 1e12 sd).  A mean beyond this many spreads is refused.
+#: Nodes ``mean + y`` lose the digits of ``mean`` (proxy error 4e-11 for norm at mean 1e8 sd, 2.5e-9 for
+#: beta(2, 5) at 5e8 IQR, 4e-6 for norm at 1e12 sd): a mean beyond this many spreads is refused.
 _MAX_LOCATION_RATIO = 1e8
 
 
@@ -574,6 +572,8 @@ def hoeffding_proxy(a, b):
     --------
     >>> hoeffding_proxy(0.0, 1.0)
     0.25
+    >>> hoeffding_proxy([0.0, -1.0], 1.0)
+    array([0.25, 1.  ])
     """
     return _hoeffding_proxy(as_real_array(a, "a"), as_real_array(b, "b"))
 
@@ -610,8 +610,7 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type, ``dist`` is not representable (module docstring), or
-        ``centred`` is False and the mean exceeds :math:`10^{150}` in magnitude.
+        As :func:`log_mgf`, or if ``centred`` is False and the mean exceeds :math:`10^{150}` in magnitude.
 
     Examples
     --------
@@ -638,9 +637,8 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     s2_tail = max(s2_tails, default=0.0)
     nodes = _cgf.law_nodes(dist, mean, var)
     x = nodes.y if centred else nodes.y + nodes.mean
-    # nodes beyond 1e153 (x^2 > 1e306) carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian
-    # tail with sd <= 1e150: drop them before squaring.  (A cut at 1e150 dropped the nodes
-    # beyond 10 sd of N(0, 1e149^2), whose e^{-x^2/8sd^2} share of E e^{X^2/s^2} is 1e-6.)
+    # nodes beyond 1e153 carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian tail with sd <= 1e150:
+    # drop them before squaring (a cut at 1e150 lost 1e-6 of E e^{X^2/s^2} for N(0, 1e149^2))
     near = np.abs(x) < (1e150 if sd < 1e140 else 1e153)
     x2, logw = x[near] ** 2, nodes.logw[near]
     second_moment = float(np.dot(np.exp(logw), x2))
@@ -681,8 +679,7 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type, ``w`` is not a finite non-empty 1-D/2-D array, ``sigma2`` is
-        not positive or does not match ``w.shape[0]``, or the proxy overflows.
+        If an argument has the wrong type or is out of range (Parameters), or the proxy overflows.
 
     Examples
     --------
