@@ -18,8 +18,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     Parameters
     ----------
     x : array_like, shape ``[n]`` or ``[n, k]``
-        One row per prompt (at least 2); columns are summarised separately but resampled together
-        (pass per-prompt differences for a paired comparison).
+        One row per prompt (n >= 2); columns are resampled together (paired comparison: pass differences).
     level : float, default 0.95
         Coverage of the interval, in (0, 1).
     n_boot : int, default 2000

@@ -430,13 +430,12 @@ def _gauss_max_mean(n: float, absolute: bool) -> float:
         def below(x):  # log P(max G <= x) = n log Phi(x)
             return n * float(special.log_ndtr(x))
     centre = math.sqrt(2.0 * math.log(2.0 * n)) if n > 1 else 1.0
-    pts = [max(centre - 2.0, 0.0), centre, centre + 1.0]
 
     def upper_part(x):
         return -math.expm1(below(x)) if x > 0 else 1.0
 
     total = 0.0
-    edges = [0.0, *pts, centre + 40.0]
+    edges = [0.0, max(centre - 2.0, 0.0), centre, centre + 1.0, centre + 40.0]
     for a, c in zip(edges[:-1], edges[1:]):
         if c > a:
             total += integrate.quad(upper_part, a, c, epsabs=1e-13, epsrel=1e-12, limit=200)[0]

@@ -282,8 +282,7 @@ class CountBounds(NamedTuple):
 
     lower: object  #: Best lower bound valid for every ``sigma**2``-sub-Gaussian noise (one-sided Theorem 1).
     upper: object  #: Best upper bound valid for every such noise (two Chernoff tails, <= N).
-    #: The note's mean-dominated bound ``N(1 - 2exp(-u^2/2sigma^2))``, unclipped; NaN if ``|mu| <= t``.
-    notes_lower: object
+    notes_lower: object  #: The note's bound ``N(1 - 2exp(-u^2/2sigma^2))`` (unclipped); NaN if ``|mu| <= t``.
     notes_upper: object  #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
     regime: object  #: "mean-dominated" (``|mu| > t``), "pure-variance" (``mu == 0``) or "intermediate".
 
@@ -560,11 +559,9 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     Parameters
     ----------
     N : int or 1-D sequence of int
-        Rows per channel; a strictly increasing sequence returns the counts of the first :math:`N_k`
-        rows of one stream.
+        Rows per channel; an increasing sequence gives the counts of the first :math:`N_k` rows of one stream.
     mu, t, sigma : float or array_like
-        Channel means, thresholds :math:`t\ge0` (all applied to the same draws) and noise scales;
-        ``mu`` and ``sigma`` broadcast together into the channel shape.
+        Channel means and noise scales (broadcast together); thresholds :math:`t\ge0`, all on the same draws.
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
     rng : None, int or numpy.random.Generator, optional
         Source of randomness (an int is a seed; None: fresh entropy).

@@ -86,8 +86,7 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
 
     Examples
     --------
-    >>> y = layernorm([1.0, 2.0, 3.0, 6.0], eps=0.0)
-    >>> round(float(np.linalg.norm(y) ** 2), 6)
+    >>> round(float(np.linalg.norm(layernorm([1.0, 2.0, 3.0, 6.0], eps=0.0)) ** 2), 6)   # d = 4
     4.0
     """
     eps = check_real(eps, "eps", lo=0.0)
@@ -130,11 +129,16 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     return out * gamma if gamma is not None else out
 
 
-def _one_point(x, eps, gamma) -> tuple[np.ndarray, float, np.ndarray | None]:
-    """The checked 1-D point, ``eps`` and gain of a Jacobian."""
+def _jacobian(x, eps, gamma, centre: bool) -> np.ndarray:
+    """Check a 1-D point, ``eps`` and gain; the Jacobian of LayerNorm (``centre``) or RMSNorm there."""
     eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x, one_d=True)
-    return x, eps, _check_affine(gamma, x.shape[0], "gamma")
+    gamma = _check_affine(gamma, x.shape[0], "gamma")
+    d = x.shape[0]
+    y, s = _centred_scale(x, eps, centre=centre)
+    s = float(s[0])
+    J = ((np.eye(d) - 1.0 / d if centre else np.eye(d)) - np.outer(y, y) / (d * s * s)) / s
+    return J if gamma is None else gamma[:, None] * J
 
 
 def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
@@ -161,12 +165,7 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     >>> round(float(np.linalg.norm(layernorm_jacobian([1.0, 2.0, 3.0, 6.0]), 2)), 4)   # 1 / std(x)
     0.5345
     """
-    x, eps, gamma = _one_point(x, eps, gamma)
-    d = x.shape[0]
-    y, s = _centred_scale(x, eps, centre=True)
-    s = float(s[0])
-    J = (np.eye(d) - 1.0 / d - np.outer(y, y) / (d * s * s)) / s
-    return J if gamma is None else gamma[:, None] * J
+    return _jacobian(x, eps, gamma, centre=True)
 
 
 def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
@@ -192,12 +191,7 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     >>> np.allclose(rmsnorm_jacobian([3.0, 4.0]) @ np.array([3.0, 4.0]), 0.0)
     True
     """
-    x, eps, gamma = _one_point(x, eps, gamma)
-    d = x.shape[0]
-    _, r = _centred_scale(x, eps, centre=False)
-    r = float(r[0])
-    J = (np.eye(d) - np.outer(x, x) / (d * r * r)) / r
-    return J if gamma is None else gamma[:, None] * J
+    return _jacobian(x, eps, gamma, centre=False)
 
 
 def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",

@@ -1,8 +1,7 @@
 r"""Sub-Gaussian tails: optimal variance proxies, Chernoff bounds, :math:`\psi_2` norms.
 
-Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: chapter
-:doc:`/book/subgaussian_tails`.  A law is a frozen ``scipy.stats`` distribution, evaluated on weighted
-nodes (``companion.theory._cgf``).
+Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: :doc:`/book/subgaussian_tails`.
+A law is a frozen ``scipy.stats`` distribution, evaluated on weighted nodes (``companion.theory._cgf``).
 Laws whose spread (interquartile range, width of the atoms) lies outside :math:`[10^{-150},10^{150}]`,
 or continuous laws whose mean lies more than :math:`10^8` spreads from 0 when quadrature is needed,
 are refused with a ``ValueError`` (rescale, or centre the law).
@@ -23,9 +22,9 @@ from companion._validation import (
 )
 
 __all__ = [
-    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda",
-    "hoeffding_proxy", "linear_map_proxy", "log_mgf", "monte_carlo_tail", "optimal_variance_proxy",
-    "proxy_profile", "psi2_norm", "subgaussian_tail_bound",
+    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda", "hoeffding_proxy", "linear_map_proxy",
+    "log_mgf", "monte_carlo_tail", "optimal_variance_proxy", "proxy_profile", "psi2_norm",
+    "subgaussian_tail_bound",
 ]
 
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
