@@ -50,8 +50,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     n_boot = check_int(n_boot, "n_boot", 10)
     gen = as_generator(0 if rng is None else rng)
-    idx = gen.integers(0, a.shape[0], size=(n_boot, a.shape[0]))
-    boots = a[idx].mean(axis=1)
+    boots = a[gen.integers(0, a.shape[0], size=(n_boot, a.shape[0]))].mean(axis=1)
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2], axis=0)
     mean = a.mean(axis=0)
     if a.ndim == 1:

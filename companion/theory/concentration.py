@@ -14,8 +14,7 @@ import warnings
 import numpy as np
 from scipy import integrate, special, stats
 
-from companion.theory import _cgf
-from companion.theory import subgaussian
+from companion.theory import _cgf, subgaussian
 from companion.theory.empirical import _check_sample, _is_law
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
@@ -28,8 +27,6 @@ __all__ = [
     "norm_concentration_bound",
 ]
 
-_LOG2 = _cgf.LOG2
-_TAIL_TOL = _cgf.TAIL_TOL
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
 #: where the supremum defining nu^2 is infinite (the measured rate carries a log correction).
@@ -50,11 +47,11 @@ class _GaussianDot(stats.rv_continuous):
         with np.errstate(divide="ignore", invalid="ignore"):
             log_pow = np.where(nu == 0, 0.0, nu * np.log(ax))
             out = (log_pow + np.log(special.kve(nu, ax)) - ax - 0.5 * math.log(math.pi)
-                   - nu * _LOG2 - special.gammaln(d / 2.0))
+                   - nu * _cgf.LOG2 - special.gammaln(d / 2.0))
         # at x = 0 the density is finite for d > 1 and infinite (log singularity) for d <= 1
         at0 = ax == 0
         if np.any(at0):
-            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _LOG2 - special.gammaln(d / 2.0)
+            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _cgf.LOG2 - special.gammaln(d / 2.0)
             out = np.where(at0, np.where(d > 1, finite0, np.inf), out)
         return out
 
@@ -76,7 +73,7 @@ def _dot_sf(x: float, d: float) -> float:
     if x < 0:
         return 1.0 - _dot_sf(-x, d)
     half = 0.5 * d
-    log_norm = (half - 1.0) * _LOG2 + math.lgamma(half)   # chi(d) density normaliser
+    log_norm = (half - 1.0) * _cgf.LOG2 + math.lgamma(half)   # chi(d) density normaliser
 
     def integrand(u: float) -> float:  # chi(d) density times the chi2(d) survival function
         if u <= 0.0:
@@ -137,9 +134,9 @@ def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
     for tail in _cgf.both_tails(dist, mean, _cgf.length_scale(dist, var)).values():
         if tail is None:
             continue
-        if tail.beta < 1.0 - _TAIL_TOL or not tail.rate > 0:
+        if tail.beta < 1.0 - _cgf.TAIL_TOL or not tail.rate > 0:
             heavy = True
-        elif tail.beta <= 1.0 + _TAIL_TOL:
+        elif tail.beta <= 1.0 + _cgf.TAIL_TOL:
             rate = min(rate, float(tail.rate))
     return rate, heavy
 
@@ -156,7 +153,7 @@ def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> flo
     scaled = absx / mean_abs
     keep = scaled < 1e150  # far nodes carry a negligible weight for any finite norm
     scaled, logw = scaled[keep], logw[keep]
-    lo = max(0.999 / _LOG2, lo_edge / mean_abs * (1.0 + 1e-9))
+    lo = max(0.999 / _cgf.LOG2, lo_edge / mean_abs * (1.0 + 1e-9))
     root = _cgf.orlicz_log_root(logw, scaled, 1.0, math.log(lo))
     return lo * mean_abs if root is None else math.exp(root) * mean_abs  # None: at the edge
 
@@ -193,9 +190,7 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     arr = _check_sample(x, "x")
     if cen:
         arr = arr - arr.mean()
-    absx = np.abs(arr)
-    logw = np.full(absx.size, -math.log(absx.size))
-    return _psi1_from_values(absx, logw, 0.0)
+    return _psi1_from_values(np.abs(arr), np.full(arr.size, -math.log(arr.size)), 0.0)
 
 
 def _psi1_dist(dist, centred: bool) -> float:
@@ -205,7 +200,7 @@ def _psi1_dist(dist, centred: bool) -> float:
     if not (np.isfinite(mean) and np.isfinite(var)):
         return math.inf
     if var == 0:
-        return 0.0 if centred else abs(mean) / _LOG2
+        return 0.0 if centred else abs(mean) / _cgf.LOG2
     rate, heavy = _exponential_edge(dist, mean, var)
     if heavy:
         return math.inf
@@ -216,7 +211,7 @@ def _psi1_dist(dist, centred: bool) -> float:
         # for every s the root search visits: s >= 0.999 E|X| / ln 2 (Jensen)
         vals = nodes.y if centred else nodes.y + nodes.mean
         mean_abs = float(np.dot(np.exp(nodes.logw), np.abs(vals)))
-        nodes = _split_nodes(dist, mean, var, _LOG2 / (0.999 * mean_abs))
+        nodes = _split_nodes(dist, mean, var, _cgf.LOG2 / (0.999 * mean_abs))
     vals = nodes.y if centred else nodes.y + nodes.mean
     near = np.abs(vals) < 1e150
     return _psi1_from_values(np.abs(vals[near]), nodes.logw[near], lo_edge)
@@ -270,7 +265,7 @@ def subexponential_nu2(dist, b) -> float:
             reach = side * ((upper if side > 0 else lower) - mean)
             if reach > 0:
                 ranges[side] = min(1.0 / bb, 2.0 * reach / var)
-        elif tail.beta > 1.0 + _TAIL_TOL and np.isfinite(tail.s2) and 1.0 / bb > _LAM_MAX / sd:
+        elif tail.beta > 1.0 + _cgf.TAIL_TOL and np.isfinite(tail.s2) and 1.0 / bb > _LAM_MAX / sd:
             # Gaussian-like tail: search as far as quadrature is accurate, add the limit there
             ranges[side] = _LAM_MAX / sd
             candidates.append(float(tail.s2))
@@ -417,8 +412,7 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     big_l = np.log((2.0 if two else 1.0) * arr)
     if delta is not None:
         big_l = big_l - math.log(check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True))
-    out = np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l)
-    return _cgf.scalar_or_array(out)
+    return _cgf.scalar_or_array(np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l))
 
 
 def _gauss_max_mean(n: float, absolute: bool) -> float:
@@ -472,8 +466,7 @@ def gaussian_max_expectation(N, absolute: bool = True):
     """
     arr = row_counts("N", N)
     ab = check_bool(absolute, "absolute")
-    flat = arr.reshape(-1)
-    out = np.array([_gauss_max_mean(float(n), ab) for n in flat]).reshape(arr.shape)
+    out = np.array([_gauss_max_mean(float(n), ab) for n in arr.reshape(-1)]).reshape(arr.shape)
     return _cgf.scalar_or_array(out)
 
 
@@ -565,12 +558,10 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
         raise ValueError(f"chunk_size ({chunk}) must be >= n_trials ({trials})")
 
     rows_per_chunk = chunk // trials
-    zmax = np.full(trials, -np.inf)
-    zmin = np.full(trials, np.inf)
+    zmax, zmin = np.full(trials, -np.inf), np.full(trials, np.inf)
     out = np.empty((sizes.size, trials))
     buf = np.empty(rows_per_chunk * trials, dtype=np.float32) if sampler is None else None
-    pos, k = 0, 0
-    total = int(sizes[-1])
+    pos, k, total = 0, 0, int(sizes[-1])
     while pos < total:
         rows = min(rows_per_chunk, int(sizes[k]) - pos)
         if sampler is None:

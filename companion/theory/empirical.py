@@ -110,7 +110,6 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
                 raise ValueError(f"sampler(rng, {m}) returned shape {x.shape}, expected ({m},)")
         if not np.isfinite(x).all():
             raise ValueError("the sampler returned NaN or infinite values")
-        v = np.sort(np.abs(x) if two else x)
-        counts += _count_at_least(v, flat_t)
+        counts += _count_at_least(np.sort(np.abs(x) if two else x), flat_t)
         done += m
     return _cgf.scalar_or_array((counts / n_samples).reshape(t_arr.shape))

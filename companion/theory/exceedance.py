@@ -69,11 +69,6 @@ def _mts(mu, t, sigma) -> list[np.ndarray]:
     return _cgf.broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
 
 
-def _row_counts_real(name: str, N) -> np.ndarray:
-    """``N`` as float64: any positive integer, also beyond int64 (16 digits above 2**53)."""
-    return integer_counts(name, N).astype(np.float64)
-
-
 def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
     """``u**2 / (2 s**2)``, also where a square leaves the normal float64 range (0 where u == 0)."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
@@ -127,8 +122,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
         k = int((u <= 0).sum())
         raise ValueError(f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t (max of "
                          f"t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the other regimes")
-    tail = np.exp(-_half_square_ratio(u, s))
-    return _cgf.scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
+    return _cgf.scalar_or_array(1.0 - (1.0 if sharp else 2.0) * np.exp(-_half_square_ratio(u, s)))
 
 
 def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
@@ -272,7 +266,7 @@ def expected_count_gaussian(N, mu, t, sigma):
     >>> round(expected_count_gaussian(10**6, 0.0, 3.0, 1.0), 1)
     2699.8
     """
-    n = _row_counts_real("N", N)
+    n = integer_counts("N", N).astype(np.float64)
     n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
     return _cgf.scalar_or_array(n * p)
 
@@ -311,7 +305,7 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
-    n = _row_counts_real("N", N)
+    n = integer_counts("N", N).astype(np.float64)
     m, tt, s = _mts(mu, t, sigma)
     n, m, tt, s = _cgf.broadcast(N=n, mu=m, t=tt, sigma=s)
     a = np.abs(m)
@@ -402,6 +396,17 @@ def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
     return special.rel_entr(q, p) + special.rel_entr(1.0 - q, 1.0 - p)
 
 
+def _kl_end(p: np.ndarray, far: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The end of [p, far] (either order) where kl(q || p) crosses ``level``: 120 bisection steps."""
+    near = p.copy()
+    for _ in range(120):
+        mid = 0.5 * (near + far)
+        past = _kl_bernoulli(mid, p) > level
+        far = np.where(past, mid, far)
+        near = np.where(past, near, mid)
+    return far
+
+
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
@@ -441,38 +446,25 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-    n = _row_counts_real("N", N)
+    n = integer_counts("N", N).astype(np.float64)
     pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
     n, pp = _cgf.broadcast(N=n, p=pp)
     log_term = math.log(2.0 / float(delta))
-
     if method == "hoeffding":
         half = np.sqrt(n * log_term / 2.0)
         lo, hi = n * pp - half, n * pp + half
     elif method == "exact":
-        lo = stats.binom.ppf(delta / 2.0, n, pp)
-        hi = stats.binom.isf(delta / 2.0, n, pp)
+        lo, hi = stats.binom.ppf(delta / 2.0, n, pp), stats.binom.isf(delta / 2.0, n, pp)
     else:
         level = log_term / n
         # upper end: q in [p, 1]; no solution below 1 when kl(1 || p) = -ln p <= level
-        lo_q, hi_q = pp.copy(), np.ones_like(pp)
-        lo_r, hi_r = np.zeros_like(pp), pp.copy()
         with np.errstate(divide="ignore"):
             cap_hi = -np.log(pp) <= level
             cap_lo = -np.log1p(-pp) <= level
-        for _ in range(120):
-            mid = 0.5 * (lo_q + hi_q)
-            above = _kl_bernoulli(mid, pp) > level
-            hi_q = np.where(above, mid, hi_q)
-            lo_q = np.where(above, lo_q, mid)
-            mid = 0.5 * (lo_r + hi_r)
-            below = _kl_bernoulli(mid, pp) > level
-            lo_r = np.where(below, mid, lo_r)
-            hi_r = np.where(below, hi_r, mid)
-        q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, hi_q))
-        q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, lo_r))
+        q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, _kl_end(pp, np.ones_like(pp), level)))
+        q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, _kl_end(pp, np.zeros_like(pp), level)))
         lo, hi = n * q_minus, n * q_plus
     return tuple(_cgf.scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
 
@@ -487,8 +479,7 @@ class _BlockCounter:
     U[0, 1), standard Laplace, or random bits for rademacher); a chunk has shape (rows, m)."""
 
     def __init__(self, noise: str, rng: np.random.Generator, chunk_size: int):
-        self.noise = noise
-        self.rng = rng
+        self.noise, self.rng = noise, rng
         self.buf = np.empty(chunk_size, dtype=np.float32)
         self.mask = np.empty(chunk_size, dtype=bool)
 

@@ -269,8 +269,7 @@ def _log_mgf(dist, lam_arr: np.ndarray, method: str):
     out = np.zeros(flat.shape)
     if var == 0 or flat.size == 0:
         return _cgf.scalar_or_array(out.reshape(lam_arr.shape))
-    scale = _cgf.length_scale(dist, var)
-    tails = _cgf.both_tails(dist, mean, scale)
+    tails = _cgf.both_tails(dist, mean, _cgf.length_scale(dist, var))
     infinite = np.zeros(flat.shape, dtype=bool)
     for side, tail in tails.items():
         if tail is None:
@@ -360,12 +359,9 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     method = check_choice(method, "method", _METHODS)
     full_output = check_bool(full_output, "full_output")
     _check_representable(dist, *_cgf.moments(dist), centred_nodes=False)
-    result = None
-    if method != "numeric":
-        result = _closed_form_proxy(dist)
-        if result is None and method == "closed_form":
-            raise ValueError(f"no closed-form proxy is implemented for {dist.dist.name}; "
-                             "use method='numeric'")
+    result = None if method == "numeric" else _closed_form_proxy(dist)
+    if result is None and method == "closed_form":
+        raise ValueError(f"no closed-form proxy is implemented for {dist.dist.name}; use method='numeric'")
     if result is None:
         result = _numeric_proxy(dist)
     return result if full_output else result.proxy
