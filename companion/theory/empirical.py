@@ -40,8 +40,7 @@ def _empirical_tail(samples, t, *, two_sided: bool = True):
     x = _check_sample(samples, "samples")
     t_arr = check_t(t)
     two = check_bool(two_sided, "two_sided")
-    v = np.sort(np.abs(x) if two else x)
-    return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
+    return _cgf.scalar_or_array(_count_at_least(np.sort(np.abs(x) if two else x), t_arr) / x.size)
 
 
 def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, two_sided: bool = True,

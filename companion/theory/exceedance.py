@@ -631,6 +631,5 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
                 counts[k, j0:j1] = running
                 k += 1
     out = counts.reshape((K,) + channel_shape + t_arr.shape)
-    if scalar_n:
-        out = out[0]
+    out = out[0] if scalar_n else out
     return int(out) if out.ndim == 0 else out

@@ -125,8 +125,7 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     x = _as_float_array(x)
     gamma = _check_affine(gamma, x.shape[-1], "gamma")
     _, s = _centred_scale(x, eps, centre=False)
-    out = x / s
-    return out * gamma if gamma is not None else out
+    return x / s if gamma is None else x / s * gamma
 
 
 def _jacobian(x, eps, gamma, centre: bool) -> np.ndarray:

@@ -64,10 +64,9 @@ def _log_sinhc(z: np.ndarray) -> np.ndarray:
         for k in range(12, 0, -1):  # sum_{k>=1} z^{2k} / (2k+1)!
             poly = (poly + 1.0 / math.factorial(2 * k + 1)) * z2
         out[small] = np.log1p(poly)
-    large = ~small
-    if large.any():
-        al = a[large]
-        out[large] = al + np.log1p(-np.exp(-2.0 * al)) - np.log(2.0 * al)
+    if not small.all():
+        al = a[~small]
+        out[~small] = al + np.log1p(-np.exp(-2.0 * al)) - np.log(2.0 * al)
     return out
 
 
@@ -81,8 +80,7 @@ _MAX_LOCATION_RATIO = 1e8
 def _spread(dist, var: float) -> float:
     """A width of the law that does not under/overflow like the variance (0 for a point mass)."""
     if _cgf.family(dist) == "rv_sample":
-        x, _ = _cgf.atoms(dist)
-        return float(np.ptp(x))
+        return float(np.ptp(_cgf.atoms(dist)[0]))
     if is_discrete(dist):  # integer lattice: spacing 1
         return 0.0 if var == 0 else max(1.0, math.sqrt(var)) if np.isfinite(var) else 1.0
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -98,20 +96,16 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
     spread = _spread(dist, var)
     lo, hi = _SPREAD_RANGE
     if spread != 0 and not lo <= spread <= hi:
-        raise ValueError(
-            f"dist has a spread (interquartile range or width of its atoms) of {spread:.3g}, "
-            f"outside [{lo:g}, {hi:g}]: its variance under- or overflows float64.  Rescale X "
-            f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
-            f"K_cX(lam) = K_X(c lam))"
-        )
+        raise ValueError(f"dist has a spread (interquartile range or width of its atoms) of {spread:.3g}, "
+                         f"outside [{lo:g}, {hi:g}]: its variance under- or overflows float64.  Rescale X "
+                         f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
+                         f"K_cX(lam) = K_X(c lam))")
     far = np.isfinite(mean) and abs(mean) > _MAX_LOCATION_RATIO * spread
     if centred_nodes and not is_discrete(dist) and far:
-        raise ValueError(
-            f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
-            f"({spread:.3g}) from 0: float64 quadrature nodes mean + y cannot resolve the centred "
-            f"variable.  Pass the centred law (e.g. loc=0); the variance proxy and K(lambda) do "
-            f"not depend on the mean"
-        )
+        raise ValueError(f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
+                         f"({spread:.3g}) from 0: float64 quadrature nodes mean + y cannot resolve the "
+                         "centred variable.  Pass the centred law (e.g. loc=0); the variance proxy and "
+                         "K(lambda) do not depend on the mean")
 
 
 def _bernoulli_argmax(p: float) -> float:
@@ -145,8 +139,7 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
         if xk.size == 1:
             return ProxyResult(0.0, 0.0, 0.0, "closed_form")
         if xk.size == 2:  # two-point law = x1 + (x2 - x1) Bernoulli(p2)
-            width = float(xk[1] - xk[0])
-            p = float(dist.dist.pk[1])
+            width, p = float(xk[1] - xk[0]), float(dist.dist.pk[1])
             proxy = width**2 * _bernoulli_proxy(np.asarray(p))
             return ProxyResult(proxy, var, _bernoulli_argmax(p) / width, "closed_form")
     if fam in ("laplace_gen", "t_gen", "expon_gen", "logistic_gen", "poisson_gen", "cauchy_gen"):
@@ -495,10 +488,8 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
     >>> round(subgaussian_tail_bound(2.0, 1.0), 4)
     0.2707
     """
-    t_arr = check_t(t)
-    s2 = check_sigma2(sigma2)
-    two = check_bool(two_sided, "two_sided")
-    return _tail_bound(*_cgf.broadcast(t=t_arr, sigma2=s2), two)
+    t_b, s_b = _cgf.broadcast(t=check_t(t), sigma2=check_sigma2(sigma2))
+    return _tail_bound(t_b, s_b, check_bool(two_sided, "two_sided"))
 
 
 def _tail_bound(t_b: np.ndarray, s_b: np.ndarray, two: bool):
@@ -625,8 +616,7 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
         raise ValueError(f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X "
                          "first (||cX||_psi2 = |c| ||X||_psi2), or pass centred=True")
     sd = math.sqrt(var)
-    tails = _cgf.both_tails(dist, mean, sd)
-    s2_tails = [tail.s2 for tail in tails.values() if tail is not None]
+    s2_tails = [tail.s2 for tail in _cgf.both_tails(dist, mean, sd).values() if tail is not None]
     if not np.isfinite(s2_tails).all():
         return math.inf
     s2_tail = max(s2_tails, default=0.0)
