@@ -475,8 +475,7 @@ def _to_f32(x: np.ndarray) -> np.ndarray:
 
 
 class _BlockCounter:
-    """Counts, for ``m`` channels, draws above ``hi`` and below ``lo``, in draw space (standard normal,
-    U[0, 1), standard Laplace, or random bits for rademacher); a chunk has shape (rows, m)."""
+    """Counter of the draws above ``hi`` or below ``lo``, channel by channel; a chunk has shape (rows, m)."""
 
     def __init__(self, noise: str, rng: np.random.Generator, chunk_size: int):
         self.noise, self.rng = noise, rng
@@ -484,7 +483,7 @@ class _BlockCounter:
         self.mask = np.empty(chunk_size, dtype=bool)
 
     def _draw(self, n: int) -> np.ndarray:
-        """n draws in draw space, in the reused float32 buffer."""
+        """n draws in draw space (standard normal, U[0, 1) or standard Laplace), in the float32 buffer."""
         z = self.buf[:n]
         if self.noise == "gaussian":
             self.rng.standard_normal(dtype=np.float32, out=z)
