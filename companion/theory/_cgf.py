@@ -40,8 +40,8 @@ LOG2 = math.log(2.0)
 
 
 def scalar_or_array(arr: np.ndarray):
-    """A float for a 0-d array."""
-    return float(arr) if arr.ndim == 0 else arr
+    """A Python scalar for a 0-d array."""
+    return arr.item() if arr.ndim == 0 else arr
 
 
 def broadcast(**arrays) -> list[np.ndarray]:
@@ -95,9 +95,7 @@ def family(dist) -> str:
 
 def atoms(dist) -> tuple[np.ndarray, np.ndarray]:
     """Atoms (location included) and positive probabilities of an ``rv_discrete(values=...)`` law."""
-    gen = dist.dist
-    xk = np.asarray(gen.xk, dtype=float)
-    pk = np.asarray(gen.pk, dtype=float)
+    xk, pk = (np.asarray(v, dtype=float) for v in (dist.dist.xk, dist.dist.pk))
     loc = float(dist.support()[0]) - float(np.min(xk))
     live = pk > 0
     return xk[live] + loc, pk[live]
@@ -108,8 +106,7 @@ def moments(dist) -> tuple[float, float]:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            mean = float(dist.mean())
-            var = float(dist.var())
+            mean, var = float(dist.mean()), float(dist.var())
         except Exception as exc:  # a user-defined law whose generic moment integration fails
             raise ValueError(f"scipy could not compute the mean and variance of dist ({exc}); define "
                              "_stats (or _munp) on the distribution class") from exc
@@ -145,10 +142,7 @@ def neg_log_density(dist, x: np.ndarray) -> np.ndarray:
     """-log pdf (or pmf), +inf where scipy returns NaN."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if is_discrete(dist):
-            val = -np.asarray(dist.logpmf(x), dtype=float)
-        else:
-            val = -np.asarray(dist.logpdf(x), dtype=float)
+        val = -np.asarray(dist.logpmf(x) if is_discrete(dist) else dist.logpdf(x), dtype=float)
     return np.where(np.isnan(val), np.inf, val)
 
 
@@ -156,8 +150,7 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     """Classify the tail of ``dist`` on ``side`` (+1 right, -1 left); the support is unbounded there."""
     discrete = is_discrete(dist)
     unit = max(scale, 1.0) if discrete else scale
-    offsets = unit * 2.0 ** TAIL_PROBE_POWERS
-    x = mean + side * offsets
+    x = mean + side * (unit * 2.0 ** TAIL_PROBE_POWERS)
     if discrete:
         x = np.round(x)
     ref = np.round(mean) if discrete else mean
@@ -275,16 +268,11 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
     lower, upper = (float(v) for v in dist.support())
     scale = length_scale(dist, var)
     if is_discrete(dist):
-        gen = dist.dist
-        if hasattr(gen, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
-            loc = lower - float(np.min(gen.xk))
-            x = np.asarray(gen.xk, dtype=float) + loc
+        if hasattr(dist.dist, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
+            x = atoms(dist)[0]
         else:
-            lo, hi = lower, upper
-            if np.isinf(lo):
-                lo = lattice_range(dist, mean, scale, -1, lam_range[0])
-            if np.isinf(hi):
-                hi = lattice_range(dist, mean, scale, +1, lam_range[1])
+            lo = lattice_range(dist, mean, scale, -1, lam_range[0]) if np.isinf(lower) else lower
+            hi = lattice_range(dist, mean, scale, +1, lam_range[1]) if np.isinf(upper) else upper
             if hi - lo + 1 > MAX_LATTICE:
                 raise ValueError(f"the support of dist has {hi - lo + 1:.4g} points, more than "
                                  f"{MAX_LATTICE}; use a closed form or a smaller law")

@@ -18,8 +18,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     Parameters
     ----------
     x : array_like, shape ``[n]`` or ``[n, k]``
-        One row per prompt (at least 2); columns are summarised separately but resampled together
-        (pass per-prompt differences for a paired comparison).
+        One row per prompt (n >= 2); columns are resampled together (paired comparison: pass differences).
     level : float, default 0.95
         Coverage of the interval, in (0, 1).
     n_boot : int, default 2000
@@ -51,8 +50,7 @@ def bootstrap_interval(x, level: float = 0.95, n_boot: int = 2000, rng=None):
     level = check_real(level, "level", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
     n_boot = check_int(n_boot, "n_boot", 10)
     gen = as_generator(0 if rng is None else rng)
-    idx = gen.integers(0, a.shape[0], size=(n_boot, a.shape[0]))
-    boots = a[idx].mean(axis=1)
+    boots = a[gen.integers(0, a.shape[0], size=(n_boot, a.shape[0]))].mean(axis=1)
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2], axis=0)
     mean = a.mean(axis=0)
     if a.ndim == 1:
@@ -67,7 +65,6 @@ def bootstrap_ratio(num, den=None, n_boot: int = 2000, seed: int = 0,
     Parameters
     ----------
     num : array_like, shape ``[n_directions, n_prompts]``
-        Numerator table.
     den : array_like of the same shape, optional
         Denominator table; default all ones (the statistic is then the mean of ``num``).
     n_boot, seed : int, default 2000 and 0

@@ -1,8 +1,9 @@
 r"""Concentration beyond one sub-Gaussian variable: sub-exponential laws, sums, maxima, norms.
 
-Theory and notation: chapter :doc:`/book/concentration` (:math:`N` variables of a maximum, :math:`n`
-summands, :math:`d` coordinates).  Laws are evaluated with the node sets of ``companion.theory._cgf``,
-a continuous law split at its mean (where the density of a Gaussian dot product is singular).
+Theory, notation and the proof of every bound: chapter :doc:`/book/concentration` (:math:`N` variables
+of a maximum, :math:`n` summands, :math:`d` coordinates).  Laws are evaluated with the node sets of
+``companion.theory._cgf``, a continuous law split at its mean (where the density of a Gaussian dot
+product is singular).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import warnings
 import numpy as np
 from scipy import integrate, special, stats
 
-from companion.theory import _cgf
-from companion.theory import subgaussian
+from companion.theory import _cgf, subgaussian
 from companion.theory.empirical import _check_sample, _is_law
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
@@ -27,8 +27,6 @@ __all__ = [
     "norm_concentration_bound",
 ]
 
-_LOG2 = _cgf.LOG2
-_TAIL_TOL = _cgf.TAIL_TOL
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
 #: where the supremum defining nu^2 is infinite (the measured rate carries a log correction).
@@ -49,11 +47,11 @@ class _GaussianDot(stats.rv_continuous):
         with np.errstate(divide="ignore", invalid="ignore"):
             log_pow = np.where(nu == 0, 0.0, nu * np.log(ax))
             out = (log_pow + np.log(special.kve(nu, ax)) - ax - 0.5 * math.log(math.pi)
-                   - nu * _LOG2 - special.gammaln(d / 2.0))
+                   - nu * _cgf.LOG2 - special.gammaln(d / 2.0))
         # at x = 0 the density is finite for d > 1 and infinite (log singularity) for d <= 1
         at0 = ax == 0
         if np.any(at0):
-            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _LOG2 - special.gammaln(d / 2.0)
+            finite0 = special.gammaln(nu) - 0.5 * math.log(math.pi) - _cgf.LOG2 - special.gammaln(d / 2.0)
             out = np.where(at0, np.where(d > 1, finite0, np.inf), out)
         return out
 
@@ -75,7 +73,7 @@ def _dot_sf(x: float, d: float) -> float:
     if x < 0:
         return 1.0 - _dot_sf(-x, d)
     half = 0.5 * d
-    log_norm = (half - 1.0) * _LOG2 + math.lgamma(half)   # chi(d) density normaliser
+    log_norm = (half - 1.0) * _cgf.LOG2 + math.lgamma(half)   # chi(d) density normaliser
 
     def integrand(u: float) -> float:  # chi(d) density times the chi2(d) survival function
         if u <= 0.0:
@@ -96,8 +94,6 @@ _gaussian_dot = _GaussianDot(name="gaussian_dot", shapes="d")
 
 def dot_product_law(d_k, scaled: bool = False):
     r"""Law of :math:`q\cdot k` for independent :math:`q,k\sim N(0,I_{d_k})`, as a scipy law.
-
-    Derivation: chapter :doc:`/book/concentration`.
 
     Parameters
     ----------
@@ -138,9 +134,9 @@ def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
     for tail in _cgf.both_tails(dist, mean, _cgf.length_scale(dist, var)).values():
         if tail is None:
             continue
-        if tail.beta < 1.0 - _TAIL_TOL or not tail.rate > 0:
+        if tail.beta < 1.0 - _cgf.TAIL_TOL or not tail.rate > 0:
             heavy = True
-        elif tail.beta <= 1.0 + _TAIL_TOL:
+        elif tail.beta <= 1.0 + _cgf.TAIL_TOL:
             rate = min(rate, float(tail.rate))
     return rate, heavy
 
@@ -157,7 +153,7 @@ def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> flo
     scaled = absx / mean_abs
     keep = scaled < 1e150  # far nodes carry a negligible weight for any finite norm
     scaled, logw = scaled[keep], logw[keep]
-    lo = max(0.999 / _LOG2, lo_edge / mean_abs * (1.0 + 1e-9))
+    lo = max(0.999 / _cgf.LOG2, lo_edge / mean_abs * (1.0 + 1e-9))
     root = _cgf.orlicz_log_root(logw, scaled, 1.0, math.log(lo))
     return lo * mean_abs if root is None else math.exp(root) * mean_abs  # None: at the edge
 
@@ -179,10 +175,8 @@ def psi1_norm(x, *, centred: bool = False) -> float:
 
     Raises
     ------
-    TypeError
-        If ``x`` is neither a frozen distribution nor real array-like, or ``centred`` is not a bool.
-    ValueError
-        If a sample is empty, not 1-D or not finite, or a distribution has array parameters.
+    TypeError, ValueError
+        If an argument has the wrong type or a sample is not a finite, non-empty 1-D array.
 
     Examples
     --------
@@ -196,9 +190,7 @@ def psi1_norm(x, *, centred: bool = False) -> float:
     arr = _check_sample(x, "x")
     if cen:
         arr = arr - arr.mean()
-    absx = np.abs(arr)
-    logw = np.full(absx.size, -math.log(absx.size))
-    return _psi1_from_values(absx, logw, 0.0)
+    return _psi1_from_values(np.abs(arr), np.full(arr.size, -math.log(arr.size)), 0.0)
 
 
 def _psi1_dist(dist, centred: bool) -> float:
@@ -208,7 +200,7 @@ def _psi1_dist(dist, centred: bool) -> float:
     if not (np.isfinite(mean) and np.isfinite(var)):
         return math.inf
     if var == 0:
-        return 0.0 if centred else abs(mean) / _LOG2
+        return 0.0 if centred else abs(mean) / _cgf.LOG2
     rate, heavy = _exponential_edge(dist, mean, var)
     if heavy:
         return math.inf
@@ -219,7 +211,7 @@ def _psi1_dist(dist, centred: bool) -> float:
         # for every s the root search visits: s >= 0.999 E|X| / ln 2 (Jensen)
         vals = nodes.y if centred else nodes.y + nodes.mean
         mean_abs = float(np.dot(np.exp(nodes.logw), np.abs(vals)))
-        nodes = _split_nodes(dist, mean, var, _LOG2 / (0.999 * mean_abs))
+        nodes = _split_nodes(dist, mean, var, _cgf.LOG2 / (0.999 * mean_abs))
     vals = nodes.y if centred else nodes.y + nodes.mean
     near = np.abs(vals) < 1e150
     return _psi1_from_values(np.abs(vals[near]), nodes.logw[near], lo_edge)
@@ -243,14 +235,11 @@ def subexponential_nu2(dist, b) -> float:
 
     Raises
     ------
-    TypeError
-        If ``dist`` is not a frozen scipy.stats distribution or ``b`` is not real.
-    ValueError
-        If ``b`` is not finite and positive, or ``dist`` has no finite mean.
+    TypeError, ValueError
+        If an argument has the wrong type, ``b`` is not finite and positive, or ``dist`` has no finite mean.
 
     Examples
     --------
-    >>> from scipy import stats
     >>> round(subexponential_nu2(stats.chi2(1), 4.0), 4)
     3.0904
     """
@@ -276,7 +265,7 @@ def subexponential_nu2(dist, b) -> float:
             reach = side * ((upper if side > 0 else lower) - mean)
             if reach > 0:
                 ranges[side] = min(1.0 / bb, 2.0 * reach / var)
-        elif tail.beta > 1.0 + _TAIL_TOL and np.isfinite(tail.s2) and 1.0 / bb > _LAM_MAX / sd:
+        elif tail.beta > 1.0 + _cgf.TAIL_TOL and np.isfinite(tail.s2) and 1.0 / bb > _LAM_MAX / sd:
             # Gaussian-like tail: search as far as quadrature is accurate, add the limit there
             ranges[side] = _LAM_MAX / sd
             candidates.append(float(tail.s2))
@@ -301,8 +290,6 @@ def subexponential_nu2(dist, b) -> float:
 def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     r"""Bound a sum of :math:`n` independent :math:`(\nu^2,b)`-sub-exponential terms (Bernstein).
 
-    Proof: chapter :doc:`/book/concentration`.
-
     Parameters
     ----------
     t : float or array_like
@@ -310,7 +297,6 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     nu2, b : float or array_like
         :math:`\nu^2>0` and :math:`b\ge0` of each term (:math:`b=0`: sub-Gaussian), broadcast with ``t``.
     n : int, default 1
-        Number of independent terms.
     two_sided : bool, default True
         Bound :math:`P(|S_n|\ge t)` (True) or :math:`P(S_n\ge t)` (False).
 
@@ -364,10 +350,8 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
 
     Raises
     ------
-    TypeError
-        If an argument is not real, ``n`` is not an integer or ``two_sided`` is not a bool.
-    ValueError
-        If a range is not finite, reversed or of zero total width, ranges mismatch, or ``n`` is invalid.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters), or every range has zero width.
 
     Examples
     --------
@@ -394,8 +378,6 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     r"""Bound on the largest of :math:`N` centred sub-Gaussian or sub-exponential variables.
 
-    Proof: chapter :doc:`/book/concentration`; the exact Gaussian value is :func:`gaussian_max_expectation`.
-
     Parameters
     ----------
     N : int or array_like of int
@@ -410,7 +392,8 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     Returns
     -------
     float or numpy.ndarray
-        :math:`\max(\sqrt{2\sigma^2L},\,2bL)`, :math:`L=\ln M` or :math:`\ln(M/\delta)`.
+        :math:`\max(\sqrt{2\sigma^2L},\,2bL)`, :math:`L=\ln M` or :math:`\ln(M/\delta)` (exact Gaussian
+        value: :func:`gaussian_max_expectation`).
 
     Raises
     ------
@@ -429,8 +412,7 @@ def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):
     big_l = np.log((2.0 if two else 1.0) * arr)
     if delta is not None:
         big_l = big_l - math.log(check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True))
-    out = np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l)
-    return _cgf.scalar_or_array(out)
+    return _cgf.scalar_or_array(np.maximum(np.sqrt(2.0 * s2 * big_l), 2.0 * bb * big_l))
 
 
 def _gauss_max_mean(n: float, absolute: bool) -> float:
@@ -442,13 +424,12 @@ def _gauss_max_mean(n: float, absolute: bool) -> float:
         def below(x):  # log P(max G <= x) = n log Phi(x)
             return n * float(special.log_ndtr(x))
     centre = math.sqrt(2.0 * math.log(2.0 * n)) if n > 1 else 1.0
-    pts = [max(centre - 2.0, 0.0), centre, centre + 1.0]
 
     def upper_part(x):
         return -math.expm1(below(x)) if x > 0 else 1.0
 
     total = 0.0
-    edges = [0.0, *pts, centre + 40.0]
+    edges = [0.0, max(centre - 2.0, 0.0), centre, centre + 1.0, centre + 40.0]
     for a, c in zip(edges[:-1], edges[1:]):
         if c > a:
             total += integrate.quad(upper_part, a, c, epsabs=1e-13, epsrel=1e-12, limit=200)[0]
@@ -485,20 +466,16 @@ def gaussian_max_expectation(N, absolute: bool = True):
     """
     arr = row_counts("N", N)
     ab = check_bool(absolute, "absolute")
-    flat = arr.reshape(-1)
-    out = np.array([_gauss_max_mean(float(n), ab) for n in flat]).reshape(arr.shape)
+    out = np.array([_gauss_max_mean(float(n), ab) for n in arr.reshape(-1)]).reshape(arr.shape)
     return _cgf.scalar_or_array(out)
 
 
 def gaussian_max_lower_bound(N, a=0.0):
     r"""Explicit lower bound on :math:`\mathbb E\max_{i\le N}|G_i|`, :math:`G_i` i.i.d. N(0, 1).
 
-    Proof: chapter :doc:`/book/concentration`.
-
     Parameters
     ----------
     N : int or array_like of int
-        Number of variables :math:`N\ge1`.
     a : float, default 0.0
         Free parameter :math:`a\ge0` of the bound.
 
@@ -557,8 +534,7 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type (``rng`` None included) or is out of range, or the
-        sampler's output is misshapen or not finite.
+        If an argument has the wrong type (``rng`` None included) or range, or ``sampler`` returns bad draws.
 
     Examples
     --------
@@ -582,12 +558,10 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
         raise ValueError(f"chunk_size ({chunk}) must be >= n_trials ({trials})")
 
     rows_per_chunk = chunk // trials
-    zmax = np.full(trials, -np.inf)
-    zmin = np.full(trials, np.inf)
+    zmax, zmin = np.full(trials, -np.inf), np.full(trials, np.inf)
     out = np.empty((sizes.size, trials))
     buf = np.empty(rows_per_chunk * trials, dtype=np.float32) if sampler is None else None
-    pos, k = 0, 0
-    total = int(sizes[-1])
+    pos, k, total = 0, 0, int(sizes[-1])
     while pos < total:
         rows = min(rows_per_chunk, int(sizes[k]) - pos)
         if sampler is None:
@@ -613,14 +587,10 @@ def simulate_max(N, n_trials: int, rng, *, loc=0.0, scale=1.0, absolute: bool = 
 def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided: bool = True):
     r"""Dimension-free bound on the deviation of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`.
 
-    Proofs: chapter :doc:`/book/concentration`.
-
     Parameters
     ----------
-    t : float or array_like
-        Deviations :math:`t\ge0`.
-    sigma2 : float, default 1.0
-        Variance :math:`\sigma^2>0` of each coordinate.
+    t, sigma2 : float or array_like, float (default 1.0)
+        Deviations :math:`t\ge0` and the variance :math:`\sigma^2>0` of each coordinate.
     method : {"lipschitz", "interpolation", "bernstein"}
         ``"bernstein"``: from :math:`\sigma\sqrt d`, :math:`2e^{-t^2/(8\sigma^2)}`; ``"interpolation"``:
         from :math:`\mathbb E\|h\|`, :math:`2e^{-2t^2/(\pi^2\sigma^2)}`; ``"lipschitz"``: from

@@ -12,7 +12,7 @@ from scipy import stats
 from companion.theory import _cgf
 from companion._validation import as_real_array, check_bool, check_dist, check_int, check_t, freeze
 
-__all__ = ["empirical_tail", "monte_carlo_tail"]
+__all__ = ["monte_carlo_tail"]
 
 
 def _is_law(x) -> bool:
@@ -35,38 +35,12 @@ def _count_at_least(values_sorted: np.ndarray, t: np.ndarray) -> np.ndarray:
     return values_sorted.size - np.searchsorted(values_sorted, t, side="left")
 
 
-def empirical_tail(samples, t, *, two_sided: bool = True):
-    r"""Empirical tail :math:`\frac1n\#\{i:|x_i|\ge t\}` (or :math:`x_i\ge t`), vectorised in ``t``.
-
-    Parameters
-    ----------
-    samples : array_like, shape (n,)
-        Finite samples (centre them first for the tail of :math:`X-\mathbb EX`).
-    t : float or array_like
-        Thresholds :math:`t\ge0`, any shape.
-    two_sided : bool, default True
-        Count :math:`|x_i|\ge t` (True) or :math:`x_i\ge t` (False).
-
-    Returns
-    -------
-    float or numpy.ndarray
-        Fractions, shape of ``t``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If an argument has the wrong type or is out of range (Parameters).
-
-    Examples
-    --------
-    >>> empirical_tail([-2.0, -0.5, 0.1, 1.0, 3.0], [0.0, 1.0, 2.5])
-    array([1. , 0.6, 0.2])
-    """
+def _empirical_tail(samples, t, *, two_sided: bool = True):
+    """Empirical tail ``#{i: |x_i| >= t} / n`` (or ``x_i >= t``) of a 1-D sample, vectorised in ``t``."""
     x = _check_sample(samples, "samples")
     t_arr = check_t(t)
     two = check_bool(two_sided, "two_sided")
-    v = np.sort(np.abs(x) if two else x)
-    return _cgf.scalar_or_array(_count_at_least(v, t_arr) / x.size)
+    return _cgf.scalar_or_array(_count_at_least(np.sort(np.abs(x) if two else x), t_arr) / x.size)
 
 
 def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, two_sided: bool = True,
@@ -82,7 +56,6 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
     n_samples : int
         Total number of samples (> 0).
     rng : numpy.random.Generator
-        Source of randomness.
     two_sided : bool, default True
         Two-sided (:math:`|X|\ge t`) or upper (:math:`X\ge t`) tail.
     chunk_size : int, default 262144
@@ -95,11 +68,8 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
 
     Raises
     ------
-    TypeError
-        If ``sampler``, ``rng`` or a count has the wrong type.
-    ValueError
-        If a count is < 1, ``t`` is negative or NaN, the law has no finite mean, or the sampler's
-        output has the wrong shape or non-finite values.
+    TypeError, ValueError
+        If an argument has the wrong type or range, the law has no finite mean, or the draws are bad.
 
     Examples
     --------
@@ -139,7 +109,6 @@ def monte_carlo_tail(sampler, t, n_samples: int, rng: np.random.Generator, *, tw
                 raise ValueError(f"sampler(rng, {m}) returned shape {x.shape}, expected ({m},)")
         if not np.isfinite(x).all():
             raise ValueError("the sampler returned NaN or infinite values")
-        v = np.sort(np.abs(x) if two else x)
-        counts += _count_at_least(v, flat_t)
+        counts += _count_at_least(np.sort(np.abs(x) if two else x), flat_t)
         done += m
     return _cgf.scalar_or_array((counts / n_samples).reshape(t_arr.shape))

@@ -1,6 +1,6 @@
 r"""Theorems 1 and 2 of the outlier note: bounds, exact values and streamed simulations.
 
-Theory: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  Rows :math:`X_{ij}=\mu_j+Z_{ij}`
+Theory and proofs: chapters :doc:`/book/theorem1` and :doc:`/book/theorem2`.  Rows :math:`X_{ij}=\mu_j+Z_{ij}`
 (:math:`i\le N`, channel :math:`j`); :math:`C_j(t)=\#\{i\le N:|X_{ij}|>t\}`.  The noise is centred and
 symmetric with variance :math:`\sigma^2` (``sigma`` its scale): ``gaussian`` :math:`\sigma G`; ``uniform``
 on :math:`[-\sqrt3\sigma,\sqrt3\sigma]`; ``rademacher`` :math:`\pm\sigma`; the first three have optimal
@@ -14,7 +14,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 from companion.theory import _cgf
 from companion._validation import (
@@ -69,15 +69,6 @@ def _mts(mu, t, sigma) -> list[np.ndarray]:
     return _cgf.broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
 
 
-def _row_counts_real(name: str, N) -> np.ndarray:
-    """``N`` as float64: any positive integer, also beyond int64 (16 digits above 2**53)."""
-    arr = integer_counts(name, N)
-    if arr.dtype == object:
-        flat = [float(v) for v in arr.ravel().tolist()]
-        return np.asarray(flat, dtype=np.float64).reshape(arr.shape)
-    return arr.astype(np.float64)
-
-
 def _half_square_ratio(u: np.ndarray, s: np.ndarray) -> np.ndarray:
     """``u**2 / (2 s**2)``, also where a square leaves the normal float64 range (0 where u == 0)."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
@@ -95,15 +86,8 @@ def _noise_name(noise) -> str:
     return check_choice(noise.lower() if isinstance(noise, str) else noise, "noise", NOISE_LAWS)
 
 
-def _scalar_or_array(x: np.ndarray):
-    """A Python scalar for a 0-d array."""
-    return x.item() if x.ndim == 0 else x
-
-
 def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     r"""Lower bound of Theorem 1 on :math:`P(|\mu+Z|>t)` when :math:`|\mu|>t`.
-
-    Proof: chapter :doc:`/book/theorem1`.
 
     Parameters
     ----------
@@ -115,15 +99,12 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
     Returns
     -------
     float or numpy.ndarray
-        The bound with :math:`u=|\mu|-t`, broadcast; unclipped (negative, i.e. vacuous, for
-        :math:`u<\sigma\sqrt{2\ln2}`).
+        The bound with :math:`u=|\mu|-t`, broadcast; unclipped (vacuous below :math:`u=\sigma\sqrt{2\ln2}`).
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued, or ``sharp`` is not a bool.
-    ValueError
-        If an input is invalid (as :func:`exceedance_probability`) or an entry has :math:`|\mu|\le t`.
+    TypeError, ValueError
+        As :func:`exceedance_probability`, if ``sharp`` is not a bool, or if an entry has :math:`|\mu|\le t`.
 
     Examples
     --------
@@ -141,8 +122,7 @@ def theorem1_lower_bound(mu, t, sigma, sharp: bool = False):
         k = int((u <= 0).sum())
         raise ValueError(f"Theorem 1 needs |mu| > t, but {k} of {u.size} entries have |mu| <= t (max of "
                          f"t - |mu| is {(-u).max():.4g}); use theorem2_bounds for the other regimes")
-    tail = np.exp(-_half_square_ratio(u, s))
-    return _scalar_or_array(1.0 - (1.0 if sharp else 2.0) * tail)
+    return _cgf.scalar_or_array(1.0 - (1.0 if sharp else 2.0) * np.exp(-_half_square_ratio(u, s)))
 
 
 def _survival(x: np.ndarray, sigma: np.ndarray, noise: str) -> np.ndarray:
@@ -168,7 +148,6 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
     mu, t, sigma : float or array_like
         Channel mean(s), threshold(s) :math:`t\ge0` and noise scale :math:`\sigma>0` (module docstring).
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
-        Law of :math:`Z`.
 
     Returns
     -------
@@ -177,10 +156,8 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``noise`` is not a string.
-    ValueError
-        If an input is not finite, ``sigma <= 0``, ``t < 0``, shapes mismatch, or ``noise`` is unknown.
+    TypeError, ValueError
+        If an input is not real (TypeError), is out of range (Parameters), or shapes do not broadcast.
 
     Examples
     --------
@@ -202,7 +179,7 @@ def exceedance_probability(mu, t, sigma, noise: str = "gaussian"):
             ones = np.ones_like(s)
             scaled = _survival(tt / s - m / s, ones, law) + _survival(tt / s + m / s, ones, law)
             p = np.where(odd, scaled, p)
-    return _scalar_or_array(np.minimum(p, 1.0))
+    return _cgf.scalar_or_array(np.minimum(p, 1.0))
 
 
 def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
@@ -233,7 +210,7 @@ def exceedance_probability_gaussian(mu, t, sigma, complement: bool = False):
     '6.221e-16'
     """
     complement = check_bool(complement, "complement")
-    return _scalar_or_array(_prob_gaussian(*_mts(mu, t, sigma), complement))
+    return _cgf.scalar_or_array(_prob_gaussian(*_mts(mu, t, sigma), complement))
 
 
 def _prob_gaussian(m: np.ndarray, tt: np.ndarray, s: np.ndarray, complement: bool) -> np.ndarray:
@@ -270,10 +247,9 @@ def expected_count_gaussian(N, mu, t, sigma):
 
     Parameters
     ----------
-    N : int or array_like of int
-        Number(s) of rows :math:`N\ge1`, any size (used as float64).
-    mu, t, sigma : float or array_like
-        As in :func:`exceedance_probability_gaussian`.
+    N, mu, t, sigma : int or array_like of int, then float or array_like
+        Number(s) of rows :math:`N\ge1` (any size, used as float64); the rest as in
+        :func:`exceedance_probability_gaussian`.
 
     Returns
     -------
@@ -290,24 +266,19 @@ def expected_count_gaussian(N, mu, t, sigma):
     >>> round(expected_count_gaussian(10**6, 0.0, 3.0, 1.0), 1)
     2699.8
     """
-    n = _row_counts_real("N", N)
+    n = integer_counts("N", N).astype(np.float64)
     n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
-    return _scalar_or_array(n * p)
+    return _cgf.scalar_or_array(n * p)
 
 
 class CountBounds(NamedTuple):
     """Bounds on :math:`E[C(t)]` returned by :func:`theorem2_bounds` (arrays or floats)."""
 
-    #: Best valid lower bound for every ``sigma**2``-sub-Gaussian noise (one-sided Theorem 1).
-    lower: object
-    #: Best valid upper bound for every ``sigma**2``-sub-Gaussian noise (two Chernoff tails, <= N).
-    upper: object
-    #: The note's mean-dominated bound ``N(1 - 2exp(-u^2/2sigma^2))``, unclipped; NaN if ``|mu| <= t``.
-    notes_lower: object
-    #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
-    notes_upper: object
-    #: ``"mean-dominated"`` (``|mu| > t``), ``"intermediate"`` or ``"pure-variance"`` (``mu == 0``).
-    regime: object
+    lower: object  #: Best lower bound valid for every ``sigma**2``-sub-Gaussian noise (one-sided Theorem 1).
+    upper: object  #: Best upper bound valid for every such noise (two Chernoff tails, <= N).
+    notes_lower: object  #: The note's bound ``N(1 - 2exp(-u^2/2sigma^2))`` (unclipped); NaN if ``|mu| <= t``.
+    notes_upper: object  #: The note's pure-variance bound ``2N exp(-t^2/2sigma^2)``; NaN unless ``mu == 0``.
+    regime: object  #: "mean-dominated" (``|mu| > t``), "pure-variance" (``mu == 0``) or "intermediate".
 
 
 def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
@@ -315,10 +286,8 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
 
     Parameters
     ----------
-    N : int or array_like of int
-        Number(s) of rows :math:`N\ge1`, any size (used as float64).
-    mu, t, sigma : float or array_like
-        Channel mean(s), threshold(s) :math:`t\ge0` and sub-Gaussian parameter :math:`\sigma>0`.
+    N, mu, t, sigma : int or array_like of int, then float or array_like
+        As in :func:`expected_count_gaussian`, ``sigma`` being the sub-Gaussian parameter :math:`\sigma>0`.
 
     Returns
     -------
@@ -330,17 +299,13 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     TypeError, ValueError
         If ``N`` is not an integer >= 1, or as :func:`exceedance_probability`.
 
-    Notes
-    -----
-    Proof: chapter :doc:`/book/theorem2`.
-
     Examples
     --------
     >>> b = theorem2_bounds(1000, 4.0, 2.0, 1.0)
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
-    n = _row_counts_real("N", N)
+    n = integer_counts("N", N).astype(np.float64)
     m, tt, s = _mts(mu, t, sigma)
     n, m, tt, s = _cgf.broadcast(N=n, mu=m, t=tt, sigma=s)
     a = np.abs(m)
@@ -353,7 +318,7 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
         notes_lower = np.where(dominated, notes_lower, np.nan)
         notes_upper = np.where(m == 0, 2.0 * n * np.exp(-_half_square_ratio(tt, s)), np.nan)
     regime = np.where(dominated, "mean-dominated", np.where(m == 0, "pure-variance", "intermediate"))
-    return CountBounds(*(_scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
+    return CountBounds(*(_cgf.scalar_or_array(x) for x in (lower, upper, notes_lower, notes_upper, regime)))
 
 
 _MARGIN_KINDS = ("two-sided", "one-sided", "gaussian")
@@ -364,10 +329,8 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
 
     Parameters
     ----------
-    t : float or array_like
-        Threshold(s) :math:`t\ge0`.
-    sigma : float or array_like
-        Noise scale :math:`\sigma>0`.
+    t, sigma : float or array_like
+        Threshold(s) :math:`t\ge0` and noise scale :math:`\sigma>0`, broadcast together.
     kind : {"gaussian", "two-sided", "one-sided"}, default "gaussian"
         ``"two-sided"``: the note's bound, :math:`u=\sigma\sqrt{2\ln4}`; ``"one-sided"``: the sharp bound,
         :math:`u=\sigma\sqrt{2\ln2}`; ``"gaussian"``: the exact root of :math:`P(|\mu+\sigma G|>t)=1/2`.
@@ -380,11 +343,8 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
 
     Raises
     ------
-    TypeError
-        If an input is not real-valued or ``kind`` is not a string.
-    ValueError
-        If an input is invalid (as :func:`exceedance_probability`), ``kind`` is unknown, or a bound's
-        margin overflows.
+    TypeError, ValueError
+        As :func:`exceedance_probability`, if ``kind`` is unknown, or if a bound's margin overflows.
 
     Examples
     --------
@@ -400,7 +360,7 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
         if not np.isfinite(margin).all():
             raise ValueError(f"the {kind} margin sigma * {factor:.4g} exceeds the float64 range for "
                              f"sigma = {s.max():.4g}; rescale t and sigma")
-        return _scalar_or_array(margin)
+        return _cgf.scalar_or_array(margin)
 
     def excess(mu):
         with np.errstate(over="ignore"):
@@ -425,7 +385,7 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
         hi = np.where(up, mid, hi)
         lo = np.where(up, lo, mid)
     root = np.where(at_zero, 0.0, middle(lo, hi))
-    return _scalar_or_array(root - tt)
+    return _cgf.scalar_or_array(root - tt)
 
 
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
@@ -436,17 +396,26 @@ def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
     return special.rel_entr(q, p) + special.rel_entr(1.0 - q, 1.0 - p)
 
 
+def _kl_end(p: np.ndarray, far: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The end of [p, far] (either order) where kl(q || p) crosses ``level``: 120 bisection steps."""
+    near = p.copy()
+    for _ in range(120):
+        mid = 0.5 * (near + far)
+        past = _kl_bernoulli(mid, p) > level
+        far = np.where(past, mid, far)
+        near = np.where(past, near, mid)
+    return far
+
+
 def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     r"""Interval containing :math:`C(t)\sim\mathrm{Binomial}(N,p)` with probability :math:`\ge1-\delta`.
 
-    For independent rows (dependent rows need not concentrate); proofs: chapter :doc:`/book/theorem2`.
+    For independent rows (dependent rows need not concentrate).
 
     Parameters
     ----------
-    N : int or array_like of int
-        Number(s) of rows :math:`N\ge1`, any size (used as float64).
-    p : float or array_like
-        Exceedance probability per row, in :math:`[0,1]`.
+    N, p : int or array_like of int, float or array_like
+        Row counts (as in :func:`expected_count_gaussian`) and the exceedance probability per row, in [0, 1].
     delta : float, default 0.05
         Total miss probability in :math:`(0,1)`, split equally between the tails.
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
@@ -477,42 +446,27 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-    n = _row_counts_real("N", N)
+    n = integer_counts("N", N).astype(np.float64)
     pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
     n, pp = _cgf.broadcast(N=n, p=pp)
     log_term = math.log(2.0 / float(delta))
-
     if method == "hoeffding":
         half = np.sqrt(n * log_term / 2.0)
         lo, hi = n * pp - half, n * pp + half
     elif method == "exact":
-        from scipy import stats
-
-        lo = stats.binom.ppf(delta / 2.0, n, pp)
-        hi = stats.binom.isf(delta / 2.0, n, pp)
+        lo, hi = stats.binom.ppf(delta / 2.0, n, pp), stats.binom.isf(delta / 2.0, n, pp)
     else:
         level = log_term / n
         # upper end: q in [p, 1]; no solution below 1 when kl(1 || p) = -ln p <= level
-        lo_q, hi_q = pp.copy(), np.ones_like(pp)
-        lo_r, hi_r = np.zeros_like(pp), pp.copy()
         with np.errstate(divide="ignore"):
             cap_hi = -np.log(pp) <= level
             cap_lo = -np.log1p(-pp) <= level
-        for _ in range(120):
-            mid = 0.5 * (lo_q + hi_q)
-            above = _kl_bernoulli(mid, pp) > level
-            hi_q = np.where(above, mid, hi_q)
-            lo_q = np.where(above, lo_q, mid)
-            mid = 0.5 * (lo_r + hi_r)
-            below = _kl_bernoulli(mid, pp) > level
-            lo_r = np.where(below, mid, lo_r)
-            hi_r = np.where(below, hi_r, mid)
-        q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, hi_q))
-        q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, lo_r))
+        q_plus = np.where(cap_hi, 1.0, np.where(pp == 0.0, 0.0, _kl_end(pp, np.ones_like(pp), level)))
+        q_minus = np.where(cap_lo, 0.0, np.where(pp == 1.0, 1.0, _kl_end(pp, np.zeros_like(pp), level)))
         lo, hi = n * q_minus, n * q_plus
-    return tuple(_scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
+    return tuple(_cgf.scalar_or_array(np.asarray(v, dtype=np.float64)) for v in (lo, hi))
 
 
 def _to_f32(x: np.ndarray) -> np.ndarray:
@@ -521,20 +475,15 @@ def _to_f32(x: np.ndarray) -> np.ndarray:
 
 
 class _BlockCounter:
-    """Counts, for a block of ``m`` channels, draws above ``hi`` and below ``lo`` (in draw space).
-
-    Draw space: standard normal, U[0, 1), standard Laplace, or random bits (rademacher).  A chunk has
-    shape (rows, m), so the reduction over rows is vectorised across channels.
-    """
+    """Counter of the draws above ``hi`` or below ``lo``, channel by channel; a chunk has shape (rows, m)."""
 
     def __init__(self, noise: str, rng: np.random.Generator, chunk_size: int):
-        self.noise = noise
-        self.rng = rng
+        self.noise, self.rng = noise, rng
         self.buf = np.empty(chunk_size, dtype=np.float32)
         self.mask = np.empty(chunk_size, dtype=bool)
 
     def _draw(self, n: int) -> np.ndarray:
-        """n draws in draw space, in the reused float32 buffer."""
+        """n draws in draw space (standard normal, U[0, 1) or standard Laplace), in the float32 buffer."""
         z = self.buf[:n]
         if self.noise == "gaussian":
             self.rng.standard_normal(dtype=np.float32, out=z)
@@ -595,16 +544,15 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
                     chunk_size: int = _DEFAULT_CHUNK):
     r"""Monte-Carlo counts :math:`C_j(t)=\#\{i\le N:|\mu_j+Z_{ij}|>t\}`, streamed in chunks.
 
+    Draws are float32: only their rounding (relative :math:`6\cdot10^{-8}`) separates these from exact counts.
+
     Parameters
     ----------
     N : int or 1-D sequence of int
-        Rows per channel; a strictly increasing sequence returns the counts of the first :math:`N_k`
-        rows of one stream.
+        Rows per channel; an increasing sequence gives the counts of the first :math:`N_k` rows of one stream.
     mu, t, sigma : float or array_like
-        Channel means, thresholds :math:`t\ge0` (all applied to the same draws) and noise scales;
-        ``mu`` and ``sigma`` broadcast together into the channel shape.
+        Channel means and noise scales (broadcast together); thresholds :math:`t\ge0`, all on the same draws.
     noise : {"gaussian", "uniform", "rademacher", "laplace"}, default "gaussian"
-        Law of the noise.
     rng : None, int or numpy.random.Generator, optional
         Source of randomness (an int is a seed; None: fresh entropy).
     rho : float, default 0.0
@@ -615,17 +563,12 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     Returns
     -------
     int or numpy.ndarray of int64
-        Counts of shape ``channels + t.shape`` (a leading ``len(N)`` axis for a sequence ``N``); an
-        int when every input is a scalar.
+        Counts of shape ``channels + t.shape`` (a leading ``len(N)`` axis for a sequence ``N``), or an int.
 
     Raises
     ------
     TypeError, ValueError
         If an argument has the wrong type or is out of range (``N`` beyond int64 included).
-
-    Notes
-    -----
-    Draws are float32: only their rounding (relative :math:`6\cdot10^{-8}`) separates these from exact counts.
 
     Examples
     --------
@@ -687,6 +630,5 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
                 counts[k, j0:j1] = running
                 k += 1
     out = counts.reshape((K,) + channel_shape + t_arr.shape)
-    if scalar_n:
-        out = out[0]
+    out = out[0] if scalar_n else out
     return int(out) if out.ndim == 0 else out

@@ -1,7 +1,8 @@
 """LayerNorm and RMSNorm as plain functions (NumPy, float64), with their exact Jacobians.
 
-The objects of the chapter :doc:`/book/layernorm_geometry`; conventions follow PyTorch (population
-variance, ``eps`` inside the square root), and :func:`autograd_jacobian` checks the formulas against it.
+The objects of the chapter :doc:`/book/layernorm_geometry`, which derives the Jacobians, their spectra and
+the gain bounds; conventions follow PyTorch (population variance, ``eps`` inside the square root), and
+:func:`autograd_jacobian` checks the formulas against it.
 """
 
 from __future__ import annotations
@@ -80,16 +81,12 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``x`` is a scalar or not finite, ``eps < 0``, ``gamma``/``beta`` do not have shape ``(d,)``,
-        or a row is degenerate (constant) while ``eps = 0``.
+    TypeError, ValueError
+        If an argument is not real (TypeError) or is out of range, or a row is constant with ``eps = 0``.
 
     Examples
     --------
-    >>> y = layernorm([1.0, 2.0, 3.0, 6.0], eps=0.0)
-    >>> round(float(np.linalg.norm(y) ** 2), 6)
+    >>> round(float(np.linalg.norm(layernorm([1.0, 2.0, 3.0, 6.0], eps=0.0)) ** 2), 6)   # d = 4
     4.0
     """
     eps = check_real(eps, "eps", lo=0.0)
@@ -128,26 +125,27 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     x = _as_float_array(x)
     gamma = _check_affine(gamma, x.shape[-1], "gamma")
     _, s = _centred_scale(x, eps, centre=False)
-    out = x / s
-    return out * gamma if gamma is not None else out
+    return x / s if gamma is None else x / s * gamma
 
 
-def _one_point(x, eps, gamma) -> tuple[np.ndarray, float, np.ndarray | None]:
-    """The checked 1-D point, ``eps`` and gain of a Jacobian."""
+def _jacobian(x, eps, gamma, centre: bool) -> np.ndarray:
+    """Check a 1-D point, ``eps`` and gain; the Jacobian of LayerNorm (``centre``) or RMSNorm there."""
     eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x, one_d=True)
-    return x, eps, _check_affine(gamma, x.shape[0], "gamma")
+    gamma = _check_affine(gamma, x.shape[0], "gamma")
+    d = x.shape[0]
+    y, s = _centred_scale(x, eps, centre=centre)
+    s = float(s[0])
+    J = ((np.eye(d) - 1.0 / d if centre else np.eye(d)) - np.outer(y, y) / (d * s * s)) / s
+    return J if gamma is None else gamma[:, None] * J
 
 
 def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     r"""Exact Jacobian of LayerNorm at a 1-D input, without affine parameters or with a gain.
 
-    Derivation and spectrum: chapter :doc:`/book/layernorm_geometry`.
-
     Parameters
     ----------
     x : array_like, shape (d,)
-        The point at which to differentiate.
     eps, gamma : float (default 0.0), array_like or None
         As in :func:`layernorm`; a gain makes the Jacobian :math:`\operatorname{diag}(\gamma)J`.
 
@@ -166,12 +164,7 @@ def layernorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     >>> round(float(np.linalg.norm(layernorm_jacobian([1.0, 2.0, 3.0, 6.0]), 2)), 4)   # 1 / std(x)
     0.5345
     """
-    x, eps, gamma = _one_point(x, eps, gamma)
-    d = x.shape[0]
-    y, s = _centred_scale(x, eps, centre=True)
-    s = float(s[0])
-    J = (np.eye(d) - 1.0 / d - np.outer(y, y) / (d * s * s)) / s
-    return J if gamma is None else gamma[:, None] * J
+    return _jacobian(x, eps, gamma, centre=True)
 
 
 def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
@@ -197,26 +190,17 @@ def rmsnorm_jacobian(x, eps: float = 0.0, gamma=None) -> np.ndarray:
     >>> np.allclose(rmsnorm_jacobian([3.0, 4.0]) @ np.array([3.0, 4.0]), 0.0)
     True
     """
-    x, eps, gamma = _one_point(x, eps, gamma)
-    d = x.shape[0]
-    _, r = _centred_scale(x, eps, centre=False)
-    r = float(r[0])
-    J = (np.eye(d) - np.outer(x, x) / (d * r * r)) / r
-    return J if gamma is None else gamma[:, None] * J
+    return _jacobian(x, eps, gamma, centre=False)
 
 
 def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
                               eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Bound the spectral norm of a normalisation's Jacobian with a learned gain.
 
-    Proof: chapter :doc:`/book/layernorm_geometry`.
-
     Parameters
     ----------
-    x : array_like, shape (d,) or (n, d)
-        One input or a batch of rows.
-    gamma : array_like, shape (d,)
-        The gain of the normalisation.
+    x, gamma : array_like, shape (d,) or (n, d), and shape (d,)
+        One input or a batch of rows, and the gain.
     kind : {"rmsnorm", "layernorm"}
         Which normalisation (a LayerNorm bias does not change the Jacobian).
     eps : float, default 0.0
@@ -230,10 +214,8 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
 
     Raises
     ------
-    TypeError
-        If ``x`` or ``gamma`` is not numeric (or None), or ``eps`` is not real.
-    ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D/2-D, ``d <= m``, or as :func:`layernorm`.
+    TypeError, ValueError
+        As :func:`layernorm` (``gamma`` None included), or if ``kind`` is unknown or ``d <= m``.
 
     Examples
     --------
@@ -274,10 +256,8 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
 
     Raises
     ------
-    TypeError
-        If ``x`` is not numeric or ``eps`` is not a real number.
-    ValueError
-        If ``kind`` is unknown, ``x`` is not 1-D/2-D, or as :func:`layernorm`.
+    TypeError, ValueError
+        As :func:`layernorm`, or if ``kind`` is unknown or ``x`` is not 1-D/2-D.
 
     Examples
     --------

@@ -1,8 +1,7 @@
 r"""Sub-Gaussian tails: optimal variance proxies, Chernoff bounds, :math:`\psi_2` norms.
 
-Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: chapter
-:doc:`/book/subgaussian_tails`.  A law is a frozen ``scipy.stats`` distribution, evaluated on weighted
-nodes (``companion.theory._cgf``).
+Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: :doc:`/book/subgaussian_tails`.
+A law is a frozen ``scipy.stats`` distribution, evaluated on weighted nodes (``companion.theory._cgf``).
 Laws whose spread (interquartile range, width of the atoms) lies outside :math:`[10^{-150},10^{150}]`,
 or continuous laws whose mean lies more than :math:`10^8` spreads from 0 when quadrature is needed,
 are refused with a ``ValueError`` (rescale, or centre the law).
@@ -17,15 +16,15 @@ from typing import NamedTuple
 import numpy as np
 
 from companion.theory import _cgf
-from companion.theory.empirical import empirical_tail, monte_carlo_tail
+from companion.theory.empirical import monte_carlo_tail
 from companion._validation import (
     as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, is_discrete,
 )
 
 __all__ = [
-    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda", "empirical_tail",
-    "hoeffding_proxy", "linear_map_proxy", "log_mgf", "monte_carlo_tail", "optimal_variance_proxy",
-    "proxy_profile", "psi2_norm", "subgaussian_tail_bound",
+    "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda", "hoeffding_proxy", "linear_map_proxy",
+    "log_mgf", "monte_carlo_tail", "optimal_variance_proxy", "proxy_profile", "psi2_norm",
+    "subgaussian_tail_bound",
 ]
 
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
@@ -41,14 +40,10 @@ _METHODS = ("auto", "numeric", "closed_form")
 class ProxyResult(NamedTuple):
     """Full output of :func:`optimal_variance_proxy`."""
 
-    #: The optimal variance proxy (``math.inf`` if none is finite).
-    proxy: float
-    #: The variance, the limit of 2K(lambda)/lambda^2 at 0.
-    variance: float
-    #: Maximiser: ``0.0`` (proxy = variance), ``+-inf`` (a limit), finite, or ``nan``.
-    argmax: float
-    #: ``"closed_form"`` or ``"numeric"``.
-    method: str
+    proxy: float  #: The optimal variance proxy (``math.inf`` if none is finite).
+    variance: float  #: The variance, the limit of 2K(lambda)/lambda^2 at 0.
+    argmax: float  #: Maximiser: ``0.0`` (proxy = variance), ``+-inf`` (a limit), finite, or ``nan``.
+    method: str  #: ``"closed_form"`` or ``"numeric"``.
 
 
 def _check_no_overflow(out: np.ndarray, what: str) -> None:
@@ -69,27 +64,23 @@ def _log_sinhc(z: np.ndarray) -> np.ndarray:
         for k in range(12, 0, -1):  # sum_{k>=1} z^{2k} / (2k+1)!
             poly = (poly + 1.0 / math.factorial(2 * k + 1)) * z2
         out[small] = np.log1p(poly)
-    large = ~small
-    if large.any():
-        al = a[large]
-        out[large] = al + np.log1p(-np.exp(-2.0 * al)) - np.log(2.0 * al)
+    if not small.all():
+        al = a[~small]
+        out[~small] = al + np.log1p(-np.exp(-2.0 * al)) - np.log(2.0 * al)
     return out
 
 
-#: Spreads (IQR of a continuous law, width of the atoms of a finite one) handled by the numerics:
-#: the variance, the proxy and lambda**2 then stay far from float64 underflow and overflow.
+#: Spreads (IQR, width of the atoms) for which the variance, proxy and lambda**2 stay far from float64 limits.
 _SPREAD_RANGE = (1e-150, 1e150)
-#: Quadrature nodes of a continuous law are ``mean + y`` in float64, so the centred nodes ``y``
-#: lose the digits of ``mean``: measured proxy errors 4e-11 (norm, mean 1e8 sd), 2.5e-9 (beta(2, 5),
-#: mean 5e8 IQR), 4e-6 (norm, mean 1e12 sd).  A mean beyond this many spreads is refused.
+#: Nodes ``mean + y`` lose the digits of ``mean`` (proxy error 4e-11 for norm at mean 1e8 sd, 2.5e-9 for
+#: beta(2, 5) at 5e8 IQR, 4e-6 for norm at 1e12 sd): a mean beyond this many spreads is refused.
 _MAX_LOCATION_RATIO = 1e8
 
 
 def _spread(dist, var: float) -> float:
     """A width of the law that does not under/overflow like the variance (0 for a point mass)."""
     if _cgf.family(dist) == "rv_sample":
-        x, _ = _cgf.atoms(dist)
-        return float(np.ptp(x))
+        return float(np.ptp(_cgf.atoms(dist)[0]))
     if is_discrete(dist):  # integer lattice: spacing 1
         return 0.0 if var == 0 else max(1.0, math.sqrt(var)) if np.isfinite(var) else 1.0
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -105,25 +96,16 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
     spread = _spread(dist, var)
     lo, hi = _SPREAD_RANGE
     if spread != 0 and not lo <= spread <= hi:
-        raise ValueError(
-            f"dist has a spread (interquartile range or width of its atoms) of {spread:.3g}, "
-            f"outside [{lo:g}, {hi:g}]: its variance under- or overflows float64.  Rescale X "
-            f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
-            f"K_cX(lam) = K_X(c lam))"
-        )
+        raise ValueError(f"dist has a spread (interquartile range or width of its atoms) of {spread:.3g}, "
+                         f"outside [{lo:g}, {hi:g}]: its variance under- or overflows float64.  Rescale X "
+                         f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
+                         f"K_cX(lam) = K_X(c lam))")
     far = np.isfinite(mean) and abs(mean) > _MAX_LOCATION_RATIO * spread
     if centred_nodes and not is_discrete(dist) and far:
-        raise ValueError(
-            f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
-            f"({spread:.3g}) from 0: float64 quadrature nodes mean + y cannot resolve the centred "
-            f"variable.  Pass the centred law (e.g. loc=0); the variance proxy and K(lambda) do "
-            f"not depend on the mean"
-        )
-
-
-def _bernoulli_proxy_scalar(p: float) -> float:
-    """The Bernoulli proxy of one checked p."""
-    return float(_bernoulli_proxy(np.asarray(p, dtype=float)))
+        raise ValueError(f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
+                         f"({spread:.3g}) from 0: float64 quadrature nodes mean + y cannot resolve the "
+                         "centred variable.  Pass the centred law (e.g. loc=0); the variance proxy and "
+                         "K(lambda) do not depend on the mean")
 
 
 def _bernoulli_argmax(p: float) -> float:
@@ -151,15 +133,14 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
         n = upper - lower  # bernoulli: support {loc, loc + 1}
         p = (mean - lower) / n if n > 0 else 0.0
         p = min(max(p, 0.0), 1.0)
-        return ProxyResult(n * _bernoulli_proxy_scalar(p), var, _bernoulli_argmax(p), "closed_form")
+        return ProxyResult(n * _bernoulli_proxy(np.asarray(p)), var, _bernoulli_argmax(p), "closed_form")
     if fam == "rv_sample":
         xk = np.asarray(dist.dist.xk, dtype=float)
         if xk.size == 1:
             return ProxyResult(0.0, 0.0, 0.0, "closed_form")
         if xk.size == 2:  # two-point law = x1 + (x2 - x1) Bernoulli(p2)
-            width = float(xk[1] - xk[0])
-            p = float(dist.dist.pk[1])
-            proxy = width**2 * _bernoulli_proxy_scalar(p)
+            width, p = float(xk[1] - xk[0]), float(dist.dist.pk[1])
+            proxy = width**2 * _bernoulli_proxy(np.asarray(p))
             return ProxyResult(proxy, var, _bernoulli_argmax(p) / width, "closed_form")
     if fam in ("laplace_gen", "t_gen", "expon_gen", "logistic_gen", "poisson_gen", "cauchy_gen"):
         return ProxyResult(math.inf, var, math.nan, "closed_form")
@@ -229,10 +210,8 @@ def log_mgf(dist, lam, *, method: str = "auto"):
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
-        The law of :math:`X` (continuous or discrete).
-    lam : float or array_like
-        Finite values of :math:`\lambda`, any shape.
+    dist, lam : frozen scipy.stats distribution, float or array_like
+        The law of :math:`X` (continuous or discrete) and finite values of :math:`\lambda` (any shape).
     method : {"auto", "numeric", "closed_form"}, default "auto"
         ``"auto"``: a closed form where implemented (normal, uniform, Laplace, exponential, Bernoulli,
         binomial, Poisson, Student-t), quadrature otherwise; ``"closed_form"`` raises if none exists.
@@ -245,11 +224,9 @@ def log_mgf(dist, lam, *, method: str = "auto"):
 
     Raises
     ------
-    TypeError
-        If ``dist``, ``lam`` or ``method`` has the wrong type.
-    ValueError
-        If ``lam`` is not finite, ``dist`` has no finite mean or is not representable (module
-        docstring), or ``method`` is unknown or has no closed form for this family.
+    TypeError, ValueError
+        If an argument has the wrong type, ``lam`` is not finite, ``dist`` has no finite mean or is not
+        representable (module docstring), or ``method`` is unknown or has no closed form for this family.
 
     Examples
     --------
@@ -285,8 +262,7 @@ def _log_mgf(dist, lam_arr: np.ndarray, method: str):
     out = np.zeros(flat.shape)
     if var == 0 or flat.size == 0:
         return _cgf.scalar_or_array(out.reshape(lam_arr.shape))
-    scale = _cgf.length_scale(dist, var)
-    tails = _cgf.both_tails(dist, mean, scale)
+    tails = _cgf.both_tails(dist, mean, _cgf.length_scale(dist, var))
     infinite = np.zeros(flat.shape, dtype=bool)
     for side, tail in tails.items():
         if tail is None:
@@ -350,9 +326,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
     Parameters
     ----------
-    dist : frozen scipy.stats distribution
-        The law of :math:`X`, continuous or discrete.
-    method : {"auto", "numeric", "closed_form"}, default "auto"
+    dist, method : frozen scipy.stats distribution, {"auto", "numeric", "closed_form"}, default "auto"
         As in :func:`log_mgf` (closed forms: normal, uniform, Bernoulli, binomial, two-point laws,
         ``inf`` for heavy tails).
     full_output : bool, default False
@@ -378,12 +352,9 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     method = check_choice(method, "method", _METHODS)
     full_output = check_bool(full_output, "full_output")
     _check_representable(dist, *_cgf.moments(dist), centred_nodes=False)
-    result = None
-    if method != "numeric":
-        result = _closed_form_proxy(dist)
-        if result is None and method == "closed_form":
-            raise ValueError(f"no closed-form proxy is implemented for {dist.dist.name}; "
-                             "use method='numeric'")
+    result = None if method == "numeric" else _closed_form_proxy(dist)
+    if result is None and method == "closed_form":
+        raise ValueError(f"no closed-form proxy is implemented for {dist.dist.name}; use method='numeric'")
     if result is None:
         result = _numeric_proxy(dist)
     return result if full_output else result.proxy
@@ -497,10 +468,8 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
 
     Parameters
     ----------
-    t : float or array_like
-        Thresholds :math:`t\ge0`.
-    sigma2 : float or array_like
-        Variance proxy :math:`\sigma^2>0`, broadcast against ``t``.
+    t, sigma2 : float or array_like
+        Thresholds :math:`t\ge0` and variance proxy :math:`\sigma^2>0`, broadcast together.
     two_sided : bool, default True
         Bound :math:`2e^{-t^2/(2\sigma^2)}` on :math:`P(|X|\ge t)` (True) or half of it on one tail.
 
@@ -519,10 +488,8 @@ def subgaussian_tail_bound(t, sigma2, two_sided: bool = True):
     >>> round(subgaussian_tail_bound(2.0, 1.0), 4)
     0.2707
     """
-    t_arr = check_t(t)
-    s2 = check_sigma2(sigma2)
-    two = check_bool(two_sided, "two_sided")
-    return _tail_bound(*_cgf.broadcast(t=t_arr, sigma2=s2), two)
+    t_b, s_b = _cgf.broadcast(t=check_t(t), sigma2=check_sigma2(sigma2))
+    return _tail_bound(t_b, s_b, check_bool(two_sided, "two_sided"))
 
 
 def _tail_bound(t_b: np.ndarray, s_b: np.ndarray, two: bool):
@@ -584,15 +551,15 @@ def hoeffding_proxy(a, b):
 
     Raises
     ------
-    TypeError
-        If ``a`` or ``b`` is not real.
-    ValueError
-        If an end is not finite, ``b < a``, shapes do not broadcast, or the proxy overflows.
+    TypeError, ValueError
+        If an end is not real (TypeError) or not finite, ``b < a``, shapes do not broadcast, or it overflows.
 
     Examples
     --------
     >>> hoeffding_proxy(0.0, 1.0)
     0.25
+    >>> hoeffding_proxy([0.0, -1.0], 1.0)
+    array([0.25, 1.  ])
     """
     return _hoeffding_proxy(as_real_array(a, "a"), as_real_array(b, "b"))
 
@@ -618,7 +585,6 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     Parameters
     ----------
     dist : frozen scipy.stats distribution
-        The law of :math:`X`.
     centred : bool, default False
         Compute :math:`\|X-\mathbb EX\|_{\psi_2}` instead.
 
@@ -629,11 +595,8 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
 
     Raises
     ------
-    TypeError
-        If ``dist`` or ``centred`` has the wrong type.
-    ValueError
-        If ``dist`` is invalid or not representable (module docstring), or ``centred`` is False and
-        the mean exceeds :math:`10^{150}` in magnitude.
+    TypeError, ValueError
+        As :func:`log_mgf`, or if ``centred`` is False and the mean exceeds :math:`10^{150}` in magnitude.
 
     Examples
     --------
@@ -653,16 +616,14 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
         raise ValueError(f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X "
                          "first (||cX||_psi2 = |c| ||X||_psi2), or pass centred=True")
     sd = math.sqrt(var)
-    tails = _cgf.both_tails(dist, mean, sd)
-    s2_tails = [tail.s2 for tail in tails.values() if tail is not None]
+    s2_tails = [tail.s2 for tail in _cgf.both_tails(dist, mean, sd).values() if tail is not None]
     if not np.isfinite(s2_tails).all():
         return math.inf
     s2_tail = max(s2_tails, default=0.0)
     nodes = _cgf.law_nodes(dist, mean, var)
     x = nodes.y if centred else nodes.y + nodes.mean
-    # nodes beyond 1e153 (x^2 > 1e306) carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian
-    # tail with sd <= 1e150: drop them before squaring.  (A cut at 1e150 dropped the nodes
-    # beyond 10 sd of N(0, 1e149^2), whose e^{-x^2/8sd^2} share of E e^{X^2/s^2} is 1e-6.)
+    # nodes beyond 1e153 carry weight exp(-1e306 / (2 sd^2)) for a sub-Gaussian tail with sd <= 1e150:
+    # drop them before squaring (a cut at 1e150 lost 1e-6 of E e^{X^2/s^2} for N(0, 1e149^2))
     near = np.abs(x) < (1e150 if sd < 1e140 else 1e153)
     x2, logw = x[near] ** 2, nodes.logw[near]
     second_moment = float(np.dot(np.exp(logw), x2))
@@ -702,11 +663,8 @@ def linear_map_proxy(w, sigma2, dependent: bool = False):
 
     Raises
     ------
-    TypeError
-        If ``w`` or ``sigma2`` is not real or ``dependent`` is not a bool.
-    ValueError
-        If ``w`` is not a finite non-empty 1-D/2-D array, ``sigma2`` is not positive or does not
-        match ``w.shape[0]``, or the proxy overflows.
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters), or the proxy overflows.
 
     Examples
     --------
