@@ -49,6 +49,7 @@ RENAMED = {
     "companion.engine.stack_injection_sweep": "companion.injection.engine.sweep_stack_injections",
     "companion.perturbation.injection_window": "companion.injection.metrics.effect_window",
     "companion.engine.adapt": "companion.injection.engine._adapt",
+    "companion.tails.empirical_tail": "companion.theory.empirical._empirical_tail",
     "companion.quantization.max_rounding_error": "companion.applications.quantization._max_rounding_error",
     "companion.determinism.cpu_has_avx2": "companion.determinism._cpu_has_avx2",
     "companion.determinism.kernel_report": "companion.determinism._kernel_report",
