@@ -24,32 +24,18 @@ __all__ = ["QueryKeyCapture", "capture_queries_keys", "logit_pairs", "dot_produc
 
 @dataclass(frozen=True)
 class QueryKeyCapture:
-    """Queries and keys of one attention layer over a batch of texts (real tokens only).
+    """Queries and keys of one attention layer over a batch of texts (real tokens only)."""
 
-    Attributes
-    ----------
-    layer : int
-        Block index.
-    q : numpy.ndarray, shape ``[n_tokens, n_heads, d_k]``, float32
-    k : numpy.ndarray, shape ``[n_tokens, n_kv_heads, d_k]``, float32
-        For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the
-        logit before the ``1/sqrt(d_k)`` scale.
-    text, position : numpy.ndarray of int, shape ``[n_tokens]``
-        The text each token belongs to, and its position there (0 = first token).
-    causal, rotary : bool
-        Whether the model attends only to earlier positions; whether rotary embeddings were applied.
-    scaling : float
-        The factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models).
-    """
-
-    layer: int
-    q: np.ndarray
+    layer: int  #: block index
+    q: np.ndarray  #: ``[n_tokens, n_heads, d_k]`` float32 queries
+    #: ``[n_tokens, n_kv_heads, d_k]`` float32 keys.  With rotary embeddings and ``rotary=True`` both are
+    #: rotated, so ``q[i, h] @ k[j, kv_head(h)]`` is exactly the logit before the ``1/sqrt(d_k)`` scale.
     k: np.ndarray
-    text: np.ndarray
-    position: np.ndarray
-    causal: bool
-    rotary: bool
-    scaling: float
+    text: np.ndarray  #: ``[n_tokens]`` int: the text each token belongs to
+    position: np.ndarray  #: ``[n_tokens]`` int: the token's position in its text (0 = first token)
+    causal: bool  #: whether the model attends only to earlier positions
+    rotary: bool  #: whether rotary embeddings were applied
+    scaling: float  #: the factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models)
 
     @property
     def n_heads(self) -> int:
@@ -107,11 +93,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     Raises
     ------
     ValueError
-        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate query/key projections.
-
-    Examples
-    --------
-    >>> caps = capture_queries_keys(load("minilm-l6"), ["In the beginning."], layers=[0])  # doctest: +SKIP
+        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate
+        query/key projections.
     """
     import torch
 

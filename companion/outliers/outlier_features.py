@@ -25,26 +25,14 @@ _QUERY_NAMES = ("self_attn.q_proj", "attention.self.query", "attn.q_proj")
 
 @dataclass(frozen=True)
 class OutlierFeatureStatistics:
-    """Share of positions with :math:`|x| \\ge` threshold, per linear-input site and feature.
+    """Share of positions with :math:`|x| \\ge` threshold, per linear-input site and feature."""
 
-    Attributes
-    ----------
-    share : numpy.ndarray, shape ``[2L, d]``
-        Row ``2l`` is the attention input of block ``l``, row ``2l+1`` its FFN input.
-    max_abs : numpy.ndarray, shape ``[2L, d]``
-    n_positions : int
-        Real positions (pads excluded) behind every share.
-    threshold : float
-    n_layers : int
-    model : str
-    """
-
-    share: np.ndarray
-    max_abs: np.ndarray
-    n_positions: int
-    threshold: float
-    n_layers: int
-    model: str
+    share: np.ndarray  #: ``[2L, d]``: row ``2l``: the attention input of block ``l``; ``2l+1``: its FFN input
+    max_abs: np.ndarray  #: ``[2L, d]``: largest ``|x|`` at each site
+    n_positions: int  #: real positions (pads excluded) behind every share
+    threshold: float  #: the magnitude criterion
+    n_layers: int  #: number of blocks ``L``
+    model: str  #: name of the model
 
     def affected_layers(self, position_share: float = 0.06) -> np.ndarray:
         """Bool ``[L, d]``: feature ``j`` reaches the threshold on at least ``position_share`` of
@@ -118,10 +106,6 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     ValueError
         If ``texts`` is empty, ``threshold < 0``, no position is left, or a block has no recognisable
         query projection or FFN expansion.
-
-    Examples
-    --------
-    >>> outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64)).systematic()  # doctest: +SKIP
     """
     import torch
 

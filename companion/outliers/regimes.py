@@ -139,37 +139,23 @@ def _predicted_counts(m: np.ndarray, s: np.ndarray, t: np.ndarray, n: int) -> di
 class CountComparison:
     """Observed against predicted exceedance counts, summed over the channels of each regime.
 
-    Every array has shape ``[..., n_t, 3]`` (the leading axes of ``mu``, e.g. layers; the last
-    axis indexes :data:`REGIMES`) unless stated otherwise.
-
-    Attributes
-    ----------
-    thresholds : numpy.ndarray, shape ``[n_t]``
-    n_tokens : int
-    n_channels : numpy.ndarray of int
-        Channels in each regime.
-    observed, gaussian, lower, upper : numpy.ndarray
-        Sums over the regime's channels of the observed counts, the exact-Gaussian expectation and the Theorem 1 / Theorem 2 bounds of
-        :func:`predicted_counts`.
-    lower_violations, upper_violations : numpy.ndarray of int
-        Channels whose observed count is significantly (level ``alpha``, binomial test) below the lower bound or above the upper bound.
-    channel_lower_violation, channel_upper_violation : numpy.ndarray of bool, shape ``[..., d]``
-        Per channel: whether it violates the bound at some threshold of the grid.
-    alpha : float
+    Arrays have shape ``[..., n_t, 3]`` (the leading axes of ``mu``, e.g. layers; the last axis
+    indexes :data:`REGIMES`) unless stated otherwise.
     """
 
-    thresholds: np.ndarray
-    n_tokens: int
-    n_channels: np.ndarray
-    observed: np.ndarray
-    gaussian: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
+    thresholds: np.ndarray  #: the thresholds, ``[n_t]``
+    n_tokens: int  #: tokens ``N`` behind the statistics
+    n_channels: np.ndarray  #: channels in each regime (int)
+    observed: np.ndarray  #: sum over the regime's channels of the observed counts
+    gaussian: np.ndarray  #: the same sum of the exact-Gaussian expectations of :func:`predicted_counts`
+    lower: np.ndarray  #: the same sum of the Theorem 1 lower bounds
+    upper: np.ndarray  #: the same sum of the Theorem 2 upper bounds
+    #: channels whose observed count is significantly (binomial test at level ``alpha``) below the lower bound
     lower_violations: np.ndarray
-    upper_violations: np.ndarray
-    channel_lower_violation: np.ndarray
-    channel_upper_violation: np.ndarray
-    alpha: float
+    upper_violations: np.ndarray  #: the same above the upper bound
+    channel_lower_violation: np.ndarray  #: ``[..., d]`` bool: below the bound at some threshold of the grid
+    channel_upper_violation: np.ndarray  #: ``[..., d]`` bool: above the bound at some threshold of the grid
+    alpha: float  #: level of the binomial tests
 
     def ratio(self, regime: str | None = None) -> np.ndarray:
         """Observed / Gaussian-predicted total, for one regime (name) or all channels (None).
@@ -287,10 +273,6 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     ------
     ValueError
         If ``texts`` is empty or ``max_tokens < 1``.
-
-    Examples
-    --------
-    >>> sub = corpus_subset(load("minilm-l6"), load_corpus(), 2000)   # doctest: +SKIP
     """
     budget = check_int(max_tokens, "max_tokens", 1)
     texts = check_texts(texts)
