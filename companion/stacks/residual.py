@@ -178,7 +178,7 @@ def _make_norm(config: StackConfig) -> nn.Module:
     return nn.RMSNorm(config.d_model, eps=config.eps)
 
 
-class CausalSelfAttention(nn.Module):
+class _CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: ``softmax(QK^T / sqrt(d_head) + causal mask) V W_o``."""
 
     def __init__(self, config: StackConfig, g: torch.Generator):
@@ -203,7 +203,7 @@ class CausalSelfAttention(nn.Module):
         return self.w_o(y.transpose(1, 2).reshape(B, T, d))
 
 
-class MLP(nn.Module):
+class _MLP(nn.Module):
     """``ReLU(x W_in + b_in) W_out + b_out`` (Xiong et al.'s feed-forward block)."""
 
     def __init__(self, config: StackConfig, g: torch.Generator):
@@ -217,23 +217,23 @@ class MLP(nn.Module):
         return self.w_out(torch.relu(self.w_in(x)))
 
 
-class Sublayer(nn.Module):
+class _Sublayer(nn.Module):
     """One residual branch: its norm and its function ``F`` (attention or MLP)."""
 
     def __init__(self, config: StackConfig, kind: str, g: torch.Generator):
         super().__init__()
         self.kind = kind
         self.norm = _make_norm(config)
-        self.f = CausalSelfAttention(config, g) if kind == "attention" else MLP(config, g)
+        self.f = _CausalSelfAttention(config, g) if kind == "attention" else _MLP(config, g)
 
 
-class Block(nn.Module):
+class _Block(nn.Module):
     """The sublayers of one layer (attention then MLP for ``block="both"``)."""
 
     def __init__(self, config: StackConfig, layer: int):
         super().__init__()
         g = _layer_generator(config.seed, 0, layer)
-        self.sublayers = nn.ModuleList(Sublayer(config, kind, g) for kind in config.sublayers)
+        self.sublayers = nn.ModuleList(_Sublayer(config, kind, g) for kind in config.sublayers)
 
 
 @dataclass
@@ -287,7 +287,7 @@ class ResidualStack(nn.Module):
         if not isinstance(config, StackConfig):
             raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
         self.config = config
-        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.blocks = nn.ModuleList(_Block(config, layer) for layer in range(config.n_layers))
         self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
 
     def _check_input(self, x) -> None:
