@@ -1,10 +1,9 @@
 """Per-layer, per-channel statistics of a real model's residual stream, streamed over a corpus.
 
-:func:`channel_statistics` runs the model over any number of texts in batches and keeps, per layer
-``l`` and channel ``j``, the mean, variance, min, max, max ``|x|`` and the exceedance counts
-``C_j(t) = #{tokens : |h_{l,j}| > t}`` for a grid of thresholds, in ``O(L · d · |t|)`` memory
-(:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.  An argument of
-the wrong type raises ``TypeError`` naming it.
+:func:`channel_statistics` keeps, per layer ``l`` and channel ``j``, the mean, variance, min, max,
+max ``|x|`` and the exceedance counts ``C_j(t) = #{tokens : |h_{l,j}| > t}`` on a grid of thresholds,
+in ``O(L · d · |t|)`` memory: the measurements Theorem 2 is tested on.  An argument of the wrong
+type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations

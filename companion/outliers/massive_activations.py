@@ -3,9 +3,8 @@ r"""Massive activations (Sun et al. 2024): where they appear, how large, and the
 :cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median in
 fixed channels at the first token of large language models, and test them by an ablation: set them
 to zero (the model breaks) or to their mean (nothing changes), watching the loss and the attention
-paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  Intervals over prompts:
-:func:`companion.theory.bootstrap.bootstrap_interval`.  An argument of the wrong type raises
-``TypeError`` naming it.
+paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  An argument of the wrong
+type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -133,10 +132,10 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     texts : sequence of str
         Every text needs at least two tokens.
     layer : int or None
-        Residual-stream layer :math:`\ell \in [1, L]` (the output of block :math:`\ell-1`); None runs the model untouched (the baseline).
+        Residual-stream layer :math:`\ell \in [1, L]` (output of block :math:`\ell-1`); None: baseline run.
     channel : int
     value : float or None
-        The value written at that layer, position and channel (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
+        The value written (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
     position : int, default 0
     batch_size : int, default 16
     max_length : int or None
@@ -148,8 +147,8 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     Raises
     ------
     ValueError
-        For an encoder, a layer outside ``[1, L]``, a channel outside the width, ``layer`` and ``value`` not both None or both set, or a text of one
-        token.
+        For an encoder, a layer outside ``[1, L]``, a channel outside the width, only one of ``layer``
+        and ``value`` None, or a text of one token.
     """
     import torch
 
@@ -168,8 +167,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
         value = check_real(value, "value")
 
     def edit(module, args, output):
-        hs = output[0] if isinstance(output, tuple) else output
-        hs = hs.clone()
+        hs = (output[0] if isinstance(output, tuple) else output).clone()
         if hs.shape[1] > position:
             hs[:, position, channel] = value
         return (hs,) + tuple(output[1:]) if isinstance(output, tuple) else hs

@@ -1,11 +1,10 @@
 r"""Outlier features in the sense of LLM.int8() (Dettmers et al. 2022), measured per layer.
 
-:cite:t:`dettmers2022llmint8` call a hidden feature dimension an *outlier feature* when its
-magnitude is at least 6.0 in the inputs of the linear layers that follow a normalisation (the
-attention projections and the FFN expansion), in at least 25% of the layers and at least 6%
-of the sequence positions; with that criterion they find systematic outliers emerge around 6.7B
-parameters.  This module reads exactly those inputs with forward pre-hooks and applies the
-criterion.  An argument of the wrong type raises ``TypeError`` naming it.
+:cite:t:`dettmers2022llmint8` call a hidden feature dimension an *outlier feature* when its magnitude
+reaches 6.0 in the inputs of the linear layers after a normalisation (attention projections, FFN
+expansion) in at least 25% of the layers and 6% of the positions; they find such features emerge
+around 6.7B parameters.  Those inputs are read with forward pre-hooks.  An argument of the wrong
+type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -83,7 +82,8 @@ def _linear_input_sites(m) -> list:
 
 
 def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8,
-                               max_length: int | None = None, skip_first: bool = False) -> OutlierFeatureStatistics:
+                               max_length: int | None = None,
+                               skip_first: bool = False) -> OutlierFeatureStatistics:
     r"""Per block and feature, the share of positions where a normalised linear input reaches ``threshold``.
 
     Parameters

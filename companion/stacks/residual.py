@@ -1,8 +1,7 @@
 """Residual stacks in plain PyTorch: Pre-LN / Post-LN and scaled residuals.
 
-:class:`~companion.stacks.residual.StackConfig` describes a stack;
-:class:`~companion.stacks.residual.ResidualStack` is ``L`` blocks acting on the residual stream
-``h`` (``[batch, tokens, d_model]``), each sublayer (attention, MLP) being one residual add
+:class:`StackConfig` describes a stack; :class:`ResidualStack` is ``L`` blocks acting on the residual
+stream ``h`` (``[batch, tokens, d_model]``), each sublayer (attention, MLP) being one residual add
 
 .. code-block:: text
 
