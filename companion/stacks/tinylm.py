@@ -112,7 +112,6 @@ class StackAdapter:
     Parameters
     ----------
     model : ResidualStack or TinyLM
-        The model.
     inputs : torch.Tensor
         ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a ``TinyLM``.
     """
@@ -215,7 +214,6 @@ def unigram_loss(ids) -> float:
     Parameters
     ----------
     ids : 1-D integer tensor or array
-        Token ids.
 
     Returns
     -------
