@@ -24,32 +24,18 @@ __all__ = ["QueryKeyCapture", "capture_queries_keys", "logit_pairs", "dot_produc
 
 @dataclass(frozen=True)
 class QueryKeyCapture:
-    """Queries and keys of one attention layer over a batch of texts (real tokens only).
+    """Queries and keys of one attention layer over a batch of texts (real tokens only)."""
 
-    Attributes
-    ----------
-    layer : int
-        Block index.
-    q : numpy.ndarray, shape ``[n_tokens, n_heads, d_k]``, float32
-    k : numpy.ndarray, shape ``[n_tokens, n_kv_heads, d_k]``, float32
-        For a model with rotary embeddings and ``rotary=True`` these are the rotated vectors, so that ``q[i, h] @ k[j, kv_head(h)]`` is exactly the
-        logit before the ``1/sqrt(d_k)`` scale.
-    text, position : numpy.ndarray of int, shape ``[n_tokens]``
-        The text each token belongs to, and its position there (0 = first token).
-    causal, rotary : bool
-        Whether the model attends only to earlier positions; whether rotary embeddings were applied.
-    scaling : float
-        The factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models).
-    """
-
-    layer: int
-    q: np.ndarray
+    layer: int  #: block index
+    q: np.ndarray  #: ``[n_tokens, n_heads, d_k]`` float32 queries
+    #: ``[n_tokens, n_kv_heads, d_k]`` float32 keys.  With rotary embeddings and ``rotary=True`` both are
+    #: rotated, so ``q[i, h] @ k[j, kv_head(h)]`` is exactly the logit before the ``1/sqrt(d_k)`` scale.
     k: np.ndarray
-    text: np.ndarray
-    position: np.ndarray
-    causal: bool
-    rotary: bool
-    scaling: float
+    text: np.ndarray  #: ``[n_tokens]`` int: the text each token belongs to
+    position: np.ndarray  #: ``[n_tokens]`` int: the token's position in its text (0 = first token)
+    causal: bool  #: whether the model attends only to earlier positions
+    rotary: bool  #: whether rotary embeddings were applied
+    scaling: float  #: the factor the model multiplies logits by (``1/sqrt(d_k)`` for both offline models)
 
     @property
     def n_heads(self) -> int:
@@ -97,7 +83,6 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     rotary : bool, default True
         Apply the model's rotary embedding (if any), as the attention does; ``False``: the raw projections.
     batch_size : int, default 16
-        Texts per forward pass.
 
     Returns
     -------
@@ -107,11 +92,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     Raises
     ------
     ValueError
-        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate query/key projections.
-
-    Examples
-    --------
-    >>> caps = capture_queries_keys(load("minilm-l6"), ["In the beginning."], layers=[0])  # doctest: +SKIP
+        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate
+        query/key projections.
     """
     import torch
 
@@ -122,8 +104,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     rotary = check_bool(rotary, "rotary")
     bs = check_int(batch_size, "batch_size", 1)
     L = m.n_layers
-    if layers is None:
-        layers = list(range(L))
+    layers = list(range(L)) if layers is None else layers
     if isinstance(layers, Integral) and not isinstance(layers, bool):
         layers = [layers]
     if not isinstance(layers, (Sequence, np.ndarray, range)) or len(layers) == 0:
@@ -180,8 +161,8 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
                     module = sys.modules[type(parts[l][0]).__module__]
                     apply = getattr(module, "apply_rotary_pos_emb", None)
                     if apply is None:
-                        raise ValueError(f"{type(parts[l][0]).__name__} uses rotary embeddings but its module "
-                                         "has no apply_rotary_pos_emb; pass rotary=False")
+                        raise ValueError(f"{type(parts[l][0]).__name__} uses rotary embeddings but its "
+                                         "module has no apply_rotary_pos_emb; pass rotary=False")
                     cos, sin = pe
                     q, _ = apply(q, q, cos, sin, unsqueeze_dim=2)
                     k, _ = apply(k, k, cos, sin, unsqueeze_dim=2)
@@ -216,8 +197,8 @@ def logit_pairs(cap: QueryKeyCapture, head: int, skip_first: bool = False, max_p
     Returns
     -------
     (q, k) : tuple of numpy.ndarray, each ``[P, d_k]``
-        Row ``p`` is one scored pair: ``q[p] @ k[p]`` is a raw logit.  Causal models give the pairs with key position ≤ query position; encoders give
-        all pairs.
+        Row ``p`` is one scored pair: ``q[p] @ k[p]`` is a raw logit.  Causal models give the pairs
+        with key position ≤ query position; encoders give all pairs.
 
     Raises
     ------
@@ -277,12 +258,13 @@ def dot_product_moments(mu_q, var_q, mu_k, var_k) -> tuple[np.ndarray, np.ndarra
     Returns
     -------
     (mean, var) : tuple of numpy.ndarray, shape ``[...]``
-        :math:`\sum_c \mu_{q,c}\mu_{k,c}` and :math:`\sum_c (\sigma_{q,c}^2\sigma_{k,c}^2 + \sigma_{q,c}^2\mu_{k,c}^2 + \sigma_{k,c}^2\mu_{q,c}^2)`.
+        :math:`\sum_c \mu_{q,c}\mu_{k,c}` and
+        :math:`\sum_c (\sigma_{q,c}^2\sigma_{k,c}^2 + \sigma_{q,c}^2\mu_{k,c}^2 + \sigma_{k,c}^2\mu_{q,c}^2)`.
 
     Raises
     ------
     ValueError
-        If shapes differ, a variance is negative, an input is not finite, or the result exceeds the float64 range.
+        If shapes differ, a variance is negative, an input is not finite, or the result overflows float64.
 
     Examples
     --------
@@ -305,13 +287,13 @@ def _dot_product_moments(mq, vq, mk, vk) -> tuple[np.ndarray, np.ndarray]:
         mean = (mq * mk).sum(-1)
         var = (vq * vk + vq * mk**2 + vk * mq**2).sum(-1)
     if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-        raise ValueError("the mean or variance of q.k exceeds the float64 range; rescale the inputs (the "
-                         "mean scales like the product of the scales of q and k, the variance like its square)")
+        raise ValueError("the mean or variance of q.k exceeds the float64 range; rescale the inputs "
+                         "(the mean scales like scale(q) * scale(k), the variance like its square)")
     return mean, var
 
 
 def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dict[str, np.ndarray]:
-    r"""How the logit :math:`q\cdot k` restricted to :math:`m` of the :math:`d_k` coordinates grows with :math:`m`.
+    r"""How the logit :math:`q\cdot k` over :math:`m` of the :math:`d_k` coordinates grows with :math:`m`.
 
     Parameters
     ----------
@@ -320,31 +302,32 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     sizes : sequence of int or None
         Sub-dimensions :math:`m` in ``[1, d_k]`` (default: ``1, 2, 4, ...`` and ``d_k``).
     n_orders : int, default 8
-        Random coordinate orders averaged over (the first :math:`m` coordinates of each order form the subset).
+        Random coordinate orders averaged over (the subset is the first :math:`m` of each order).
     rng : None, int or numpy.random.Generator
         Randomness for the orders (default seed 0).
 
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[len(sizes)]`` (and ``"sizes"``)
-        ``"mean"``, ``"var"``: mean and variance over pairs of :math:`\ell_m = \sum_{c \in S_m} q_c k_c`, averaged over orders; ``"var_scaled"``:
-        :math:`\mathrm{Var}(\ell_m/\sqrt m)`; ``"snr"``: :math:`|E\ell_m|/\mathrm{sd}(\ell_m)` (per order, then averaged); ``"var_independent"``,
-        ``"mean_independent"``: the same moments predicted by :func:`dot_product_moments` from each coordinate's mean and variance, i.e. if all
-        coordinates and :math:`q, k` were independent.
+        ``"mean"``, ``"var"``: mean and variance over pairs of :math:`\ell_m = \sum_{c \in S_m} q_c k_c`,
+        averaged over orders; ``"var_scaled"``: :math:`\mathrm{Var}(\ell_m/\sqrt m)`; ``"snr"``:
+        :math:`|E\ell_m|/\mathrm{sd}(\ell_m)` (per order, then averaged); ``"var_independent"``,
+        ``"mean_independent"``: the moments :func:`dot_product_moments` predicts from each coordinate's
+        mean and variance, i.e. if all coordinates and :math:`q, k` were independent.
 
     Raises
     ------
     ValueError
-        If ``q`` and ``k`` are not matching 2-D arrays with at least 2 rows, a size is outside ``[1, d_k]``, or an input is not finite.
+        If ``q``, ``k`` are not finite matching ``[P >= 2, d_k]`` arrays, or a size is outside ``[1, d_k]``.
 
     Examples
     --------
-    >>> g = np.random.default_rng(0)
-    >>> out = partial_dot_statistics(g.standard_normal((20000, 64)), g.standard_normal((20000, 64)), sizes=[1, 64])
+    >>> q, k = np.random.default_rng(0).standard_normal((2, 20000, 64))
+    >>> out = partial_dot_statistics(q, k, sizes=[1, 64])
     """
     qa, ka = real_array("q", q), real_array("k", k)
     if qa.ndim != 2 or qa.shape != ka.shape or qa.shape[0] < 2:
-        raise ValueError(f"q and k must be matching [P, d_k] arrays with P >= 2, got {qa.shape} and {ka.shape}")
+        raise ValueError(f"q and k must be matching [P, d_k] arrays, P >= 2; got {qa.shape} and {ka.shape}")
     P, d = qa.shape
     if sizes is None:
         sz = sorted(set([2**i for i in range(int(math.log2(d)) + 1)] + [d]))
@@ -361,7 +344,8 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     mq, vq = qa.mean(0), qa.var(0)
     mk, vk = ka.mean(0), ka.var(0)
     ind_mean_c, ind_var_c = mq * mk, vq * vk + vq * mk**2 + vk * mq**2
-    acc = {key: np.zeros(sz_arr.size) for key in ("mean", "var", "var_scaled", "snr", "mean_independent", "var_independent")}
+    keys = ("mean", "var", "var_scaled", "snr", "mean_independent", "var_independent")
+    acc = {key: np.zeros(sz_arr.size) for key in keys}
     for _ in range(n_ord):
         perm = gen.permutation(d)
         cum = np.cumsum(prod[:, perm], axis=1)[:, sz_arr - 1]
@@ -378,26 +362,23 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     return out
 
 
-def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False, max_pairs: int | None = 200_000,
-                               rng=None) -> dict[str, np.ndarray]:
+def attention_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False,
+                               max_pairs: int | None = 200_000, rng=None) -> dict[str, np.ndarray]:
     r"""Per-head statistics of the raw attention logits :math:`q_i\cdot k_j` of one layer.
 
     Parameters
     ----------
-    cap : QueryKeyCapture
-    skip_first : bool, default False
-        Drop pairs that involve the first token of a text (see :func:`logit_pairs`).
-    max_pairs : int or None, default 200000
-        Pairs per head (a random subset when there are more).
-    rng : None, int or numpy.random.Generator
+    cap, skip_first, max_pairs, rng
+        As in :func:`logit_pairs`; ``max_pairs`` is per head (default 200000 here).
 
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[n_heads]``
-        ``"mean"``, ``"var"`` of the raw logit; ``"var_scaled"`` of the logit times the model's ``scaling`` (:math:`1/\sqrt{d_k}`); ``"snr"``
-        :math:`|E\ell|/\mathrm{sd}(\ell)`; ``"shared_mean"``: :math:`\bar q\cdot\bar k` (the logit of the mean query and mean key);
-        ``"var_independent"``: :func:`dot_product_moments` from the coordinates' means and variances; ``"q_norm2"``, ``"k_norm2"``: mean squared
-        norms.
+        ``"mean"``, ``"var"`` of the raw logit; ``"var_scaled"`` of the logit times ``cap.scaling``
+        (:math:`1/\sqrt{d_k}`); ``"snr"`` :math:`|E\ell|/\mathrm{sd}(\ell)`; ``"shared_mean"``:
+        :math:`\bar q\cdot\bar k` (the logit of the mean query and mean key); ``"var_independent"``:
+        :func:`dot_product_moments` from the coordinates' means and variances; ``"q_norm2"``,
+        ``"k_norm2"``: mean squared norms.
 
     Raises
     ------
@@ -436,9 +417,13 @@ def centred_logit_statistics(cap: QueryKeyCapture, skip_first: bool = False) -> 
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[n_heads]``
-        ``"snr_raw"``: :math:`|E\ell|/\mathrm{sd}(\ell)` over the same pairs (what :func:`attention_logit_statistics` reports);
-        ``"query_constant_share"``: the share of :math:`\mathrm{Var}(\ell)` that is constant within each query's row, which the softmax ignores;
-        ``"snr_centred"``: :math:`\mathrm{rms}(s)/\mathrm{rms}(r)`, the shared-mean signal that survives centring, with :math:`c_{ij} = \ell_{ij} - \overline{\ell_{i\cdot}} = s_{ij} + r_{ij}`, :math:`s_{ij} = \bar q\cdot(k_j - \bar k_{(i)})`, :math:`r_{ij} = (q_i - \bar q)\cdot(k_j - \bar k_{(i)})`;
+        ``"snr_raw"``: :math:`|E\ell|/\mathrm{sd}(\ell)` over the same pairs (as in
+        :func:`attention_logit_statistics`); ``"query_constant_share"``: the share of
+        :math:`\mathrm{Var}(\ell)` constant within each query's row, which the softmax ignores;
+        ``"snr_centred"``: :math:`\mathrm{rms}(s)/\mathrm{rms}(r)`, the shared-mean signal that survives
+        centring, with :math:`c_{ij} = \ell_{ij} - \overline{\ell_{i\cdot}} = s_{ij} + r_{ij}`,
+        :math:`s_{ij} = \bar q\cdot(k_j - \bar k_{(i)})`,
+        :math:`r_{ij} = (q_i - \bar q)\cdot(k_j - \bar k_{(i)})`;
         ``"var_centred"``: the mean of :math:`c_{ij}^2`; ``"n_pairs"``.
 
     Raises

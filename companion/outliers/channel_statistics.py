@@ -1,10 +1,9 @@
 """Per-layer, per-channel statistics of a real model's residual stream, streamed over a corpus.
 
-:func:`channel_statistics` runs the model over any number of texts in batches and keeps, per layer
-``l`` and channel ``j``, the mean, variance, min, max, max ``|x|`` and the exceedance counts
-``C_j(t) = #{tokens : |h_{l,j}| > t}`` for a grid of thresholds, in ``O(L · d · |t|)`` memory
-(:class:`ChannelStatistics`).  These are the measurements Theorem 2 is tested on.  An argument of
-the wrong type raises ``TypeError`` naming it.
+:func:`channel_statistics` keeps, per layer ``l`` and channel ``j``, the mean, variance, min, max,
+max ``|x|`` and the exceedance counts ``C_j(t) = #{tokens : |h_{l,j}| > t}`` on a grid of thresholds,
+in ``O(L · d · |t|)`` memory: the measurements Theorem 2 is tested on.  An argument of the wrong
+type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -24,33 +23,19 @@ __all__ = ["ChannelStatistics", "channel_statistics"]
 
 @dataclass(frozen=True)
 class ChannelStatistics:
-    """Per-layer, per-channel statistics of the residual stream over a corpus.
+    """Per-layer, per-channel statistics of the residual stream over a corpus."""
 
-    Attributes
-    ----------
-    mean, var, min, max, max_abs : numpy.ndarray, shape ``[L+1, d]``, float64
-        ``var`` is the population variance ``(1/N) Σ (x − mean)²`` over the ``N`` tokens.
-    counts : numpy.ndarray, shape ``[L+1, len(thresholds), d]``, int64
-        ``C_j(t) = #{tokens : |h_j| > t}`` (strict inequality).
-    thresholds : numpy.ndarray, shape ``[len(thresholds)]``
-    n_tokens : int
-        Number of tokens ``N`` that entered (pads and, with ``skip_first``, first tokens excluded).
-    n_texts : int
-    skip_first : bool
-    model : str
-    """
-
-    mean: np.ndarray
-    var: np.ndarray
-    min: np.ndarray
-    max: np.ndarray
-    max_abs: np.ndarray
-    counts: np.ndarray
-    thresholds: np.ndarray
-    n_tokens: int
-    n_texts: int
-    skip_first: bool
-    model: str
+    mean: np.ndarray  #: ``[L+1, d]`` float64 channel means
+    var: np.ndarray  #: ``[L+1, d]``: population variance ``(1/N) Σ (x − mean)²`` over the ``N`` tokens
+    min: np.ndarray  #: ``[L+1, d]`` smallest value
+    max: np.ndarray  #: ``[L+1, d]`` largest value
+    max_abs: np.ndarray  #: ``[L+1, d]`` largest ``|x|``
+    counts: np.ndarray  #: ``[L+1, len(thresholds), d]`` int64: ``C_j(t) = #{tokens : |h_j| > t}`` (strict)
+    thresholds: np.ndarray  #: the thresholds ``t``
+    n_tokens: int  #: tokens ``N`` that entered (pads and, with ``skip_first``, first tokens excluded)
+    n_texts: int  #: number of texts
+    skip_first: bool  #: whether the first token of every text was left out
+    model: str  #: name of the model
 
     @property
     def std(self) -> np.ndarray:
@@ -78,8 +63,8 @@ def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, 
     max_length : int or None
         Truncation length (default ``m.max_length``).
     skip_first : bool, default False
-        Exclude the first token of every text.  The first token carries the "massive activations" of :cite:t:`sun2024massive` (attention sinks);
-        excluding it separates the typical tokens from that one position.
+        Exclude the first token of every text, which carries the "massive activations" of
+        :cite:t:`sun2024massive` (attention sinks).
     progress : bool, default False
         Show a tqdm progress bar over batches (``TQDM_DISABLE=1`` turns it off).
 
@@ -90,13 +75,8 @@ def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, 
     Raises
     ------
     ValueError
-        If ``texts`` is empty or contains an empty string, thresholds are negative/NaN/empty, ``batch_size`` < 1, or no token is left (e.g. one-token
-        texts with ``skip_first``).
-
-    Examples
-    --------
-    >>> channel_statistics(m, corpus_sentences(64), [1, 5, 20]).counts.shape   # doctest: +SKIP
-    (31, 3, 576)
+        If ``texts`` is empty or holds an empty string, thresholds are negative/NaN/empty,
+        ``batch_size`` < 1, or no token is left (e.g. one-token texts with ``skip_first``).
     """
     check_model(m)
     t = check_thresholds(thresholds)

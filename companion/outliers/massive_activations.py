@@ -3,9 +3,8 @@ r"""Massive activations (Sun et al. 2024): where they appear, how large, and the
 :cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median in
 fixed channels at the first token of large language models, and test them by an ablation: set them
 to zero (the model breaks) or to their mean (nothing changes), watching the loss and the attention
-paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  Intervals over prompts:
-:func:`companion.theory.bootstrap.bootstrap_interval`.  An argument of the wrong type raises
-``TypeError`` naming it.
+paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  An argument of the wrong
+type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -36,20 +35,11 @@ def _model_texts_channel(m, texts, channel, causal: bool) -> tuple[list[str], in
 
 @dataclass(frozen=True)
 class FirstTokenProfile:
-    """One channel of the residual stream at the first position, for every layer and text.
+    """One channel of the residual stream at the first position, for every layer and text."""
 
-    Attributes
-    ----------
-    values : numpy.ndarray, shape ``[L+1, n_texts]``
-        :math:`h_\\ell[0, j]` (layer 0 = embeddings).
-    median_abs : numpy.ndarray, shape ``[L+1]``
-        Median :math:`|h_\\ell|` over the real tokens and channels of the texts.
-    channel : int
-    """
-
-    values: np.ndarray
-    median_abs: np.ndarray
-    channel: int
+    values: np.ndarray  #: ``[L+1, n_texts]``: :math:`h_\ell[0, j]` (layer 0 = embeddings)
+    median_abs: np.ndarray  #: ``[L+1]``: median :math:`|h_\ell|` over the texts' real tokens and channels
+    channel: int  #: the channel ``j``
 
     @property
     def mean(self) -> np.ndarray:
@@ -99,12 +89,6 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
     ------
     ValueError
         If ``channel`` is outside the width or ``texts`` is empty.
-
-    Examples
-    --------
-    >>> prof = first_token_profile(load("smollm2-135m"), corpus_sentences(32), 507)  # doctest: +SKIP
-    >>> prof.emergence_layer()                                                       # doctest: +SKIP
-    12
     """
     from companion.transformers import stream
     from companion.transformers.models import tokenize
@@ -124,27 +108,16 @@ def first_token_profile(m, texts, channel: int, max_length: int | None = None,
 
 @dataclass(frozen=True)
 class AblationRun:
-    """Per-text loss and first-token attention of one (possibly ablated) run.
+    """Per-text loss and first-token attention of one (possibly ablated) run."""
 
-    Attributes
-    ----------
-    loss : numpy.ndarray, shape ``[n_texts]``
-        Mean next-token cross-entropy (nats) of each text.
-    sink : numpy.ndarray, shape ``[n_texts, L]``
-        Attention weight on the first token, averaged over the heads and the query positions ``1 .. n-1`` of each text, per block.
-    layer : int or None
-        The residual-stream layer :math:`h_\\ell` that was edited (None: no edit).
-    channel, position : int
-    value : float or None
-        The value written (None: no edit).
-    """
-
-    loss: np.ndarray
+    loss: np.ndarray  #: ``[n_texts]``: mean next-token cross-entropy (nats) of each text
+    #: ``[n_texts, L]``: attention weight on the first token, averaged over the heads and the query
+    #: positions ``1 .. n-1`` of each text, per block
     sink: np.ndarray
-    layer: int | None
-    channel: int
-    position: int
-    value: float | None
+    layer: int | None  #: the residual-stream layer :math:`h_\ell` that was edited (None: no edit)
+    channel: int  #: the channel edited
+    position: int  #: the position edited
+    value: float | None  #: the value written (None: no edit)
 
 
 def ablate_activation(m, texts, layer: int | None, channel: int, value: float | None,
@@ -159,10 +132,10 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     texts : sequence of str
         Every text needs at least two tokens.
     layer : int or None
-        Residual-stream layer :math:`\ell \in [1, L]` (the output of block :math:`\ell-1`); None runs the model untouched (the baseline).
+        Residual-stream layer :math:`\ell \in [1, L]` (output of block :math:`\ell-1`); None: baseline run.
     channel : int
     value : float or None
-        The value written at that layer, position and channel (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
+        The value written (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
     position : int, default 0
     batch_size : int, default 16
     max_length : int or None
@@ -174,12 +147,8 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     Raises
     ------
     ValueError
-        For an encoder, a layer outside ``[1, L]``, a channel outside the width, ``layer`` and ``value`` not both None or both set, or a text of one
-        token.
-
-    Examples
-    --------
-    >>> zero = ablate_activation(m, texts, 12, 507, 0.0)       # doctest: +SKIP
+        For an encoder, a layer outside ``[1, L]``, a channel outside the width, only one of ``layer``
+        and ``value`` None, or a text of one token.
     """
     import torch
 
@@ -198,8 +167,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
         value = check_real(value, "value")
 
     def edit(module, args, output):
-        hs = output[0] if isinstance(output, tuple) else output
-        hs = hs.clone()
+        hs = (output[0] if isinstance(output, tuple) else output).clone()
         if hs.shape[1] > position:
             hs[:, position, channel] = value
         return (hs,) + tuple(output[1:]) if isinstance(output, tuple) else hs

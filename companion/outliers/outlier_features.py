@@ -1,11 +1,10 @@
 r"""Outlier features in the sense of LLM.int8() (Dettmers et al. 2022), measured per layer.
 
-:cite:t:`dettmers2022llmint8` call a hidden feature dimension an *outlier feature* when its
-magnitude is at least 6.0 in the inputs of the linear layers that follow a normalisation (the
-attention projections and the FFN expansion), in at least 25% of the layers and at least 6%
-of the sequence positions; with that criterion they find systematic outliers emerge around 6.7B
-parameters.  This module reads exactly those inputs with forward pre-hooks and applies the
-criterion.  An argument of the wrong type raises ``TypeError`` naming it.
+:cite:t:`dettmers2022llmint8` call a hidden feature dimension an *outlier feature* when its magnitude
+reaches 6.0 in the inputs of the linear layers after a normalisation (attention projections, FFN
+expansion) in at least 25% of the layers and 6% of the positions; they find such features emerge
+around 6.7B parameters.  Those inputs are read with forward pre-hooks.  An argument of the wrong
+type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -25,26 +24,14 @@ _QUERY_NAMES = ("self_attn.q_proj", "attention.self.query", "attn.q_proj")
 
 @dataclass(frozen=True)
 class OutlierFeatureStatistics:
-    """Share of positions with :math:`|x| \\ge` threshold, per linear-input site and feature.
+    """Share of positions with :math:`|x| \\ge` threshold, per linear-input site and feature."""
 
-    Attributes
-    ----------
-    share : numpy.ndarray, shape ``[2L, d]``
-        Row ``2l`` is the attention input of block ``l``, row ``2l+1`` its FFN input.
-    max_abs : numpy.ndarray, shape ``[2L, d]``
-    n_positions : int
-        Real positions (pads excluded) behind every share.
-    threshold : float
-    n_layers : int
-    model : str
-    """
-
-    share: np.ndarray
-    max_abs: np.ndarray
-    n_positions: int
-    threshold: float
-    n_layers: int
-    model: str
+    share: np.ndarray  #: ``[2L, d]``: row ``2l``: the attention input of block ``l``; ``2l+1``: its FFN input
+    max_abs: np.ndarray  #: ``[2L, d]``: largest ``|x|`` at each site
+    n_positions: int  #: real positions (pads excluded) behind every share
+    threshold: float  #: the magnitude criterion
+    n_layers: int  #: number of blocks ``L``
+    model: str  #: name of the model
 
     def affected_layers(self, position_share: float = 0.06) -> np.ndarray:
         """Bool ``[L, d]``: feature ``j`` reaches the threshold on at least ``position_share`` of
@@ -95,7 +82,8 @@ def _linear_input_sites(m) -> list:
 
 
 def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int = 8,
-                               max_length: int | None = None, skip_first: bool = False) -> OutlierFeatureStatistics:
+                               max_length: int | None = None,
+                               skip_first: bool = False) -> OutlierFeatureStatistics:
     r"""Per block and feature, the share of positions where a normalised linear input reaches ``threshold``.
 
     Parameters
@@ -118,10 +106,6 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     ValueError
         If ``texts`` is empty, ``threshold < 0``, no position is left, or a block has no recognisable
         query projection or FFN expansion.
-
-    Examples
-    --------
-    >>> outlier_feature_statistics(load("minilm-l6"), corpus_sentences(64)).systematic()  # doctest: +SKIP
     """
     import torch
 

@@ -1,7 +1,6 @@
 r"""Channel regimes of real residual streams: predicted versus observed counts, tails, top activations.
 
-The analysis of the chapter :doc:`/book/outliers_real_models` (derivations, regimes, the meaning of
-the bounds and diagnostics), applied to the statistics of
+The analysis of the chapter :doc:`/book/outliers_real_models`, applied to the statistics of
 :func:`companion.outliers.channel_statistics.channel_statistics` (means :math:`\mu_j`, variances,
 counts :math:`C_j(t) = \#\{i : |h_{ij}| > t\}`).  Per-channel arrays have the channel axis last
 (``mu[..., d]``); per-threshold results have shape ``[..., n_t, d]``, the layout of
@@ -64,13 +63,13 @@ def classify_regime(mu, sigma, thresholds, centred_tol: float = 0.1) -> np.ndarr
     Returns
     -------
     numpy.ndarray of int8, shape ``[..., n_t, d]``
-        Codes into :data:`REGIMES`: 2 if :math:`|\mu_j| > t` (mean-dominated, Theorem 1 applies), 0 if the channel is centred and :math:`|\mu_j| \le
-        t`, 1 otherwise.
+        Codes into :data:`REGIMES`: 2 if :math:`|\mu_j| > t` (mean-dominated, Theorem 1 applies),
+        0 if the channel is centred and :math:`|\mu_j| \le t`, 1 otherwise.
 
     Raises
     ------
     ValueError
-        If an input holds NaN/inf, ``sigma < 0``, shapes differ, a threshold is negative or ``centred_tol < 0``.
+        If an input is not finite, shapes differ, or ``sigma``, a threshold or ``centred_tol`` is negative.
 
     Examples
     --------
@@ -105,14 +104,16 @@ def predicted_counts(mu, sigma, thresholds, n_tokens) -> dict[str, np.ndarray]:
     Returns
     -------
     dict of numpy.ndarray, each of shape ``[..., n_t, d]``
-        ``"gaussian"``: :math:`N\,P(|\mu_j + \sigma_j G| > t)`, :math:`G \sim N(0,1)`; ``"lower"``: the one-sided Theorem 1 bound :math:`N(1 -
-        e^{-(|\mu_j|-t)_+^2/(2\sigma_j^2)})`; ``"notes_lower"``: the note's :math:`N(1 - 2e^{-(|\mu_j|-t)^2/(2\sigma_j^2)})` where :math:`|\mu_j| > t`
-        (NaN elsewhere, possibly negative); ``"upper"``: :math:`N\min(1, e^{-(t-|\mu_j|)_+^2/(2\sigma_j^2)} + e^{-(t+|\mu_j|)^2/(2\sigma_j^2)})`.
+        ``"gaussian"``: :math:`N\,P(|\mu_j + \sigma_j G| > t)`, :math:`G \sim N(0,1)`; ``"lower"``: the
+        one-sided Theorem 1 bound :math:`N(1 - e^{-(|\mu_j|-t)_+^2/(2\sigma_j^2)})`; ``"notes_lower"``: the
+        note's :math:`N(1 - 2e^{-(|\mu_j|-t)^2/(2\sigma_j^2)})` where :math:`|\mu_j| > t` (NaN elsewhere,
+        possibly negative); ``"upper"``:
+        :math:`N\min(1, e^{-(t-|\mu_j|)_+^2/(2\sigma_j^2)} + e^{-(t+|\mu_j|)^2/(2\sigma_j^2)})`.
 
     Raises
     ------
     ValueError
-        If ``n_tokens < 1``, ``sigma <= 0`` somewhere, a threshold is negative, an input is not finite or ``mu`` and ``sigma`` differ in shape.
+        If ``n_tokens < 1``, ``sigma <= 0`` somewhere, or as :func:`classify_regime`.
 
     Examples
     --------
@@ -139,37 +140,23 @@ def _predicted_counts(m: np.ndarray, s: np.ndarray, t: np.ndarray, n: int) -> di
 class CountComparison:
     """Observed against predicted exceedance counts, summed over the channels of each regime.
 
-    Every array has shape ``[..., n_t, 3]`` (the leading axes of ``mu``, e.g. layers; the last
-    axis indexes :data:`REGIMES`) unless stated otherwise.
-
-    Attributes
-    ----------
-    thresholds : numpy.ndarray, shape ``[n_t]``
-    n_tokens : int
-    n_channels : numpy.ndarray of int
-        Channels in each regime.
-    observed, gaussian, lower, upper : numpy.ndarray
-        Sums over the regime's channels of the observed counts, the exact-Gaussian expectation and the Theorem 1 / Theorem 2 bounds of
-        :func:`predicted_counts`.
-    lower_violations, upper_violations : numpy.ndarray of int
-        Channels whose observed count is significantly (level ``alpha``, binomial test) below the lower bound or above the upper bound.
-    channel_lower_violation, channel_upper_violation : numpy.ndarray of bool, shape ``[..., d]``
-        Per channel: whether it violates the bound at some threshold of the grid.
-    alpha : float
+    Arrays have shape ``[..., n_t, 3]`` (the leading axes of ``mu``, e.g. layers; the last axis
+    indexes :data:`REGIMES`) unless stated otherwise.
     """
 
-    thresholds: np.ndarray
-    n_tokens: int
-    n_channels: np.ndarray
-    observed: np.ndarray
-    gaussian: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
+    thresholds: np.ndarray  #: the thresholds, ``[n_t]``
+    n_tokens: int  #: tokens ``N`` behind the statistics
+    n_channels: np.ndarray  #: channels in each regime (int)
+    observed: np.ndarray  #: sum over the regime's channels of the observed counts
+    gaussian: np.ndarray  #: the same sum of the exact-Gaussian expectations of :func:`predicted_counts`
+    lower: np.ndarray  #: the same sum of the Theorem 1 lower bounds
+    upper: np.ndarray  #: the same sum of the Theorem 2 upper bounds
+    #: channels whose observed count is significantly (binomial test at level ``alpha``) below the lower bound
     lower_violations: np.ndarray
-    upper_violations: np.ndarray
-    channel_lower_violation: np.ndarray
-    channel_upper_violation: np.ndarray
-    alpha: float
+    upper_violations: np.ndarray  #: the same above the upper bound
+    channel_lower_violation: np.ndarray  #: ``[..., d]`` bool: below the bound at some threshold of the grid
+    channel_upper_violation: np.ndarray  #: ``[..., d]`` bool: above the bound at some threshold of the grid
+    alpha: float  #: level of the binomial tests
 
     def ratio(self, regime: str | None = None) -> np.ndarray:
         """Observed / Gaussian-predicted total, for one regime (name) or all channels (None).
@@ -208,11 +195,8 @@ def compare_counts(counts, mu, sigma, thresholds, n_tokens, centred_tol: float =
     ----------
     counts : array_like of int, shape ``[..., n_t, d]``
         Observed exceedance counts (``ChannelStatistics.counts``).
-    mu, sigma : array_like, shape ``[..., d]``
-        Channel means and standard deviations from the same tokens (``sigma > 0``).
-    thresholds : array_like, shape ``[n_t]``
-    n_tokens : int
-        Number of tokens :math:`N` behind the statistics.
+    mu, sigma, thresholds, n_tokens
+        As in :func:`predicted_counts`, from the same tokens.
     centred_tol : float, default 0.1
         See :func:`classify_regime`.
     alpha : float, default 1e-3
@@ -225,7 +209,8 @@ def compare_counts(counts, mu, sigma, thresholds, n_tokens, centred_tol: float =
     Raises
     ------
     ValueError
-        If shapes disagree, counts are negative, non-integer or exceed ``n_tokens``, or ``alpha`` is not in (0, 1); see also :func:`predicted_counts`.
+        If shapes disagree, counts are not integers in ``[0, n_tokens]``, ``alpha`` is not in (0, 1),
+        or as :func:`predicted_counts`.
 
     Examples
     --------
@@ -287,10 +272,6 @@ def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> l
     ------
     ValueError
         If ``texts`` is empty or ``max_tokens < 1``.
-
-    Examples
-    --------
-    >>> sub = corpus_subset(load("minilm-l6"), load_corpus(), 2000)   # doctest: +SKIP
     """
     budget = check_int(max_tokens, "max_tokens", 1)
     texts = check_texts(texts)
@@ -329,8 +310,9 @@ def tail_diagnostics(x) -> dict[str, np.ndarray]:
     Returns
     -------
     dict
-        ``"mean"``, ``"std"`` (population, ``ddof=0``), ``"excess_kurtosis"`` :math:`m_4/m_2^2 - 3`, ``"max_abs_z"`` :math:`\max_i |x_i - \bar x|/s`,
-        each of shape ``[d]``, and ``"n"`` (int).  Constant channels get NaN kurtosis and ``max_abs_z`` 0.
+        ``"mean"``, ``"std"`` (population, ``ddof=0``), ``"excess_kurtosis"`` :math:`m_4/m_2^2 - 3`,
+        ``"max_abs_z"`` :math:`\max_i |x_i - \bar x|/s`, each of shape ``[d]``, and ``"n"`` (int).
+        Constant channels get NaN kurtosis and ``max_abs_z`` 0.
 
     Raises
     ------
@@ -409,27 +391,28 @@ def gaussian_max_abs_quantile(n, q: float = 0.5):
 
 
 def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
-    r"""Plug-in estimate of the optimal variance proxy, :math:`\sup_\lambda 2\log\hat E e^{\lambda(X-\bar X)}/\lambda^2`.
+    r"""Plug-in optimal variance proxy :math:`\sup_\lambda 2\log\hat E e^{\lambda(X-\bar X)}/\lambda^2`.
 
     Parameters
     ----------
     x : array_like, shape ``[n]`` or ``[n, d]``
         Samples along axis 0 (at least 4), channels along axis 1; no constant channel.
     s_grid : array_like or None
-        Values of :math:`s = \lambda\hat\sigma_j` (the grid is standardised per channel), all non-zero.  Default: 80 points, :math:`\pm` a geometric
-        grid from 0.05 to 8.
+        Non-zero values of :math:`s = \lambda\hat\sigma_j` (the grid is standardised per channel).
+        Default: 80 points, :math:`\pm` a geometric grid from 0.05 to 8.
 
     Returns
     -------
     dict
-        ``"ratio"``: the estimate divided by the sample variance (1 for a Gaussian in the limit), ``"proxy"``: the estimate :math:`\hat\sigma^2_{\rm
-        opt}`, ``"s_star"``: the maximising :math:`s`, each of shape ``[d]``; ``"s_grid"``.
+        ``"ratio"``: the estimate over the sample variance (1 for a Gaussian in the limit), ``"proxy"``:
+        the estimate :math:`\hat\sigma^2_{\rm opt}`, ``"s_star"``: the maximising :math:`s`, each of
+        shape ``[d]``; ``"s_grid"``.
 
     Raises
     ------
     ValueError
-        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance exceeds the float64 range, or ``s_grid`` is empty, not
-        1-D or contains 0 or non-finite values.
+        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance exceeds
+        the float64 range, or ``s_grid`` is empty, not 1-D or contains 0 or non-finite values.
 
     Examples
     --------
@@ -457,10 +440,8 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
         std = np.ldexp(std_c, e_c)
         overflow = not np.isfinite(std * std).all()
     if overflow:
-        raise ValueError(
-            f"the variance of x exceeds the float64 range (standard deviation up to "
-            f"{np.max(std):.4g}); rescale x (the ratio does not depend on the unit)"
-        )
+        raise ValueError(f"the variance of x exceeds the float64 range (standard deviation up to "
+                         f"{np.max(std):.4g}); rescale x (the ratio does not depend on the unit)")
     best = np.full(a.shape[1], -np.inf)
     arg = np.zeros(a.shape[1])
     log_n = math.log(n)
@@ -474,7 +455,7 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
 
 
 def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]:
-    r"""The ``k`` largest :math:`|h|` entries of each layer, where they sit, and the layer's median :math:`|h|`.
+    r"""The ``k`` largest :math:`|h|` of each layer, where they sit, and the layer's median :math:`|h|`.
 
     Parameters
     ----------
@@ -488,14 +469,15 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     Returns
     -------
     dict of numpy.ndarray
-        ``"value"`` (signed), ``"batch"``, ``"position"``, ``"channel"`` of shape ``[L+1, k]``, sorted by decreasing :math:`|h|`; ``"median_abs"`` of
-        shape ``[L+1]``, the median of :math:`|h|` over real tokens and channels; ``"ratio"`` = ``|value| / median_abs``.
+        ``"value"`` (signed), ``"batch"``, ``"position"``, ``"channel"`` of shape ``[L+1, k]``, by
+        decreasing :math:`|h|`; ``"median_abs"`` of shape ``[L+1]``, the median of :math:`|h|` over real
+        tokens and channels; ``"ratio"`` = ``|value| / median_abs``.
 
     Raises
     ------
     ValueError
-        If ``h`` is not 4-D, the mask does not match ``h``'s batch and token axes or masks every position, ``k`` is not in ``[1, number of real
-        entries]``, or ``h`` has NaN/inf.
+        If ``h`` is not 4-D or not finite, the mask does not match its batch and token axes or masks
+        every position, or ``k`` is not in ``[1, number of real entries]``.
 
     Examples
     --------
@@ -515,7 +497,8 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     if attention_mask is None:
         mask = np.ones((B, T), dtype=bool)
     else:
-        raw = attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else np.asarray(attention_mask)
+        raw = (attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach")
+               else np.asarray(attention_mask))
         if not (raw.dtype == bool or np.issubdtype(raw.dtype, np.number)):
             raise TypeError(f"attention_mask must be a boolean or 0/1 array, got dtype {raw.dtype}")
         mask = raw != 0
@@ -544,7 +527,8 @@ def _check_statistics(st) -> None:
 
     if not isinstance(st, ChannelStatistics):
         raise TypeError(f"st must be a companion.outliers.channel_statistics.ChannelStatistics (from "
-                        f"channel_statistics or experiments.channel_statistics.statistics_of), got {type(st).__name__}")
+                        "channel_statistics or experiments.channel_statistics.statistics_of), "
+                        f"got {type(st).__name__}")
 
 
 def coarsen_thresholds(st, step: int = 2, start: int = 0):
@@ -586,8 +570,8 @@ def max_abs_z(st) -> np.ndarray:
     Returns
     -------
     numpy.ndarray, shape ``[L+1, d]``
-        :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a constant channel with a non-zero deviation, NaN for
-        ``0/0``).
+        :math:`\max(\max_i h_{ij} - \mu_j,\ \mu_j - \min_i h_{ij})/\sigma_j` (``inf`` for a constant
+        channel with a non-zero deviation, NaN for ``0/0``).
     """
     _check_statistics(st)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -1,8 +1,7 @@
 """Residual stacks in plain PyTorch: Pre-LN / Post-LN and scaled residuals.
 
-:class:`~companion.stacks.residual.StackConfig` describes a stack;
-:class:`~companion.stacks.residual.ResidualStack` is ``L`` blocks acting on the residual stream
-``h`` (``[batch, tokens, d_model]``), each sublayer (attention, MLP) being one residual add
+:class:`StackConfig` describes a stack; :class:`ResidualStack` is ``L`` blocks acting on the residual
+stream ``h`` (``[batch, tokens, d_model]``), each sublayer (attention, MLP) being one residual add
 
 .. code-block:: text
 
@@ -28,7 +27,7 @@ from torch import nn
 from companion._validation import check_int, check_real, check_vector, is_int, is_real
 
 __all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales",
-           "forward_sq_norms", "last_layer_grad_norm", "last_layer_grad_norms"]
+           "forward_sq_norms", "last_layer_grad_norms"]
 
 _CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm"),
             "block": ("mlp", "attention", "both"), "init": ("xavier", "normal")}
@@ -37,48 +36,12 @@ _NORMAL_STD = 0.02
 
 @dataclass(frozen=True)
 class StackConfig:
-    """Description of a residual stack (and, with ``vocab_size``, of a TinyLM).
-
-    Parameters
-    ----------
-    d_model : int, default 64
-        Width of the residual stream.
-    n_layers : int, default 8
-        Number of blocks ``L``.
-    n_heads : int, default 4
-        Attention heads; must divide ``d_model``.
-    d_ff : int or None, default None
-        Hidden width of the MLP; ``None`` means ``4 * d_model``.
-    placement : {"pre", "post"}
-        Where the normalisation sits (see the module docstring).
-    norm : {"layernorm", "rmsnorm"}
-        ``torch.nn.LayerNorm`` or ``torch.nn.RMSNorm``, with ``eps``.
-    block : {"mlp", "attention", "both"}
-        Sublayers of each block (``"both"``: attention then MLP, each its own residual add).
-    residual_scale, branch_scale : float, default 1.0
-        ``lam`` and ``beta`` in ``h <- lam h + beta F(h)``.
-    gain : float, default 1.0
-        Multiplies the initial std of each output projection (``w_o``, ``w_out``).
-    init : {"xavier", "normal"}
-        ``"xavier"``: ``N(0, 2/(fan_in + fan_out))`` weights, zero biases and a zero query map
-        (uniform attention, Xiong et al.); ``"normal"``: ``N(0, 0.02^2)`` (GPT-2).
-    final_norm : bool, default True
-        Apply a norm after the last block.
-    eps : float, default 1e-5
-        Epsilon of every norm.
-    vocab_size : int or None
-        Vocabulary of a TinyLM; ``None`` for a bare stack.
-    max_len : int, default 256
-        Longest sequence a TinyLM accepts.
-    seed : int, default 0
-        Seed of the initialisation.
+    """Description of a residual stack (and, with ``vocab_size``, of a TinyLM), field by field below.
 
     Raises
     ------
-    TypeError
-        If a field has the wrong type (NaN or inf for a float).
-    ValueError
-        If a field is out of range or a name is unknown.
+    TypeError, ValueError
+        If a field has the wrong type (NaN or inf for a float), is out of range or names an unknown choice.
 
     Examples
     --------
@@ -87,22 +50,25 @@ class StackConfig:
     True
     """
 
-    d_model: int = 64
-    n_layers: int = 8
-    n_heads: int = 4
-    d_ff: int | None = None
-    placement: str = "pre"
-    norm: str = "layernorm"
+    d_model: int = 64  #: width of the residual stream
+    n_layers: int = 8  #: number of blocks ``L``
+    n_heads: int = 4  #: attention heads; must divide ``d_model``
+    d_ff: int | None = None  #: hidden width of the MLP; ``None`` means ``4 * d_model``
+    placement: str = "pre"  #: ``"pre"`` or ``"post"``: where the norm sits (see the module docstring)
+    norm: str = "layernorm"  #: ``"layernorm"`` or ``"rmsnorm"`` (the torch norm of that name, with ``eps``)
+    #: ``"mlp"``, ``"attention"`` or ``"both"`` (attention then MLP, each its own residual add)
     block: str = "both"
-    residual_scale: float = 1.0
-    branch_scale: float = 1.0
-    gain: float = 1.0
+    residual_scale: float = 1.0  #: ``lam`` in ``h <- lam h + beta F(h)``
+    branch_scale: float = 1.0  #: ``beta`` in ``h <- lam h + beta F(h)``
+    gain: float = 1.0  #: multiplies the initial std of each output projection (``w_o``, ``w_out``)
+    #: ``"xavier"``: ``N(0, 2/(fan_in + fan_out))`` weights, zero biases and a zero query map (uniform
+    #: attention, Xiong et al.); ``"normal"``: ``N(0, 0.02^2)`` (GPT-2)
     init: str = "xavier"
-    final_norm: bool = True
-    eps: float = 1e-5
-    vocab_size: int | None = None
-    max_len: int = 256
-    seed: int = 0
+    final_norm: bool = True  #: apply a norm after the last block
+    eps: float = 1e-5  #: epsilon of every norm
+    vocab_size: int | None = None  #: vocabulary of a TinyLM; ``None`` for a bare stack
+    max_len: int = 256  #: longest sequence a TinyLM accepts
+    seed: int = 0  #: seed of the initialisation
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "max_len", "seed"):
@@ -211,7 +177,7 @@ def _make_norm(config: StackConfig) -> nn.Module:
     return nn.RMSNorm(config.d_model, eps=config.eps)
 
 
-class CausalSelfAttention(nn.Module):
+class _CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: ``softmax(QK^T / sqrt(d_head) + causal mask) V W_o``."""
 
     def __init__(self, config: StackConfig, g: torch.Generator):
@@ -236,7 +202,7 @@ class CausalSelfAttention(nn.Module):
         return self.w_o(y.transpose(1, 2).reshape(B, T, d))
 
 
-class MLP(nn.Module):
+class _MLP(nn.Module):
     """``ReLU(x W_in + b_in) W_out + b_out`` (Xiong et al.'s feed-forward block)."""
 
     def __init__(self, config: StackConfig, g: torch.Generator):
@@ -250,49 +216,36 @@ class MLP(nn.Module):
         return self.w_out(torch.relu(self.w_in(x)))
 
 
-class Sublayer(nn.Module):
+class _Sublayer(nn.Module):
     """One residual branch: its norm and its function ``F`` (attention or MLP)."""
 
     def __init__(self, config: StackConfig, kind: str, g: torch.Generator):
         super().__init__()
         self.kind = kind
         self.norm = _make_norm(config)
-        self.f = CausalSelfAttention(config, g) if kind == "attention" else MLP(config, g)
+        self.f = _CausalSelfAttention(config, g) if kind == "attention" else _MLP(config, g)
 
 
-class Block(nn.Module):
+class _Block(nn.Module):
     """The sublayers of one layer (attention then MLP for ``block="both"``)."""
 
     def __init__(self, config: StackConfig, layer: int):
         super().__init__()
         g = _layer_generator(config.seed, 0, layer)
-        self.sublayers = nn.ModuleList(Sublayer(config, kind, g) for kind in config.sublayers)
+        self.sublayers = nn.ModuleList(_Sublayer(config, kind, g) for kind in config.sublayers)
 
 
 @dataclass
 class StackOutput:
-    """Everything a forward pass of :class:`~companion.stacks.residual.ResidualStack` records.
+    """Everything a forward pass of :class:`~companion.stacks.residual.ResidualStack` records."""
 
-    Attributes
-    ----------
-    stream : Tensor [L+1, B, T, d]
-        ``stream[l]``: the stream before block ``l`` (after an injection there).
-    pre_norm : Tensor [L, B, T, d]
-        Input of block ``l``'s last norm (Post-LN: ``lam h + beta F(h)``; Pre-LN: the stream).
-    branch : Tensor [L, B, T, d]
-        ``beta * F(.)`` added by block ``l``, summed over its sublayers.
-    final : Tensor [B, T, d]
-        ``stream[L]`` after the final norm.
-    sublayer_norm_input, sublayer_branch : Tensor [L, S, B, T, d]
-        The same per sublayer (``S`` = 1 or 2).
-    """
-
-    stream: torch.Tensor
+    stream: torch.Tensor  #: ``[L+1, B, T, d]``: the stream before each block ``l`` (after an injection)
+    #: ``[L, B, T, d]``: input of block ``l``'s last norm (Post-LN: ``lam h + beta F(h)``; Pre-LN: the stream)
     pre_norm: torch.Tensor
-    branch: torch.Tensor
-    final: torch.Tensor
-    sublayer_norm_input: torch.Tensor
-    sublayer_branch: torch.Tensor
+    branch: torch.Tensor  #: ``[L, B, T, d]``: ``beta * F(.)`` added by block ``l``, summed over its sublayers
+    final: torch.Tensor  #: ``[B, T, d]``: ``stream[L]`` after the final norm
+    sublayer_norm_input: torch.Tensor  #: ``[L, S, B, T, d]``: ``pre_norm`` per sublayer (``S`` = 1 or 2)
+    sublayer_branch: torch.Tensor  #: ``[L, S, B, T, d]``: ``branch`` per sublayer
 
 
 def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
@@ -333,12 +286,12 @@ class ResidualStack(nn.Module):
         if not isinstance(config, StackConfig):
             raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
         self.config = config
-        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.blocks = nn.ModuleList(_Block(config, layer) for layer in range(config.n_layers))
         self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
 
     def _check_input(self, x) -> None:
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor of shape [batch, tokens, d_model], got {type(x).__name__}")
+            raise TypeError(f"x must be a torch.Tensor [batch, tokens, d_model], got {type(x).__name__}")
         if x.ndim != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"x must have shape [batch, tokens, {self.config.d_model}], "
                              f"got {tuple(x.shape)}")
@@ -461,12 +414,11 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
     Examples
     --------
     >>> st = sharpen_attention(ResidualStack(StackConfig(d_model=16, n_layers=1, n_heads=2)), 4.0)
-    >>> attn = st.blocks[0].sublayers[0].f
-    >>> bool(attn.w_q.weight.abs().sum() > 0)
+    >>> bool(st.blocks[0].sublayers[0].f.w_q.weight.abs().sum() > 0)
     True
     """
     if not isinstance(stack, ResidualStack):
-        raise TypeError(f"stack must be a companion.stacks.residual.ResidualStack, got {type(stack).__name__}")
+        raise TypeError(f"stack must be a ResidualStack, got {type(stack).__name__}")
     sigma = check_real(logit_std, "logit_std", lo=0.0, lo_open=True)
     seed = check_int(seed, "seed", 0)
     attention = [sub.f for blk in stack.blocks for sub in blk.sublayers if sub.kind == "attention"]
@@ -553,38 +505,6 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
             sums["pre_norm"] += out.pre_norm.double().pow(2).sum(-1).sum(1).cpu()
             sums["final"] += out.final.double().pow(2).sum(-1).sum(0).cpu()
     return {k: (v / (n_sequences * d)).numpy() for k, v in sums.items()}
-
-
-def last_layer_grad_norm(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
-                         seed: int = 0, device: str = "cpu") -> float:
-    r"""Frobenius norm of the loss gradient w.r.t. the last block's MLP output weight.
-
-    The last entry of :func:`~companion.stacks.residual.last_layer_grad_norms`, which defines the loss.
-
-    Parameters
-    ----------
-    config : StackConfig
-        Must contain an MLP.
-    n_sequences, seq_len, n_classes, seed, device
-        As in :func:`~companion.stacks.residual.last_layer_grad_norms`.
-
-    Returns
-    -------
-    float
-        :math:`\|\partial \tilde{\mathcal L} / \partial W^{2,L}\|_F`.
-
-    Raises
-    ------
-    ValueError
-        As :func:`~companion.stacks.residual.last_layer_grad_norms`.
-
-    Examples
-    --------
-    >>> cfg = StackConfig(d_model=16, n_layers=2, n_heads=2, d_ff=16)
-    >>> last_layer_grad_norm(cfg, n_sequences=2, seq_len=4) > 0
-    True
-    """
-    return float(last_layer_grad_norms(config, n_sequences, seq_len, n_classes, seed, device)[-1])
 
 
 def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, seed: int, device):

@@ -88,7 +88,7 @@ class TinyLM(nn.Module):
         return self.unembed(out.final), out
 
     def embed(self, ids) -> torch.Tensor:
-        """The input stream ``x_0 = E[ids] + P[positions]`` (``[batch, tokens, d_model]``); checks ``ids`` as :meth:`forward`."""
+        """The input stream ``x_0 = E[ids] + P[positions]``, ``[batch, tokens, d_model]`` (checks ``ids``)."""
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer torch.Tensor [batch, tokens], got {type(ids).__name__}"
                             + (f" of dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else ""))
@@ -112,7 +112,6 @@ class StackAdapter:
     Parameters
     ----------
     model : ResidualStack or TinyLM
-        The model.
     inputs : torch.Tensor
         ``[B, T, d]`` input stream for a ``ResidualStack``; ``[B, T]`` token ids for a ``TinyLM``.
     """
@@ -215,7 +214,6 @@ def unigram_loss(ids) -> float:
     Parameters
     ----------
     ids : 1-D integer tensor or array
-        Token ids.
 
     Returns
     -------
@@ -287,7 +285,7 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     if config.vocab_size != 256:
-        raise ValueError(f"train_tiny_lm tokenises bytes: config.vocab_size must be 256, got {config.vocab_size}")
+        raise ValueError(f"train_tiny_lm reads bytes: config.vocab_size must be 256, got {config.vocab_size}")
     _check_counts(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed)
     if warmup is not None and (not is_int(warmup) or warmup < 0):
         raise ValueError(f"warmup must be a non-negative integer or None, got {warmup!r}")
@@ -305,8 +303,8 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     model = TinyLM(config).to(device=device, dtype=dtype)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
     def rate(step):  # multiplier of lr: linear warm-up, then cosine to 0.1
         if step < warmup:
