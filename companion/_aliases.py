@@ -50,6 +50,9 @@ RENAMED = {
     "companion.perturbation.injection_window": "companion.injection.metrics.effect_window",
     "companion.engine.adapt": "companion.injection.engine._adapt",
     "companion.tails.empirical_tail": "companion.theory.empirical._empirical_tail",
+    "companion.stacks.last_layer_grad_norm": "companion.stacks.residual._last_layer_grad_norm",
+    **{f"companion.stacks.{n}": f"companion.stacks.residual._{n}"
+       for n in ("CausalSelfAttention", "MLP", "Sublayer", "Block")},
     "companion.quantization.max_rounding_error": "companion.applications.quantization._max_rounding_error",
     "companion.determinism.cpu_has_avx2": "companion.determinism._cpu_has_avx2",
     "companion.determinism.kernel_report": "companion.determinism._kernel_report",

@@ -523,6 +523,11 @@ def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, see
     return x, readout, labels
 
 
+def _last_layer_grad_norm(config, n_sequences=8, seq_len=32, n_classes=16, seed=0, device="cpu"):
+    """Release 0.1's ``last_layer_grad_norm`` (deprecated path): the last of :func:`last_layer_grad_norms`."""
+    return float(last_layer_grad_norms(config, n_sequences, seq_len, n_classes, seed, device)[-1])
+
+
 def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: int = 32, n_classes: int = 16,
                           seed: int = 0, device: str = "cpu", per_token: bool = False) -> np.ndarray:
     r"""Gradient norm of the last MLP output weight, for the stacks of every depth ``1..L`` at once.
