@@ -1,0 +1,189 @@
+"""Issue 30, the stored artefacts: a Result store and a TinyLM weight store that cannot be tricked.
+
+Each test names the falsifying input it was written from (the behaviour before the fix in brackets).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import os
+import tracemalloc
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from companion.experiments import store
+
+
+def _result(name="example", x=None, **scalars):
+    return store.Result(name=name, config={}, arrays={"x": np.arange(6.0) if x is None else x},
+                        scalars=scalars or {"a": 1.5}, versions={"numpy": np.__version__}, device="cpu",
+                        wall_time=0.25, schema="1.1", config_hash="0" * 16)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    return store.save_result(_result(), tmp_path)
+
+
+def _edit_text(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+# ------------------------------------------------------------------ the JSON's own content
+@pytest.mark.parametrize("old, new", [('"a": 1.5', '"a": 2.5'),                 # a scalar
+                                      ('"device": "cpu"', '"device": "cuda:0"'),
+                                      ('"wall_time": 0.25', '"wall_time": 0.5')])
+def test_an_edited_scalar_device_or_time_is_detected(saved, old, new):
+    """[an edited scalar was returned silently]"""
+    _edit_text(saved, old, new)
+    with pytest.raises(store.CorruptResultError, match="JSON does not match its SHA-256"):
+        store.load_result(saved)
+
+
+def test_a_json_without_its_own_checksum_loads_with_a_warning(saved):
+    meta = json.loads(saved.read_text())
+    del meta["json_sha256"]
+    saved.write_text(json.dumps(meta))
+    with pytest.warns(store.UnverifiedResultWarning, match="_add_checksums"):
+        assert store.load_result(saved).scalars == {"a": 1.5}
+    assert store._add_checksums(saved) is True
+    assert json.loads(saved.read_text())["json_sha256"] == store._json_digest(meta)
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 400, "-1e999", "NaN"])
+def test_an_out_of_range_number_is_a_damaged_result(saved, value):
+    """[wall_time = 10**400 raised TypeError from numpy.isfinite]"""
+    _edit_text(saved, '"wall_time": 0.25', f'"wall_time": {value}')
+    with pytest.raises(store.CorruptResultError):
+        store.load_result(saved)
+
+
+# ------------------------------------------------------------------ killed and concurrent writers
+def _killed_after_the_npz(folder):
+    real = os.replace
+
+    def replace_then_die(src, dst):
+        real(src, dst)
+        if str(dst).endswith(".npz"):
+            os._exit(9)  # killed between publishing the .npz and the JSON
+
+    store.os.replace = replace_then_die
+    store.save_result(_result(x=np.ones(6)), folder)
+
+
+def test_a_writer_killed_mid_publication_costs_one_read_and_its_files_are_cleaned(saved, monkeypatch):
+    """[every later read retried 50 times on the stale lock; the .json.tmp stayed forever]"""
+    proc = multiprocessing.get_context("fork").Process(target=_killed_after_the_npz, args=(saved.parent.parent,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 9
+    left = {p.name for p in saved.parent.iterdir()}
+    assert saved.with_suffix(".lock").name in left and any(n.endswith(".json.tmp") for n in left)
+    calls = {"n": 0}
+    real = store._read_pair
+
+    def counting(path):
+        calls["n"] += 1
+        return real(path)
+
+    monkeypatch.setattr(store, "_read_pair", counting)
+    with pytest.raises(store.CorruptResultError):
+        store.load_result(saved)  # the new .npz with the old JSON: damaged, read once
+    assert calls["n"] == 1
+    store.save_result(_result(), saved.parent.parent)  # the next writer cleans up
+    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name, saved.with_suffix(".npz").name]
+    assert store.load_result(saved).scalars == {"a": 1.5}
+
+
+def test_a_temp_file_of_a_live_writer_is_kept(saved):
+    live = saved.parent / f".{saved.stem}.{store._HOST}.{os.getpid()}.{'a' * 32}.npz.tmp"
+    live.write_bytes(b"in progress")
+    store.save_result(_result(), saved.parent.parent)
+    assert live.exists()
+
+
+def _write_many(folder, seed):
+    for k in range(5):
+        store.save_result(_result(x=np.full(6, seed * 10.0 + k)), folder)
+
+
+def test_concurrent_writers_leave_one_complete_pair(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_many, args=(tmp_path, s)) for s in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    path = tmp_path / "example" / ("0" * 16 + ".json")
+    x = store.load_result(path).arrays["x"]
+    assert np.all(x == x[0])
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.with_suffix(".npz").name]
+
+
+# ------------------------------------------------------------------ crafted .npz files
+def _npz_with_header(shape, data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("x.npy", "w") as fh:
+            np.lib.format.write_array_header_1_0(
+                fh, {"descr": "<f8", "fortran_order": False, "shape": shape})
+            fh.write(data)
+    return buf.getvalue()
+
+
+def test_a_decompression_bomb_is_refused_before_allocating(saved):
+    """[a 1 kB .npz whose header claims 10**7 floats made the reader allocate 80 MB]"""
+    blob = _npz_with_header((10 ** 7,), bytes(48))
+    saved.with_suffix(".npz").write_bytes(blob)
+    tracemalloc.start()
+    try:
+        with pytest.raises(store.CorruptResultError, match="declares"):
+            store.load_result(saved)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, peak
+
+
+def test_a_zip_member_larger_than_declared_is_refused(saved):
+    zeros = bytes(10 ** 7)  # 10 MB of zeros deflate to about 10 kB
+    saved.with_suffix(".npz").write_bytes(_npz_with_header((6,), zeros))
+    with pytest.raises(store.CorruptResultError, match="bytes"):
+        store.load_result(saved)
+
+
+# ------------------------------------------------------------------ names and links
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", "", "/abs", "x\\y"])
+def test_a_name_that_is_not_a_file_name_is_refused(tmp_path, name):
+    """[name='../escape' wrote the pair outside the destination folder]"""
+    dest = tmp_path / "dest"
+    with pytest.raises(ValueError, match="name"):
+        store.save_result(_result(name=name), dest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_config_hash_with_a_separator_is_refused(tmp_path):
+    r = _result()
+    r.config_hash = "../../x"
+    with pytest.raises(ValueError, match="config_hash"):
+        store.save_result(r, tmp_path / "dest")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_dangling_symlink_at_the_lock_is_not_followed(saved, tmp_path):
+    """[each save created the symlink's target]"""
+    target = tmp_path / "created-by-the-lock"
+    lock = saved.with_suffix(".lock")
+    lock.symlink_to(target)
+    store.save_result(_result(), saved.parent.parent)
+    assert not target.exists()
+    store.load_result(saved)
+    assert not target.exists()
