@@ -5,6 +5,7 @@ Each test names the falsifying input it was written from (the behaviour before t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
@@ -187,3 +188,80 @@ def test_a_dangling_symlink_at_the_lock_is_not_followed(saved, tmp_path):
     assert not target.exists()
     store.load_result(saved)
     assert not target.exists()
+
+
+# ------------------------------------------------------------------ the TinyLM weight store
+TINY_TRAINED = dict(widths=(8,), depths=(1,), placements=("pre",), n_heads=2, steps=2, batch_size=2,
+                    seq_len=16, warmup=1, eval_sequences=2, inject_start=4, inject_stop=8, n_directions=2)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    from companion.experiments import framework_trained as xf
+    cfg = xf.TrainedWindowsConfig(**TINY_TRAINED)
+    path = xf.save_models(xf.train_models(cfg), cfg, tmp_path_factory.mktemp("w") / "m.npz")
+    return xf, cfg, path, path.read_bytes(), path.with_suffix(".json").read_bytes()
+
+
+@pytest.fixture
+def fresh_weights(weights):
+    xf, cfg, path, npz, sidecar = weights
+    path.write_bytes(npz)
+    path.with_suffix(".json").write_bytes(sidecar)
+    return xf, cfg, path
+
+
+def _edit_weight(arrays):
+    key = sorted(arrays)[0]
+    arrays[key] = arrays[key].copy()
+    arrays[key].flat[0] = arrays[key].flat[0] + np.float16(1)
+
+
+def test_an_edited_weight_is_refused(fresh_weights):
+    """[a weight edited in the .npz loaded silently]"""
+    xf, cfg, path = fresh_weights
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    _edit_weight(arrays)
+    with open(path, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+    with pytest.raises(ValueError, match="damaged.*retrain"):
+        xf.load_models(path, cfg)
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.99])
+def test_a_truncated_weight_file_is_a_clear_error(fresh_weights, cut):
+    """[zipfile.BadZipFile: File is not a zip file]"""
+    xf, cfg, path = fresh_weights
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * cut)])
+    with pytest.raises(ValueError, match="damaged.*retrain"):
+        xf.load_models(path, cfg)
+
+
+def test_an_edited_loss_in_the_sidecar_is_refused(fresh_weights):
+    xf, cfg, path = fresh_weights
+    meta = json.loads(path.with_suffix(".json").read_text())
+    key = meta["models"][0]
+    meta["train_loss"][key][0] += 1.0
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="damaged.*retrain"):
+        xf.load_models(path, cfg)
+
+
+def test_weights_are_written_atomically(fresh_weights, monkeypatch):
+    """[np.savez_compressed wrote in place: a failed write left a half file and the old sidecar]"""
+    xf, cfg, path = fresh_weights
+    before = (path.read_bytes(), path.with_suffix(".json").read_bytes())
+    models = xf.load_models(path, cfg)
+
+    def full_disk(file, *args, **kwargs):  # half a file written, then the disk is full
+        with open(file, "wb") if isinstance(file, (str, Path)) else contextlib.nullcontext(file) as fh:
+            fh.write(b"PK\x03\x04 half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_write_npz", full_disk)
+    monkeypatch.setattr(np, "savez_compressed", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        xf.save_models(models, cfg, path)
+    assert (path.read_bytes(), path.with_suffix(".json").read_bytes()) == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["m.json", "m.npz"]

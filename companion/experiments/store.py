@@ -359,7 +359,8 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     ------
     TypeError, ValueError, OSError
         Not a Result or an object array (TypeError); an array name that is not an identifier
-        (ValueError); a folder that cannot be written (OSError).
+        (ValueError), or a name or config hash that is not a file name; a folder that cannot be
+        written (OSError).
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -374,10 +375,17 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     _check_file_name("config_hash", result.config_hash)
     base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
-    npz_path = path.with_suffix(".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: getattr(result, k) for k in ("name", "config", "scalars", "versions", "device", "wall_time",
                                             "schema", "config_hash", "created")}
+    _publish(path, meta, arrays)
+    result.path = path
+    return path
+
+
+def _publish(path: Path, meta: dict, arrays: dict) -> None:
+    """Write ``arrays`` beside the JSON ``path`` and ``meta`` with every checksum, atomically, as a pair."""
+    npz_path = path.with_suffix(".npz")
     meta["arrays"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "sha256": _array_digest(v)}
                       for k, v in arrays.items()}
     temps = []
@@ -394,8 +402,6 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
-    result.path = path
-    return path
 
 
 def _kind(value) -> str:
@@ -544,11 +550,15 @@ def load_result(path: str | Path) -> Result:
     ...     load_result(save_result(r, tmp)).arrays["x"].tolist()
     [0, 1, 2]
     """
-    path = Path(path)
+    return _read_retrying(lambda p: _read_pair(p)[0], Path(path))
+
+
+def _read_retrying(read, path: Path):
+    """``read(path)``, read again while a live writer replaces the pair meanwhile."""
     for attempt in range(_READ_ATTEMPTS):
         before = _pair_signature(path)
         try:
-            return _read_pair(path)[0]
+            return read(path)
         except CorruptResultError:
             # a writer publishing the pair while it was read is a race, not damage: read again
             raced = _wait_for_writer(path) or _pair_signature(path) != before
