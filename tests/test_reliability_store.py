@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from companion.experiments import store
 
@@ -265,3 +267,28 @@ def test_weights_are_written_atomically(fresh_weights, monkeypatch):
         xf.save_models(models, cfg, path)
     assert (path.read_bytes(), path.with_suffix(".json").read_bytes()) == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.json", "m.npz"]
+
+
+# ------------------------------------------------------------------ property: no edit goes unnoticed
+@settings(max_examples=60, deadline=None)
+@given(which=st.sampled_from([".json", ".npz"]), where=st.floats(0, 1, exclude_max=True),
+       byte=st.integers(0, 255))
+def test_any_one_byte_edit_is_detected_or_changes_nothing(which, where, byte):
+    """Either the edited pair raises CorruptResultError or it loads as exactly the original Result."""
+    import tempfile
+
+    original = _result(x=np.linspace(0.0, 1.0, 7), a=1.5, b=[1, 2])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = store.save_result(original, tmp)
+        target = path.with_suffix(which)
+        data = bytearray(target.read_bytes())
+        data[int(where * len(data))] = byte
+        target.write_bytes(bytes(data))
+        try:
+            got = store.load_result(path)
+        except store.CorruptResultError:
+            return
+    for key in ("name", "config", "scalars", "versions", "device", "wall_time", "schema", "config_hash"):
+        assert getattr(got, key) == getattr(original, key), key
+    np.testing.assert_array_equal(got.arrays["x"], original.arrays["x"])
+    assert got.arrays["x"].dtype == original.arrays["x"].dtype
