@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import tracemalloc
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -285,10 +286,19 @@ def test_any_one_byte_edit_is_detected_or_changes_nothing(which, where, byte):
         data[int(where * len(data))] = byte
         target.write_bytes(bytes(data))
         try:
-            got = store.load_result(path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", store.UnverifiedResultWarning)  # never demoted to unverified
+                got = store.load_result(path)
         except store.CorruptResultError:
             return
     for key in ("name", "config", "scalars", "versions", "device", "wall_time", "schema", "config_hash"):
         assert getattr(got, key) == getattr(original, key), key
     np.testing.assert_array_equal(got.arrays["x"], original.arrays["x"])
     assert got.arrays["x"].dtype == original.arrays["x"].dtype
+
+
+def test_a_renamed_checksum_field_is_damage_not_an_old_file(saved):
+    """[renaming json_sha256 made the file look like an old one: it loaded with only a warning]"""
+    _edit_text(saved, '"json_sha256"', '"json_sha25X"')
+    with pytest.raises(store.CorruptResultError, match="fields no writer"):
+        store.load_result(saved)

@@ -289,6 +289,7 @@ def _stored_models_path() -> Path:
 
 #: The fields of the weights' JSON sidecar, with their JSON types (all required: checksums included).
 _SIDECAR_TYPES = {"training": (dict,), "training_hash": (str,), "models": (list,), "train_loss": (dict,),
+                  "dtype": (str,), "threads": (int,), "versions": (dict,),
                   "arrays": (dict,), "npz_sha256": (str,), "json_sha256": (str,)}
 
 

@@ -441,6 +441,9 @@ def _read_checked(path: Path, types: dict, optional: dict, legacy: bool = False)
     missing = sorted(set(types) - set(optional) - set(meta))
     if missing:
         raise corrupt(f"it is not a Result file (missing {missing})")
+    unknown = sorted(set(meta) - set(types))
+    if unknown:  # e.g. a renamed json_sha256: never written by this store
+        raise corrupt(f"its JSON has fields no writer of this store writes ({unknown!r:.80})")
     for key, types_ in types.items():  # an optional field may be absent, not mistyped
         value = meta.get(key, optional.get(key))
         if isinstance(value, bool) or not isinstance(value, types_):
