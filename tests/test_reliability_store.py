@@ -302,3 +302,20 @@ def test_a_renamed_checksum_field_is_damage_not_an_old_file(saved):
     _edit_text(saved, '"json_sha256"', '"json_sha25X"')
     with pytest.raises(store.CorruptResultError, match="fields no writer"):
         store.load_result(saved)
+
+
+def test_a_crafted_pair_declaring_a_huge_array_is_refused_before_allocating(saved):
+    """A JSON re-signed to declare 10**8 floats, with a zip entry that holds 48 bytes: refused unread."""
+    saved.with_suffix(".npz").write_bytes(_npz_with_header((10 ** 8,), bytes(48)))
+    meta = json.loads(saved.read_text())
+    meta["arrays"]["x"]["shape"] = [10 ** 8]
+    meta["npz_sha256"] = store._file_digest(saved.with_suffix(".npz"))
+    saved.write_bytes(store._signed(meta))
+    tracemalloc.start()
+    try:
+        with pytest.raises(store.CorruptResultError, match="inflates to"):
+            store.load_result(saved)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, peak

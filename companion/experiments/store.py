@@ -509,18 +509,19 @@ def _read_npz(blob: bytes, declared: dict, corrupt) -> dict:
             key = info.filename.removesuffix(".npy")
             spec = declared[key]
             nbytes = math.prod(spec["shape"]) * np.dtype(spec["dtype"]).itemsize
-            if info.file_size > nbytes + 65_536 or (
-                    info.file_size > _BOMB_BYTES and info.file_size > _MAX_RATIO * info.compress_size):
-                raise corrupt(f"array {key!r} inflates to {info.file_size} bytes from {info.compress_size}, "
-                              f"but the JSON declares {spec['dtype']} {spec['shape']} ({nbytes} bytes)")
             with zf.open(info) as fh:  # the header only: shape and dtype before any allocation
                 version = np.lib.format.read_magic(fh)
                 read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                else np.lib.format.read_array_header_2_0)
                 shape, _, dtype = read_header(fh)
+                inflated = fh.tell() + nbytes
             if list(shape) != spec["shape"] or str(dtype) != spec["dtype"]:
                 raise corrupt(f"array {key!r} is {dtype} {list(shape)} but the JSON declares "
                               f"{spec['dtype']} {spec['shape']}")
+            if info.file_size != inflated or (  # a zip entry's sizes are claims: checked, then bounded
+                    inflated > _BOMB_BYTES and inflated > _MAX_RATIO * min(info.compress_size, len(blob))):
+                raise corrupt(f"array {key!r} inflates to {info.file_size} bytes from {info.compress_size}, "
+                              f"but the JSON declares {spec['dtype']} {spec['shape']} ({inflated} bytes)")
             with zf.open(info) as fh:
                 arrays[key] = np.lib.format.read_array(fh, allow_pickle=False)
     return arrays
