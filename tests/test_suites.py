@@ -21,6 +21,12 @@ from companion.__main__ import main  # noqa: E402
 TINY = {"d_model": 8, "max_depth": 2, "depths": [2], "gains": [1.0], "blocks": ["mlp"], "batch": 1, "tokens": 4}
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """The default log folder (``$XDG_CACHE_HOME/companion/suite-logs``) inside the test's folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+
+
 def _suite_file(folder: Path, failing: bool = True) -> Path:
     entries = [
         {"experiment": "framework_random", "label": "tiny-pre", "config": {**TINY, "placements": ["pre"]}},
@@ -38,8 +44,7 @@ def _jobs(logs: Path) -> set[str]:
     return {p.name.split("_")[0] for p in logs.glob("*_submitted.pkl")}
 
 
-def test_local_executor_end_to_end_with_resumption_and_a_failure(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+def test_local_executor_end_to_end_with_resumption_and_a_failure(tmp_path, capsys):
     logs = tmp_path / "home-cache" / "companion" / "suite-logs"  # this user's, outside the store
     suite, out = _suite_file(tmp_path), tmp_path / "results"
     argv = ["run-suite", str(suite), "--executor", "local", "--out", str(out), "--parallel", "3", "--time", "5"]
@@ -139,8 +144,7 @@ def test_yaml_suites(tmp_path):
         ("{not json", "not valid JSON"),
     ],
 )
-def test_bad_suite_files_are_errors_before_anything_runs(tmp_path, capsys, monkeypatch, content, message):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+def test_bad_suite_files_are_errors_before_anything_runs(tmp_path, capsys, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
@@ -180,13 +184,12 @@ def test_docstring_examples():
 
 
 # ------------------------------------------------------------------ issue 30: logs private, failures explained
-def test_the_log_folder_is_private_and_outside_the_results_store(tmp_path, monkeypatch):
+def test_the_log_folder_is_private_and_outside_the_results_store(tmp_path):
     """[the default log folder was <store>/suite-logs: whoever can write the shared store can plant a
     *_result.pkl that run-suite unpickles]"""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     store = tmp_path / "shared-store"
     configs = {"a": xp.make_config("framework_random", {**TINY, "placements": ("pre",), "seed": 3})}
-    report = suites.run_suite(configs, executor="local", results_dir=store, time_limit="0:05")
+    report = suites.run_suite(configs, executor="debug", results_dir=store)
     assert report.ok and report.log_folder is not None
     assert store not in report.log_folder.parents and not (store / "suite-logs").exists()
     assert report.log_folder.stat().st_mode & 0o777 == 0o700
@@ -219,7 +222,6 @@ def _crashing_job(message):
     ("", "the worker exited without a result (killed, out of memory, or crashed): ")])
 def test_a_crashed_worker_is_reported_with_its_error_and_its_log(tmp_path, monkeypatch, message, error):
     """[a worker killed without a message was reported as 'UncompletedJobError: ...', without its log]"""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     monkeypatch.setattr(suites, "_job", _crashing_job(message))
     from submitit.core.core import Job
 
