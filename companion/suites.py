@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
+import stat
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -58,6 +60,7 @@ class JobOutcome:
     path: str | None = None  #: The Result's JSON file (skipped or done).
     job_id: str | None = None  #: submitit's job id (names its logs).
     error: str | None = None  #: The job's exception line, for a failure.
+    log: str | None = None  #: The job's error log (submitit's ``<job id>_0_log.err``), for a failure.
     wall_time: float | None = None  #: The Result's wall time in seconds.
 
 
@@ -89,7 +92,7 @@ class SuiteReport:
         lines = [f"{'label':{width}s}  {'experiment':20s} {'hash':16s}  {'status':9s}  detail"]
         for o in self.outcomes:
             if o.status == "failed":
-                detail = o.error or "failed"
+                detail = (o.error or "failed") + (f"  (log: {o.log})" if o.log else "")
             elif o.status == "submitted":
                 detail = f"job {o.job_id}"
             else:
@@ -311,7 +314,9 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
     device : str or None
         Passed to every job (None: CUDA if the job sees a GPU, else CPU).
     log_folder : path or None
-        The submitit folder (default ``<results store>/suite-logs``, or the cache's).
+        The submitit folder, private to this user (job results are unpickled from it): created with
+        mode 0700, refused if others can write in it.  Default ``$XDG_CACHE_HOME/companion/suite-logs``
+        (``~/.cache/...``), outside any shared results store.
     partition, gpus, cpus, mem_gb : optional
         SLURM partition; GPUs, CPUs and memory (GB) per job.
     time_limit : minutes or "h:mm[:ss]", default "60"
@@ -339,7 +344,7 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
     ------
     TypeError, ValueError
         Entries that are not SuiteEntry objects; an unknown executor, a bad time or
-        ``parallel``, an unwritable results folder, or a malformed suite.
+        ``parallel``, an unwritable results folder, a log folder others can write, or a malformed suite.
     ImportError
         If submitit is not installed (``pip install fading-outliers-companion[suite]``).
     """
@@ -356,7 +361,7 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
     if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
         raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
     store = Path(results_dir) if results_dir is not None else None
-    folder = Path(log_folder) if log_folder is not None else (store or xp.cache_root()) / "suite-logs"
+    folder = Path(log_folder) if log_folder is not None else _default_log_folder()
 
     outcomes: dict[int, JobOutcome] = {}
     todo: list[int] = []
@@ -371,7 +376,7 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
         for k in todo:  # fail before submitting anything if a Result could not be written
             target = store if store is not None else xp.cache_root()
             xp.check_writable(target / entries[k].experiment)
-        folder.mkdir(parents=True, exist_ok=True)
+        _private_folder(folder)
         ex = _executor(executor, folder, partition, gpus, minutes, cpus, mem_gb, parallel, slurm_args)
         wave = len(todo) if executor == "slurm" else (parallel or 1)
         bar = xp.progress_bar(len(todo), progress and wait, "suite")
@@ -415,12 +420,34 @@ def _error_line(text: str) -> str | None:
     return found[-1] if found else None
 
 
+def _default_log_folder() -> Path:
+    """``$XDG_CACHE_HOME/companion/suite-logs``, else ``~/.cache/companion/suite-logs``: this user's."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "companion" / "suite-logs"
+
+
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` (mode 0700), or check that no other user can write in it (ValueError)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise ValueError(f"the suite's log folder {folder} can be written by other users (owner uid "
+                         f"{st.st_uid}, mode {stat.filemode(st.st_mode)}), and job results are unpickled from it: "
+                         f"chmod go-w {folder}, or choose another folder (--logs DIR, log_folder=)")
+
+
 def _collect(entry: SuiteEntry, job) -> JobOutcome:
     try:
         out = job.result()
     except Exception as exc:  # noqa: BLE001 - any failure of the job is reported, not raised
         text = str(exc).strip()
-        error = _error_line(text) or f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+        first = text.splitlines()[0] if text else ""
+        error = _error_line(text) or (
+            f"the worker exited without a result (killed, out of memory, or crashed): {first}"
+            if type(exc).__name__ == "UncompletedJobError" else f"{type(exc).__name__}: {first}")
         logger.debug("job %s of %s failed:\n%s", job.job_id, entry.label, text or traceback.format_exc())
-        return JobOutcome(entry, "failed", job_id=str(job.job_id), error=error)
+        try:
+            log = str(job.paths.stderr)
+        except Exception:  # noqa: BLE001 - the debug executor has no log files
+            log = None
+        return JobOutcome(entry, "failed", job_id=str(job.job_id), error=error, log=log)
     return JobOutcome(entry, "done", path=out["path"], job_id=str(job.job_id), wall_time=out["wall_time"])

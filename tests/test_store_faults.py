@@ -60,7 +60,7 @@ def stored(tmp_path):
     return result.path
 
 
-def _rewrite_json(path: Path, **changes) -> None:
+def _rewrite_json(path: Path, sign: bool = False, **changes) -> None:
     meta = json.loads(path.read_text())
     for key, value in changes.items():
         node = meta
@@ -68,7 +68,7 @@ def _rewrite_json(path: Path, **changes) -> None:
         for p in parents:
             node = node[p]
         node[leaf] = value
-    path.write_text(json.dumps(meta))
+    path.write_bytes(store._signed(meta) if sign else json.dumps(meta).encode())
 
 
 def _replace_arrays(path: Path, edit) -> None:
@@ -197,7 +197,7 @@ def test_show_in_a_subprocess_exits_2_with_one_line(stored):
 
 
 def test_stale_config_values_of_the_wrong_type_are_recomputed(stored):
-    _rewrite_json(stored, config={"n": "six", "seed": [0]})  # a valid Result file, a bad config
+    _rewrite_json(stored, sign=True, config={"n": "six", "seed": [0]})  # a valid Result file, a bad config
     assert ex.load_result(stored).config == {"n": "six", "seed": [0]}
     with pytest.warns(ex.StaleResultWarning, match="stale"):
         ex.run_cached(Sample(), results_dir=stored.parent.parent)
@@ -222,7 +222,7 @@ def test_saved_json_records_checksums_of_the_npz_and_of_each_array(stored):
 
 def _strip_checksums(path: Path) -> None:
     meta = json.loads(path.read_text())
-    del meta["npz_sha256"]
+    del meta["npz_sha256"], meta["json_sha256"]
     for spec in meta["arrays"].values():
         del spec["sha256"]
     path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from companion import experiments as xp
+from companion.experiments import store
 
 #: The whole-corpus channel statistics of the outliers chapter (section "The whole corpus").
 WHOLE_CORPUS_GRID = tuple(2.0 ** (k / 2) for k in range(-6, 31))
@@ -83,6 +84,7 @@ def test_every_stored_result_carries_checksums_that_verify():
         npz = path.with_suffix(".npz").read_bytes()
         assert meta.get("npz_sha256") == hashlib.sha256(npz).hexdigest(), (
             f"{path} has no (or a wrong) npz_sha256; add it with experiments.store._add_checksums")
+        assert meta.get("json_sha256") == store._json_digest(meta), f"{path}: no (or a wrong) json_sha256"
         result = xp.load_result(path)  # verifies the per-array checksums too
         assert all(len(spec["sha256"]) == 64 for spec in meta["arrays"].values())
         assert result.config_hash == path.stem

@@ -21,6 +21,12 @@ from companion.__main__ import main  # noqa: E402
 TINY = {"d_model": 8, "max_depth": 2, "depths": [2], "gains": [1.0], "blocks": ["mlp"], "batch": 1, "tokens": 4}
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """The default log folder (``$XDG_CACHE_HOME/companion/suite-logs``) inside the test's folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+
+
 def _suite_file(folder: Path, failing: bool = True) -> Path:
     entries = [
         {"experiment": "framework_random", "label": "tiny-pre", "config": {**TINY, "placements": ["pre"]}},
@@ -39,28 +45,30 @@ def _jobs(logs: Path) -> set[str]:
 
 
 def test_local_executor_end_to_end_with_resumption_and_a_failure(tmp_path, capsys):
+    logs = tmp_path / "home-cache" / "companion" / "suite-logs"  # this user's, outside the store
     suite, out = _suite_file(tmp_path), tmp_path / "results"
     argv = ["run-suite", str(suite), "--executor", "local", "--out", str(out), "--parallel", "3", "--time", "5"]
     assert main(argv) == 1                                     # one configuration failed
     text = capsys.readouterr().out
     assert "3 configurations: 2 done, 1 failed" in text
     assert "ValueError: unknown model 'no-such-org/no-such-model'" in text
+    assert f"(log: {logs}/" in text                            # the failed job's own log
     entries = suites.load_suite(suite)
     for e in entries[:2]:                                      # Results in the store, valid
         result = xp.load_result(xp.result_path(e.config, out))
         assert result.config_hash == e.config_hash and result.device.startswith("cpu")
     assert not xp.result_path(entries[2].config, out).exists()
-    first_jobs = _jobs(out / "suite-logs")
+    first_jobs = _jobs(logs)
     assert len(first_jobs) == 3                                # one job per configuration
 
     assert main(argv) == 1                                     # resumed: only the failure runs again
     text = capsys.readouterr().out
     assert "3 configurations: 2 skipped, 1 failed" in text
-    assert len(_jobs(out / "suite-logs") - first_jobs) == 1
+    assert len(_jobs(logs) - first_jobs) == 1
 
     assert main(["run-suite", str(_suite_file(tmp_path, failing=False)), "--out", str(out)]) == 0
     assert "2 configurations: 2 skipped" in capsys.readouterr().out
-    assert len(_jobs(out / "suite-logs") - first_jobs) == 1    # nothing was submitted
+    assert len(_jobs(logs) - first_jobs) == 1    # nothing was submitted
 
 
 def test_run_suite_api_reports_per_entry(tmp_path):
@@ -143,7 +151,7 @@ def test_bad_suite_files_are_errors_before_anything_runs(tmp_path, capsys, conte
         suites.load_suite(path)
     assert main(["run-suite", str(path), "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
-    assert not (tmp_path / "suite-logs").exists()
+    assert not (tmp_path / "home-cache").exists() and not (tmp_path / "suite-logs").exists()
 
 
 def test_bad_options(tmp_path, capsys):
@@ -173,3 +181,53 @@ def test_docstring_examples():
 
     result = doctest.testmod(suites)
     assert result.attempted >= 2 and result.failed == 0
+
+
+# ------------------------------------------------------------------ issue 30: logs private, failures explained
+def test_the_log_folder_is_private_and_outside_the_results_store(tmp_path):
+    """[the default log folder was <store>/suite-logs: whoever can write the shared store can plant a
+    *_result.pkl that run-suite unpickles]"""
+    store = tmp_path / "shared-store"
+    configs = {"a": xp.make_config("framework_random", {**TINY, "placements": ("pre",), "seed": 3})}
+    report = suites.run_suite(configs, executor="debug", results_dir=store)
+    assert report.ok and report.log_folder is not None
+    assert store not in report.log_folder.parents and not (store / "suite-logs").exists()
+    assert report.log_folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_log_folder_others_can_write_is_refused_before_submitting(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(0o777)
+    configs = {"a": xp.make_config("framework_random", {**TINY, "placements": ("pre",), "seed": 4})}
+    with pytest.raises(ValueError, match="other users.*chmod go-w"):
+        suites.run_suite(configs, executor="local", results_dir=tmp_path / "out", log_folder=logs)
+    assert list(logs.iterdir()) == []
+
+
+def _crashing_job(message):
+    def crash(*args):
+        import os
+        import sys
+
+        if message:
+            print(message, file=sys.stderr, flush=True)
+        os._exit(3)  # no result: submitit raises UncompletedJobError
+
+    return crash
+
+
+@pytest.mark.parametrize("message, error", [
+    ("RuntimeError: the worker ran out of luck", "RuntimeError: the worker ran out of luck"),
+    ("", "the worker exited without a result (killed, out of memory, or crashed): ")])
+def test_a_crashed_worker_is_reported_with_its_error_and_its_log(tmp_path, monkeypatch, message, error):
+    """[a worker killed without a message was reported as 'UncompletedJobError: ...', without its log]"""
+    monkeypatch.setattr(suites, "_job", _crashing_job(message))
+    from submitit.core.core import Job
+
+    monkeypatch.setattr(Job, "_results_timeout_s", 1)  # submitit waits 15 s for a result that never comes
+    configs = {"a": xp.make_config("framework_random", {**TINY, "placements": ("pre",), "seed": 5})}
+    report = suites.run_suite(configs, executor="local", results_dir=tmp_path / "out", time_limit="0:05")
+    [failed] = report.failed
+    assert failed.error.startswith(error)
+    assert failed.log is not None and Path(failed.log).exists() and failed.log in report.summary()

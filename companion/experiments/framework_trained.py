@@ -19,7 +19,8 @@ from companion._validation import check_positive, check_tuple
 from companion.corpus import load_corpus
 from companion.injection.engine import sweep_stack_injections
 from companion.experiments import progress_bar, register, stored_root
-from companion.experiments.store import _stored_target
+from companion.experiments.store import (CorruptResultError, _publish, _read_checked, _read_retrying,
+                                         _stored_target)
 from companion.injection.metrics import effect_window
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
@@ -286,8 +287,16 @@ def _stored_models_path() -> Path:
     return stored_root() / "framework_tiny_lms.npz"
 
 
+#: The fields of the weights' JSON sidecar, with their JSON types (all required: checksums included).
+_SIDECAR_TYPES = {"training": (dict,), "training_hash": (str,), "models": (list,), "train_loss": (dict,),
+                  "dtype": (str,), "threads": (int,), "versions": (dict,),
+                  "arrays": (dict,), "npz_sha256": (str,), "json_sha256": (str,)}
+
+
 def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | None = None) -> Path:
     """Store trained models as float16 weights plus a JSON sidecar (config, hash, losses, versions).
+
+    Written like a Result (:func:`~companion.experiments.store.save_result`): checksummed, atomically.
 
     Parameters
     ----------
@@ -310,6 +319,8 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
     """
     _check_config(config)
     path = Path(path) if path is not None else _stored_target() / _stored_models_path().name
+    if path.suffix != ".npz":
+        raise ValueError(f"the weights' path must end in .npz, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():
@@ -317,12 +328,11 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
         for name, tensor in model.state_dict().items():
             arrays[f"{key}/{name}"] = tensor.detach().cpu().numpy().astype(np.float16)
         losses[key] = [round(float(x), 6) for x in loss]
-    np.savez_compressed(path, **arrays)
     sidecar = {"training": {k: getattr(config, k) for k in TRAINING_FIELDS},
                "training_hash": _training_hash(config), "models": sorted(losses), "train_loss": losses,
                "dtype": "float16", "threads": torch.get_num_threads(),
                "versions": {"torch": torch.__version__, "numpy": np.__version__}}
-    path.with_suffix(".json").write_text(json.dumps(sidecar, indent=1))
+    _publish(path.with_suffix(".json"), sidecar, arrays)
     return path
 
 
@@ -344,7 +354,8 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     Raises
     ------
     ValueError
-        If the file or its sidecar is missing, or the stored training settings differ.
+        If the file or its sidecar is missing or damaged (any edit, truncation, or a sidecar without
+        checksums), or the stored training settings differ.
 
     Examples
     --------
@@ -358,21 +369,28 @@ def load_models(path: str | Path | None = None, config: TrainedWindowsConfig | N
     if not path.exists() or not sidecar_path.exists():
         raise ValueError(f"no stored models at {path} (+ .json); create them with "
                          "save_models(train_models(TrainedWindowsConfig()), TrainedWindowsConfig())")
-    sidecar = json.loads(sidecar_path.read_text())
+    try:
+        sidecar, arrays = _read_retrying(lambda p: _read_checked(p, _SIDECAR_TYPES, {}), sidecar_path)
+    except CorruptResultError as exc:
+        raise ValueError(f"the TinyLM weights at {path} are damaged ({exc.reason}); retrain and save them: "
+                         "save_models(train_models(config), config, path)") from None
     if sidecar.get("training_hash") != _training_hash(config):
         wanted = {k: getattr(config, k) for k in TRAINING_FIELDS}
         raise ValueError(f"the models at {path} were trained with {sidecar.get('training')}, not with the "
                          f"requested {wanted}; retrain and save")
     models = {}
-    with np.load(path) as data:
+    try:
         for key in sidecar["models"]:
             placement, w, L = key.split("/")
             k = (placement, int(w[1:]), int(L[1:]))
             model = TinyLM(tiny_lm_config(config, *k))
-            state = {name: torch.from_numpy(data[f"{key}/{name}"].astype(np.float32))
+            state = {name: torch.from_numpy(arrays[f"{key}/{name}"].astype(np.float32))
                      for name in model.state_dict()}
             model.load_state_dict(state)
-            models[k] = (model.eval(), np.asarray(sidecar["train_loss"][key]))
+            models[k] = (model.eval(), np.asarray(sidecar["train_loss"][key], dtype=float))
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"the TinyLM weights at {path} do not fit the models they name ({exc!r:.200}); "
+                         "retrain and save them: save_models(train_models(config), config, path)") from None
     return models
 
 

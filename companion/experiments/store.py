@@ -1,22 +1,29 @@
 """The Result store: a Result is a JSON file and an ``.npz`` file, checksummed and written atomically.
 
 Chapters read :func:`stored_root` (package data, searched first); local runs go to :func:`cache_root`.
-The JSON holds the SHA-256 of the ``.npz`` and of each array, which :func:`load_result` checks
-(:class:`CorruptResultError` otherwise).  :func:`save_result` publishes both files (``.npz`` first)
-under a per-Result lock, so concurrent writers leave the last complete pair; readers take no lock
-and re-read a pair replaced meanwhile.
+The JSON holds the SHA-256 of the ``.npz``, of each array and of its own content, which
+:func:`load_result` checks (:class:`CorruptResultError` otherwise), with every array's size and shape
+checked before it is decompressed.  :func:`save_result` publishes both files (``.npz`` first) under a
+per-Result lock, so concurrent writers leave the last complete pair; readers take no lock and re-read
+a pair replaced meanwhile.  What the store guarantees: CONTRIBUTING.md, *Reliability*.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import io
 import json
+import math
 import os
+import re
+import socket
 import tempfile
+import time
 import threading
 import uuid
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,16 +39,22 @@ try:  # POSIX advisory locks; elsewhere only threads of one process are serialis
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["Result", "StaleResultWarning", "CorruptResultWarning", "CorruptResultError", "cache_root",
+__all__ = ["Result", "StaleResultWarning", "CorruptResultWarning", "UnverifiedResultWarning",
+           "CorruptResultError", "cache_root",
            "stored_root", "stored_results", "result_path", "check_writable", "save_result", "load_result"]
 
 #: Fields every Result JSON holds, with their JSON types; then the optional ones with their defaults.
 _META_TYPES: dict[str, tuple] = {
     "name": (str,), "config": (dict,), "scalars": (dict,), "versions": (dict,), "device": (str,),
     "wall_time": (int, float), "schema": (str,), "config_hash": (str,),
-    "created": (str,), "arrays": (dict,), "npz_sha256": (str,),
+    "created": (str,), "arrays": (dict,), "npz_sha256": (str,), "json_sha256": (str,),
 }
-_OPTIONAL = {"created": "", "arrays": {}, "npz_sha256": ""}
+_OPTIONAL = {"created": "", "arrays": {}, "npz_sha256": "", "json_sha256": ""}
+#: What a Result's name and config hash may be: one file name, no separators, no ``..``.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+#: Temporary files of a writer on another machine (its process cannot be checked) older than this are removed.
+_STALE_TEMP_S = 24 * 3600
 #: How often :func:`load_result` re-reads a pair that writers keep replacing during the read.
 _READ_ATTEMPTS = 50
 _THREAD_LOCK = threading.Lock()  # serialises writers only where fcntl is missing
@@ -53,6 +66,10 @@ class StaleResultWarning(UserWarning):
 
 class CorruptResultWarning(StaleResultWarning):
     """A stored Result's files were damaged (unreadable, truncated, edited) and it was recomputed."""
+
+
+class UnverifiedResultWarning(UserWarning):
+    """A Result JSON written before the JSON checksum existed was read: its own content is not verified."""
 
 
 class CorruptResultError(ValueError):
@@ -216,7 +233,7 @@ def _write_npz(fh, arrays: dict) -> None:
 
 def _temp_write(folder: Path, stem: str, suffix: str, write) -> Path:
     """Write a new file with a unique (UUID) name in ``folder`` via ``write(fh)``, flushed to disk."""
-    tmp = folder / f".{stem}.{uuid.uuid4().hex}{suffix}"
+    tmp = folder / f".{stem}.{_HOST}.{os.getpid()}.{uuid.uuid4().hex}{suffix}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -233,10 +250,52 @@ def _json_bytes(meta: dict) -> bytes:
     return (json.dumps(meta, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
+def _json_digest(meta: dict) -> str:
+    """SHA-256 of the JSON's canonical text without its own ``json_sha256`` (ValueError for NaN/inf)."""
+    return hashlib.sha256(_json_bytes({k: v for k, v in meta.items() if k != "json_sha256"})).hexdigest()
+
+
+def _signed(meta: dict) -> bytes:
+    """The JSON text of ``meta`` with its own checksum."""
+    return _json_bytes({**meta, "json_sha256": _json_digest(meta)})
+
+
+def _check_file_name(what: str, value) -> None:
+    if not isinstance(value, str) or not _FILE_NAME.match(value) or ".." in value:
+        raise ValueError(f"the Result's {what} {value!r} cannot name a file in the store: use letters, "
+                         "digits, '_', '-' and '.' (no path separator, no '..')")
+
+
+def _clean_temps(folder: Path, stem: str) -> None:
+    """Remove temporary files of ``stem`` left by killed writers (dead process here, or a day old)."""
+    for tmp in folder.glob(f".{glob.escape(stem)}.*.tmp"):
+        parts = tmp.name.split(".")
+        try:
+            if len(parts) >= 6 and parts[2] == _HOST and parts[3].isdigit():
+                try:
+                    os.kill(int(parts[3]), 0)
+                    continue  # its writer is alive
+                except ProcessLookupError:
+                    pass
+                except (PermissionError, OverflowError):  # another user's live process
+                    continue
+            elif time.time() - tmp.lstat().st_mtime < _STALE_TEMP_S:
+                continue
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 def _acquire(lock: Path) -> int | None:
     """File descriptor holding an exclusive flock on ``lock`` (created), or None without flock."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError:
+            if not lock.is_symlink():
+                raise
+            lock.unlink()  # never create or lock a link's target
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:  # a file system without flock: go on unlocked
@@ -244,7 +303,7 @@ def _acquire(lock: Path) -> int | None:
             lock.unlink(missing_ok=True)
             return None
         try:
-            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+            if os.path.samestat(os.fstat(fd), os.lstat(lock)):
                 return fd
         except FileNotFoundError:
             pass
@@ -300,7 +359,8 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     ------
     TypeError, ValueError, OSError
         Not a Result or an object array (TypeError); an array name that is not an identifier
-        (ValueError); a folder that cannot be written (OSError).
+        (ValueError), or a name or config hash that is not a file name; a folder that cannot be
+        written (OSError).
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -311,37 +371,61 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
         arrays[key] = np.asarray(value)
         if arrays[key].dtype.hasobject:
             raise TypeError(f"array {key!r} has dtype object, which cannot be stored without pickles")
+    _check_file_name("name", result.name)
+    _check_file_name("config_hash", result.config_hash)
     base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
-    npz_path = path.with_suffix(".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: getattr(result, k) for k in ("name", "config", "scalars", "versions", "device", "wall_time",
                                             "schema", "config_hash", "created")}
+    _publish(path, meta, arrays)
+    result.path = path
+    return path
+
+
+def _publish(path: Path, meta: dict, arrays: dict) -> None:
+    """Write ``arrays`` beside the JSON ``path`` and ``meta`` with every checksum, atomically, as a pair."""
+    npz_path = path.with_suffix(".npz")
     meta["arrays"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "sha256": _array_digest(v)}
                       for k, v in arrays.items()}
     temps = []
     try:
         temps.append(_temp_write(path.parent, path.stem, ".npz.tmp", lambda fh: _write_npz(fh, arrays)))
         meta["npz_sha256"] = _file_digest(temps[0])
-        text = _json_bytes(meta)
+        text = _signed(meta)
         temps.append(_temp_write(path.parent, path.stem, ".json.tmp", lambda fh: fh.write(text)))
         with _pair_lock(path):
+            _clean_temps(path.parent, path.stem)
             os.replace(temps[0], npz_path)
             os.replace(temps[1], path)
         temps = []
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
-    result.path = path
-    return path
 
 
 def _kind(value) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _read_pair(path: Path) -> tuple[Result, dict]:
+def _read_pair(path: Path, legacy: bool = False) -> tuple[Result, dict]:
     """Read and verify one Result pair (no lock); return it and its JSON metadata."""
+    meta, arrays = _read_checked(path, _META_TYPES, _OPTIONAL, legacy)
+    try:
+        finite = math.isfinite(meta["wall_time"])
+    except OverflowError:  # an integer beyond float range
+        finite = False
+    if not finite:
+        raise CorruptResultError(path, f"its wall_time is {meta['wall_time']!r:.40}")
+    required = {k: meta[k] for k in _META_TYPES if k not in _OPTIONAL}
+    return Result(**required, arrays=arrays, created=meta.get("created", ""), path=path), meta
+
+
+def _read_checked(path: Path, types: dict, optional: dict, legacy: bool = False) -> tuple[dict, dict]:
+    """Read and verify a JSON + ``.npz`` pair: the fields of ``types``, the JSON's and the arrays' checksums.
+
+    A JSON without ``json_sha256`` warns (:class:`UnverifiedResultWarning`) unless ``legacy``.
+    """
     npz_path = path.with_suffix(".npz")
     try:
         text = path.read_bytes()
@@ -354,16 +438,17 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
         raise corrupt(f"its JSON is malformed ({exc})") from None
     if not isinstance(meta, dict):
         raise corrupt(f"its JSON holds a {_kind(meta)}, not a Result object")
-    missing = sorted(set(_META_TYPES) - set(_OPTIONAL) - set(meta))
+    missing = sorted(set(types) - set(optional) - set(meta))
     if missing:
         raise corrupt(f"it is not a Result file (missing {missing})")
-    for key, types_ in _META_TYPES.items():  # an optional field may be absent, not mistyped
-        value = meta.get(key, _OPTIONAL.get(key))
+    unknown = sorted(set(meta) - set(types))
+    if unknown:  # e.g. a renamed json_sha256: never written by this store
+        raise corrupt(f"its JSON has fields no writer of this store writes ({unknown!r:.80})")
+    for key, types_ in types.items():  # an optional field may be absent, not mistyped
+        value = meta.get(key, optional.get(key))
         if isinstance(value, bool) or not isinstance(value, types_):
             want = " or ".join(t.__name__ for t in types_)
             raise corrupt(f"its field {key!r} is a {_kind(value)}, not a {want}")
-    if not np.isfinite(meta["wall_time"]):
-        raise corrupt(f"its wall_time is {meta['wall_time']!r}")
     declared = meta.get("arrays", {})
     for key, spec in declared.items():
         ok = (isinstance(spec, dict) and isinstance(spec.get("dtype"), str)
@@ -373,7 +458,13 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
               and isinstance(spec.get("sha256", ""), str))
         if not ok:
             raise corrupt(f"its description of array {key!r} is malformed ({spec!r:.80})")
-
+    if "json_sha256" in meta:
+        try:
+            json_ok = _json_digest(meta) == meta["json_sha256"]
+        except ValueError:  # NaN or infinity: never written by save_result
+            json_ok = False
+        if not json_ok:
+            raise corrupt("its JSON does not match its SHA-256 (edited, or damaged)")
     try:
         blob = npz_path.read_bytes()
     except OSError as exc:
@@ -381,29 +472,59 @@ def _read_pair(path: Path) -> tuple[Result, dict]:
     want_sha = meta.get("npz_sha256")
     sha_ok = want_sha is None or hashlib.sha256(blob).hexdigest() == want_sha
     try:
-        data = np.load(io.BytesIO(blob), allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("it holds a single array, not an .npz archive")
-        with data:
-            arrays = {k: data[k] for k in data.files}
+        arrays = _read_npz(blob, declared, corrupt)
+    except CorruptResultError:
+        raise
     except Exception as exc:  # noqa: BLE001 - zipfile, zlib, EOFError, ValueError: all "damaged"
         note = "" if sha_ok else "; it does not match the SHA-256 in the JSON"
         raise corrupt(f"{npz_path.name} ({len(blob)} bytes) is not a readable .npz "
                       f"({type(exc).__name__}: {exc}){note}") from None
-    if set(declared) != set(arrays):
-        raise corrupt(f"the .npz holds {sorted(arrays)} but the JSON declares {sorted(declared)}")
     for key, spec in declared.items():
-        a = arrays[key]
-        if list(a.shape) != spec["shape"] or str(a.dtype) != spec["dtype"]:
-            raise corrupt(f"array {key!r} is {a.dtype} {list(a.shape)} but the JSON declares "
-                          f"{spec['dtype']} {spec['shape']}")
-        if "sha256" in spec and _array_digest(a) != spec["sha256"]:
+        if "sha256" in spec and _array_digest(arrays[key]) != spec["sha256"]:
             raise corrupt(f"the values of array {key!r} do not match their SHA-256 in the JSON")
     if not sha_ok:
         raise corrupt(f"{npz_path.name} does not match the SHA-256 in the JSON "
                       "(another run's file, or edited)")
-    required = {k: meta[k] for k in _META_TYPES if k not in _OPTIONAL}
-    return Result(**required, arrays=arrays, created=meta.get("created", ""), path=path), meta
+    if "json_sha256" not in meta and not legacy:
+        warnings.warn(f"the JSON of {path} has no checksum of its own content (written before the store "
+                      "checked it): its scalars are not verified; add it with "
+                      "companion.experiments.store._add_checksums(path), or recompute", UnverifiedResultWarning,
+                      stacklevel=4)
+    return meta, arrays
+
+
+#: An array inflating to more than this many bytes must not compress more than :data:`_MAX_RATIO` times.
+_BOMB_BYTES, _MAX_RATIO = 64 << 20, 200
+
+
+def _read_npz(blob: bytes, declared: dict, corrupt) -> dict:
+    """The arrays of an ``.npz``, each checked against ``declared`` (size, shape, dtype) before it is read."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        members = {info.filename: info for info in zf.infolist()}
+        held = sorted(name.removesuffix(".npy") for name in members)
+        if held != sorted(declared) or len(members) != len(zf.namelist()):
+            raise corrupt(f"the .npz holds {held} but the JSON declares {sorted(declared)}")
+        arrays = {}
+        for info in zf.infolist():  # in the archive's order, which the next save keeps
+            key = info.filename.removesuffix(".npy")
+            spec = declared[key]
+            nbytes = math.prod(spec["shape"]) * np.dtype(spec["dtype"]).itemsize
+            with zf.open(info) as fh:  # the header only: shape and dtype before any allocation
+                version = np.lib.format.read_magic(fh)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(fh)
+                inflated = fh.tell() + nbytes
+            if list(shape) != spec["shape"] or str(dtype) != spec["dtype"]:
+                raise corrupt(f"array {key!r} is {dtype} {list(shape)} but the JSON declares "
+                              f"{spec['dtype']} {spec['shape']}")
+            if info.file_size != inflated or (  # a zip entry's sizes are claims: checked, then bounded
+                    inflated > _BOMB_BYTES and inflated > _MAX_RATIO * min(info.compress_size, len(blob))):
+                raise corrupt(f"array {key!r} inflates to {info.file_size} bytes from {info.compress_size}, "
+                              f"but the JSON declares {spec['dtype']} {spec['shape']} ({inflated} bytes)")
+            with zf.open(info) as fh:
+                arrays[key] = np.lib.format.read_array(fh, allow_pickle=False)
+    return arrays
 
 
 def load_result(path: str | Path) -> Result:
@@ -433,11 +554,15 @@ def load_result(path: str | Path) -> Result:
     ...     load_result(save_result(r, tmp)).arrays["x"].tolist()
     [0, 1, 2]
     """
-    path = Path(path)
+    return _read_retrying(lambda p: _read_pair(p)[0], Path(path))
+
+
+def _read_retrying(read, path: Path):
+    """``read(path)``, read again while a live writer replaces the pair meanwhile."""
     for attempt in range(_READ_ATTEMPTS):
         before = _pair_signature(path)
         try:
-            return _read_pair(path)[0]
+            return read(path)
         except CorruptResultError:
             # a writer publishing the pair while it was read is a race, not damage: read again
             raced = _wait_for_writer(path) or _pair_signature(path) != before
@@ -447,20 +572,26 @@ def load_result(path: str | Path) -> Result:
 
 
 def _wait_for_writer(path: Path) -> bool:
-    """Wait until no writer holds the Result's lock (never created here); return whether one was there."""
+    """Wait until no writer holds the Result's lock (never created here); return whether one held it.
+
+    A lock file nobody holds (its writer was killed: the kernel released its lock) is stale: False.
+    """
     if fcntl is None:  # pragma: no cover - Windows
         return False
     try:
-        fd = os.open(path.with_suffix(".lock"), os.O_RDONLY)
+        fd = os.open(path.with_suffix(".lock"), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return False
     try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False  # free at once: no live writer
+    except BlockingIOError:
         fcntl.flock(fd, fcntl.LOCK_SH)  # blocks while a writer publishes
-    except OSError:
-        pass
+        return True
+    except OSError:  # a file system without flock
+        return False
     finally:
         os.close(fd)
-    return True
 
 
 def _pair_signature(path: Path) -> tuple:
@@ -479,13 +610,14 @@ def _add_checksums(path: str | Path) -> bool:
     """Record the checksums in a (verified) Result JSON written before they existed; True if changed."""
     path = Path(path)
     with _pair_lock(path):
-        result, meta = _read_pair(path)
-        if "npz_sha256" in meta and all("sha256" in spec for spec in meta["arrays"].values()):
+        result, meta = _read_pair(path, legacy=True)
+        if "json_sha256" in meta and "npz_sha256" in meta and all(
+                "sha256" in spec for spec in meta["arrays"].values()):
             return False
         meta["npz_sha256"] = _file_digest(path.with_suffix(".npz"))
         for key, spec in meta["arrays"].items():
             spec["sha256"] = _array_digest(result.arrays[key])
-        text = _json_bytes(meta)
+        text = _signed(meta)
         tmp = _temp_write(path.parent, path.stem, ".json.tmp", lambda fh: fh.write(text))
         try:
             os.replace(tmp, path)
