@@ -117,7 +117,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p_suite.add_argument("--out", default=None, metavar="DIR",
                          help="results folder (as for run; on a cluster, a shared file system)")
     p_suite.add_argument("--logs", default=None, metavar="DIR",
-                         help="submitit's folder for job files and logs (default: <out>/suite-logs)")
+                         help="submitit's folder for job files and logs "
+                              "(default: ~/.cache/companion/suite-logs, private)")
     p_suite.add_argument("--force", action="store_true",
                          help="run every configuration, even those with a stored Result")
     p_suite.add_argument("--no-wait", action="store_true",
