@@ -1,8 +1,6 @@
 r"""Attention logits of real Transformers: query/key capture, logit pairs and their statistics.
 
-Queries and keys are read with hooks on the real projection modules (rotary embeddings applied with
-the model's own function), and the moments of the logit :math:`q\cdot k` over every scored pair are
-set beside :prf:ref:`olr-thm-dot`; derivations: the section *Attention logits* of the chapter
+The moments of :math:`q\cdot k` set beside :prf:ref:`olr-thm-dot`; derivations: *Attention logits* in
 :doc:`/book/outliers_real_models`.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 

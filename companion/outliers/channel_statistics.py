@@ -1,9 +1,6 @@
-"""Per-layer, per-channel statistics of a real model's residual stream, streamed over a corpus.
+"""Per-layer, per-channel moments and exceedance counts of a real residual stream, streamed over a corpus.
 
-:func:`channel_statistics` keeps, per layer ``l`` and channel ``j``, the mean, variance, min, max,
-max ``|x|`` and the exceedance counts ``C_j(t) = #{tokens : |h_{l,j}| > t}`` on a grid of thresholds,
-in ``O(L · d · |t|)`` memory: the measurements Theorem 2 is tested on.  An argument of the wrong
-type raises ``TypeError`` naming it.
+Memory ``O(L · d · |t|)``: the measurements Theorem 2 is tested on.  A wrong type raises ``TypeError``.
 """
 
 from __future__ import annotations

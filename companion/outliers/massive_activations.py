@@ -1,10 +1,7 @@
-r"""Massive activations (Sun et al. 2024): where they appear, how large, and the zero/mean ablation.
+r"""Massive activations :cite:`sun2024massive`: first-token profiles and the zero/mean ablation.
 
-:cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median in
-fixed channels at the first token of large language models, and test them by an ablation: set them
-to zero (the model breaks) or to their mean (nothing changes), watching the loss and the attention
-paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  An argument of the wrong
-type raises ``TypeError`` naming it.
+The ablation watches the loss and the attention paid to the first token (the sink of
+:cite:t:`xiao2024attentionsinks`).  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
