@@ -133,9 +133,8 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     channel : int
     value : float or None
         The value written (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
-    position : int, default 0
-    batch_size : int, default 16
-    max_length : int or None
+    position, batch_size, max_length
+        Position edited (default 0), texts per batch (16), truncation (None: ``m.max_length``).
 
     Returns
     -------
@@ -144,8 +143,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     Raises
     ------
     ValueError
-        For an encoder, a layer outside ``[1, L]``, a channel outside the width, only one of ``layer``
-        and ``value`` None, or a text of one token.
+        For an encoder, a layer or channel out of range, one of ``layer``/``value`` None, a one-token text.
     """
     import torch
 

@@ -102,8 +102,7 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     Raises
     ------
     ValueError
-        If ``texts`` is empty, ``threshold < 0``, no position is left, or a block has no recognisable
-        query projection or FFN expansion.
+        If ``texts`` is empty, ``threshold < 0``, no position is left, or a block's linears are unknown.
     """
     import torch
 
