@@ -1,8 +1,6 @@
 r"""Attention logits of real Transformers: query/key capture, logit pairs and their statistics.
 
-Queries and keys are read with hooks on the real projection modules (rotary embeddings applied with
-the model's own function), and the moments of the logit :math:`q\cdot k` over every scored pair are
-set beside :prf:ref:`olr-thm-dot`; derivations: the section *Attention logits* of the chapter
+The moments of :math:`q\cdot k` set beside :prf:ref:`olr-thm-dot`; derivations: *Attention logits* in
 :doc:`/book/outliers_real_models`.  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
@@ -92,8 +90,7 @@ def capture_queries_keys(m, texts, layers=None, max_length: int | None = None, r
     Raises
     ------
     ValueError
-        If a layer is out of range or repeated, ``texts`` is empty, or the model has no separate
-        query/key projections.
+        If a layer is out of range or repeated, ``texts`` is empty, or q/k projections are not separate.
     """
     import torch
 
@@ -319,11 +316,6 @@ def partial_dot_statistics(q, k, sizes=None, n_orders: int = 8, rng=None) -> dic
     ------
     ValueError
         If ``q``, ``k`` are not finite matching ``[P >= 2, d_k]`` arrays, or a size is outside ``[1, d_k]``.
-
-    Examples
-    --------
-    >>> q, k = np.random.default_rng(0).standard_normal((2, 20000, 64))
-    >>> out = partial_dot_statistics(q, k, sizes=[1, 64])
     """
     qa, ka = real_array("q", q), real_array("k", k)
     if qa.ndim != 2 or qa.shape != ka.shape or qa.shape[0] < 2:

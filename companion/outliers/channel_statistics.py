@@ -1,9 +1,6 @@
-"""Per-layer, per-channel statistics of a real model's residual stream, streamed over a corpus.
+"""Per-layer, per-channel moments and exceedance counts of a real residual stream, streamed over a corpus.
 
-:func:`channel_statistics` keeps, per layer ``l`` and channel ``j``, the mean, variance, min, max,
-max ``|x|`` and the exceedance counts ``C_j(t) = #{tokens : |h_{l,j}| > t}`` on a grid of thresholds,
-in ``O(L · d · |t|)`` memory: the measurements Theorem 2 is tested on.  An argument of the wrong
-type raises ``TypeError`` naming it.
+Memory ``O(L · d · |t|)``: the measurements Theorem 2 is tested on.  A wrong type raises ``TypeError``.
 """
 
 from __future__ import annotations
@@ -59,14 +56,13 @@ def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, 
     thresholds : sequence of float ≥ 0
         The ``t`` of the exceedance counts ``C_j(t)``.
     batch_size : int, default 16
-        Texts per forward pass (memory is ``O(L · batch · tokens · d)`` for one batch).
+        Texts per forward pass (memory ``O(L · batch · tokens · d)``).
     max_length : int or None
         Truncation length (default ``m.max_length``).
     skip_first : bool, default False
-        Exclude the first token of every text, which carries the "massive activations" of
-        :cite:t:`sun2024massive` (attention sinks).
+        Exclude the first token of every text (the massive activations of :cite:t:`sun2024massive`).
     progress : bool, default False
-        Show a tqdm progress bar over batches (``TQDM_DISABLE=1`` turns it off).
+        Show a tqdm progress bar over batches.
 
     Returns
     -------
@@ -75,8 +71,7 @@ def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, 
     Raises
     ------
     ValueError
-        If ``texts`` is empty or holds an empty string, thresholds are negative/NaN/empty,
-        ``batch_size`` < 1, or no token is left (e.g. one-token texts with ``skip_first``).
+        If a text is empty, thresholds are negative/NaN/empty, ``batch_size < 1``, or no token is left.
     """
     check_model(m)
     t = check_thresholds(thresholds)
@@ -125,9 +120,8 @@ def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, 
             del x, xs
     if n == 0:
         raise ValueError("no token left to measure (texts of one token with skip_first=True?)")
-    # A channel whose tokens all hold one value has variance 0 and that value as its mean, but the
-    # rounded batch means leave M > 0 (~1e-34) and a mean off by an ulp: state it exactly.  Any
-    # mean lies in [min, max]; rounding can push it out by an ulp.
+    # rounding leaves a constant channel M ~ 1e-34 and a mean an ulp off, or any mean an ulp outside
+    # [min, max]: state them exactly
     constant = mn == mx
     mean = torch.where(constant, mn, torch.minimum(torch.maximum(mean, mn), mx))
     m2 = torch.where(constant, torch.zeros_like(m2), m2)

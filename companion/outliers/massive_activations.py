@@ -1,10 +1,7 @@
-r"""Massive activations (Sun et al. 2024): where they appear, how large, and the zero/mean ablation.
+r"""Massive activations :cite:`sun2024massive`: first-token profiles and the zero/mean ablation.
 
-:cite:t:`sun2024massive` find a few activations up to :math:`10^4`-:math:`10^5` times the median in
-fixed channels at the first token of large language models, and test them by an ablation: set them
-to zero (the model breaks) or to their mean (nothing changes), watching the loss and the attention
-paid to the first token (the sink of :cite:t:`xiao2024attentionsinks`).  An argument of the wrong
-type raises ``TypeError`` naming it.
+The ablation watches the loss and the attention paid to the first token (the sink of
+:cite:t:`xiao2024attentionsinks`).  An argument of the wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -136,9 +133,8 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     channel : int
     value : float or None
         The value written (Sun et al.: 0 or the mean over inputs); None with ``layer=None``.
-    position : int, default 0
-    batch_size : int, default 16
-    max_length : int or None
+    position, batch_size, max_length
+        Position edited (default 0), texts per batch (16), truncation (None: ``m.max_length``).
 
     Returns
     -------
@@ -147,8 +143,7 @@ def ablate_activation(m, texts, layer: int | None, channel: int, value: float | 
     Raises
     ------
     ValueError
-        For an encoder, a layer outside ``[1, L]``, a channel outside the width, only one of ``layer``
-        and ``value`` None, or a text of one token.
+        For an encoder, a layer or channel out of range, one of ``layer``/``value`` None, a one-token text.
     """
     import torch
 

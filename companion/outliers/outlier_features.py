@@ -1,10 +1,8 @@
-r"""Outlier features in the sense of LLM.int8() (Dettmers et al. 2022), measured per layer.
+r"""Outlier features of LLM.int8() :cite:`dettmers2022llmint8`, measured per layer.
 
-:cite:t:`dettmers2022llmint8` call a hidden feature dimension an *outlier feature* when its magnitude
-reaches 6.0 in the inputs of the linear layers after a normalisation (attention projections, FFN
-expansion) in at least 25% of the layers and 6% of the positions; they find such features emerge
-around 6.7B parameters.  Those inputs are read with forward pre-hooks.  An argument of the wrong
-type raises ``TypeError`` naming it.
+A feature is an outlier when its magnitude reaches 6.0 in the normalised inputs of the linear layers
+(read with pre-hooks) in at least 25% of the layers and 6% of the positions.  An argument of the
+wrong type raises ``TypeError`` naming it.
 """
 
 from __future__ import annotations
@@ -104,8 +102,7 @@ def outlier_feature_statistics(m, texts, threshold: float = 6.0, batch_size: int
     Raises
     ------
     ValueError
-        If ``texts`` is empty, ``threshold < 0``, no position is left, or a block has no recognisable
-        query projection or FFN expansion.
+        If ``texts`` is empty, ``threshold < 0``, no position is left, or a block's linears are unknown.
     """
     import torch
 

@@ -209,8 +209,8 @@ def compare_counts(counts, mu, sigma, thresholds, n_tokens, centred_tol: float =
     Raises
     ------
     ValueError
-        If shapes disagree, counts are not integers in ``[0, n_tokens]``, ``alpha`` is not in (0, 1),
-        or as :func:`predicted_counts`.
+        If counts are not integers in ``[0, n_tokens]`` of the right shape, ``alpha`` is not in (0, 1), or
+        as :func:`predicted_counts`.
 
     Examples
     --------
@@ -411,8 +411,7 @@ def empirical_variance_proxy(x, s_grid=None) -> dict[str, np.ndarray]:
     Raises
     ------
     ValueError
-        If ``x`` has fewer than 4 samples, NaN/inf values or a constant channel, its variance exceeds
-        the float64 range, or ``s_grid`` is empty, not 1-D or contains 0 or non-finite values.
+        As :func:`tail_diagnostics`; for a constant channel, a variance beyond float64, or a bad ``s_grid``.
 
     Examples
     --------
@@ -476,8 +475,7 @@ def top_activations(h, attention_mask=None, k: int = 1) -> dict[str, np.ndarray]
     Raises
     ------
     ValueError
-        If ``h`` is not 4-D or not finite, the mask does not match its batch and token axes or masks
-        every position, or ``k`` is not in ``[1, number of real entries]``.
+        If ``h`` is not finite 4-D, the mask has the wrong shape or masks everything, or ``k`` is too large.
 
     Examples
     --------

@@ -49,11 +49,6 @@ def hooks(forward: HookSpec | None = None, pre: HookSpec | None = None, *,
     ------
     TypeError
         If an entry is not a ``(torch.nn.Module, callable)`` pair.
-
-    Examples
-    --------
-    >>> with hooks(forward={lin: lambda mod, args, out: print(out.shape)}):   # doctest: +SKIP
-    ...     lin(torch.zeros(3, 2))
     """
     pre_pairs, fwd_pairs = _pairs(pre, "pre"), _pairs(forward, "forward")
     handles: list = []

@@ -204,13 +204,7 @@ def wrap(model, tokenizer=None, name: str = "custom", source: str = "", placemen
     Raises
     ------
     TypeError, ValueError
-        If ``model`` is not a model with a ``config`` or has no tokenizer (TypeError), or its blocks,
-        normalisation or placement cannot be determined, or ``max_length`` < 2.
-
-    Examples
-    --------
-    >>> wrap(GPT2LMHeadModel(GPT2Config(n_layer=2)), tok).placement      # doctest: +SKIP
-    'pre'
+        If ``model`` or its tokenizer is missing (TypeError), its layout is unknown, or ``max_length < 2``.
     """
     tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
     if tokenizer is None:
