@@ -389,11 +389,29 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
 
 
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
+#: Largest N for method="exact": above ~3.6e15 scipy's binomial quantiles are NaN (2**63: they hang).
+_EXACT_MAX_N = float(2**50)
 
 
 def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """kl(q || p) of two Bernoulli laws."""
-    return special.rel_entr(q, p) + special.rel_entr(1.0 - q, 1.0 - p)
+    """kl(q || p) of two Bernoulli laws as p f(d/p) + (1-p) f(-d/(1-p)), f(x) = (1+x) ln(1+x) - x, d = q-p.
+
+    Both terms are >= 0, so nothing cancels (``q ln(q/p) + (1-q) ln((1-q)/(1-p))`` loses every digit
+    when 1 - q rounds to 1 - p).
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = q - p
+        x, y = d / p, -d / (1.0 - p)
+        # q ln(1+x) - d = p f(x); x overflows for a subnormal p: ln(1+x) = ln q - ln p
+        first = np.where(np.isfinite(x), special.xlog1py(q, x), q * (np.log(q) - np.log(p))) - d
+        first = np.where(np.abs(x) < 0.01, p * _f_series(x), first)
+        second = np.where(np.abs(y) < 0.01, (1.0 - p) * _f_series(y), special.xlog1py(1.0 - q, y) + d)
+        return first + second
+
+
+def _f_series(x: np.ndarray) -> np.ndarray:
+    """(1+x) ln(1+x) - x for |x| < 0.01: its Taylor series to x**8 (relative error < 1e-15)."""
+    return x * x * (1 / 2 - x * (1 / 6 - x * (1 / 12 - x * (1 / 20 - x * (1 / 30 - x * (1 / 42 - x / 56))))))
 
 
 def _kl_end(p: np.ndarray, far: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -421,7 +439,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
         ``"hoeffding"``: :math:`Np\pm\sqrt{N\ln(2/\delta)/2}`; ``"chernoff"``: :math:`[Nq_-,Nq_+]` with
         :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial
-        quantiles.
+        quantiles (scipy's), for :math:`N\le2^{50}` only.
 
     Returns
     -------
@@ -431,7 +449,8 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type or is out of range, or shapes do not broadcast.
+        If an argument has the wrong type or is out of range, shapes do not broadcast, or ``"exact"``
+        gets :math:`N>2^{50}` (use ``"chernoff"``).
 
     Examples
     --------
@@ -456,7 +475,13 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         half = np.sqrt(n * log_term / 2.0)
         lo, hi = n * pp - half, n * pp + half
     elif method == "exact":
+        if n.size and n.max() > _EXACT_MAX_N:
+            raise ValueError(f"method='exact' needs N <= 2**50 (about 1.1e15), got N = {n.max():.4g}: beyond, "
+                             "scipy's binomial quantiles return NaN or never finish; use method='chernoff' "
+                             "(valid for every N)")
         lo, hi = stats.binom.ppf(delta / 2.0, n, pp), stats.binom.isf(delta / 2.0, n, pp)
+        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+            raise ValueError("scipy's binomial quantiles returned NaN for these N and p; use method='chernoff'")
     else:
         level = log_term / n
         # upper end: q in [p, 1]; no solution below 1 when kl(1 || p) = -ln p <= level

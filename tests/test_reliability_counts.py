@@ -1,0 +1,148 @@
+"""Issue 30, item 2: count intervals and the package's own laws and bounds at extreme arguments.
+
+Every call either returns a value checked against an independent computation (mpmath at 60 digits,
+or a simulation) or raises a ValueError that names the limit; none may hang (each interval call
+runs under a time bound).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import warnings
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from companion.theory import exceedance as ex
+
+FEW = settings(max_examples=60, deadline=None)
+N_MAX = 2**63 - 1
+SECONDS = 10.0  # a call of count_interval takes milliseconds; the old "exact" never returned
+
+
+def within(seconds, fn, *args):
+    """``fn(*args)`` run in a forked process (a C loop holding the GIL cannot block the test); fails the
+    test if it has not returned after ``seconds``, re-raises its exception otherwise."""
+    ctx = multiprocessing.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+
+    def target():
+        try:
+            writer.send(("value", fn(*args)))
+        except Exception as exc:  # noqa: BLE001 - re-raised in the parent
+            writer.send(("error", exc))
+
+    child = ctx.Process(target=target, daemon=True)
+    child.start()
+    ready = reader.poll(seconds)
+    if not ready:
+        child.kill()
+    child.join()
+    assert ready, f"{fn.__name__}{args} did not return within {seconds} s"
+    kind, value = reader.recv()
+    if kind == "error":
+        raise value
+    return value
+
+
+def kl(q, p):
+    """kl(q || p) of two Bernoulli laws in mpmath (60 digits)."""
+    q, p = mpmath.mpf(q), mpmath.mpf(p)
+    left = q * mpmath.log(q / p) if q > 0 else mpmath.mpf(0)
+    right = (1 - q) * mpmath.log((1 - q) / (1 - p)) if q < 1 else mpmath.mpf(0)
+    return left + right
+
+
+def kl_root(N, p, delta, upper):
+    """The q on the side ``upper`` of p with N kl(q || p) = ln(2/delta), by 400 bisection steps in mpmath."""
+    with mpmath.workdps(60):
+        level = mpmath.log(2 / mpmath.mpf(delta)) / N
+        near, far = mpmath.mpf(p), mpmath.mpf(1 if upper else 0)
+        if kl(far, p) <= level:
+            return far
+        for _ in range(400):
+            mid = (near + far) / 2
+            near, far = (near, mid) if kl(mid, p) > level else (mid, far)
+        return far
+
+
+@pytest.mark.parametrize(
+    "N, p",
+    [(N_MAX, 1e-17), (N_MAX, 1e-15), (N_MAX, 0.3), (N_MAX, 1e-300), (N_MAX, 5e-324), (10**16, 1e-12),
+     (10, 5e-324), (10**6, 1e-3), (N_MAX, 1 - 1e-15)],
+)
+def test_chernoff_interval_matches_a_60_digit_solution(N, p):
+    # N = 2**63 - 1, p = 1e-17: the upper end was 95.9 (the root is 119.5), breaking the 1 - delta
+    # guarantee; p = 0.3: an interval 1e3 wide instead of 7.6e9 (1 - q rounded to 1 - p)
+    lo, hi = within(SECONDS, ex.count_interval, N, p, 0.05, "chernoff")
+    with mpmath.workdps(60):
+        q_lo, q_hi = kl_root(N, p, 0.05, False), kl_root(N, p, 0.05, True)
+        want_lo, want_hi = float(N * q_lo), float(N * q_hi)
+    scale = N * 2.0**-52 * max(p, 1e-300) * 8 + 1e-300  # the float resolution of N q near N p
+    assert hi >= want_hi * (1 - 1e-12) - scale and lo <= want_lo * (1 + 1e-12) + scale   # valid
+    assert hi == pytest.approx(want_hi, rel=1e-9, abs=scale)                             # and tight
+    assert lo == pytest.approx(want_lo, rel=1e-9, abs=scale)
+
+
+@FEW
+@given(e=st.floats(0.0, 63.0), p=st.one_of(st.floats(0.0, 1.0), st.floats(5e-324, 1e-12), st.floats(0.999, 1.0)),
+       delta=st.floats(1e-12, 0.9))
+def test_property_chernoff_ends_keep_their_guarantee_for_any_n(e, p, delta):
+    N = min(int(2.0**e), N_MAX)
+    lo, hi = within(SECONDS, ex.count_interval, N, p, delta, "chernoff")
+    assert 0.0 <= lo <= N * p * (1 + 1e-15) and N * p * (1 - 1e-15) <= hi <= N
+    with mpmath.workdps(60):
+        level = mpmath.log(2 / mpmath.mpf(delta)) / N
+        # each end is at or beyond the root of N kl(q || p) = ln(2/delta), so P(C > hi) <= delta/2,
+        # up to the rounding of the product N q (one ulp of the end, taken outward here)
+        if 0 < p and hi < N:
+            assert kl(mpmath.mpf(np.nextafter(hi, math.inf)) / N, p) >= level * (1 - 1e-9)
+        if p < 1 and lo > 0:
+            assert kl(mpmath.mpf(np.nextafter(lo, -math.inf)) / N, p) >= level * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("N, p", [(N_MAX, 0.3), (N_MAX, 1e-15), (2**53, 0.5), (9007199254740948, 0.42),
+                                  (10**20, 0.3)])
+def test_exact_method_is_refused_beyond_its_limit_without_hanging(N, p):
+    # (2**63-1, 0.3) never returned; (2**53, 0.5) and (9007199254740948, 0.42) gave (nan, nan);
+    # (2**63-1, 1e-15) returned numbers from quantiles that are NaN a few p further
+    with pytest.raises(ValueError, match=r"2\*\*50.*method='chernoff'"):
+        within(SECONDS, ex.count_interval, N, p, 0.05, "exact")
+    lo, hi = within(SECONDS, ex.count_interval, N, p, 0.05, "chernoff")
+    assert lo <= N * p <= hi
+
+
+@FEW
+@given(e=st.floats(0.0, 50.0), p=st.one_of(st.floats(0.0, 1.0), st.floats(5e-324, 1e-12), st.floats(0.999, 1.0)),
+       delta=st.floats(1e-9, 0.9))
+def test_property_exact_interval_is_finite_fast_and_inside_chernoff(e, p, delta):
+    N = int(2.0**e)
+    lo, hi = within(SECONDS, ex.count_interval, N, p, delta, "exact")
+    c_lo, c_hi = ex.count_interval(N, p, delta, "chernoff")
+    assert math.isfinite(lo) and math.isfinite(hi)
+    assert math.floor(c_lo * (1 - 1e-12)) - 1 <= lo <= hi <= math.ceil(c_hi * (1 + 1e-12)) + 1
+
+
+@pytest.mark.parametrize("method", ["chernoff", "exact", "hoeffding"])
+@pytest.mark.parametrize("N, p", [(40, 0.02), (1000, 0.3), (5000, 1e-3)])
+def test_intervals_cover_at_their_nominal_rate_in_a_simulation(method, N, p):
+    delta, reps = 0.1, 40_000
+    counts = np.random.default_rng(30).binomial(N, p, size=reps)
+    lo, hi = ex.count_interval(N, p, delta, method)
+    miss = np.mean((counts < lo) | (counts > hi))
+    assert miss <= delta + 4 * math.sqrt(delta * (1 - delta) / reps)
+
+
+def test_expected_counts_and_bounds_beyond_int64_stay_exact():
+    # N = 10**40 and a probability below 1e-300: the product stays a float (no overflow, no 0)
+    p = ex.exceedance_probability_gaussian(0.0, 37.0, 1.0)
+    assert 0 < p < 1e-298
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ex.expected_count_gaussian(10**40, 0.0, 37.0, 1.0) == pytest.approx(1e40 * p, rel=1e-14)
+        lo, hi = ex.count_interval(10**40, 1e-30, 0.01)
+    assert lo < 1e10 < hi
