@@ -18,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion.theory import exceedance as ex
+from companion.theory import concentration as cc
+from companion.theory import normalisation as nm
 
 FEW = settings(max_examples=60, deadline=None)
 N_MAX = 2**63 - 1
@@ -146,3 +148,68 @@ def test_expected_counts_and_bounds_beyond_int64_stay_exact():
         assert ex.expected_count_gaussian(10**40, 0.0, 37.0, 1.0) == pytest.approx(1e40 * p, rel=1e-14)
         lo, hi = ex.count_interval(10**40, 1e-30, 0.01)
     assert lo < 1e10 < hi
+
+
+# ------------------------------------------------------------------ normalisation at the float range
+@pytest.mark.parametrize("x", [[1e200, -1e200, 0.0], [1e-200, -1e-200, 0.0], [1.7e308, 1.7e308, -1.7e308],
+                               [1e160, -1e160, 3e159]])
+def test_normalisation_of_rows_beyond_the_square_range(x):
+    # [1e200, -1e200, 0] gave [0, -0, 0] (y * y overflowed, with only a RuntimeWarning);
+    # [1e-200, -1e-200, 0] raised "input is constant (zero variance)"
+    x = np.array(x)
+    unit = x / np.max(np.abs(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert nm.layernorm(x, eps=0.0) == pytest.approx(nm.layernorm(unit, eps=0.0), rel=1e-14)
+        assert nm.rmsnorm(x, eps=0.0) == pytest.approx(nm.rmsnorm(unit, eps=0.0), rel=1e-14)
+        c = float(np.max(np.abs(x)))
+        for f in (nm.layernorm_jacobian, nm.rmsnorm_jacobian):
+            assert f(x) * c == pytest.approx(f(unit), rel=1e-12, abs=1e-12)
+        lo, hi = nm.gain_jacobian_norm_bounds(x, [2.0, 1.0, 0.5], "rmsnorm")
+        lo1, hi1 = nm.gain_jacobian_norm_bounds(unit, [2.0, 1.0, 0.5], "rmsnorm")
+        assert (lo * c, hi * c) == pytest.approx((lo1, hi1), rel=1e-14)
+    with pytest.raises(ValueError, match="layernorm_jacobian"):   # PyTorch's own gave 0 or NaN
+        nm.autograd_jacobian(x)
+
+
+def test_normalisation_of_tiny_rows_with_eps_is_unchanged():
+    x = np.array([1e-200, -1e-200, 0.0])
+    assert nm.layernorm(x, eps=1e-5) == pytest.approx(x / math.sqrt(1e-5), rel=1e-14)
+    assert np.allclose(nm.autograd_jacobian(x, eps=1e-5), nm.layernorm_jacobian(x, eps=1e-5))
+
+
+@FEW
+@given(row=st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=6), k=st.integers(-300, 300))
+def test_property_normalisation_is_scale_invariant_over_the_float_range(row, k):
+    x = np.array(row)
+    assume_ok = np.ptp(x) > 1e-3
+    if not assume_ok:
+        return
+    c = 10.0**k
+    out, ref = nm.layernorm(x * c, eps=0.0), nm.layernorm(x, eps=0.0)
+    assert out == pytest.approx(ref, rel=1e-9, abs=1e-9)
+    assert nm.rmsnorm(x * c, eps=0.0) == pytest.approx(nm.rmsnorm(x, eps=0.0), rel=1e-9, abs=1e-9)
+
+
+# ------------------------------------------------------------------ the law of q . k at large d_k
+def dot_pdf_reference(d, x):
+    """Density of q . k at x (unscaled) in mpmath: |x|^nu K_nu(|x|) / (sqrt(pi) 2^nu Gamma(d/2))."""
+    with mpmath.workdps(40):
+        nu, x = mpmath.mpf(d - 1) / 2, mpmath.mpf(x)
+        return float(x**nu * mpmath.besselk(nu, x) / (mpmath.sqrt(mpmath.pi) * 2**nu * mpmath.gamma(mpmath.mpf(d) / 2)))
+
+
+@pytest.mark.parametrize("d, x", [(201, 0.01), (1000, 0.5), (1000, 6.0), (4001, 1.0), (4001, 0.01)])
+def test_dot_product_density_at_large_dimension_matches_mpmath(d, x):
+    # d = 1000, x = 0.5 (scaled): the density was inf (K_nu overflowed in kve)
+    unscaled = x * math.sqrt(d)
+    assert cc.dot_product_law(d).pdf(unscaled) == pytest.approx(dot_pdf_reference(d, unscaled), rel=1e-10)
+
+
+@FEW
+@given(d=st.integers(1000, 10**6), x=st.floats(0.0, 6.0))
+def test_property_scaled_dot_product_density_is_close_to_the_normal_one(d, x):
+    # the scaled logit has excess kurtosis 6/d: its density is within a few / d of phi
+    f = float(cc.dot_product_law(d, scaled=True).pdf(x))
+    phi = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    assert math.isfinite(f) and abs(f - phi) <= 2.0 / d
