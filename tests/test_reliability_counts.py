@@ -213,3 +213,35 @@ def test_property_scaled_dot_product_density_is_close_to_the_normal_one(d, x):
     f = float(cc.dot_product_law(d, scaled=True).pdf(x))
     phi = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
     assert math.isfinite(f) and abs(f - phi) <= 2.0 / d
+
+
+# ------------------------------------------------------------------ maxima and counts beyond int64
+def gauss_max_reference(N):
+    """E max_{i<=N} |G_i| in mpmath, with enough digits for (1 - erfc)^N."""
+    with mpmath.workdps(int(math.log10(N)) + 40):
+        f = lambda x: -mpmath.expm1(N * mpmath.log1p(-mpmath.erfc(x / mpmath.sqrt(2))))  # noqa: E731
+        c = mpmath.sqrt(2 * mpmath.log(2 * mpmath.mpf(N)))
+        return float(mpmath.quad(f, [0, c - 2, c, c + 1, c + 40]))
+
+
+@pytest.mark.parametrize("N", [10**20, 10**40])
+def test_maxima_of_more_than_int64_variables(N):
+    # they raised "a simulation cannot draw that many rows" for exact formulas
+    assert cc.gaussian_max_expectation(N) == pytest.approx(gauss_max_reference(N), abs=1e-10)
+    assert cc.maximal_bound(N) == pytest.approx(math.sqrt(2 * math.log(2 * N)), rel=1e-15)
+    t = math.sqrt(2 * math.log(N) - math.log(4 * math.pi * math.log(N)))
+    assert cc.gaussian_max_lower_bound(N) == pytest.approx((1 - math.exp(-1)) * t, rel=1e-14)
+
+
+def test_maximal_bound_with_a_huge_proxy_is_finite():
+    # 2 sigma2 ln(2N) overflowed: the bound was inf instead of 2.45e154
+    assert cc.maximal_bound(10, sigma2=1e308) == pytest.approx(1e154 * math.sqrt(2 * math.log(20)), rel=1e-15)
+
+
+@pytest.mark.parametrize("call", [lambda: ex.expected_count_gaussian(10**400, 0.0, 1.0, 1.0),
+                                  lambda: ex.count_interval(10**400, 0.3), lambda: ex.theorem2_bounds(10**400, 0, 1, 1),
+                                  lambda: cc.maximal_bound(10**400)], ids=["expected", "interval", "theorem2", "max"])
+def test_counts_beyond_the_float_range_are_refused(call):
+    # raw OverflowError ("int too large to convert to float")
+    with pytest.raises(ValueError, match="float64 range"):
+        call()

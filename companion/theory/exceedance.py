@@ -64,6 +64,15 @@ def _nonnegative_t(t) -> np.ndarray:
     return tt
 
 
+def _float_counts(N) -> np.ndarray:
+    """Row counts ``N`` (integers >= 1, any size up to 1.8e308) as float64."""
+    arr = integer_counts("N", N)
+    if arr.dtype == object and arr.size and max(arr.flat) > _F64_MAX:
+        raise ValueError(f"N ~ 10**{len(str(max(arr.flat))) - 1} exceeds the float64 range (1.8e308): no count "
+                         "of that size can be represented; use a smaller N")
+    return arr.astype(np.float64)
+
+
 def _mts(mu, t, sigma) -> list[np.ndarray]:
     """``mu``, ``t`` and ``sigma`` checked and broadcast together."""
     return _cgf.broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
@@ -266,7 +275,7 @@ def expected_count_gaussian(N, mu, t, sigma):
     >>> round(expected_count_gaussian(10**6, 0.0, 3.0, 1.0), 1)
     2699.8
     """
-    n = integer_counts("N", N).astype(np.float64)
+    n = _float_counts(N)
     n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
     return _cgf.scalar_or_array(n * p)
 
@@ -305,7 +314,7 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
-    n = integer_counts("N", N).astype(np.float64)
+    n = _float_counts(N)
     m, tt, s = _mts(mu, t, sigma)
     n, m, tt, s = _cgf.broadcast(N=n, mu=m, t=tt, sigma=s)
     a = np.abs(m)
@@ -465,7 +474,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-    n = integer_counts("N", N).astype(np.float64)
+    n = _float_counts(N)
     pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
