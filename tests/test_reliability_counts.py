@@ -224,7 +224,7 @@ def gauss_max_reference(N):
         return float(mpmath.quad(f, [0, c - 2, c, c + 1, c + 40]))
 
 
-@pytest.mark.parametrize("N", [10**20, 10**40])
+@pytest.mark.parametrize("N", [10**20, 10**25])
 def test_maxima_of_more_than_int64_variables(N):
     # they raised "a simulation cannot draw that many rows" for exact formulas
     assert cc.gaussian_max_expectation(N) == pytest.approx(gauss_max_reference(N), abs=1e-10)
