@@ -64,6 +64,15 @@ def _nonnegative_t(t) -> np.ndarray:
     return tt
 
 
+def _float_counts(N) -> np.ndarray:
+    """Row counts ``N`` (integers >= 1, any size up to 1.8e308) as float64."""
+    arr = integer_counts("N", N)
+    if arr.dtype == object and arr.size and max(arr.flat) > _F64_MAX:
+        raise ValueError(f"N ~ 10**{len(str(max(arr.flat))) - 1} exceeds the float64 range (1.8e308): no count "
+                         "of that size can be represented; use a smaller N")
+    return arr.astype(np.float64)
+
+
 def _mts(mu, t, sigma) -> list[np.ndarray]:
     """``mu``, ``t`` and ``sigma`` checked and broadcast together."""
     return _cgf.broadcast(mu=real_array("mu", mu), t=_nonnegative_t(t), sigma=_positive_sigma(sigma))
@@ -266,7 +275,7 @@ def expected_count_gaussian(N, mu, t, sigma):
     >>> round(expected_count_gaussian(10**6, 0.0, 3.0, 1.0), 1)
     2699.8
     """
-    n = integer_counts("N", N).astype(np.float64)
+    n = _float_counts(N)
     n, p = _cgf.broadcast(N=n, probability=_prob_gaussian(*_mts(mu, t, sigma), False))
     return _cgf.scalar_or_array(n * p)
 
@@ -305,7 +314,7 @@ def theorem2_bounds(N, mu, t, sigma) -> CountBounds:
     >>> b.regime, round(b.lower, 1), round(b.notes_lower, 1), b.upper
     ('mean-dominated', 864.7, 729.3, 1000.0)
     """
-    n = integer_counts("N", N).astype(np.float64)
+    n = _float_counts(N)
     m, tt, s = _mts(mu, t, sigma)
     n, m, tt, s = _cgf.broadcast(N=n, mu=m, t=tt, sigma=s)
     a = np.abs(m)
@@ -389,11 +398,29 @@ def half_exceedance_margin(t, sigma, kind: str = "gaussian"):
 
 
 _INTERVAL_METHODS = ("chernoff", "hoeffding", "exact")
+#: Largest N for method="exact": above ~3.6e15 scipy's binomial quantiles are NaN (2**63: they hang).
+_EXACT_MAX_N = float(2**50)
 
 
 def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """kl(q || p) of two Bernoulli laws."""
-    return special.rel_entr(q, p) + special.rel_entr(1.0 - q, 1.0 - p)
+    """kl(q || p) of two Bernoulli laws as p f(d/p) + (1-p) f(-d/(1-p)), f(x) = (1+x) ln(1+x) - x, d = q-p.
+
+    Both terms are >= 0, so nothing cancels (``q ln(q/p) + (1-q) ln((1-q)/(1-p))`` loses every digit
+    when 1 - q rounds to 1 - p).
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = q - p
+        x, y = d / p, -d / (1.0 - p)
+        # q ln(1+x) - d = p f(x); x overflows for a subnormal p: ln(1+x) = ln q - ln p
+        first = np.where(np.isfinite(x), special.xlog1py(q, x), q * (np.log(q) - np.log(p))) - d
+        first = np.where(np.abs(x) < 0.01, p * _f_series(x), first)
+        second = np.where(np.abs(y) < 0.01, (1.0 - p) * _f_series(y), special.xlog1py(1.0 - q, y) + d)
+        return first + second
+
+
+def _f_series(x: np.ndarray) -> np.ndarray:
+    """(1+x) ln(1+x) - x for |x| < 0.01: its Taylor series to x**8 (relative error < 1e-15)."""
+    return x * x * (1 / 2 - x * (1 / 6 - x * (1 / 12 - x * (1 / 20 - x * (1 / 30 - x * (1 / 42 - x / 56))))))
 
 
 def _kl_end(p: np.ndarray, far: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -421,7 +448,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     method : {"chernoff", "hoeffding", "exact"}, default "chernoff"
         ``"hoeffding"``: :math:`Np\pm\sqrt{N\ln(2/\delta)/2}`; ``"chernoff"``: :math:`[Nq_-,Nq_+]` with
         :math:`N\,\mathrm{kl}(q_\pm\|p)=\ln(2/\delta)` (tighter for small :math:`p`); ``"exact"``: binomial
-        quantiles.
+        quantiles (scipy's), for :math:`N\le2^{50}` only.
 
     Returns
     -------
@@ -431,7 +458,8 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
     Raises
     ------
     TypeError, ValueError
-        If an argument has the wrong type or is out of range, or shapes do not broadcast.
+        If an argument has the wrong type or is out of range, shapes do not broadcast, or ``"exact"``
+        gets :math:`N>2^{50}` (use ``"chernoff"``).
 
     Examples
     --------
@@ -446,7 +474,7 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-    n = integer_counts("N", N).astype(np.float64)
+    n = _float_counts(N)
     pp = real_array("p", p)
     if ((pp < 0) | (pp > 1)).any():
         raise ValueError(f"p must be a probability in [0, 1], got values in [{pp.min():.4g}, {pp.max():.4g}]")
@@ -456,7 +484,13 @@ def count_interval(N, p, delta: float = 0.05, method: str = "chernoff"):
         half = np.sqrt(n * log_term / 2.0)
         lo, hi = n * pp - half, n * pp + half
     elif method == "exact":
+        if n.size and n.max() > _EXACT_MAX_N:
+            raise ValueError(f"method='exact' needs N <= 2**50 (about 1.1e15), got N = {n.max():.4g}: beyond, "
+                             "scipy's binomial quantiles return NaN or never finish; use method='chernoff' "
+                             "(valid for every N)")
         lo, hi = stats.binom.ppf(delta / 2.0, n, pp), stats.binom.isf(delta / 2.0, n, pp)
+        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+            raise ValueError("scipy's binomial quantiles returned NaN for these N and p; use method='chernoff'")
     else:
         level = log_term / n
         # upper end: q in [p, 1]; no solution below 1 when kl(1 || p) = -ln p <= level

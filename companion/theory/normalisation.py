@@ -51,15 +51,22 @@ def _batch(x, kind: str, kinds: tuple[str, str], eps) -> tuple[np.ndarray, float
     return arr, eps
 
 
-def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Return (y, s): y = x - mean (or x), s = sqrt(mean(y**2) + eps), over the last axis."""
+def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (y, s, m): y = (x - mean)/m (or x/m), s = sqrt(mean(y**2) + eps/m**2), over the last axis.
+
+    ``m`` is 1 unless a row's scale max(max|x|, sqrt(eps)) is beyond 1e+-150, where ``y * y`` would
+    overflow or underflow (the output was silently 0, or a "constant input" error): then it is that scale.
+    """
+    m = np.maximum(np.max(np.abs(x), axis=-1, keepdims=True), np.sqrt(eps))
+    m = np.where((m == 0) | ((m >= 1e-150) & (m <= 1e150)), 1.0, m)
+    x = x / m
     y = x - x.mean(axis=-1, keepdims=True) if centre else x
-    s2 = np.mean(y * y, axis=-1, keepdims=True) + eps
+    s2 = np.mean(y * y, axis=-1, keepdims=True) + eps / m / m
     if np.any(s2 <= 0):
         what = "constant (zero variance)" if centre else "all zero"
         raise ValueError(f"input is {what} along the feature axis and eps = 0, so the normalisation "
                          "divides by zero; use eps > 0 or a non-degenerate input")
-    return y, np.sqrt(s2)
+    return y, np.sqrt(s2), m
 
 
 def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
@@ -93,7 +100,7 @@ def layernorm(x, eps: float = 1e-5, gamma=None, beta=None) -> np.ndarray:
     x = _as_float_array(x)
     d = x.shape[-1]
     gamma, beta = _check_affine(gamma, d, "gamma"), _check_affine(beta, d, "beta")
-    y, s = _centred_scale(x, eps, centre=True)
+    y, s, _ = _centred_scale(x, eps, centre=True)
     out = y / s if gamma is None else y / s * gamma
     return out if beta is None else out + beta
 
@@ -124,8 +131,8 @@ def rmsnorm(x, eps: float = 1e-5, gamma=None) -> np.ndarray:
     eps = check_real(eps, "eps", lo=0.0)
     x = _as_float_array(x)
     gamma = _check_affine(gamma, x.shape[-1], "gamma")
-    _, s = _centred_scale(x, eps, centre=False)
-    return x / s if gamma is None else x / s * gamma
+    y, s, _ = _centred_scale(x, eps, centre=False)
+    return y / s if gamma is None else y / s * gamma
 
 
 def _jacobian(x, eps, gamma, centre: bool) -> np.ndarray:
@@ -134,9 +141,9 @@ def _jacobian(x, eps, gamma, centre: bool) -> np.ndarray:
     x = _as_float_array(x, one_d=True)
     gamma = _check_affine(gamma, x.shape[0], "gamma")
     d = x.shape[0]
-    y, s = _centred_scale(x, eps, centre=centre)
-    s = float(s[0])
-    J = ((np.eye(d) - 1.0 / d if centre else np.eye(d)) - np.outer(y, y) / (d * s * s)) / s
+    y, s, m = _centred_scale(x, eps, centre=centre)
+    s, m = float(s[0]), float(m[0])
+    J = ((np.eye(d) - 1.0 / d if centre else np.eye(d)) - np.outer(y, y) / (d * s * s)) / (m * s)
     return J if gamma is None else gamma[:, None] * J
 
 
@@ -232,8 +239,8 @@ def gain_jacobian_norm_bounds(x, gamma, kind: str = "rmsnorm",
     m = 1 if kind == "rmsnorm" else 2
     if d <= m:
         raise ValueError(f"the feature axis must be longer than {m} for {kind}, got d = {d}")
-    _, s = _centred_scale(arr, eps, centre=(kind == "layernorm"))
-    s = s[..., 0]
+    _, s, scale = _centred_scale(arr, eps, centre=(kind == "layernorm"))
+    s = (scale * s)[..., 0]
     return g[m] / s, g[0] / s
 
 
@@ -257,7 +264,8 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
     Raises
     ------
     TypeError, ValueError
-        As :func:`layernorm`, or if ``kind`` is unknown or ``x`` is not 1-D/2-D.
+        As :func:`layernorm`, if ``kind`` is unknown, ``x`` is not 1-D/2-D, or a row's scale is beyond
+        :math:`10^{\pm150}`.
 
     Examples
     --------
@@ -267,7 +275,10 @@ def autograd_jacobian(x, kind: str = "layernorm", eps: float = 0.0) -> np.ndarra
     import torch
 
     arr, eps = _batch(x, kind, ("layernorm", "rmsnorm"), eps)
-    _centred_scale(arr, eps, centre=(kind == "layernorm"))  # raises on a degenerate row
+    _, _, scale = _centred_scale(arr, eps, centre=(kind == "layernorm"))  # raises on a degenerate row
+    if (scale != 1.0).any():  # PyTorch squares x: its Jacobian is silently 0 or NaN there
+        raise ValueError("a row's scale max(|x|, sqrt(eps)) is beyond 1e+-150, where PyTorch's normalisation "
+                         "overflows or underflows; use layernorm_jacobian / rmsnorm_jacobian (exact there)")
     batch = arr.reshape(-1, arr.shape[-1])
     n, d = batch.shape
     norm = torch.nn.functional.layer_norm if kind == "layernorm" else torch.nn.functional.rms_norm
