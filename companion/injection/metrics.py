@@ -373,9 +373,7 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
     >>> dilution_factor(1.0, 0, [0, 3]).tolist()
     [1.0, 0.5]
     """
-    c = check_real(c, "c")
-    if c < 0:
-        raise ValueError(f"c must be >= 0 (norms grow in a Pre-LN stack), got {c}")
+    c = check_real(c, "c", lo=0.0)
     ell = check_int(inject_layer, "inject_layer", 0)
     m = np.asarray(layers)
     if not np.issubdtype(m.dtype, np.integer):
@@ -547,9 +545,7 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     if placement not in ("pre", "post"):
         raise ValueError(f"placement must be 'pre' or 'post', got {placement!r}")
     L = check_int(n_layers, "n_layers", 1)
-    tau = check_real(threshold, "threshold")
-    if not 0 < tau <= 1:
-        raise ValueError(f"threshold must lie in (0, 1], got {tau}")
+    tau = check_real(threshold, "threshold", lo=0.0, lo_open=True, hi=1.0)
     if placement == "post":
         if factor is None:
             raise ValueError("placement='post' needs factor (the mean Post-LN factor f)")
