@@ -30,10 +30,8 @@ def _split_inputs(inputs):
     if isinstance(inputs, Mapping):
         kwargs = dict(inputs)
         return (), kwargs, kwargs.get("attention_mask")
-    raise TypeError(
-        "each batch must be a tensor of input ids or a mapping of model arguments "
-        f"(e.g. the output of companion.transformers.models.tokenize), got {type(inputs).__name__}"
-    )
+    raise TypeError("each batch must be a tensor of input ids or a mapping of model arguments (e.g. the "
+                    f"output of companion.transformers.models.tokenize), got {type(inputs).__name__}")
 
 
 def _run_batches(model, batches, modules, observe) -> None:
@@ -427,8 +425,7 @@ def zero_linear_inputs(modules: Mapping[str, torch.nn.Linear], channels: Mapping
     fills = {}
     if fill is not None:
         if not isinstance(fill, Mapping):
-            raise TypeError(
-                f"fill must be a mapping name -> values per input channel, got {type(fill).__name__}")
+            raise TypeError(f"fill must be a mapping name -> values per channel, got {type(fill).__name__}")
         _check_names(fill, channels, "fill", "without pruned channels")
         for name, v in fill.items():
             a = real_vector(f"fill[{name!r}]", v, size=modules[name].in_features)

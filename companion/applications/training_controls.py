@@ -48,7 +48,6 @@ def _check_ids(ids, name: str, min_len: int) -> torch.Tensor:
     return ids
 
 
-# =========================================================================== clipping
 def tail_clip_threshold(mean, std, delta: float):
     """Gradient-norm threshold exceeded with probability at most ``delta`` under a sub-Gaussian model.
 
@@ -144,7 +143,6 @@ class TailClipper:
         return _tail_clip_threshold(np.asarray(a.mean()), np.asarray(a.std()), self.delta)
 
 
-# =========================================================================== the regulariser
 def column_means(weight: torch.Tensor) -> torch.Tensor:
     """The note's column means: for each output ``j``, the mean of the weights feeding it.
 
@@ -212,11 +210,7 @@ def mean_frobenius_penalty(weights: Sequence[torch.Tensor], lam_frobenius: float
 
 def _mean_frobenius_penalty(weights, lf: float, lm: float) -> torch.Tensor:
     """:func:`mean_frobenius_penalty` on validated 2-D weights and float weights ``lf``, ``lm``."""
-    total = None
-    for w in weights:
-        term = lf * w.pow(2).sum() + lm * w.mean(dim=1).pow(2).sum()
-        total = term if total is None else total + term
-    return total
+    return sum(lf * w.pow(2).sum() + lm * w.mean(dim=1).pow(2).sum() for w in weights)
 
 
 def regularised_weights(model: torch.nn.Module,
@@ -260,7 +254,6 @@ def regularised_weights(model: torch.nn.Module,
     return out
 
 
-# =========================================================================== training
 _CLIP_MODES = ("none", "fixed", "tail")
 
 
@@ -490,7 +483,6 @@ def _tiny_lm_loss(model: TinyLM, ids: torch.Tensor, seq_len: int, batch_size: in
     return total / count
 
 
-# =========================================================================== stream drift
 @dataclass(frozen=True)
 class StreamDrift:
     """Mean drift and outliers of a TinyLM's residual stream at each of its ``L+1`` layers."""
@@ -569,7 +561,6 @@ def stream_drift(model: TinyLM, ids: torch.Tensor, seq_len: int, multiples=(4.0,
         n_tokens=int(x.shape[1]), channel_max_abs=chmax.cpu().numpy())
 
 
-# =========================================================================== seeds
 def seed_interval(values, level: float = 0.95, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean over seeds and its Student-t confidence interval.
 

@@ -277,9 +277,8 @@ def attribute_injection(m, prompts: InjectionPrompts, layer: int, directions, sc
     Raises
     ------
     TypeError, ValueError
-        For arguments of the wrong type; a layer outside ``[0, L-1]``, bad or zero directions, not
-        exactly one of ``scale``/``alpha``, prompts of another model, ``batch_rows < 2 * batch``, or
-        an unsupported block.
+        For wrong types; a layer outside [0, L-1], bad or zero directions, not exactly one of ``scale``/
+        ``alpha``, prompts of another model, ``batch_rows < 2 * batch``, or an unsupported block.
 
     Examples
     --------

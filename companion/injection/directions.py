@@ -184,8 +184,7 @@ def make_prompts(m, first, second, skip_first: bool | None = None,
     Raises
     ------
     TypeError, ValueError
-        If ``m`` is not a LoadedModel, a segment list is not text, or ``skip_first`` is not a bool
-        (TypeError); for empty or unequal lists, or a prompt left without an injected or later token.
+        For wrong types (TypeError), empty or unequal lists, or a prompt without injected or later tokens.
 
     Examples
     --------
@@ -261,8 +260,7 @@ def concept_vectors(m, positive, negative, pool: str = "mean", name: str = "conc
     Raises
     ------
     TypeError, ValueError
-        For wrong argument types; empty sets, an unknown ``pool``, a text without content, or equal
-        means at a layer.
+        For wrong types; empty sets, an unknown ``pool``, a text without content, equal means at a layer.
 
     Examples
     --------
@@ -393,8 +391,7 @@ def typical_norms(stream, mask) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        If ``mask`` is not boolean or the stream is not real (TypeError); if the shapes do not match,
-        the mask selects nothing, or the stream is not finite.
+        For a non-boolean mask or non-real stream (TypeError), shape mismatch, an empty mask, NaN/inf.
 
     Examples
     --------
@@ -494,8 +491,7 @@ def concept_token_ids(m, concept) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        If ``m`` is not a LoadedModel or ``concept`` not a name or ConceptSet (TypeError); for an
-        encoder, an unknown concept or a sentence concept.
+        For wrong types (TypeError); an encoder, an unknown concept or a sentence concept.
     """
     check_model(m)
     if m.kind != "causal-lm":
@@ -579,8 +575,7 @@ def subspace_random_vectors(stream, mask, k: int, n: int, rng=None) -> np.ndarra
     Raises
     ------
     TypeError, ValueError
-        If ``mask`` is not boolean, ``k``/``n`` not integers or ``rng`` invalid (TypeError); for
-        mismatched shapes, ``k`` out of range, ``n < 1`` or a non-finite stream.
+        As :func:`typical_norms`; for wrong types of ``k``/``n``/``rng``, ``k`` out of range, ``n < 1``.
 
     Examples
     --------

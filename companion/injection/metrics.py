@@ -67,8 +67,7 @@ def perturbation_metrics(base, inj, v, centre=None) -> dict[str, np.ndarray]:
     Raises
     ------
     TypeError, ValueError
-        If an input is not a real array or tensor (TypeError); for mismatched shapes, a ``v`` that
-        is zero or does not broadcast, or NaN/inf.
+        For a non-real input (TypeError), mismatched shapes, a zero or non-broadcasting ``v``, NaN/inf.
 
     Examples
     --------
@@ -156,8 +155,7 @@ def normalisation_scale(x, eps: float = 0.0, norm: str = "layernorm") -> np.ndar
     Raises
     ------
     TypeError, ValueError
-        If ``x`` or ``eps`` is not real; for ``d < 2``, NaN/inf, ``eps < 0``, an unknown ``norm``
-        or an overflowing scale.
+        For a non-real or non-finite input, ``d < 2``, ``eps < 0``, an unknown ``norm``, an overflow.
 
     Examples
     --------
@@ -217,8 +215,7 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
     Raises
     ------
     TypeError, ValueError
-        If an argument is not real; as :func:`normalisation_scale`, and for ``residual_scale <= 0``,
-        ``ln_weight`` without ``v``, or a zero ``v``.
+        As :func:`normalisation_scale`; for ``residual_scale <= 0``, or a missing or zero ``v``.
 
     Examples
     --------
@@ -275,8 +272,7 @@ def predicted_projection(factors, inject_layer: int, initial) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        For a non-integer ``inject_layer`` or a non-real array (TypeError); empty or non-finite
-        ``factors``, ``inject_layer`` outside ``[0, L]``, or bad ``initial``.
+        For wrong types; empty or non-finite ``factors``, ``inject_layer`` outside [0, L], bad ``initial``.
 
     Examples
     --------
@@ -320,8 +316,7 @@ def fit_norm_growth(sq_norms) -> float:
     Raises
     ------
     TypeError, ValueError
-        If ``sq_norms`` is not real; not 1-D with >= 2 entries, non-finite, negative,
-        ``sq_norms[0] == 0``, or the slope overflows.
+        If ``sq_norms`` is not real, 1-D, >= 2 long, finite, >= 0 and ``[0] > 0``, or the slope overflows.
 
     Examples
     --------
@@ -365,17 +360,14 @@ def dilution_factor(c: float, inject_layer: int, layers) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        If ``c`` is not real or ``inject_layer``/``layers`` are not integers (TypeError); if
-        ``c < 0``, ``inject_layer < 0`` or some ``m < inject_layer``.
+        For wrong types (TypeError), ``c < 0``, ``inject_layer < 0`` or some ``m < inject_layer``.
 
     Examples
     --------
     >>> dilution_factor(1.0, 0, [0, 3]).tolist()
     [1.0, 0.5]
     """
-    c = check_real(c, "c")
-    if c < 0:
-        raise ValueError(f"c must be >= 0 (norms grow in a Pre-LN stack), got {c}")
+    c = check_real(c, "c", lo=0.0)
     ell = check_int(inject_layer, "inject_layer", 0)
     m = np.asarray(layers)
     if not np.issubdtype(m.dtype, np.integer):
@@ -459,8 +451,7 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     Raises
     ------
     TypeError, ValueError
-        If ``relative``/``contiguous`` are not bool or ``layers``/``n_layers`` not integers (TypeError);
-        for a bad ``effect`` (shape, NaN/inf, negative), bad ``layers`` or a threshold out of range.
+        For wrong types (TypeError); a bad ``effect`` or ``layers``, or a threshold out of range.
 
     Examples
     --------
@@ -536,8 +527,7 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     Raises
     ------
     TypeError, ValueError
-        For an argument of the wrong type; an unknown ``placement``, a missing or out-of-range
-        parameter, or bad ``n_layers``/``threshold``.
+        For wrong types; an unknown ``placement``, or a missing or out-of-range parameter.
 
     Examples
     --------
@@ -547,9 +537,7 @@ def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, fact
     if placement not in ("pre", "post"):
         raise ValueError(f"placement must be 'pre' or 'post', got {placement!r}")
     L = check_int(n_layers, "n_layers", 1)
-    tau = check_real(threshold, "threshold")
-    if not 0 < tau <= 1:
-        raise ValueError(f"threshold must lie in (0, 1], got {tau}")
+    tau = check_real(threshold, "threshold", lo=0.0, lo_open=True, hi=1.0)
     if placement == "post":
         if factor is None:
             raise ValueError("placement='post' needs factor (the mean Post-LN factor f)")
