@@ -161,3 +161,18 @@ def test_property_proxy_invariants_over_scipy_families(dist):
     assert res.proxy >= float(dist.var()) * (1 - 1e-9)
     assert math.isfinite(norm) == math.isfinite(res.proxy)
     assert centred_proxy == pytest.approx(res.proxy, rel=1e-8)
+
+
+@pytest.mark.parametrize("df", [5.0, 1e300])
+def test_psi2_agrees_with_the_proxy_on_heavy_tails(df):
+    # old: t(1e300) had psi2_norm 1.671 (its tail probes look Gaussian) while its proxy and K were inf
+    assert optimal_variance_proxy(stats.t(df)) == math.inf
+    assert psi2_norm(stats.t(df)) == math.inf
+
+
+def test_density_zero_at_every_tail_probe_is_not_a_heavy_tail():
+    # gennorm(1e300) (uniform on [-1, 1] in the limit): logpdf -inf at every probe was read as
+    # "no decay measurable: heavy", so proxy, psi2 and K were inf; now the jump at +-1 is refused
+    for fn in (lambda: optimal_variance_proxy(stats.gennorm(1e300)), lambda: psi2_norm(stats.gennorm(1e300))):
+        with pytest.raises(ValueError, match="total mass"):
+            fn()

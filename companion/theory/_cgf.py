@@ -185,7 +185,10 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     # the outermost pair of consecutive probes with a finite, positive excess
     pair = next(((i - 1, i) for i in good[::-1] if i - 1 in good), None)
     if pair is None:
-        if np.isinf(ell[-1]) and np.isfinite(ell[0]):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raw = np.asarray(dist.logpmf(x) if discrete else dist.logpdf(x), dtype=float)
+        if (raw == -np.inf).all() or (np.isinf(ell[-1]) and np.isfinite(ell[0])):
             # the density vanishes in the far tail: lighter than any Gaussian
             return Tail(beta=np.inf, rate=np.inf, s2=0.0)
         # no decay measurable (flat or increasing density far out): treat as heavy

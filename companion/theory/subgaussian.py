@@ -632,6 +632,9 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     if not centred and abs(mean) > 1e150:
         raise ValueError(f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X "
                          "first (||cX||_psi2 = |c| ||X||_psi2), or pass centred=True")
+    closed = _closed_form_proxy(dist)
+    if closed is not None and closed.proxy == math.inf:  # t(df < inf), Laplace, ...: tails not sub-Gaussian
+        return math.inf
     sd = math.sqrt(var)
     s2_tails = [tail.s2 for tail in _cgf.both_tails(dist, mean, sd).values() if tail is not None]
     if not np.isfinite(s2_tails).all():
