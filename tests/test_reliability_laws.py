@@ -44,7 +44,8 @@ def test_property_bernoulli_proxy_is_location_invariant(p, loc):
     assert shifted == pytest.approx(float(bernoulli_optimal_proxy(p)), rel=1e-12)
 
 
-@pytest.mark.parametrize("low, high", [(0, 2**62), (-2**62, 2**62), (-2**63 + 1, 2**63 - 1), (2**62, 2**62 + 3)])
+@pytest.mark.parametrize("low, high",
+                         [(0, 2**62), (-2**62, 2**62), (-2**63 + 1, 2**63 - 1), (2**62, 2**62 + 3)])
 def test_randint_whose_scipy_variance_overflows(low, high):
     # old: scipy's variance -1/12 was clamped to 0: log_mgf 0, psi2_norm 0 (centred)
     dist = stats.randint(low, high)

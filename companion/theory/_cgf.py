@@ -330,13 +330,13 @@ def end_atoms(dist, lower: float, upper: float, x: np.ndarray, logw: np.ndarray)
         near = [float(dist.cdf(x[live].min())) if np.isfinite(lower) else 0.0,
                 float(dist.sf(x[live].max())) if np.isfinite(upper) else 0.0]
     total = sum(near)
-    if not 0.5 * missing <= total <= 2.0 * missing:  # not (only) mass at the ends: finalise warns
+    if not 0.5 * missing <= total <= 2.0 * missing:  # not (only) mass at the ends: finalise raises
         return x, logw
     if min(near) > 1e-9:
-        raise ValueError(f"dist has a density singular at both ends of its support, with masses {near[0]:.3g} "
-                         f"and {near[1]:.3g} closer to them than float64 quadrature nodes reach; its moments "
-                         "cannot be computed to 1e-9 (beta(a, b) with a, b < 0.03?): use a Bernoulli limit "
-                         "or an rv_discrete approximation")
+        raise ValueError(f"dist has a density singular at both ends of its support, with masses "
+                         f"{near[0]:.3g} and {near[1]:.3g} closer to them than float64 quadrature nodes "
+                         "reach; its moments cannot be computed to 1e-9 (beta(a, b) with a, b < 0.03?): use "
+                         "a Bernoulli limit or an rv_discrete approximation")
     with np.errstate(divide="ignore"):
         extra = np.log(missing * np.array(near) / total)
     return np.concatenate([x, [lower, upper]]), np.concatenate([logw, extra])

@@ -4,7 +4,10 @@ Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: :doc:`/
 A law is a frozen ``scipy.stats`` distribution, evaluated on weighted nodes (``companion.theory._cgf``).
 Laws whose spread (interquartile range, width of the atoms) lies outside :math:`[10^{-150},10^{150}]`,
 or continuous laws whose mean lies more than :math:`10^8` spreads from 0 when quadrature is needed,
-are refused with a ``ValueError`` (rescale, or centre the law).
+are refused with a ``ValueError`` (rescale, or centre the law); so are laws whose scipy moments are
+NaN on a bounded support or a negative variance, laws whose quadrature misses more than :math:`10^{-9}`
+of the mass (a density singular at both ends beyond float64, a peak no node resolves), and integer
+supports beyond :math:`2^{53}` where nodes are needed.
 """
 
 from __future__ import annotations
@@ -103,9 +106,9 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
     ends = np.abs(np.asarray(dist.support(), dtype=float))
     lattice = is_discrete(dist) and _cgf.family(dist) != "rv_sample"
     if centred_nodes and lattice and (ends[np.isfinite(ends)] > 2.0**53).any():
-        raise ValueError(f"dist has integer support {dist.support()} beyond 2**53, where float64 nodes do not "
-                         "hold every integer; pass the law shifted towards 0 (loc); the variance proxy "
-                         "and K(lambda) do not depend on the mean")
+        raise ValueError(f"dist has integer support {dist.support()} beyond 2**53, where float64 "
+                         "nodes do not hold every integer; pass the law shifted towards 0 (loc); the "
+                         "variance proxy and K(lambda) do not depend on the mean")
     far = np.isfinite(mean) and abs(mean) > _MAX_LOCATION_RATIO * spread
     if centred_nodes and not is_discrete(dist) and far:
         raise ValueError(f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
@@ -390,9 +393,9 @@ def _numeric_proxy(dist) -> ProxyResult:
     nodes = _cgf.law_nodes(dist, mean, var, lam_range=(lam_max, lam_max))
     v = nodes.var
     if not (is_discrete(dist) or abs(v - var) <= 1e-9 * var):  # proxy >= v: never below the variance
-        raise ValueError(f"the quadrature variance of dist, {v:.12g}, differs from scipy's {var:.12g} by more "
-                         "than 1e-9 relative; its density or moments are not accurate enough (parameters "
-                         "near a limit of the family?)")
+        raise ValueError(f"the quadrature variance of dist, {v:.12g}, differs from scipy's {var:.12g} "
+                         "by more than 1e-9 relative; its density or moments are not accurate enough "
+                         "(parameters near a limit of the family?)")
     candidates = [(v, 0.0)]
     ranges, reaches = {}, {}
     for side in (+1, -1):
