@@ -690,10 +690,10 @@ def test_docstring_examples():
 # ------------------------------------------------------------------------------------------------
 # Numerical safeguards are reported, not hidden
 # ------------------------------------------------------------------------------------------------
-def test_quadrature_mass_loss_is_reported():
-    # beta(5, 0.1): a strong singularity at the non-zero end 1 puts mass within 1e-16 of it
-    with pytest.warns(RuntimeWarning, match="total mass"):
-        log_mgf(stats.beta(5, 0.1), 1.0)
+def test_quadrature_mass_loss_is_an_error():
+    # vonmises(1e300): a peak of width 1e-150 that no node reaches (old: a warning and K = 0)
+    with pytest.raises(ValueError, match="total mass"):
+        log_mgf(stats.vonmises(1e300), 1.0)
 
 
 def test_lattice_truncation_is_reported():

@@ -101,8 +101,21 @@ def atoms(dist) -> tuple[np.ndarray, np.ndarray]:
     return xk[live] + loc, pk[live]
 
 
+def params(dist) -> tuple[list[float], float]:
+    """The shape parameters (floats) and the location of a frozen law."""
+    shapes, loc = dist.dist._parse_args(*dist.args, **dist.kwds)[:2]
+    return [float(np.asarray(v)) for v in shapes], float(np.asarray(loc))
+
+
 def moments(dist) -> tuple[float, float]:
-    """Mean and variance (recomputed from the atoms where scipy's E X^2 - (E X)^2 cancels; >= 0)."""
+    """Mean and variance (recomputed where scipy's E X^2 - (E X)^2 cancels or overflows; >= 0).
+
+    A negative variance from scipy (integer overflow) is a ``ValueError``.
+    """
+    if family(dist) == "randint_gen":  # scipy's (high - low)^2 overflows int64 beyond 2**31 points
+        lo, hi = (int(v) for v in dist.support())  # exact integers: float(2**62 + 2) - 2**62 is 0
+        n = hi - lo + 1
+        return float(lo) + 0.5 * (n - 1), float(n * n - 1) / 12.0
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -118,7 +131,14 @@ def moments(dist) -> tuple[float, float]:
                 mean = float(np.dot(p, x))
                 mean += float(np.dot(p, x - mean))
                 var = float(np.dot(p, (x - mean) ** 2))
-    return mean, max(var, 0.0)
+    if (math.isnan(mean) or math.isnan(var)) and np.isfinite(dist.support()).all():
+        raise ValueError(f"scipy returned mean {mean} and variance {var} for a law on the bounded support "
+                         f"{tuple(float(v) for v in dist.support())} (its moment formula fails at these "
+                         "parameters); pass parameters away from the family's limit, or its limit law")
+    if var < 0:
+        raise ValueError(f"scipy returned a negative variance ({var:.4g}) for dist (an overflow in its "
+                         "moment formula); rescale or shift the law to smaller integers")
+    return mean, var
 
 
 def length_scale(dist, var: float) -> float:
@@ -165,7 +185,10 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
     # the outermost pair of consecutive probes with a finite, positive excess
     pair = next(((i - 1, i) for i in good[::-1] if i - 1 in good), None)
     if pair is None:
-        if np.isinf(ell[-1]) and np.isfinite(ell[0]):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raw = np.asarray(dist.logpmf(x) if discrete else dist.logpdf(x), dtype=float)
+        if (raw == -np.inf).all() or (np.isinf(ell[-1]) and np.isfinite(ell[0])):
             # the density vanishes in the far tail: lighter than any Gaussian
             return Tail(beta=np.inf, rate=np.inf, s2=0.0)
         # no decay measurable (flat or increasing density far out): treat as heavy
@@ -209,16 +232,16 @@ class Nodes(NamedTuple):
 
 
 def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
-    """Normalise the weights (warning when the quadrature misses mass) and centre the nodes."""
+    """Normalise the weights (a ValueError if more than 1e-9 of the mass is missed); centre the nodes."""
     keep = np.isfinite(logw) & np.isfinite(x)
     x, logw = x[keep], logw[keep]
     if x.size == 0:
         raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
     total = special.logsumexp(logw)
-    if abs(math.expm1(total)) > 1e-6:
-        warnings.warn(f"quadrature of the {what} recovers a total mass of {math.exp(total):.8g}, not 1; "
-                      "results may be inaccurate (a density with a strong singularity or a very narrow "
-                      "peak?)", RuntimeWarning, stacklevel=3)
+    if abs(math.expm1(total)) > 1e-9:
+        raise ValueError(f"quadrature of the {what} recovers a total mass of {math.exp(total):.10g}, not 1, "
+                         "so its moments would be inaccurate (a peak narrower than the nodes resolve, or "
+                         "a density scipy cannot evaluate); rescale X or pass an rv_discrete of its atoms")
     logw = logw - total
     w = np.exp(logw)
     live = w > 0  # far nodes with underflowing weight must not meet x**2 = inf (0 * inf)
@@ -288,7 +311,35 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
         x, logjac = panel(lo, hi, mean, scale)
         xs.append(x)
         logws.append(logjac - neg_log_density(dist, x))
-    return finalise(np.concatenate(xs), np.concatenate(logws), "continuous law")
+    x, logw = end_atoms(dist, lower, upper, np.concatenate(xs), np.concatenate(logws))
+    return finalise(x, logw, "continuous law")
+
+
+def end_atoms(dist, lower: float, upper: float, x: np.ndarray, logw: np.ndarray):
+    """Put the mass the nodes miss within float64 rounding of a finite end (a density singular there,
+    e.g. beta(5, 0.1)) on that end; a ValueError if both ends miss more than 1e-9 (the share of each
+    is then not known well enough)."""
+    live = np.isfinite(logw) & np.isfinite(x)
+    if not live.any():
+        return x, logw
+    missing = -math.expm1(float(special.logsumexp(logw[live])))
+    if not missing > 1e-13:
+        return x, logw
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        near = [float(dist.cdf(x[live].min())) if np.isfinite(lower) else 0.0,
+                float(dist.sf(x[live].max())) if np.isfinite(upper) else 0.0]
+    total = sum(near)
+    if not 0.5 * missing <= total <= 2.0 * missing:  # not (only) mass at the ends: finalise raises
+        return x, logw
+    if min(near) > 1e-9:
+        raise ValueError(f"dist has a density singular at both ends of its support, with masses "
+                         f"{near[0]:.3g} and {near[1]:.3g} closer to them than float64 quadrature nodes "
+                         "reach; its moments cannot be computed to 1e-9 (beta(a, b) with a, b < 0.03?): use "
+                         "a Bernoulli limit or an rv_discrete approximation")
+    with np.errstate(divide="ignore"):
+        extra = np.log(missing * np.array(near) / total)
+    return np.concatenate([x, [lower, upper]]), np.concatenate([logw, extra])
 
 
 def breakpoints(dist, lower: float, upper: float) -> list[float]:
@@ -325,7 +376,17 @@ def panel(lo: float, hi: float, centre: float, scale: float) -> tuple[np.ndarray
         frac = special.expit(-2.0 * np.abs(u))  # 1 / (1 + e^{2|u|}): distance to the nearer end
         x = np.where(t < 0, lo + length * frac, hi - length * frac)
         logjac = math.log(length / 2.0) + math.log(half_pi) + log_dt - 2.0 * log_cosh(u)
-        inside = (x > lo) & (x < hi)
+        # near an end x is rounded to that end's float grid: nodes within 1e6 grid steps of it are
+        # dropped (end_atoms puts their mass on the end); the rest are moved to the float x (its true
+        # fraction, t and Jacobian), so a singular density is weighted where it is read
+        dist_end = np.where(t < 0, x - lo, hi - x)
+        inside = dist_end > 1e6 * np.where(t < 0, np.spacing(abs(lo)), np.spacing(abs(hi)))
+        near = (frac < 1e-8) & inside
+        if near.any():
+            f = dist_end[near] / length
+            t_f = np.arcsinh((0.5 * np.log1p(-f) - 0.5 * np.log(f)) / half_pi)
+            logjac[near] = (math.log(length / 2.0) + math.log(half_pi) + np.log(np.cosh(t_f))
+                            + np.log(4.0 * f) + np.log1p(-f))
     elif np.isinf(lo) and np.isinf(hi):
         with np.errstate(over="ignore"):
             x = centre + scale * np.sinh(u)

@@ -4,7 +4,10 @@ Definitions (:math:`K(\lambda)`, :math:`\sigma^2_{\rm opt}`) and theory: :doc:`/
 A law is a frozen ``scipy.stats`` distribution, evaluated on weighted nodes (``companion.theory._cgf``).
 Laws whose spread (interquartile range, width of the atoms) lies outside :math:`[10^{-150},10^{150}]`,
 or continuous laws whose mean lies more than :math:`10^8` spreads from 0 when quadrature is needed,
-are refused with a ``ValueError`` (rescale, or centre the law).
+are refused with a ``ValueError`` (rescale, or centre the law); so are laws whose scipy moments are
+NaN on a bounded support or a negative variance, laws whose quadrature misses more than :math:`10^{-9}`
+of the mass (a density singular at both ends beyond float64, a peak no node resolves), and integer
+supports beyond :math:`2^{53}` where nodes are needed.
 """
 
 from __future__ import annotations
@@ -100,6 +103,12 @@ def _check_representable(dist, mean: float, var: float, *, centred_nodes: bool) 
                          f"outside [{lo:g}, {hi:g}]: its variance under- or overflows float64.  Rescale X "
                          f"first (sigma2_opt(cX) = c^2 sigma2_opt(X), ||cX||_psi2 = |c| ||X||_psi2, "
                          f"K_cX(lam) = K_X(c lam))")
+    ends = np.abs(np.asarray(dist.support(), dtype=float))
+    lattice = is_discrete(dist) and _cgf.family(dist) != "rv_sample"
+    if centred_nodes and lattice and (ends[np.isfinite(ends)] > 2.0**53).any():
+        raise ValueError(f"dist has integer support {dist.support()} beyond 2**53, where float64 "
+                         "nodes do not hold every integer; pass the law shifted towards 0 (loc); the "
+                         "variance proxy and K(lambda) do not depend on the mean")
     far = np.isfinite(mean) and abs(mean) > _MAX_LOCATION_RATIO * spread
     if centred_nodes and not is_discrete(dist) and far:
         raise ValueError(f"dist has its mean {mean:.6g} more than {_MAX_LOCATION_RATIO:g} spreads "
@@ -117,22 +126,30 @@ def _bernoulli_argmax(p: float) -> float:
     return 2.0 * math.log((1.0 - p) / p)
 
 
+def _binomial_params(dist) -> tuple[float, float]:
+    """(n, p) of a Bernoulli or binomial law, from its parameters (not from mean - loc, which cancels)."""
+    shapes, _ = _cgf.params(dist)
+    return (1.0, shapes[0]) if len(shapes) == 1 else (shapes[0], shapes[1])
+
+
+def _is_normal_limit(dist) -> bool:
+    """Whether ``dist`` is a family's limit that is exactly a normal law (Student t with df = inf)."""
+    return _cgf.family(dist) == "t_gen" and _cgf.params(dist)[0][0] == math.inf
+
+
 def _closed_form_proxy(dist) -> ProxyResult | None:
     """The proxy of a family with a closed form, or None."""
     fam = _cgf.family(dist)
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
-    if fam == "norm_gen":
+    if fam == "norm_gen" or _is_normal_limit(dist):
         return ProxyResult(var, var, 0.0, "closed_form")
     if fam == "uniform_gen":
         return ProxyResult((upper - lower) ** 2 / 12.0, var, 0.0, "closed_form")
     if fam == "randint_gen":  # discrete uniform on n points: strictly sub-Gaussian
-        n = upper - lower + 1.0
-        return ProxyResult((n * n - 1.0) / 12.0, var, 0.0, "closed_form")
+        return ProxyResult(var, var, 0.0, "closed_form")  # var = (n^2 - 1)/12 (_cgf.moments)
     if fam in ("bernoulli_gen", "binom_gen"):
-        n = upper - lower  # bernoulli: support {loc, loc + 1}
-        p = (mean - lower) / n if n > 0 else 0.0
-        p = min(max(p, 0.0), 1.0)
+        n, p = _binomial_params(dist)
         return ProxyResult(n * _bernoulli_proxy(np.asarray(p)), var, _bernoulli_argmax(p), "closed_form")
     if fam == "rv_sample":
         xk = np.asarray(dist.dist.xk, dtype=float)
@@ -178,7 +195,7 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
     with np.errstate(all="ignore"):
-        if fam == "norm_gen":
+        if fam == "norm_gen" or _is_normal_limit(dist):
             out = 0.5 * var * lam**2
             # lam**2 overflows before var * lam**2 does (|lam| > 1.3e154): use (sd lam)^2 there
             big = ~np.isfinite(out)
@@ -193,8 +210,7 @@ def _closed_form_cgf(dist, lam: np.ndarray) -> np.ndarray | None:
             z = math.sqrt(var) * lam
             return np.where(z < 1.0, -np.log1p(-np.minimum(z, 1.0)) - z, np.inf)
         if fam in ("bernoulli_gen", "binom_gen"):
-            n = upper - lower
-            p = (mean - lower) / n if n > 0 else 0.0
+            n, p = _binomial_params(dist)
             if p <= 0.0 or p >= 1.0:
                 return np.zeros_like(lam)
             return n * _bernoulli_cgf(p, lam)
@@ -376,6 +392,10 @@ def _numeric_proxy(dist) -> ProxyResult:
     lam_max = _cgf.LAM_MAX_UNBOUNDED / sd
     nodes = _cgf.law_nodes(dist, mean, var, lam_range=(lam_max, lam_max))
     v = nodes.var
+    if not (is_discrete(dist) or abs(v - var) <= 1e-9 * var):  # proxy >= v: never below the variance
+        raise ValueError(f"the quadrature variance of dist, {v:.12g}, differs from scipy's {var:.12g} "
+                         "by more than 1e-9 relative; its density or moments are not accurate enough "
+                         "(parameters near a limit of the family?)")
     candidates = [(v, 0.0)]
     ranges, reaches = {}, {}
     for side in (+1, -1):
@@ -615,6 +635,9 @@ def psi2_norm(dist, *, centred: bool = False) -> float:
     if not centred and abs(mean) > 1e150:
         raise ValueError(f"dist has its mean at {mean:.4g}: X^2 leaves the float64 range.  Rescale X "
                          "first (||cX||_psi2 = |c| ||X||_psi2), or pass centred=True")
+    closed = _closed_form_proxy(dist)
+    if closed is not None and closed.proxy == math.inf:  # t(df < inf), Laplace, ...: tails not sub-Gaussian
+        return math.inf
     sd = math.sqrt(var)
     s2_tails = [tail.s2 for tail in _cgf.both_tails(dist, mean, sd).values() if tail is not None]
     if not np.isfinite(s2_tails).all():

@@ -1,0 +1,179 @@
+"""Silent wrong numbers from scipy laws (issue 30): each case returns the right number or raises."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from companion.theory.subgaussian import (
+    bernoulli_optimal_proxy, log_mgf, optimal_variance_proxy, psi2_norm,
+)
+
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _bernoulli_proxy_mp(p: float) -> float:
+    """(1 - 2p) / (2 ln((1 - p)/p)) in 50-digit arithmetic."""
+    with mpmath.workdps(50):
+        q = mpmath.mpf(p)
+        return float((1 - 2 * q) / (2 * mpmath.log((1 - q) / q)))
+
+
+@pytest.mark.parametrize("p, loc", [(1e-20, 5.0), (1e-8, 1000.0), (1e-12, 1e6), (1 - 1e-9, 3.0)])
+def test_shifted_bernoulli_with_tiny_probability(p, loc):
+    # old: p recovered as mean - loc cancelled: 0.0 at (1e-20, 5), 1e-4 relative error at (1e-8, 1000)
+    exact = _bernoulli_proxy_mp(p)
+    assert optimal_variance_proxy(stats.bernoulli(p, loc=loc)) == pytest.approx(exact, rel=1e-12)
+    assert optimal_variance_proxy(stats.binom(10, p, loc=loc)) == pytest.approx(10 * exact, rel=1e-12)
+    lam = 0.5
+    with mpmath.workdps(50):
+        k = float(mpmath.log(1 - p + p * mpmath.exp(lam)) - p * lam)
+    assert log_mgf(stats.bernoulli(p, loc=loc), lam) == pytest.approx(k, rel=1e-10)
+
+
+@given(st.floats(1e-300, 0.5), st.floats(-1e6, 1e6))
+@SETTINGS
+def test_property_bernoulli_proxy_is_location_invariant(p, loc):
+    shifted = optimal_variance_proxy(stats.bernoulli(p, loc=loc))
+    assert shifted == pytest.approx(float(bernoulli_optimal_proxy(p)), rel=1e-12)
+
+
+@pytest.mark.parametrize("low, high",
+                         [(0, 2**62), (-2**62, 2**62), (-2**63 + 1, 2**63 - 1), (2**62, 2**62 + 3)])
+def test_randint_whose_scipy_variance_overflows(low, high):
+    # old: scipy's variance -1/12 was clamped to 0: log_mgf 0, psi2_norm 0 (centred)
+    dist = stats.randint(low, high)
+    n = high - low
+    res = optimal_variance_proxy(dist, full_output=True)
+    assert res.proxy == pytest.approx((n * n - 1) / 12, rel=1e-12)
+    assert res.variance == pytest.approx((n * n - 1) / 12, rel=1e-12)
+    with pytest.raises(ValueError, match=r"2\*\*53"):  # old: 0.0 (or a lattice of the wrong points)
+        log_mgf(dist, 1e-20)
+    with pytest.raises(ValueError, match=r"2\*\*53"):
+        psi2_norm(dist, centred=True)
+
+
+def test_student_t_with_infinite_df_is_the_normal_law():
+    # old: optimal_variance_proxy inf and log_mgf inf, while psi2_norm was finite (sqrt(8/3))
+    dist = stats.t(np.inf)
+    assert optimal_variance_proxy(dist) == 1.0
+    assert log_mgf(dist, 1.0) == 0.5
+    assert psi2_norm(dist) == pytest.approx(math.sqrt(8 / 3), rel=1e-9)
+
+
+def _beta_cgf_mp(a: float, b: float, lam: float) -> float:
+    """K(lam) of beta(a, b): log 1F1(a; a + b; lam) - lam a/(a + b), in 40-digit arithmetic."""
+    with mpmath.workdps(40):
+        a, b = mpmath.mpf(a), mpmath.mpf(b)
+        return float(mpmath.log(mpmath.hyp1f1(a, a + b, lam)) - lam * a / (a + b))
+
+
+@pytest.mark.parametrize("a, b", [(0.5, 0.5), (5.0, 0.1), (1e-5, 1.0), (0.2, 0.7), (0.05, 3.0)])
+def test_density_unbounded_at_an_end_of_the_support(a, b):
+    # old: beta(5, 0.1) lost 3% of its mass within 1e-16 of 1 (a warning, K 10% too large);
+    # beta(1e-5, 1) lost 99% below 1e-304 (proxy 0.053 instead of 0.0337)
+    dist = stats.beta(a, b)
+    for lam in (1.0, -3.0, 20.0):
+        assert log_mgf(dist, lam) == pytest.approx(_beta_cgf_mp(a, b, lam), rel=1e-9)
+    res = optimal_variance_proxy(dist, full_output=True)
+    assert res.variance == pytest.approx(dist.var(), rel=1e-9)
+    assert res.proxy >= dist.var() * (1 - 1e-12)
+    if res.argmax != 0:  # an interior maximiser: the profile there, from the exact K
+        lam = res.argmax
+        assert res.proxy == pytest.approx(2 * _beta_cgf_mp(a, b, lam) / lam**2, rel=1e-9)
+    assert math.isfinite(psi2_norm(dist))
+
+
+def test_a_peak_no_node_resolves_is_an_error():
+    # vonmises(1e300): a peak of width 1e-150.  old: a warning, K = 0, proxy 1e-300, and psi2_norm
+    # raised "math domain error"
+    dist = stats.vonmises(1e300)
+    for fn in (lambda: log_mgf(dist, 1.0), lambda: psi2_norm(dist)):  # scipy's vonmises: 3 s a call
+        with pytest.raises(ValueError, match="total mass"):
+            fn()
+
+
+@pytest.mark.parametrize("dist", [stats.truncnorm(0, 1e-300), stats.beta(1e-300, 1e-300)])
+def test_bounded_law_whose_scipy_moments_are_nan_is_an_error(dist):
+    # old: scipy's NaN moments were read as "no finite variance": proxy and psi2_norm inf on a bounded law
+    for fn in (lambda: optimal_variance_proxy(dist), lambda: psi2_norm(dist), lambda: log_mgf(dist, 1.0)):
+        with pytest.raises(ValueError, match="bounded support"):
+            fn()
+
+
+@pytest.mark.parametrize("a", [0.01, 0.001])
+def test_density_singular_at_both_ends_beyond_float64_is_an_error(a):
+    # old beta(0.01, 0.01): proxy 0.2161 below the variance 0.2451, with only a warning
+    for fn in (lambda: optimal_variance_proxy(stats.beta(a, a)), lambda: psi2_norm(stats.beta(a, a)),
+               lambda: log_mgf(stats.beta(a, a), 1.0)):
+        with pytest.raises(ValueError, match="singular at both ends"):
+            fn()
+
+
+@given(st.integers(-2**63, 2**63 - 2), st.integers(1, 2**63))
+@SETTINGS
+def test_property_randint_up_to_2_63(low, width):
+    high = min(low + width, 2**63 - 1)
+    res = optimal_variance_proxy(stats.randint(low, high), full_output=True)
+    n = high - low  # exact: floats lose the width at 2**62 (old: randint(2**62, 2**62 + 3) had proxy 0)
+    assert res.proxy == pytest.approx((n * n - 1) / 12, rel=1e-12, abs=1e-300)
+    assert res.variance == res.proxy
+
+
+_FAMILIES = {  # family -> strategy of its shape parameters, near their limits included
+    "norm": st.just(()), "laplace": st.just(()), "logistic": st.just(()), "uniform": st.just(()),
+    "arcsine": st.just(()), "semicircular": st.just(()), "halfnorm": st.just(()),
+    "t": st.tuples(st.one_of(st.floats(1.0, 1e8), st.just(math.inf))),
+    "gennorm": st.tuples(st.floats(0.5, 8.0)),
+    "skewnorm": st.tuples(st.floats(-30.0, 30.0)),
+    "beta": st.tuples(st.floats(0.03, 50.0), st.floats(0.03, 50.0)),
+    "gamma": st.tuples(st.floats(0.05, 1e4)),
+    "triang": st.tuples(st.floats(0.0, 1.0)),
+    "chi": st.tuples(st.floats(0.5, 50.0)),
+}
+
+
+@st.composite
+def scipy_laws(draw):
+    name = draw(st.sampled_from(sorted(_FAMILIES)))
+    return getattr(stats, name)(*draw(_FAMILIES[name]), loc=draw(st.floats(-10.0, 10.0)),
+                                scale=draw(st.floats(0.1, 10.0)))
+
+
+@given(scipy_laws())
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_property_proxy_invariants_over_scipy_families(dist):
+    """Right or refused (ValueError): proxy >= variance, the centred law's proxy equal, psi2 finite iff
+    the proxy is."""
+    try:
+        res = optimal_variance_proxy(dist, full_output=True)
+        norm = psi2_norm(dist)
+        mean = float(dist.mean())
+        centred = dist.dist(*dist.args, **{**dist.kwds, "loc": dist.kwds["loc"] - mean})
+        centred_proxy = optimal_variance_proxy(centred)
+    except ValueError:
+        return
+    assert res.proxy >= float(dist.var()) * (1 - 1e-9)
+    assert math.isfinite(norm) == math.isfinite(res.proxy)
+    assert centred_proxy == pytest.approx(res.proxy, rel=1e-8)
+
+
+@pytest.mark.parametrize("df", [5.0, 1e300])
+def test_psi2_agrees_with_the_proxy_on_heavy_tails(df):
+    # old: t(1e300) had psi2_norm 1.671 (its tail probes look Gaussian) while its proxy and K were inf
+    assert optimal_variance_proxy(stats.t(df)) == math.inf
+    assert psi2_norm(stats.t(df)) == math.inf
+
+
+def test_density_zero_at_every_tail_probe_is_not_a_heavy_tail():
+    # gennorm(1e300) (uniform on [-1, 1] in the limit): logpdf -inf at every probe was read as
+    # "no decay measurable: heavy", so proxy, psi2 and K were inf; now the jump at +-1 is refused
+    for fn in (lambda: optimal_variance_proxy(stats.gennorm(1e300)), lambda: psi2_norm(stats.gennorm(1e300))):
+        with pytest.raises(ValueError, match="total mass"):
+            fn()
