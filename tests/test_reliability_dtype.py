@@ -1,0 +1,58 @@
+"""Reliability at the dtype's range (issue 30): quantisers, injection sums, resources, the CLI's door."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from companion.applications.quantization import quantize_weight, quantize_with_range
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_range_spanning_the_dtype_is_finite(dtype, symmetric):
+    m = torch.finfo(dtype).max
+    x = torch.tensor([-m, 0.0, m], dtype=dtype)
+    for out in (quantize_with_range(x, 8, -m, m, symmetric=symmetric),
+                quantize_weight(x[None], 8, symmetric=symmetric)[0]):
+        assert bool(torch.isfinite(out).all()), out  # old: -inf (float16) or NaN (wider ranges)
+        assert out[1] == 0 and out[0] < 0 < out[2]
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_zero_range_clips_to_zero(symmetric):
+    out = quantize_with_range(np.array([5.0, -3.0]), 8, 0.0, 0.0, symmetric=symmetric)
+    assert out.tolist() == [0.0, 0.0]  # old: [5, -3] (symmetric) or [5, 0]
+
+
+def test_range_beyond_the_work_dtype_is_refused():
+    with pytest.raises(ValueError, match="beyond the range"):
+        quantize_with_range(np.array([5.0], dtype=np.float32), 8, 1e39, 1e39)  # old: [nan]
+
+
+@settings(max_examples=60)
+@given(dtype=st.sampled_from(DTYPES), symmetric=st.booleans(), bits=st.integers(2, 16),
+       fl=st.floats(0.0, 1.0), fh=st.floats(0.0, 1.0), u=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6),
+       scale=st.sampled_from([1e-30, 1.0, 1e3, 0.5, 0.999, 1.0 + 1e-9]))
+def test_quantize_with_range_is_finite_and_within_a_step(dtype, symmetric, bits, fl, fh, u, scale):
+    """Any range inside the dtype: finite output within one grid step of the clipped input (float64)."""
+    fmax = torch.finfo(dtype).max
+    mag = min(scale, 1.0) * fmax if scale <= 1.0 else fmax
+    lo, hi = -fl * mag, fh * mag
+    x = torch.tensor([lo + (hi - lo) * v if np.isfinite(hi - lo) else lo * (1 - v) + hi * v for v in u],
+                     dtype=torch.float64).to(dtype)
+    lo_t, hi_t = (float(torch.tensor(v, dtype=torch.float64).to(dtype)) for v in (lo, hi))
+    out = quantize_with_range(x, bits, lo_t, hi_t, symmetric=symmetric)
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    ref = x.double().clamp(lo_t, hi_t)
+    if symmetric:
+        step = max(abs(lo_t), abs(hi_t)) / (2 ** (bits - 1) - 1)
+    else:
+        step = (max(hi_t, 0.0) / (2 ** bits - 1) - min(lo_t, 0.0) / (2 ** bits - 1))
+    tol = 1.01 * step + 2 * float(ref.abs().max()) * torch.finfo(dtype).eps + torch.finfo(dtype).tiny
+    assert float((out.double() - ref).abs().max()) <= tol
