@@ -56,3 +56,31 @@ def test_quantize_with_range_is_finite_and_within_a_step(dtype, symmetric, bits,
         step = (max(hi_t, 0.0) / (2 ** bits - 1) - min(lo_t, 0.0) / (2 ** bits - 1))
     tol = 1.01 * step + 2 * float(ref.abs().max()) * torch.finfo(dtype).eps + torch.finfo(dtype).tiny
     assert float((out.double() - ref).abs().max()) <= tol
+
+
+# --------------------------------------------------------------------------------------------
+# injection: the SUM stream + vector in the model's dtype (SmolLM2 holds ~2e4 in one channel)
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2_half():
+    from companion.transformers import models
+    return models.load("smollm2-135m", device="cpu", dtype=torch.float16)
+
+
+@pytest.mark.slow
+def test_inject_refuses_a_sum_that_overflows_float16(smollm2_half):
+    from companion.injection.engine import sweep_injections
+    from companion.transformers import stream
+    m = smollm2_half
+    h = stream.residual_stream(m, ["The cat sat."])
+    layer = int(torch.argmax(h.float().abs().amax(dim=(1, 2, 3))))
+    big = float(h[layer].float().abs().max())
+    assert big > 1e4
+    c = int(h[layer].float().abs().amax(dim=(0, 1)).argmax())
+    v = torch.zeros(m.d_model)
+    v[c] = float(torch.sign(h[layer][..., c].float().flatten()[h[layer][..., c].float().abs().flatten().argmax()]))
+    scale = 65504.0 - big / 2  # the vector alone passes the cast check; the sum does not
+    with pytest.raises(ValueError, match="overflows torch.float16"):
+        stream.inject(m, ["The cat sat."], layer, v, scale=scale)  # old: non-finite values, no error
+    with pytest.raises(ValueError, match="overflows torch.float16"):
+        sweep_injections(m, ["The cat sat."], [layer], v, scale=scale)
