@@ -84,3 +84,23 @@ def test_inject_refuses_a_sum_that_overflows_float16(smollm2_half):
         stream.inject(m, ["The cat sat."], layer, v, scale=scale)  # old: non-finite values, no error
     with pytest.raises(ValueError, match="overflows torch.float16"):
         sweep_injections(m, ["The cat sat."], [layer], v, scale=scale)
+
+
+# --------------------------------------------------------------------------------------------
+# resources: memory estimated from the config before allocating; integers at the public door
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(d_model=2 ** 40, n_heads=1), dict(d_model=2 ** 70, n_heads=1),
+                                dict(vocab_size=2 ** 63), dict(d_ff=2 ** 45)])
+def test_a_config_beyond_the_machine_is_refused_before_allocating(kw):
+    from companion.stacks.residual import ResidualStack, StackConfig
+    from companion.stacks.tinylm import TinyLM
+    cfg = StackConfig(**{"vocab_size": 256, **kw})
+    for build in (ResidualStack, TinyLM):  # old: RuntimeError from the allocator or a C++ overflow
+        with pytest.raises(ValueError, match=r"needs about .* GB .* more than this machine"):
+            build(cfg)
+
+
+def test_small_configs_still_build():
+    from companion.stacks.residual import StackConfig
+    from companion.stacks.tinylm import TinyLM
+    assert TinyLM(StackConfig(d_model=16, n_layers=2, n_heads=2, vocab_size=256)).config.d_model == 16

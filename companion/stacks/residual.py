@@ -17,6 +17,7 @@ argument of the wrong type raises ``TypeError`` naming it.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -150,6 +151,31 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     return math.sqrt(1.0 - beta2), math.sqrt(beta2)
 
 
+def _machine_bytes() -> int:
+    """Physical memory of this machine in bytes (psutil if installed, else ``os.sysconf``; 0 if unknown)."""
+    try:
+        import psutil
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 0
+
+
+def _check_memory(config: StackConfig) -> None:
+    """ValueError before allocating if the float32 parameters of ``config`` exceed the machine's memory."""
+    d, ff, L = config.d_model, config.ff_width, config.n_layers
+    n = L * (4 * d * d + 2 * d * ff + ff + 10 * d) + 2 * d
+    if config.vocab_size is not None:
+        n += 2 * config.vocab_size * d + config.max_len * d
+    need, have = 4 * n, _machine_bytes()
+    if have and need > have:
+        raise ValueError(f"this StackConfig needs about {need / 1e9:.3g} GB for its float32 parameters alone, "
+                         f"more than this machine's {have / 1e9:.3g} GB of memory; use a smaller d_model, "
+                         f"d_ff, n_layers, vocab_size or max_len")
+
+
 def _layer_generator(seed: int, *key: int) -> torch.Generator:
     """A torch generator whose stream depends only on (seed, key)."""
     state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(2, dtype=np.uint32)
@@ -273,6 +299,12 @@ class ResidualStack(nn.Module):
     config : StackConfig
         The stack (update rule in the module docstring).
 
+    Raises
+    ------
+    TypeError, ValueError
+        If ``config`` is not a StackConfig, or its parameters would exceed this machine's memory
+        (checked before anything is allocated; the message gives the estimate).
+
     Examples
     --------
     >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2))
@@ -285,6 +317,7 @@ class ResidualStack(nn.Module):
         super().__init__()
         if not isinstance(config, StackConfig):
             raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+        _check_memory(config)
         self.config = config
         self.blocks = nn.ModuleList(_Block(config, layer) for layer in range(config.n_layers))
         self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
