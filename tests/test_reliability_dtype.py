@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -104,3 +106,38 @@ def test_small_configs_still_build():
     from companion.stacks.residual import StackConfig
     from companion.stacks.tinylm import TinyLM
     assert TinyLM(StackConfig(d_model=16, n_layers=2, n_heads=2, vocab_size=256)).config.d_model == 16
+
+
+def _stored_channel_statistics(monkeypatch, tmp_path):
+    """A config of channel_statistics with a (fake, cheap) stored Result under ``tmp_path``."""
+    from companion import experiments as ex
+    cls = ex.get_experiment("channel_statistics")
+    monkeypatch.setattr(cls, "compute", lambda self, device, progress: {"counts": np.zeros(2)})
+    cfg = ex.make_config(cls, n_texts=4)
+    ex.run_cached(cfg, device="cpu", results_dir=tmp_path)
+    return ex, cfg
+
+
+def test_an_unavailable_device_is_refused_before_a_cached_result(monkeypatch, tmp_path, capsys):
+    from companion.__main__ import main
+    ex, cfg = _stored_channel_statistics(monkeypatch, tmp_path)
+    assert ex.run_cached(cfg, device="cpu", results_dir=tmp_path).path.exists()
+    for dev in ("cuda:99", "tpu"):
+        with pytest.raises(ValueError, match="device"):  # old: the cached Result, no error
+            ex.run_cached(cfg, device=dev, results_dir=tmp_path)
+        argv = ["run", "channel_statistics", "--set", "n_texts=4", "--device", dev, "--out", str(tmp_path)]
+        assert main(argv) == 2 and "device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [2 ** 63, -2 ** 63 - 1, 10 ** 30])
+def test_integers_beyond_64_bits_are_refused_at_the_door(monkeypatch, tmp_path, capsys, value):
+    from companion.__main__ import main
+    ex, cfg = _stored_channel_statistics(monkeypatch, tmp_path)
+    with pytest.raises(ValueError, match="64 bits"):
+        ex.make_config("channel_statistics", n_texts=str(value))
+    big = dataclasses.replace(cfg, n_texts=value)
+    for call in (ex.run, ex.run_cached, ex.config_hash):
+        with pytest.raises(ValueError, match="64 bits"):
+            call(big)
+    assert main(["run", "channel_statistics", "--set", f"n_texts={value}", "--out", str(tmp_path)]) == 2
+    assert "64 bits" in capsys.readouterr().err
