@@ -141,3 +141,28 @@ def test_integers_beyond_64_bits_are_refused_at_the_door(monkeypatch, tmp_path, 
             call(big)
     assert main(["run", "channel_statistics", "--set", f"n_texts={value}", "--out", str(tmp_path)]) == 2
     assert "64 bits" in capsys.readouterr().err
+
+
+@settings(max_examples=60)
+@given(dtype=st.sampled_from(DTYPES), granularity=st.sampled_from(["tensor", "channel", "token"]),
+       bits=st.integers(2, 16), u=st.lists(st.floats(-1.0, 1.0), min_size=4, max_size=4),
+       top=st.sampled_from([1.0, 0.999, 0.5, 1e-3]))
+def test_fake_quantize_is_finite_and_within_half_a_step(dtype, granularity, bits, u, top):
+    """Symmetric dynamic quantiser on data up to the dtype's maximum: finite, within Δ/2 (float64)."""
+    from companion.applications.quantization import _scale_of, fake_quantize, qmax
+    fmax = torch.finfo(dtype).max
+    x = (torch.tensor(u, dtype=torch.float64).reshape(2, 2) * fmax * top).to(dtype)
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    out = fake_quantize(x, bits, granularity)  # old: inf for float32/float64 data at ±max
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    half = torch.broadcast_to(_scale_of(x.double(), qmax(bits), granularity, None) / 2, x.shape)
+    assert bool(((out.double() - x.double()).abs() <= 1.01 * half + torch.finfo(dtype).eps * x.double().abs()).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("granularity", ["tensor", "channel", "token"])
+def test_fake_quantize_at_the_dtype_maximum_is_finite(dtype, granularity):
+    from companion.applications.quantization import fake_quantize
+    m = torch.finfo(dtype).max
+    out = fake_quantize(torch.tensor([[-m, 0.0, m, 1.0]], dtype=dtype), 8, granularity)
+    assert bool(torch.isfinite(out).all()) and out[0, 2] == m  # old: ±inf for float32 and float64

@@ -112,9 +112,8 @@ def _fake_quantize(t: torch.Tensor, q: int, granularity: str, c: torch.Tensor | 
     out = y.div(scale).round_().clamp_(-q, q).mul_(scale)
     if cw is not None:
         out = out.add_(cw)
-    if work != t.dtype:  # a grid point within Δ/2 beyond the dtype's range is its largest value
-        fmax = torch.finfo(t.dtype).max
-        out = out.clamp_(-fmax, fmax).to(t.dtype)
+    fmax = torch.finfo(t.dtype).max  # a grid point within Δ/2 beyond the dtype's range is its largest value
+    out = out.clamp_(-fmax, fmax).to(t.dtype)
     if mask is not None:
         out = torch.where(mask, t, out)
     return out.to(t.dtype)
