@@ -166,3 +166,15 @@ def test_fake_quantize_at_the_dtype_maximum_is_finite(dtype, granularity):
     m = torch.finfo(dtype).max
     out = fake_quantize(torch.tensor([[-m, 0.0, m, 1.0]], dtype=dtype), 8, granularity)
     assert bool(torch.isfinite(out).all()) and out[0, 2] == m  # old: ±inf for float32 and float64
+
+
+def test_stack_injection_refuses_a_sum_that_overflows_float16():
+    from companion.stacks.residual import ResidualStack, StackConfig
+    stack = ResidualStack(StackConfig(d_model=8, n_layers=2, n_heads=2)).half()
+    x = torch.zeros(1, 3, 8, dtype=torch.float16)
+    x[..., 0] = 6e4  # a massive activation
+    v = torch.zeros(8, dtype=torch.float16)
+    v[0] = 1e4       # passes the cast check alone
+    for layer in (0, 2):
+        with pytest.raises(ValueError, match="overflows torch.float16"):  # old: inf in the stream
+            stack(x, inject_layer=layer, inject_vector=v)

@@ -274,6 +274,15 @@ class StackOutput:
     sublayer_branch: torch.Tensor  #: ``[L, S, B, T, d]``: ``branch`` per sublayer
 
 
+def _added(h: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    """``h + addend``; ValueError if the sum overflows the stream's dtype where ``h`` was finite."""
+    out = h + addend
+    if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(h).all()):
+        raise ValueError(f"the stream + inject_vector overflows {h.dtype} (max {torch.finfo(h.dtype).max:.4g}); "
+                         f"use a smaller inject_vector or a wider dtype")
+    return out
+
+
 def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
     """``[T]`` bool mask of ``positions`` (None, an int, or a 1-D list/tensor in ``[0, T)``)."""
     if positions is None:
@@ -386,7 +395,7 @@ class ResidualStack(nn.Module):
         h = x
         for layer in range(cfg.n_layers) if blocks is None else blocks:
             if layer == layer_inj:
-                h = h + addend                                        # injection site h_l
+                h = _added(h, addend)                                # injection site h_l
             streams.append(h)
             norm_ins.append([])
             branches.append([])
@@ -402,7 +411,7 @@ class ResidualStack(nn.Module):
                 norm_ins[-1].append(norm_in)
                 branches[-1].append(branch)
         if layer_inj == cfg.n_layers:
-            h = h + addend                                            # injection site h_L
+            h = _added(h, addend)                                    # injection site h_L
         streams.append(h)
         norm_in = torch.stack([torch.stack(b) for b in norm_ins])    # [L, S, B, T, d]
         branch = torch.stack([torch.stack(b) for b in branches])      # [L, S, B, T, d]
