@@ -178,3 +178,15 @@ def test_stack_injection_refuses_a_sum_that_overflows_float16():
     for layer in (0, 2):
         with pytest.raises(ValueError, match="overflows torch.float16"):  # old: inf in the stream
             stack(x, inject_layer=layer, inject_vector=v)
+
+
+@pytest.mark.parametrize("kw, match", [(dict(seq_len=2 ** 40), "needs about"), (dict(seed=2 ** 64), "<="),
+                                       (dict(n_sequences=2 ** 63), "<="), (dict(chunk=2 ** 70), "<=")])
+def test_stack_runs_refuse_oversized_integers_before_torch(kw, match):
+    from companion.stacks.residual import StackConfig, forward_sq_norms, last_layer_grad_norms
+    cfg = StackConfig(d_model=8, n_layers=1, n_heads=2, d_ff=8, block="mlp")
+    with pytest.raises(ValueError, match=match):  # old: C++ allocator/overflow messages (RuntimeError)
+        forward_sq_norms(cfg, **kw)
+    if "chunk" not in kw:
+        with pytest.raises(ValueError, match=match):
+            last_layer_grad_norms(cfg, **kw)

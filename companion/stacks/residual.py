@@ -163,17 +163,18 @@ def _machine_bytes() -> int:
             return 0
 
 
-def _check_memory(config: StackConfig) -> None:
-    """ValueError before allocating if the float32 parameters of ``config`` exceed the machine's memory."""
+def _check_memory(config: StackConfig, tokens: int = 0) -> None:
+    """ValueError before allocating if the float32 parameters of ``config`` (and the float64 activations
+    of one forward pass over ``tokens`` tokens) exceed the machine's memory."""
     d, ff, L = config.d_model, config.ff_width, config.n_layers
     n = L * (4 * d * d + 2 * d * ff + ff + 10 * d) + 2 * d
     if config.vocab_size is not None:
         n += 2 * config.vocab_size * d + config.max_len * d
-    need, have = 4 * n, _machine_bytes()
+    need, have = 4 * n + 8 * tokens * (d * (3 * L + 3) + ff), _machine_bytes()
     if have and need > have:
-        raise ValueError(f"this StackConfig needs about {need / 1e9:.3g} GB for its float32 parameters alone, "
+        raise ValueError(f"this run needs about {need / 1e9:.3g} GB (parameters and one pass's activations), "
                          f"more than this machine's {have / 1e9:.3g} GB of memory; use a smaller d_model, "
-                         f"d_ff, n_layers, vocab_size or max_len")
+                         f"d_ff, n_layers, vocab_size, max_len, or fewer or shorter sequences")
 
 
 def _layer_generator(seed: int, *key: int) -> torch.Generator:
@@ -480,9 +481,9 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
 
 def _check_counts(**kw) -> None:
-    """Each count an integer >= 1 (``seed`` >= 0)."""
+    """Each count an integer in [1, 2**63) (``seed`` in [0, 2**64), the range of a torch generator)."""
     for name, v in kw.items():
-        check_int(v, name, 0 if name == "seed" else 1)
+        check_int(v, name, 0 if name == "seed" else 1, 2 ** 64 - 1 if name == "seed" else 2 ** 63 - 1)
 
 
 def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 32, chunk: int = 16,
@@ -526,6 +527,7 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     _check_counts(n_sequences=n_sequences, seq_len=seq_len, chunk=chunk, seed=seed)
+    _check_memory(config if stack is None else getattr(stack, "config", config), min(chunk, n_sequences) * seq_len)
     if stack is None:
         stack = ResidualStack(config)
     elif not isinstance(stack, ResidualStack):
@@ -555,6 +557,7 @@ def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, see
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
     check_int(n_classes, "n_classes", 2)
+    _check_memory(config, n_sequences * seq_len)
     if "mlp" not in config.sublayers:
         raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
     d = config.d_model
