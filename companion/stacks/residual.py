@@ -516,7 +516,8 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     Raises
     ------
     ValueError
-        If a count is < 1 (``seed`` < 0).
+        If a count is < 1 or >= 2**63 (``seed`` < 0 or >= 2**64), or the run would exceed the machine's
+        memory (estimated from the config before allocating).
 
     Examples
     --------
@@ -605,7 +606,8 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
     Raises
     ------
     ValueError
-        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
+        If the stack has no MLP, a count is < 1 (``n_classes`` < 2) or out of range, or the run would
+        exceed the machine's memory (as :func:`forward_sq_norms`).
 
     Examples
     --------
