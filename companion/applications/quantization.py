@@ -112,9 +112,8 @@ def _fake_quantize(t: torch.Tensor, q: int, granularity: str, c: torch.Tensor | 
     out = y.div(scale).round_().clamp_(-q, q).mul_(scale)
     if cw is not None:
         out = out.add_(cw)
-    if work != t.dtype:  # a grid point within Δ/2 beyond the dtype's range is its largest value
-        fmax = torch.finfo(t.dtype).max
-        out = out.clamp_(-fmax, fmax).to(t.dtype)
+    fmax = torch.finfo(t.dtype).max  # a grid point within Δ/2 beyond the dtype's range is its largest value
+    out = out.clamp_(-fmax, fmax).to(t.dtype)
     if mask is not None:
         out = torch.where(mask, t, out)
     return out.to(t.dtype)
@@ -311,23 +310,29 @@ def _range_tensor(v, like: torch.Tensor, name: str) -> torch.Tensor:
         t = t.double()
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
-    return t.to(device=like.device, dtype=like.dtype)
+    out = t.to(device=like.device, dtype=like.dtype)
+    _check_cast(out, t, name)
+    return out
 
 
 def _quantize_range(y: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor,
                     symmetric: bool) -> torch.Tensor:
     """Fake-quantise ``y`` on the grid fixed by the range ``[lo, hi]`` (validated, broadcast)."""
+    fmax = torch.finfo(y.dtype).max       # a grid point within a step beyond the range is its largest value
     if symmetric:
         q = 2 ** (bits - 1) - 1
-        step = torch.maximum(lo.abs(), hi.abs()) / q
-        step = torch.where(step > 0, step, torch.ones_like(step))
-        return y.div(step).round().clamp(-q, q).mul(step)
+        m = torch.maximum(lo.abs(), hi.abs())
+        step = m / q
+        out = y.div(torch.where(step > 0, step, torch.ones_like(step))).round().clamp(-q, q).mul(step)
+        return torch.where(step > 0, out, y.clamp(-m, m)).clamp(-fmax, fmax)  # step 0: range (almost) 0
     levels = 2 ** bits - 1
     lo0, hi0 = torch.minimum(lo, torch.zeros_like(lo)), torch.maximum(hi, torch.zeros_like(hi))
     step = (hi0 - lo0) / levels           # the grid contains 0 exactly (zero-point z)
-    step = torch.where(step > 0, step, torch.ones_like(step))
-    z = (-lo0 / step).round().clamp(0, levels)
-    return (y.div(step).round() + z).clamp(0, levels).sub(z).mul(step)
+    step = torch.where(torch.isfinite(step), step, hi0 / levels - lo0 / levels)  # hi - lo beyond fmax
+    pos = torch.where(step > 0, step, torch.ones_like(step))
+    z = (-lo0 / pos).round().clamp(0, levels)
+    out = (y.div(pos).round() + z).clamp(0, levels).sub(z).mul(step)
+    return torch.where(step > 0, out, y.clamp(lo0, hi0)).clamp(-fmax, fmax)
 
 
 def _dynamic_range(x, granularity: str = "tensor"):
@@ -379,7 +384,8 @@ def quantize_with_range(x, bits: int, lo, hi, *, symmetric: bool = True):
                          f"{tuple(tw.shape)}") from exc
     if bool((lo_t > hi_t).any()):
         raise ValueError("lo must not exceed hi")
-    out = _quantize_range(tw, b, lo_t, hi_t, symmetric).to(t.dtype)
+    fmax = torch.finfo(t.dtype).max
+    out = _quantize_range(tw, b, lo_t, hi_t, symmetric).clamp(-fmax, fmax).to(t.dtype)
     return out.numpy() if was_numpy else out
 
 

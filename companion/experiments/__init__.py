@@ -215,7 +215,7 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     ----------
     config : a registered experiment config instance
     device : str, torch.device or None
-        Used only when the experiment has to run.
+        Used only when the experiment has to run; checked (available here) in any case.
     results_dir : path or None
         Look and save only here; ``None``: look in :func:`stored_root` then :func:`cache_root`,
         save into :func:`cache_root`.
@@ -233,7 +233,8 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     Raises
     ------
     TypeError, ValueError
-        Not a registered config; a save folder that cannot be written (checked before computing).
+        Not a registered config; an unavailable ``device``; a save folder that cannot be written
+        (both checked before computing or reading).
 
     Warns
     -----
@@ -246,6 +247,9 @@ def run_cached(config, device=None, results_dir: str | Path | None = None, force
     >>> r = run_cached(make_config("channel_statistics", n_texts=8))   # doctest: +SKIP
     """
     _config_dict(config)
+    if device is not None:  # an unavailable device is refused even when a stored Result would serve
+        from companion.transformers.models import select_device
+        select_device(device)
     name = type(config).experiment_name
     candidates = [Path(results_dir)] if results_dir is not None else [stored_root(), cache_root()]
     for base in ([] if force else candidates):

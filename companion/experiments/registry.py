@@ -217,6 +217,8 @@ def _coerce_scalar(value: Any, tp: type, where: str):
         raise ValueError(f"{where} must be a {tp.__name__}, got {value!r}") from None
     if tp is float and not np.isfinite(out):
         raise ValueError(f"{where} must be finite, got {value!r}")
+    if tp is int and not -2 ** 63 <= out < 2 ** 63:
+        raise ValueError(f"{where} must fit in 64 bits (|value| < 2**63), got {value!r}")
     return out
 
 
@@ -265,8 +267,12 @@ def make_config(name_or_cls, overrides: dict | None = None, **kwargs):
 def _config_dict(config) -> dict:
     if not dataclasses.is_dataclass(config) or not getattr(type(config), "experiment_name", None):
         raise TypeError(f"expected a registered experiment config, got {type(config).__name__}")
-    return {f.name: (list(v) if isinstance(v := getattr(config, f.name), tuple) else v)
-            for f in dataclasses.fields(config)}
+    out = {f.name: (list(v) if isinstance(v := getattr(config, f.name), tuple) else v)
+           for f in dataclasses.fields(config)}
+    for k, v in out.items():  # integers beyond 64 bits would reach torch/numpy as C++ overflow errors
+        if any(isinstance(x, int) and not -2 ** 63 <= x < 2 ** 63 for x in (v if isinstance(v, list) else [v])):
+            raise ValueError(f"{type(config).experiment_name}.{k} must fit in 64 bits (|value| < 2**63), got {v!r}")
+    return out
 
 
 def config_hash(config) -> str:

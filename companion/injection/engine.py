@@ -401,6 +401,11 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
                 entering = [c for c in chunk if layers[c[0]] == i]
                 if entering:
                     new = torch.stack([base[i] + (scales[s] * vec[j]) * selmask for j, s in entering])
+                    if not bool(torch.isfinite(new).all()) and bool(torch.isfinite(base[i]).all()):
+                        raise ValueError(
+                            f"h_{i} + scale·vector overflows {new.dtype} (max {torch.finfo(new.dtype).max:.4g};"
+                            f" the stream already holds values up to {float(base[i].abs().max()):.4g}): "
+                            f"use smaller scales or a wider dtype")
                     new = new.reshape(len(entering) * batch, tokens, -1)
                     h = new if h is None else torch.cat([h, new])
                     active.extend(entering)

@@ -17,6 +17,7 @@ argument of the wrong type raises ``TypeError`` naming it.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -150,6 +151,32 @@ def dslm_scales(n_layers: int, k: float = 2.0) -> tuple[float, float]:
     return math.sqrt(1.0 - beta2), math.sqrt(beta2)
 
 
+def _machine_bytes() -> int:
+    """Physical memory of this machine in bytes (psutil if installed, else ``os.sysconf``; 0 if unknown)."""
+    try:
+        import psutil
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 0
+
+
+def _check_memory(config: StackConfig, tokens: int = 0) -> None:
+    """ValueError before allocating if the float32 parameters of ``config`` (and the float64 activations
+    of one forward pass over ``tokens`` tokens) exceed the machine's memory."""
+    d, ff, L = config.d_model, config.ff_width, config.n_layers
+    n = L * (4 * d * d + 2 * d * ff + ff + 10 * d) + 2 * d
+    if config.vocab_size is not None:
+        n += 2 * config.vocab_size * d + config.max_len * d
+    need, have = 4 * n + 8 * tokens * (d * (3 * L + 3) + ff), _machine_bytes()
+    if have and need > have:
+        raise ValueError(f"this run needs about {need / 1e9:.3g} GB (parameters and one pass's activations), "
+                         f"more than this machine's {have / 1e9:.3g} GB of memory; use a smaller d_model, "
+                         f"d_ff, n_layers, vocab_size, max_len, or fewer or shorter sequences")
+
+
 def _layer_generator(seed: int, *key: int) -> torch.Generator:
     """A torch generator whose stream depends only on (seed, key)."""
     state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(2, dtype=np.uint32)
@@ -248,6 +275,15 @@ class StackOutput:
     sublayer_branch: torch.Tensor  #: ``[L, S, B, T, d]``: ``branch`` per sublayer
 
 
+def _added(h: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    """``h + addend``; ValueError if the sum overflows the stream's dtype where ``h`` was finite."""
+    out = h + addend
+    if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(h).all()):
+        raise ValueError(f"the stream + inject_vector overflows {h.dtype} (max {torch.finfo(h.dtype).max:.4g}); "
+                         f"use a smaller inject_vector or a wider dtype")
+    return out
+
+
 def _token_mask(positions, T: int, name: str, device) -> torch.Tensor:
     """``[T]`` bool mask of ``positions`` (None, an int, or a 1-D list/tensor in ``[0, T)``)."""
     if positions is None:
@@ -273,6 +309,12 @@ class ResidualStack(nn.Module):
     config : StackConfig
         The stack (update rule in the module docstring).
 
+    Raises
+    ------
+    TypeError, ValueError
+        If ``config`` is not a StackConfig, or its parameters would exceed this machine's memory
+        (checked before anything is allocated; the message gives the estimate).
+
     Examples
     --------
     >>> stack = ResidualStack(StackConfig(d_model=16, n_layers=3, n_heads=2))
@@ -285,6 +327,7 @@ class ResidualStack(nn.Module):
         super().__init__()
         if not isinstance(config, StackConfig):
             raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+        _check_memory(config)
         self.config = config
         self.blocks = nn.ModuleList(_Block(config, layer) for layer in range(config.n_layers))
         self.final_norm = _make_norm(config) if config.final_norm else nn.Identity()
@@ -353,7 +396,7 @@ class ResidualStack(nn.Module):
         h = x
         for layer in range(cfg.n_layers) if blocks is None else blocks:
             if layer == layer_inj:
-                h = h + addend                                        # injection site h_l
+                h = _added(h, addend)                                # injection site h_l
             streams.append(h)
             norm_ins.append([])
             branches.append([])
@@ -369,7 +412,7 @@ class ResidualStack(nn.Module):
                 norm_ins[-1].append(norm_in)
                 branches[-1].append(branch)
         if layer_inj == cfg.n_layers:
-            h = h + addend                                            # injection site h_L
+            h = _added(h, addend)                                    # injection site h_L
         streams.append(h)
         norm_in = torch.stack([torch.stack(b) for b in norm_ins])    # [L, S, B, T, d]
         branch = torch.stack([torch.stack(b) for b in branches])      # [L, S, B, T, d]
@@ -438,9 +481,9 @@ def sharpen_attention(stack, logit_std: float, seed: int = 0):
 
 
 def _check_counts(**kw) -> None:
-    """Each count an integer >= 1 (``seed`` >= 0)."""
+    """Each count an integer in [1, 2**63) (``seed`` in [0, 2**64), the range of a torch generator)."""
     for name, v in kw.items():
-        check_int(v, name, 0 if name == "seed" else 1)
+        check_int(v, name, 0 if name == "seed" else 1, 2 ** 64 - 1 if name == "seed" else 2 ** 63 - 1)
 
 
 def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 32, chunk: int = 16,
@@ -473,7 +516,8 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     Raises
     ------
     ValueError
-        If a count is < 1 (``seed`` < 0).
+        If a count is < 1 or >= 2**63 (``seed`` < 0 or >= 2**64), or the run would exceed the machine's
+        memory (estimated from the config before allocating).
 
     Examples
     --------
@@ -484,6 +528,7 @@ def forward_sq_norms(config: StackConfig, n_sequences: int = 16, seq_len: int = 
     if not isinstance(config, StackConfig):
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     _check_counts(n_sequences=n_sequences, seq_len=seq_len, chunk=chunk, seed=seed)
+    _check_memory(config if stack is None else getattr(stack, "config", config), min(chunk, n_sequences) * seq_len)
     if stack is None:
         stack = ResidualStack(config)
     elif not isinstance(stack, ResidualStack):
@@ -513,6 +558,7 @@ def _readout_problem(config, n_sequences: int, seq_len: int, n_classes: int, see
         raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
     _check_counts(n_sequences=n_sequences, seq_len=seq_len, n_classes=n_classes, seed=seed)
     check_int(n_classes, "n_classes", 2)
+    _check_memory(config, n_sequences * seq_len)
     if "mlp" not in config.sublayers:
         raise ValueError(f"config.block = {config.block!r} has no MLP; use 'mlp' or 'both'")
     d = config.d_model
@@ -560,7 +606,8 @@ def last_layer_grad_norms(config: StackConfig, n_sequences: int = 8, seq_len: in
     Raises
     ------
     ValueError
-        If the stack has no MLP, or a count is < 1 (``n_classes`` < 2).
+        If the stack has no MLP, a count is < 1 (``n_classes`` < 2) or out of range, or the run would
+        exceed the machine's memory (as :func:`forward_sq_norms`).
 
     Examples
     --------

@@ -16,7 +16,7 @@ from torch import nn
 
 from companion._validation import check_vector, is_int, is_real
 from companion.stacks.residual import (_NORMAL_STD, ResidualStack, StackConfig, StackOutput, _check_counts,
-                                       _init_linear, _layer_generator, _token_mask)
+                                       _check_memory, _init_linear, _layer_generator, _token_mask)
 
 __all__ = ["TinyLM", "StackAdapter", "byte_tokenize", "unigram_loss", "train_tiny_lm"]
 
@@ -35,7 +35,7 @@ class TinyLM(nn.Module):
     Raises
     ------
     ValueError
-        If ``config.vocab_size`` is None.
+        If ``config.vocab_size`` is None, or its parameters would exceed this machine's memory.
 
     Examples
     --------
@@ -51,6 +51,7 @@ class TinyLM(nn.Module):
             raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
         if config.vocab_size is None:
             raise ValueError("TinyLM needs config.vocab_size (e.g. 256 for byte_tokenize)")
+        _check_memory(config)
         self.config = config
         d, V = config.d_model, config.vocab_size
         self.tok_emb = nn.Embedding(V, d)

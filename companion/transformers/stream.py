@@ -104,6 +104,16 @@ def position_mask(attention_mask: torch.Tensor, positions=None) -> torch.Tensor:
     return sel
 
 
+def _added(h: torch.Tensor, delta: torch.Tensor, layer: int) -> torch.Tensor:
+    """``h + delta``; ValueError if the sum overflows the stream's dtype where ``h`` was finite."""
+    out = h + delta
+    if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(h).all()):
+        raise ValueError(
+            f"h_{layer} + scale·vector overflows {h.dtype} (max {torch.finfo(h.dtype).max:.4g}; the stream "
+            f"already holds values up to {float(h.abs().max()):.4g}): use a smaller scale or a wider dtype")
+    return out
+
+
 def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | None = None,
                    record_calls: bool = False):
     """One forward pass of ``m.base`` with hooks on every block, without argument checks.
@@ -137,7 +147,7 @@ def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | No
             if add is None or add[0] != 0:
                 states[0] = h
                 return None
-            states[0] = h = h + add[1]
+            states[0] = h = _added(h, add[1], 0)
             return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
         return hook
 
@@ -147,7 +157,7 @@ def forward_states(m: LoadedModel, enc: dict, add: tuple[int, torch.Tensor] | No
             if add is None or add[0] != i + 1:
                 states[i + 1] = h
                 return None
-            states[i + 1] = h = h + add[1]
+            states[i + 1] = h = _added(h, add[1], i + 1)
             return (h, *output[1:]) if isinstance(output, tuple) else h
         return hook
 
@@ -217,7 +227,8 @@ def inject(m: LoadedModel, texts, layer: int, vector, scale: float = 1.0, positi
     ------
     TypeError, ValueError
         For arguments of the wrong type; if ``layer`` is outside ``[0, L]``, ``vector`` has not ``d``
-        finite entries, ``scale · vector`` overflows the dtype, or ``texts``/``positions`` are invalid.
+        finite entries, ``scale · vector`` or ``h_layer + scale · vector`` overflows the dtype, or ``texts``/``positions``
+        are invalid.
 
     Examples
     --------
