@@ -405,8 +405,7 @@ _EXACT_MAX_N = float(2**50)
 def _kl_bernoulli(q: np.ndarray, p: np.ndarray) -> np.ndarray:
     """kl(q || p) of two Bernoulli laws as p f(d/p) + (1-p) f(-d/(1-p)), f(x) = (1+x) ln(1+x) - x, d = q-p.
 
-    Both terms are >= 0, so nothing cancels (``q ln(q/p) + (1-q) ln((1-q)/(1-p))`` loses every digit
-    when 1 - q rounds to 1 - p).
+    Both terms are >= 0: nothing cancels, unlike q ln(q/p) + (1-q) ln((1-q)/(1-p)) when 1 - q rounds to 1 - p.
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         d = q - p

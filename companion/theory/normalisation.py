@@ -54,8 +54,7 @@ def _batch(x, kind: str, kinds: tuple[str, str], eps) -> tuple[np.ndarray, float
 def _centred_scale(x: np.ndarray, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return (y, s, m): y = (x - mean)/m (or x/m), s = sqrt(mean(y**2) + eps/m**2), over the last axis.
 
-    ``m`` is 1 unless a row's scale max(max|x|, sqrt(eps)) is beyond 1e+-150, where ``y * y`` would
-    overflow or underflow (the output was silently 0, or a "constant input" error): then it is that scale.
+    ``m`` is 1, or a row's scale max(max|x|, sqrt(eps)) if beyond 1e+-150 (where y * y under/overflows).
     """
     m = np.maximum(np.max(np.abs(x), axis=-1, keepdims=True), np.sqrt(eps))
     m = np.where((m == 0) | ((m >= 1e-150) & (m <= 1e150)), 1.0, m)

@@ -142,12 +142,10 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
     fam = _cgf.family(dist)
     mean, var = _cgf.moments(dist)
     lower, upper = (float(v) for v in dist.support())
-    if fam == "norm_gen" or _is_normal_limit(dist):
+    if fam in ("norm_gen", "randint_gen") or _is_normal_limit(dist):  # strictly sub-Gaussian laws
         return ProxyResult(var, var, 0.0, "closed_form")
     if fam == "uniform_gen":
         return ProxyResult((upper - lower) ** 2 / 12.0, var, 0.0, "closed_form")
-    if fam == "randint_gen":  # discrete uniform on n points: strictly sub-Gaussian
-        return ProxyResult(var, var, 0.0, "closed_form")  # var = (n^2 - 1)/12 (_cgf.moments)
     if fam in ("bernoulli_gen", "binom_gen"):
         n, p = _binomial_params(dist)
         return ProxyResult(n * _bernoulli_proxy(np.asarray(p)), var, _bernoulli_argmax(p), "closed_form")
@@ -377,7 +375,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
 
 def _numeric_proxy(dist) -> ProxyResult:
-    """The proxy by numerical maximisation of 2K(lam)/lam^2 (Notes of :func:`optimal_variance_proxy`)."""
+    """The proxy by numerical maximisation of 2K(lam)/lam^2 (see :func:`optimal_variance_proxy`)."""
     mean, var = _cgf.moments(dist)
     if not (np.isfinite(mean) and np.isfinite(var)):
         return ProxyResult(math.inf, var, math.nan, "numeric")
