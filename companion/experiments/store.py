@@ -358,9 +358,8 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     Raises
     ------
     TypeError, ValueError, OSError
-        Not a Result or an object array (TypeError); an array name that is not an identifier
-        (ValueError), or a name or config hash that is not a file name; a folder that cannot be
-        written (OSError).
+        Not a Result or an object array (TypeError); an array name that is not an identifier, or a
+        name or config hash that is not a file name (ValueError); a folder that cannot be written.
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -375,7 +374,6 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     _check_file_name("config_hash", result.config_hash)
     base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: getattr(result, k) for k in ("name", "config", "scalars", "versions", "device", "wall_time",
                                             "schema", "config_hash", "created")}
     _publish(path, meta, arrays)
@@ -386,6 +384,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
 def _publish(path: Path, meta: dict, arrays: dict) -> None:
     """Write ``arrays`` beside the JSON ``path`` and ``meta`` with every checksum, atomically, as a pair."""
     npz_path = path.with_suffix(".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
     meta["arrays"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "sha256": _array_digest(v)}
                       for k, v in arrays.items()}
     temps = []
