@@ -343,8 +343,8 @@ def run_suite(entries, executor: str = "local", results_dir: str | Path | None =
     Raises
     ------
     TypeError, ValueError
-        Entries that are not SuiteEntry objects; an unknown executor, a bad time or
-        ``parallel``, an unwritable results folder, a log folder others can write, or a malformed suite.
+        Entries that are not SuiteEntry objects (TypeError); a bad executor, time, ``parallel``, suite,
+        results folder (unwritable) or log folder (others can write).
     ImportError
         If submitit is not installed (``pip install fading-outliers-companion[suite]``).
     """

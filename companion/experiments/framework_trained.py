@@ -314,14 +314,13 @@ def save_models(models: dict, config: TrainedWindowsConfig, path: str | Path | N
 
     Raises
     ------
-    TypeError
-        If ``config`` is not a :class:`TrainedWindowsConfig`.
+    TypeError, ValueError
+        ``config`` is not a :class:`TrainedWindowsConfig` (TypeError); ``path`` does not end in ``.npz``.
     """
     _check_config(config)
     path = Path(path) if path is not None else _stored_target() / _stored_models_path().name
     if path.suffix != ".npz":
         raise ValueError(f"the weights' path must end in .npz, got {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays, losses = {}, {}
     for (placement, width, depth), (model, loss) in models.items():
         key = f"{placement}/w{width}/L{depth}"

@@ -358,9 +358,8 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     Raises
     ------
     TypeError, ValueError, OSError
-        Not a Result or an object array (TypeError); an array name that is not an identifier
-        (ValueError), or a name or config hash that is not a file name; a folder that cannot be
-        written (OSError).
+        Not a Result or an object array (TypeError); an array name that is not an identifier, or a
+        name or config hash that is not a file name (ValueError); a folder that cannot be written.
     """
     if not isinstance(result, Result):
         raise TypeError(f"expected a Result, got {type(result).__name__}")
@@ -375,7 +374,6 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
     _check_file_name("config_hash", result.config_hash)
     base = Path(results_dir) if results_dir is not None else cache_root()
     path = base / result.name / f"{result.config_hash}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: getattr(result, k) for k in ("name", "config", "scalars", "versions", "device", "wall_time",
                                             "schema", "config_hash", "created")}
     _publish(path, meta, arrays)
@@ -386,6 +384,7 @@ def save_result(result: Result, results_dir: str | Path | None = None) -> Path:
 def _publish(path: Path, meta: dict, arrays: dict) -> None:
     """Write ``arrays`` beside the JSON ``path`` and ``meta`` with every checksum, atomically, as a pair."""
     npz_path = path.with_suffix(".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
     meta["arrays"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "sha256": _array_digest(v)}
                       for k, v in arrays.items()}
     temps = []
@@ -422,10 +421,7 @@ def _read_pair(path: Path, legacy: bool = False) -> tuple[Result, dict]:
 
 
 def _read_checked(path: Path, types: dict, optional: dict, legacy: bool = False) -> tuple[dict, dict]:
-    """Read and verify a JSON + ``.npz`` pair: the fields of ``types``, the JSON's and the arrays' checksums.
-
-    A JSON without ``json_sha256`` warns (:class:`UnverifiedResultWarning`) unless ``legacy``.
-    """
+    """Read and verify a JSON + ``.npz`` pair and its checksums; warns if unchecksummed unless ``legacy``."""
     npz_path = path.with_suffix(".npz")
     try:
         text = path.read_bytes()
@@ -452,10 +448,8 @@ def _read_checked(path: Path, types: dict, optional: dict, legacy: bool = False)
     declared = meta.get("arrays", {})
     for key, spec in declared.items():
         ok = (isinstance(spec, dict) and isinstance(spec.get("dtype"), str)
-              and isinstance(spec.get("shape"), list)
-              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                      for n in spec["shape"])
-              and isinstance(spec.get("sha256", ""), str))
+              and isinstance(spec.get("sha256", ""), str) and isinstance(spec.get("shape"), list)
+              and all(type(n) is int and n >= 0 for n in spec["shape"]))
         if not ok:
             raise corrupt(f"its description of array {key!r} is malformed ({spec!r:.80})")
     if "json_sha256" in meta:
@@ -488,8 +482,8 @@ def _read_checked(path: Path, types: dict, optional: dict, legacy: bool = False)
     if "json_sha256" not in meta and not legacy:
         warnings.warn(f"the JSON of {path} has no checksum of its own content (written before the store "
                       "checked it): its scalars are not verified; add it with "
-                      "companion.experiments.store._add_checksums(path), or recompute", UnverifiedResultWarning,
-                      stacklevel=4)
+                      "companion.experiments.store._add_checksums(path), or recompute",
+                      UnverifiedResultWarning, stacklevel=4)
     return meta, arrays
 
 
@@ -559,23 +553,19 @@ def load_result(path: str | Path) -> Result:
 
 def _read_retrying(read, path: Path):
     """``read(path)``, read again while a live writer replaces the pair meanwhile."""
-    for attempt in range(_READ_ATTEMPTS):
+    for _ in range(_READ_ATTEMPTS - 1):
         before = _pair_signature(path)
         try:
             return read(path)
         except CorruptResultError:
             # a writer publishing the pair while it was read is a race, not damage: read again
-            raced = _wait_for_writer(path) or _pair_signature(path) != before
-            if not raced or attempt == _READ_ATTEMPTS - 1:
+            if not (_wait_for_writer(path) or _pair_signature(path) != before):
                 raise
-    raise AssertionError("unreachable")  # pragma: no cover
+    return read(path)
 
 
 def _wait_for_writer(path: Path) -> bool:
-    """Wait until no writer holds the Result's lock (never created here); return whether one held it.
-
-    A lock file nobody holds (its writer was killed: the kernel released its lock) is stale: False.
-    """
+    """Wait until no writer holds the Result's lock (never created here); return whether one held it."""
     if fcntl is None:  # pragma: no cover - Windows
         return False
     try:
