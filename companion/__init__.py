@@ -35,64 +35,35 @@ _logging.getLogger("companion").addHandler(_logging.NullHandler())
 __version__ = "0.2.0.dev0"
 
 #: The curated namespace: name -> module that defines it (imported on first access).
-_NAMESPACE = {
-    "setup_notebook": "companion.notebook",
-    # theory
-    "optimal_variance_proxy": "companion.theory.subgaussian",
-    "log_mgf": "companion.theory.subgaussian",
-    "psi2_norm": "companion.theory.subgaussian",
-    "subgaussian_tail_bound": "companion.theory.subgaussian",
-    "bernoulli_optimal_proxy": "companion.theory.subgaussian",
-    "linear_map_proxy": "companion.theory.subgaussian",
-    "monte_carlo_tail": "companion.theory.subgaussian",
-    "bernstein_bound": "companion.theory.concentration",
-    "hoeffding_bound": "companion.theory.concentration",
-    "gaussian_max_expectation": "companion.theory.concentration",
-    "theorem1_lower_bound": "companion.theory.exceedance",
-    "theorem2_bounds": "companion.theory.exceedance",
-    "expected_count_gaussian": "companion.theory.exceedance",
-    "count_interval": "companion.theory.exceedance",
-    "simulate_counts": "companion.theory.exceedance",
-    "layernorm": "companion.theory.normalisation",
-    "rmsnorm": "companion.theory.normalisation",
-    "layernorm_jacobian": "companion.theory.normalisation",
-    "bootstrap_interval": "companion.theory.bootstrap",
-    # stacks
-    "StackConfig": "companion.stacks.residual",
-    "ResidualStack": "companion.stacks.residual",
-    "TinyLM": "companion.stacks.tinylm",
-    "train_tiny_lm": "companion.stacks.tinylm",
-    # transformers
-    "load": "companion.transformers.models",
-    "residual_stream": "companion.transformers.stream",
-    "inject": "companion.transformers.stream",
-    "logits_from_residual": "companion.transformers.readout",
-    "next_token_loss": "companion.transformers.readout",
-    # injection
-    "concept_vectors": "companion.injection.directions",
-    "random_unit_vectors": "companion.injection.directions",
-    "sweep_injections": "companion.injection.engine",
-    "track_injection": "companion.injection.engine",
-    "perturbation_metrics": "companion.injection.metrics",
-    "next_token_kl": "companion.injection.metrics",
-    "attribute_injection": "companion.injection.attribution",
-    # outliers
-    "channel_statistics": "companion.outliers.channel_statistics",
-    "compare_counts": "companion.outliers.regimes",
-    "attention_logit_statistics": "companion.outliers.attention_logits",
-    "first_token_profile": "companion.outliers.massive_activations",
-    "outlier_feature_statistics": "companion.outliers.outlier_features",
-    # applications
-    "fake_quantize": "companion.applications.quantization",
-    "quantized_linears": "companion.applications.model_quantization",
-    "linear_input_statistics": "companion.applications.pruning",
-    "tail_clip_threshold": "companion.applications.training_controls",
-    # experiments
-    "make_config": "companion.experiments",
-    "run": "companion.experiments",
-    "run_cached": "companion.experiments",
-    "load_result": "companion.experiments",
-}
+_NAMESPACE = {name: f"companion.{module}" for module, names in {
+    "notebook": "setup_notebook",
+    "theory.subgaussian": "optimal_variance_proxy log_mgf psi2_norm subgaussian_tail_bound "
+                          "bernoulli_optimal_proxy linear_map_proxy monte_carlo_tail",
+    "theory.concentration": "bernstein_bound hoeffding_bound gaussian_max_expectation",
+    "theory.exceedance": "theorem1_lower_bound theorem2_bounds expected_count_gaussian count_interval "
+                         "simulate_counts",
+    "theory.normalisation": "layernorm rmsnorm layernorm_jacobian",
+    "theory.bootstrap": "bootstrap_interval",
+    "stacks.residual": "StackConfig ResidualStack",
+    "stacks.tinylm": "TinyLM train_tiny_lm",
+    "transformers.models": "load",
+    "transformers.stream": "residual_stream inject",
+    "transformers.readout": "logits_from_residual next_token_loss",
+    "injection.directions": "concept_vectors random_unit_vectors",
+    "injection.engine": "sweep_injections track_injection",
+    "injection.metrics": "perturbation_metrics next_token_kl",
+    "injection.attribution": "attribute_injection",
+    "outliers.channel_statistics": "channel_statistics",
+    "outliers.regimes": "compare_counts",
+    "outliers.attention_logits": "attention_logit_statistics",
+    "outliers.massive_activations": "first_token_profile",
+    "outliers.outlier_features": "outlier_feature_statistics",
+    "applications.quantization": "fake_quantize",
+    "applications.model_quantization": "quantized_linears",
+    "applications.pruning": "linear_input_statistics",
+    "applications.training_controls": "tail_clip_threshold",
+    "experiments": "make_config run run_cached load_result",
+}.items() for name in names.split()}
 
 __all__ = ["__version__", *_NAMESPACE]
 
