@@ -420,8 +420,7 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError("the readouts contain NaN or infinite values")
     check_real(quantile, "quantile", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    n_boot = check_int(n_boot, "n_boot", 10)
-    seed = check_int(seed, "seed", 0)
+    level, n_boot, seed = _boot_args(level, n_boot, seed)
     q = float(np.quantile(y.mean(1), quantile))
     diff, lo, hi = bootstrap_interval(x - y.mean(0), level=level, n_boot=n_boot,
                                       rng=np.random.default_rng(seed))
