@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion import experiments as xp
-from companion._validation import check_int, check_real
+from companion._validation import check_bool, check_int, check_real
 from companion.experiments import check_result, config_hash, make_config, register
 from companion.experiments._common import bar, check_fields, concept_units, make_corpus_prompts
 from companion.experiments._common import model_and_prompts, model_facts
@@ -318,8 +318,7 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     --------
     >>> window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))[0]["best_fraction"]   # doctest: +SKIP
     """
-    if not isinstance(contiguous, bool):
-        raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
+    contiguous = check_bool(contiguous, "contiguous")
     k = _mode_scale_index(result, mode, scale)
     rows = []
     sc = result.scalars
