@@ -8,8 +8,7 @@ spread), measuring the output *effect* (next-token KL at the last token, or :mat
 encoder's sentence embedding) and each concept's *readout* (the change of
 :math:`\\log P(\\text{concept})` at the last and the later tokens, or of the cosine to the
 concept's mean embedding).  Result arrays (group ``G``): ``<G>_effect`` ``[n_dir, n_inj, S, B]``,
-``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd``, ``<G>_scales``; read them with
-:func:`success_table`, :func:`success_window`, :func:`effect_curve` and :func:`regimes`.
+``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd``, ``<G>_scales``.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ run measures the typical norm ``n_l`` per layer of ``n_prompts`` two-sentence pr
 :func:`~companion.injection.engine.track_injection` for each concept vector and ``n_random``
 random directions at relative magnitudes ``alpha * n_l`` and absolute ones ``beta * n_ref``
 (``n_ref``: the typical norm at ``abs_reference_fraction`` of the depth).  Arrays per direction
-and mode (``rel``/``abs``): ``<direction>_<mode>_metrics``, ``_effect``, ``_coefficient``; read
-them with :func:`tracks`, :func:`window_summary` and :func:`mean_window`.
+and mode (``rel``/``abs``): ``<direction>_<mode>_metrics``, ``_effect``, ``_coefficient``.
 """
 
 from __future__ import annotations
