@@ -365,8 +365,7 @@ def _readout(result, group: str, concept: str, position: str, scale) -> np.ndarr
     if concept not in sc["concepts"]:
         raise ValueError(f"unknown concept {concept!r}; this Result has {sc['concepts']}")
     positions = sc["readout_positions"]
-    if position is None:
-        position = positions[0]
+    position = positions[0] if position is None else position
     if position not in positions:
         raise ValueError(f"position must be one of {positions}, got {position!r}")
     s = scale_index(result, group, scale)
