@@ -268,7 +268,5 @@ class CompressionSweepExperiment:
                 for b, fill in enumerate((None, means)):
                     pruned = pruning.zero_linear_inputs(downs, chosen, fill=fill)
                     prune[a, b, c] = _summary(bench.measure(pruned))
-        out["prune_scores"] = list(scores)
-        out["prune_summary"] = prune
-        out.update(m.facts())
+        out.update(prune_scores=list(scores), prune_summary=prune, **m.facts())
         return out

@@ -161,9 +161,8 @@ def train_member(config: DepthStudy, placement: str, depth: int, device="cpu"):
 
     Parameters
     ----------
-    config : DepthStudy
-    placement : {"pre", "post", "dslm"}
-    depth : int
+    config, placement, depth
+        As in :func:`member_config`.
     device : str or torch.device
 
     Returns

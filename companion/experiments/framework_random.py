@@ -171,8 +171,7 @@ def run_random_windows(config: RandomWindowsConfig, device: str | torch.device =
                      len(config.depths), config.max_depth)
     out = {f"effect_{k}": np.full((P, K, G, D, M), np.nan) for k in WINDOW_KINDS_RANDOM}
     out.update({f"window_{k}": np.full((P, K, G, D, 4), np.nan) for k in WINDOW_KINDS_RANDOM})
-    out["growth_c"] = np.full((P, K, G), np.nan)
-    out["postln_factor"] = np.full((P, K, G), np.nan)
+    out.update(growth_c=np.full((P, K, G), np.nan), postln_factor=np.full((P, K, G), np.nan))
     g = torch.Generator().manual_seed(config.seed)
     x = torch.randn(config.batch, config.tokens, config.d_model, generator=g).to(device)
     for p, placement in enumerate(config.placements):

@@ -52,7 +52,6 @@ class InjectionAttributionExperiment:
         from companion.injection import directions as dr
 
         check_counts(self, {"n_prompts": 1, "n_random": 0})
-        n_random = self.n_random
         alpha = check_real(self.alpha, "alpha")
         unknown = [c for c in self.concepts if c not in dr.CONCEPTS]
         if unknown:
@@ -62,10 +61,10 @@ class InjectionAttributionExperiment:
         layers = list(self.layers) if self.layers else list(range(L))
         prompts = make_corpus_prompts(m, self.n_prompts, self.min_words, self.max_words, self.max_length)
         units = concept_units(m, self.concepts, self.max_length)[0]
-        rand = dr.random_unit_vectors(m.d_model, max(n_random, 1), np.random.default_rng(self.seed))
-        rand = np.repeat(rand[:n_random, None], L + 1, axis=1)
+        rand = dr.random_unit_vectors(m.d_model, max(self.n_random, 1), np.random.default_rng(self.seed))
+        rand = np.repeat(rand[:self.n_random, None], L + 1, axis=1)
         dirs = np.concatenate([np.stack(units), rand]) if units else rand
-        names = list(self.concepts) + [f"random{k}" for k in range(n_random)]
+        names = list(self.concepts) + [f"random{k}" for k in range(self.n_random)]
         out: dict = {}
         scales, norms, used, err = [], [], [], 0.0
         for ell in layers:

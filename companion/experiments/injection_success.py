@@ -8,8 +8,7 @@ spread), measuring the output *effect* (next-token KL at the last token, or :mat
 encoder's sentence embedding) and each concept's *readout* (the change of
 :math:`\\log P(\\text{concept})` at the last and the later tokens, or of the cosine to the
 concept's mean embedding).  Result arrays (group ``G``): ``<G>_effect`` ``[n_dir, n_inj, S, B]``,
-``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd``, ``<G>_scales``; read them with
-:func:`success_table`, :func:`success_window`, :func:`effect_curve` and :func:`regimes`.
+``<G>_readout`` ``[n_dir, n_inj, S, C, P, B]``, ``<G>_token_sd``, ``<G>_scales``.
 """
 
 from __future__ import annotations
@@ -366,8 +365,7 @@ def _readout(result, group: str, concept: str, position: str, scale) -> np.ndarr
     if concept not in sc["concepts"]:
         raise ValueError(f"unknown concept {concept!r}; this Result has {sc['concepts']}")
     positions = sc["readout_positions"]
-    if position is None:
-        position = positions[0]
+    position = positions[0] if position is None else position
     if position not in positions:
         raise ValueError(f"position must be one of {positions}, got {position!r}")
     s = scale_index(result, group, scale)
@@ -420,8 +418,7 @@ def success_test(concept_values, null_values, level: float = 0.95, quantile: flo
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError("the readouts contain NaN or infinite values")
     check_real(quantile, "quantile", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    n_boot = check_int(n_boot, "n_boot", 10)
-    seed = check_int(seed, "seed", 0)
+    level, n_boot, seed = _boot_args(level, n_boot, seed)
     q = float(np.quantile(y.mean(1), quantile))
     diff, lo, hi = bootstrap_interval(x - y.mean(0), level=level, n_boot=n_boot,
                                       rng=np.random.default_rng(seed))

@@ -7,8 +7,7 @@ run measures the typical norm ``n_l`` per layer of ``n_prompts`` two-sentence pr
 :func:`~companion.injection.engine.track_injection` for each concept vector and ``n_random``
 random directions at relative magnitudes ``alpha * n_l`` and absolute ones ``beta * n_ref``
 (``n_ref``: the typical norm at ``abs_reference_fraction`` of the depth).  Arrays per direction
-and mode (``rel``/``abs``): ``<direction>_<mode>_metrics``, ``_effect``, ``_coefficient``; read
-them with :func:`tracks`, :func:`window_summary` and :func:`mean_window`.
+and mode (``rel``/``abs``): ``<direction>_<mode>_metrics``, ``_effect``, ``_coefficient``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from companion import experiments as xp
-from companion._validation import check_int, check_real
+from companion._validation import check_bool, check_int, check_real
 from companion.experiments import check_result, config_hash, make_config, register
 from companion.experiments._common import bar, check_fields, concept_units, make_corpus_prompts
 from companion.experiments._common import model_and_prompts, model_facts
@@ -318,8 +317,7 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
     --------
     >>> window_summary(run_cached(CPU_CONFIGS["minilm-l6"]))[0]["best_fraction"]   # doctest: +SKIP
     """
-    if not isinstance(contiguous, bool):
-        raise TypeError(f"contiguous must be True or False, got {contiguous!r}")
+    contiguous = check_bool(contiguous, "contiguous")
     k = _mode_scale_index(result, mode, scale)
     rows = []
     sc = result.scalars
