@@ -43,26 +43,23 @@ MOVED = {
 }
 
 #: old qualified name -> new qualified name, for the names that changed (renamed, or made private
-#: because only the package uses them) as well as, or instead of, moving.
+#: because only the package uses them: then the new name is the old one with a leading underscore).
 RENAMED = {
     "companion.engine.injection_sweep": "companion.injection.engine.sweep_injections",
     "companion.engine.stack_injection_sweep": "companion.injection.engine.sweep_stack_injections",
     "companion.perturbation.injection_window": "companion.injection.metrics.effect_window",
-    "companion.engine.adapt": "companion.injection.engine._adapt",
-    "companion.tails.empirical_tail": "companion.theory.empirical._empirical_tail",
-    "companion.stacks.last_layer_grad_norm": "companion.stacks.residual._last_layer_grad_norm",
-    **{f"companion.stacks.{n}": f"companion.stacks.residual._{n}"
-       for n in ("CausalSelfAttention", "MLP", "Sublayer", "Block")},
-    "companion.quantization.max_rounding_error": "companion.applications.quantization._max_rounding_error",
-    "companion.determinism.cpu_has_avx2": "companion.determinism._cpu_has_avx2",
-    "companion.determinism.kernel_report": "companion.determinism._kernel_report",
-    "companion.determinism.available_kernel_sets": "companion.determinism._available_kernel_sets",
-    "companion.__main__.build_parser": "companion.__main__._build_parser",
-    "companion.models.cache_dir": "companion.transformers.sources._cache_dir",
-    "companion.corpus.corpus_dir": "companion.corpus._corpus_dir",
-    "companion.corpus.corpus_files": "companion.corpus._corpus_files",
-    "companion.experiments.results_root": "companion.experiments.store._results_root",
-    "companion.experiments.add_checksums": "companion.experiments.store._add_checksums",
+    **{f"{old}.{name}": f"{new}._{name}" for old, new, names in (
+        ("companion.engine", "companion.injection.engine", "adapt"),
+        ("companion.tails", "companion.theory.empirical", "empirical_tail"),
+        ("companion.stacks", "companion.stacks.residual",
+         "last_layer_grad_norm CausalSelfAttention MLP Sublayer Block"),
+        ("companion.quantization", "companion.applications.quantization", "max_rounding_error"),
+        ("companion.determinism", "companion.determinism", "cpu_has_avx2 kernel_report available_kernel_sets"),
+        ("companion.__main__", "companion.__main__", "build_parser"),
+        ("companion.models", "companion.transformers.sources", "cache_dir"),
+        ("companion.corpus", "companion.corpus", "corpus_dir corpus_files"),
+        ("companion.experiments", "companion.experiments.store", "results_root add_checksums"),
+    ) for name in names.split()},
 }
 
 
