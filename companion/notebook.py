@@ -60,8 +60,7 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
         "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
         "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": str(seed), "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads), "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-    })
+        "MKL_NUM_THREADS": str(threads), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
 
     random.seed(seed)
     np.random.seed(seed)

@@ -133,8 +133,7 @@ def _smoke() -> list[SuiteEntry]:
         "random-pre": xp.make_config("framework_random", tiny),
         "random-post": xp.make_config("framework_random", {**tiny, "placements": ("post",)}),
         "minilm-4-texts": xp.make_config("channel_statistics", model="minilm-l6", n_texts=4, batch_size=2,
-                                         thresholds=(1.0, 5.0)),
-    })
+                                         thresholds=(1.0, 5.0))})
 
 
 def _injection_gpu() -> list[SuiteEntry]:

@@ -14,13 +14,11 @@ import numpy as np
 import torch
 
 from companion._validation import (
-    check_choice, check_int, check_linears, float_tensor, real_array,
-)
+    check_choice, check_int, check_linears, float_tensor, real_array)
 from companion.applications.pruning import _check_names, _run_batches
 from companion.applications.quantization import (
     GRANULARITIES, _channel_vector, _check_cast, _fake_quantize, _keep_mask, _per_group, _quantize_range,
-    _range_tensor, qmax, quantize_weight,
-)
+    _range_tensor, qmax, quantize_weight)
 from companion.transformers.hooks import hooks
 
 __all__ = ["quantize_linear_inputs", "LinearQuantization", "quantized_linears", "weight_bias_correction",

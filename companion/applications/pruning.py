@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from companion._validation import (
-    check_choice, check_finite, check_indices, check_int, check_linears, check_real, real_vector,
-)
+    check_choice, check_finite, check_indices, check_int, check_linears, check_real, real_vector)
 from companion.transformers.hooks import hooks
 
 __all__ = ["LinearInputStatistics", "linear_input_statistics", "capture_linear_inputs",
@@ -146,8 +145,7 @@ def linear_input_statistics(
         out[name] = LinearInputStatistics(
             mean=mean.cpu().numpy(), var=(m2 / a["n"]).cpu().numpy(),
             max_abs=a["max"].cpu().numpy(), n_tokens=int(a["n"]),
-            min=a["lo"].cpu().numpy(), max=a["hi"].cpu().numpy(),
-        )
+            min=a["lo"].cpu().numpy(), max=a["hi"].cpu().numpy())
     return out
 
 
@@ -522,5 +520,4 @@ def removal_error(x, weight, channels, center=None) -> dict[str, float]:
     return {
         "exact": float((e**2).sum(axis=1).mean()),
         "diagonal": float((ea2 * wn**2).sum()),
-        "minkowski": float((np.sqrt(ea2) * wn).sum() ** 2),
-    }
+        "minkowski": float((np.sqrt(ea2) * wn).sum() ** 2)}

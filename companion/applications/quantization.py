@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from companion._validation import (
-    check_choice, check_indices, check_int, check_real, float_tensor, real_array,
-)
+    check_choice, check_indices, check_int, check_real, float_tensor, real_array)
 
 __all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "channel_mse",
            "fold_center_into_bias", "quantize_with_range", "quantize_weight", "smoothquant_scales"]
@@ -48,8 +47,7 @@ def _check_cast(cast: torch.Tensor, original: torch.Tensor, name: str) -> None:
         big = float(original.detach().abs().max())
         raise ValueError(
             f"{name} has values up to {big:.4g}, beyond the range of {cast.dtype} "
-            f"(max {torch.finfo(cast.dtype).max:.4g}); they become inf after the cast"
-        )
+            f"(max {torch.finfo(cast.dtype).max:.4g}); they become inf after the cast")
 
 
 def _check_weight(w, name: str) -> None:
@@ -99,8 +97,7 @@ def _centred(t: torch.Tensor, c: torch.Tensor | None):
         if work not in _WIDER:
             raise ValueError(
                 f"x - center overflows {work} (|x - center| exceeds {torch.finfo(work).max:.4g}); "
-                f"rescale x and center"
-            )
+                f"rescale x and center")
         work = _WIDER[work]
 
 
@@ -297,8 +294,7 @@ def fold_center_into_bias(weight, bias, center):
         raise ValueError(
             f"b + W c overflows {weight.dtype} (max {torch.finfo(weight.dtype).max:.4g}); the "
             f"folded bias cannot be stored in the layer's dtype: fold in a wider one "
-            f"(weight.double()) or use a smaller center"
-        )
+            f"(weight.double()) or use a smaller center")
     return out
 
 

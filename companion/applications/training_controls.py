@@ -94,8 +94,7 @@ def _tail_clip_threshold(m: np.ndarray, s: np.ndarray, d: float):
         tau = m + s * math.sqrt(2.0 * log_inv)
     if not np.isfinite(tau).all():
         raise ValueError(
-            "the threshold m + s sqrt(2 ln(1/delta)) exceeds the float64 range; rescale the norms"
-        )
+            "the threshold m + s sqrt(2 ln(1/delta)) exceeds the float64 range; rescale the norms")
     return float(tau) if tau.ndim == 0 else tau
 
 

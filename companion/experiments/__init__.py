@@ -22,19 +22,16 @@ import numpy as np
 from companion._aliases import renamed_getattr as _renamed_getattr
 from companion.experiments.registry import (
     FRAMEWORK_SCHEMA, _config_dict, _schema, config_hash, experiment_names, get_experiment, make_config,
-    register,
-)
+    register)
 from companion.experiments.store import (
     CorruptResultError, CorruptResultWarning, Result, StaleResultWarning, cache_root, check_writable,
-    load_result, result_path, save_result, stored_results, stored_root,
-)
+    load_result, result_path, save_result, stored_results, stored_root)
 
 __all__ = [
     "FRAMEWORK_SCHEMA", "Result", "check_result", "register", "experiment_names", "get_experiment",
     "make_config", "config_hash", "run", "progress_bar", "run_cached", "save_result", "load_result",
     "result_path", "stored_root", "stored_results", "cache_root", "check_writable", "stale_reason",
-    "StaleResultWarning", "CorruptResultWarning", "CorruptResultError",
-]
+    "StaleResultWarning", "CorruptResultWarning", "CorruptResultError"]
 __getattr__ = _renamed_getattr(__name__)  # 0.1 names made private (companion._aliases)
 
 logger = logging.getLogger(__name__)

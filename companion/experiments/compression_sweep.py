@@ -18,8 +18,7 @@ from companion._validation import check_int
 from companion.applications import pruning
 from companion.applications.model_quantization import (
     LinearQuantization, activation_bias_correction, mean_quantization_error, quantize_linear_inputs,
-    quantized_linears, weight_bias_correction,
-)
+    quantized_linears, weight_bias_correction)
 from companion.applications.quantization import quantize_weight, smoothquant_scales
 from companion.corpus import load_corpus
 from companion.experiments import register

@@ -143,8 +143,7 @@ class InjectionSuccessExperiment:
             layers=np.asarray(layers), typical_norm=norms, typical_spread=spreads, stream_mean=mu,
             concept_norm=concept_norm, split_pool=split_pool,
             groups=group_names, concepts=list(self.concepts), effect_name=effect_name,
-            readout_positions=list(readout_positions), n_prompts=prompts.batch, **model_facts(m),
-        )
+            readout_positions=list(readout_positions), n_prompts=prompts.batch, **model_facts(m))
         return out
 
 
@@ -338,8 +337,7 @@ def readout_sweep(m, prompts, layers, directions, scales, unit, targets,
     return {
         "effect": effect, "readout": readout,
         "effect_name": "kl_last" if causal else "embedding_change",
-        "readout_positions": ("last", "later") if causal else ("embedding",),
-    }
+        "readout_positions": ("last", "later") if causal else ("embedding",)}
 
 
 # ------------------------------------------------------------------------------ reading Results

@@ -151,8 +151,7 @@ class InjectionWindowExperiment:
             concept_cos_random=cos_random, rel_scales=np.asarray(self.rel_scales, dtype=np.float64),
             abs_scales=np.asarray(self.abs_scales, dtype=np.float64),
             directions=list(directions), modes=[m_[0] for m_ in modes], effect_name=effect_name,
-            abs_reference_layer=ref_layer, n_prompts=prompts.batch, **model_facts(m),
-        )
+            abs_reference_layer=ref_layer, n_prompts=prompts.batch, **model_facts(m))
         return out
 
 
@@ -331,8 +330,7 @@ def window_summary(result, scale: float = 0.5, threshold: float = 0.5, mode: str
             first=w.first, last=w.last, best_fraction=w.best_fraction,
             first_fraction=w.first_fraction, last_fraction=w.last_fraction, size_fraction=w.size_fraction,
             max_effect=float(tr.effect()[:, k].max()), effect_name=tr.effect_name,
-            device=result.device, versions=dict(result.versions),
-        ))
+            device=result.device, versions=dict(result.versions)))
     return rows
 
 

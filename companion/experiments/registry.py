@@ -167,8 +167,7 @@ def _field_kind(tp, where: str):
             return ("tuple", args[0])
     raise TypeError(
         f"{where}: type {tp!r} is not JSON-serialisable; use int, float, str, bool, "
-        "tuple[T, ...] of those, or Optional of them"
-    )
+        "tuple[T, ...] of those, or Optional of them")
 
 
 def _coerce(value: Any, tp, where: str) -> Any:

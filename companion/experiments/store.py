@@ -89,8 +89,7 @@ class CorruptResultError(ValueError):
         super().__init__(
             f"cannot use the Result at {self.path}: {reason}; delete {self.path.name} and "
             f"{self.path.with_suffix('.npz').name} in {self.path.parent}, or recompute it "
-            "(run_cached(..., force=True), or --force on the command line)"
-        )
+            "(run_cached(..., force=True), or --force on the command line)")
 
     def __reduce__(self):  # picklable across processes, like other exceptions
         return (type(self), (self.path, self.reason))

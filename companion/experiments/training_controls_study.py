@@ -20,8 +20,7 @@ from companion.experiments import Result, progress_bar, register
 from companion.stacks.residual import StackConfig
 from companion.stacks.tinylm import TinyLM, byte_tokenize
 from companion.applications.training_controls import (
-    TrainingControls, column_means, regularised_weights, stream_drift, tiny_lm_loss, train_with_controls,
-)
+    TrainingControls, column_means, regularised_weights, stream_drift, tiny_lm_loss, train_with_controls)
 
 __all__ = ["ARMS", "LONG_CLIP", "LONG_REG", "PER_ARM", "SHORT", "TrainingControlsStudy", "arm_controls",
            "corpus_split", "member_config", "merge_arms", "tiny"]

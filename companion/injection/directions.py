@@ -22,8 +22,7 @@ __all__ = [
     "GROUPS", "ConceptSet", "CONCEPTS", "InjectionPrompts", "make_prompts", "ConceptVectors",
     "concept_vectors", "random_unit_vectors", "random_direction", "typical_norms",
     "typical_spreads", "stream_means", "concept_token_ids", "split_null_vectors",
-    "subspace_random_vectors",
-]
+    "subspace_random_vectors"]
 
 #: Names of the position groups, in the order used along the ``group`` axis of every result.
 GROUPS = ("injected", "later", "last")
@@ -89,8 +88,7 @@ CONCEPTS: dict[str, ConceptSet] = {
             "What a wonderful morning: the sun is shining and everyone is smiling.",
             "They celebrated the wedding with music, feasting and joyful songs.",
             "I feel cheerful and grateful for every kind word you have said to me.",
-            "The team won the final and the crowd cheered with pure delight.",
-        ),
+            "The team won the final and the crowd cheered with pure delight."),
         negative=(
             "We sat in silence all evening and the whole house felt cold and dark.",
             "She opened the letter and wept with grief at the terrible news.",

@@ -25,8 +25,7 @@ from companion.stacks.tinylm import StackAdapter
 
 __all__ = [
     "sweep_injections", "SweepResult", "EFFECT_KINDS", "sweep_stack_injections",
-    "track_injection",
-]
+    "track_injection"]
 
 #: Output effects a :class:`SweepResult` can hold.  Per token: ``output_change``
 #: ``||y_inj - y_base|| / ||y_base||`` and ``output_projection`` ``(y_inj - y_base)·v / ||y_base||``
@@ -253,8 +252,7 @@ class SweepResult:
             raise ValueError(f"scale_index must be < {e.shape[1] if e.ndim == 2 else 1}, got {s}")
         return pt.effect_window(
             e[:, s] if e.ndim == 2 else e, layers=self.layers.astype(int), n_layers=self.n_layers,
-            threshold=threshold, relative=relative, contiguous=contiguous,
-        )
+            threshold=threshold, relative=relative, contiguous=contiguous)
 
     def effect_at(
         self, layer: int, kind: str = "relative_projection", positions: str = "all"
@@ -421,8 +419,7 @@ def _sweep(ad, layers: tuple, vec: torch.Tensor, scales: tuple, sel: torch.Tenso
     return SweepResult(
         layers=np.asarray(layers), scales=np.asarray(scales), n_layers=L,
         baseline=torch.stack(base), injected=injected, attention_mask=ad.attention_mask,
-        injected_mask=sel,
-    )
+        injected_mask=sel)
 
 
 def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relative: bool = True, direction=None,
@@ -540,8 +537,7 @@ def sweep_stack_injections(model, inputs, layers=None, scale: float = 0.1, relat
         attention_mask=sw.attention_mask, injected_mask=sw.injected_mask, metrics=metrics,
         effects=effects, effect_name="output_change",
         coefficient=np.asarray(amps, dtype=np.float64), relative=relative, base_norm=base_norm,
-        base_sq_norm=sq, direction=v, placement=cfg.placement, predicted_projection=predicted,
-    )
+        base_sq_norm=sq, direction=v, placement=cfg.placement, predicted_projection=predicted)
 
 
 def _prompts_adapter(m, prompts) -> ModelAdapter:
@@ -691,5 +687,4 @@ def track_injection(m, prompts: InjectionPrompts, layers, directions, scales, re
         layers=np.asarray(lay), scales=sc, n_layers=L, baseline=sw.baseline,
         attention_mask=sw.attention_mask, injected_mask=sw.injected_mask, metrics=metrics,
         groups=GROUPS, effects={name: effect}, effect_name=name, coefficient=coefficient,
-        relative=relative, model=m.name, typical_norm=norms,
-    )
+        relative=relative, model=m.name, typical_norm=norms)

@@ -16,8 +16,7 @@ from companion._validation import as_float64, check_finite, check_int, check_rea
 __all__ = [
     "METRIC_NAMES", "perturbation_metrics", "next_token_kl", "embedding_change",
     "normalisation_scale", "postln_contraction_factors", "predicted_projection", "fit_norm_growth",
-    "dilution_factor", "Window", "effect_window", "predicted_window",
-]
+    "dilution_factor", "Window", "effect_window", "predicted_window"]
 
 #: Keys of the dictionary returned by :func:`perturbation_metrics`, in a stable order: the
 #: metric vocabulary of every injection measurement (stacks, real models, experiments).
@@ -130,8 +129,7 @@ def _perturbation_metrics(base, inj, v_hat: np.ndarray, mu: np.ndarray | None = 
             out["norm_ratio"][layer] = np.where(bn > 0, inn / bn, np.nan)
             denom = bn * inn
             out["cos_inj_base"][layer] = np.where(
-                denom > 0, np.clip(np.sum(hb * hi, axis=-1) / denom, -1.0, 1.0), np.nan
-            )
+                denom > 0, np.clip(np.sum(hb * hi, axis=-1) / denom, -1.0, 1.0), np.nan)
     return out
 
 
@@ -497,8 +495,7 @@ def effect_window(effect, layers=None, n_layers: int | None = None, threshold: f
     last = int(inside[-1]) if inside.size else -1
     return Window(
         layers=inside.astype(int), best=best, first=first, last=last, n_layers=depth,
-        threshold=tau, relative=relative,
-    )
+        threshold=tau, relative=relative)
 
 
 def predicted_window(placement: str, n_layers: int, threshold: float = 0.5, factor: float | None = None,

@@ -130,5 +130,4 @@ def channel_statistics(m: LoadedModel, texts, thresholds, batch_size: int = 16, 
     return ChannelStatistics(
         mean=to_np(mean), var=to_np(m2 / n), min=to_np(mn), max=to_np(mx), max_abs=to_np(max_abs),
         counts=counts.permute(0, 2, 1).cpu().numpy(), thresholds=t, n_tokens=n, n_texts=len(texts),
-        skip_first=skip_first, model=m.name,
-    )
+        skip_first=skip_first, model=m.name)

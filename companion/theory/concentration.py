@@ -18,14 +18,12 @@ from companion.theory import _cgf, exceedance, subgaussian
 from companion.theory.empirical import _check_sample, _is_law
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
-    check_sigma2, check_t, checkpoints, freeze, is_discrete,
-)
+    check_sigma2, check_t, checkpoints, freeze, is_discrete)
 
 __all__ = [
     "dot_product_law", "psi1_norm", "subexponential_nu2", "bernstein_bound", "hoeffding_bound",
     "maximal_bound", "gaussian_max_expectation", "gaussian_max_lower_bound", "simulate_max",
-    "norm_concentration_bound",
-]
+    "norm_concentration_bound"]
 
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",

@@ -18,14 +18,12 @@ from scipy import special, stats
 
 from companion.theory import _cgf
 from companion._validation import (
-    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, is_real, real_array,
-)
+    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, is_real, real_array)
 
 __all__ = [
     "NOISE_LAWS", "SUBGAUSSIAN_NOISE_LAWS", "CountBounds", "theorem1_lower_bound",
     "exceedance_probability", "exceedance_probability_gaussian", "expected_count_gaussian",
-    "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts",
-]
+    "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts"]
 
 #: Noise laws understood by :func:`exceedance_probability` and :func:`simulate_counts`.
 NOISE_LAWS = ("gaussian", "uniform", "rademacher", "laplace")

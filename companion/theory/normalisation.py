@@ -13,8 +13,7 @@ from companion._validation import check_real, real_array
 
 __all__ = [
     "layernorm", "rmsnorm", "layernorm_jacobian", "rmsnorm_jacobian", "gain_jacobian_norm_bounds",
-    "autograd_jacobian",
-]
+    "autograd_jacobian"]
 
 
 def _as_float_array(x, name: str = "x", *, one_d: bool = False) -> np.ndarray:

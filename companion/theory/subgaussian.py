@@ -21,14 +21,12 @@ import numpy as np
 from companion.theory import _cgf
 from companion.theory.empirical import monte_carlo_tail
 from companion._validation import (
-    as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, is_discrete,
-)
+    as_real_array, check_bool, check_choice, check_dist, check_sigma2, check_t, is_discrete)
 
 __all__ = [
     "ProxyResult", "bernoulli_optimal_proxy", "chernoff_lambda", "hoeffding_proxy", "linear_map_proxy",
     "log_mgf", "monte_carlo_tail", "optimal_variance_proxy", "proxy_profile", "psi2_norm",
-    "subgaussian_tail_bound",
-]
+    "subgaussian_tail_bound"]
 
 #: On a side with bounded support lambda is searched up to at most this / reach (lambda^2 finite).
 _LAM_CAP = 1e153
