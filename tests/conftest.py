@@ -2,6 +2,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 # make tests/notebook_guard.py importable as a plain module
@@ -26,3 +27,21 @@ _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 if _PROFILE not in ("ci", "explore"):
     raise ValueError(f"HYPOTHESIS_PROFILE must be 'ci' or 'explore', got {_PROFILE!r}")
 settings.load_profile(_PROFILE)
+
+
+@pytest.fixture
+def check_model_calls(monkeypatch):
+    """A list that records every ``check_model`` call made through any companion module
+    (the validate-once tests count them)."""
+    from companion.transformers import models
+
+    calls, original = [], models.check_model
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith("companion") and getattr(mod, "check_model", None) is original:
+            monkeypatch.setattr(mod, "check_model", counted)
+    return calls

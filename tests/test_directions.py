@@ -669,25 +669,13 @@ def test_track_injection_centred_metrics(smol):
 
 
 @pytest.mark.parametrize("kind", ["llama", "bert"])
-def test_model_entry_points_check_the_model_once(kind, monkeypatch):
+def test_model_entry_points_check_the_model_once(kind, check_model_calls):
     """Validate once: make_prompts, concept_vectors, split_null_vectors and concept_token_ids
     check their model exactly once per call (internal tokenisation and forwards do not)."""
-    import sys
-
-    from companion.transformers import models
     from tiny_transformers import minilm_tokenizer, tiny_transformer
 
     m = tiny_transformer(kind, minilm_tokenizer(), 3)
-    calls = []
-    original = models.check_model
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return original(*args, **kwargs)
-
-    for mod in list(sys.modules.values()):
-        if getattr(mod, "__name__", "").startswith("companion") and getattr(mod, "check_model", None) is original:
-            monkeypatch.setattr(mod, "check_model", counted)
+    calls = check_model_calls
     runs = [lambda: dr.make_prompts(m, ["The cat sat on the mat"], ["and then slept"]),
             lambda: dr.concept_vectors(m, *dr.CONCEPTS["joy"].texts()),
             lambda: dr.split_null_vectors(m, "sea", 2)]

@@ -227,26 +227,15 @@ def test_injection_sweep_on_a_stack_is_forward_bit_for_bit():
 
 
 @pytest.mark.parametrize("kind", ["llama", "bert"])
-def test_track_injection_checks_the_model_once(kind, monkeypatch):
+def test_track_injection_checks_the_model_once(kind, check_model_calls):
     """Validate once: one track_injection call checks its model exactly once."""
-    import sys
-
     from companion.injection import directions as dr
-    from companion.transformers import models
     from tiny_transformers import minilm_tokenizer, tiny_transformer
 
     m = tiny_transformer(kind, minilm_tokenizer(), 3)
     p = dr.make_prompts(m, ["The cat sat on the mat", "A dog ran"], ["and then slept", "and barked"])
-    calls = []
-    original = models.check_model
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return original(*args, **kwargs)
-
-    for mod in list(sys.modules.values()):
-        if getattr(mod, "__name__", "").startswith("companion") and getattr(mod, "check_model", None) is original:
-            monkeypatch.setattr(mod, "check_model", counted)
+    calls = check_model_calls
+    calls.clear()  # count the sweep's checks only
     engine.track_injection(m, p, [0, 2], random_direction(m.d_model), [0.5, 2.0])
     assert len(calls) == 1
     calls.clear()
