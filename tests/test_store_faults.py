@@ -231,11 +231,13 @@ def _strip_checksums(path: Path) -> None:
 def test_json_without_checksums_is_still_read_and_can_be_migrated(stored):
     original = ex.load_result(stored)
     _strip_checksums(stored)
-    legacy = ex.load_result(stored)  # backward compatible
+    with pytest.warns(store.UnverifiedResultWarning, match="no checksum of its own content"):
+        legacy = ex.load_result(stored)  # backward compatible, said so
     assert legacy.config_hash == original.config_hash
     # without checksums a changed value goes unnoticed; shapes and dtypes are still checked
     _replace_arrays(stored, _edit_value)
-    assert ex.load_result(stored).arrays["x"][2] != original.arrays["x"][2]
+    with pytest.warns(store.UnverifiedResultWarning):
+        assert ex.load_result(stored).arrays["x"][2] != original.arrays["x"][2]
     _replace_arrays(stored, lambda a: a.update(x=a["x"].astype(np.float32)))
     with pytest.raises(ex.CorruptResultError, match="declares float64"):
         ex.load_result(stored)
