@@ -15,10 +15,17 @@ import numpy as np
 from companion._validation import as_float64, check_bool, check_int, check_real
 
 __all__ = [
-    "band", "counts", "depth_axis", "depth_colours", "depth_law_projections",
+    "COLOURS", "band", "counts", "depth_axis", "depth_colours", "depth_law_projections",
     "depth_outlier_statistics", "depth_stream_growth", "depth_success_rates",
     "depth_training_curves", "depth_window_edges", "finish", "interval_errorbars",
-    "layer_profiles", "table", "tail_curves"]
+    "layer_profiles", "Table", "table", "tail_curves"]
+
+
+# One colour for one thing in every chapter: the three placements (SmolLM2 is a Pre-LN model and
+# MiniLM a Post-LN one, so each model shares its placement's colour), a concept direction and its
+# random baseline.
+COLOURS = {"Pre-LN": "C0", "Post-LN": "C1", "DSLM": "C2", "SmolLM2": "C0", "MiniLM": "C1",
+           "concept": "C3", "random": "0.45"}
 
 
 def _check_axes(ax):
@@ -182,12 +189,38 @@ def finish(fig, title: str | None = None, *, fontsize: float = 9):
 _WIDTH = re.compile(r"^(?:.?[<>=^])?[+\- ]?z?#?0?(\d+)")
 
 
-def table(columns, rows, fmts, *, sep: str = " ") -> str:
-    """An aligned text table: a header line, then one line per row; returns the text.
+class Table(str):
+    """The aligned text of :func:`table` (print it), shown in a chapter as a rendered table.
+
+    Jupyter displays it through ``_repr_markdown_``: a Markdown table that the book renders as an
+    HTML table and a LaTeX (long)table, so that no wide text wraps at the column.
+    """
+
+    def __new__(cls, text: str, columns, cells, right):
+        self = super().__new__(cls, text)
+        self._md = (columns, cells, right)
+        return self
+
+    def __repr__(self):
+        return str(self)
+
+    def _repr_markdown_(self):
+        columns, cells, right = self._md
+        cell = lambda v: str(v).strip().replace("|", r"\|") or " "
+        lines = ["| " + " | ".join(cell(c) for c in columns) + " |",
+                 "|" + "|".join("---:" if r else ":---" for r in right) + "|"]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in cells]
+        return "\n".join(lines)
+
+
+def table(columns, rows, fmts, *, sep: str = " ") -> Table:
+    """An aligned table: a header line, then one line per row; returns a :class:`Table` (a string).
 
     Each column is formatted with its format spec (``format(value, spec)``, e.g. ``"8.4g"``);
     its header is right-aligned to the spec's width (or written as is if the spec has none).
     Columns are joined by ``sep``.  ``rows`` is any iterable of sequences, e.g. ``zip(x, y)``.
+    Printed, it is aligned text; as a cell's last expression, a rendered table (numbers
+    right-aligned, columns whose spec says ``<`` left-aligned).
 
     >>> print(table(["x", "x^2"], [(1, 1), (2.5, 6.25)], ["4g", "6.3g"]))
        x    x^2
@@ -203,13 +236,14 @@ def table(columns, rows, fmts, *, sep: str = " ") -> str:
     if not isinstance(sep, str):
         raise TypeError(f"sep must be a string, got {type(sep).__name__}")
     widths = [int(m.group(1)) if (m := _WIDTH.match(f)) else 0 for f in fmts]
-    lines = [sep.join(f"{c:>{w}}" for c, w in zip(columns, widths))]
+    cells = []
     for k, row in enumerate(rows):
         row = tuple(row)
         if len(row) != len(fmts):
             raise ValueError(f"row {k} has {len(row)} entries, expected {len(fmts)}")
-        lines.append(sep.join(format(v, f) for v, f in zip(row, fmts)))
-    return "\n".join(lines)
+        cells.append([format(v, f) for v, f in zip(row, fmts)])
+    text = "\n".join([sep.join(f"{c:>{w}}" for c, w in zip(columns, widths))] + [sep.join(r) for r in cells])
+    return Table(text, list(columns), cells, ["<" not in f[:2] for f in fmts])
 
 
 def _curve_items(curves, name: str):

@@ -152,6 +152,14 @@ def test_table_aligns_header_and_rows():
     assert plots.table(["name", "v"], [("x", 1)], ["<6", ">3"], sep="|") == "  name|  v\nx     |  1"
 
 
+def test_table_renders_as_a_markdown_table():
+    t = plots.table(["$x$", "name"], [(2.5, "a|b"), (10, "c")], ["6.3g", "<5"])
+    assert isinstance(t, plots.Table) and repr(t) == str(t) == "   $x$  name\n   2.5 a|b  \n    10 c    "
+    assert t._repr_markdown_().splitlines() == [
+        "| $x$ | name |", "|---:|:---|", r"| 2.5 | a\|b |", "| 10 | c |"]
+    assert plots.table(["a"], [], ["d"])._repr_markdown_() == "| a |\n|---:|"
+
+
 def test_table_rejects_bad_input():
     with pytest.raises(ValueError, match="2 columns but 1"):
         plots.table(["a", "b"], [], ["8g"])
