@@ -3,11 +3,14 @@
 For each chapter page, a small probe page served from the same local origin loads the chapter in an
 iframe, waits for MathJax to finish, and reports: how many formulas MathJax typeset, how many math
 elements are left untypeset, images that failed to load, whether MathJax came from _static, raw TeX
-left in the text outside maths and code, code cells or outputs that scroll sideways, and
-unresolved references ("??").  A screenshot of the
-first chapter is saved for a human look.  Then every chapter is opened again in the theme's dark
-mode (dark_mode.py): figures must be opaque and text must keep its contrast; one dark screenshot per
-chapter goes to _build/render_dark/.
+left in the text outside maths and code, code cells or outputs that scroll sideways,
+unresolved references ("??"), link texts that lead to two different places (links.py), and the
+legibility of figures and tables in a 1400x1000 window (legibility.py): a figure's text must render
+at least 11 CSS px tall, a table must fit the text column and no table row may be taller than one
+screen.  A screenshot of the first chapter is saved for a human look.  Then every chapter is opened
+again in the theme's dark mode (dark_mode.py): figures must be opaque, text must keep its contrast,
+and the legibility checks run again; one dark screenshot per chapter goes to _build/render_dark/.
+At the end, a table per chapter: figures, smallest rendered figure text, tables, screens.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import threading
 from pathlib import Path
 
 from dark_mode import check_dark
+from legibility import MEASURE_JS, MIN_TEXT_PX, SCREEN, from_probe
+from links import link_collisions
 
 PROBE = """<!doctype html><html><body><pre id="result">pending</pre>
-<iframe id="f" style="width:1200px;height:900px"></iframe>
+<iframe id="f" style="width:1400px;height:1000px;border:0"></iframe>
 <script>
 localStorage.setItem('mode', 'light'); localStorage.setItem('theme', 'light');
 const f = document.getElementById('f');
@@ -54,6 +59,7 @@ f.addEventListener('load', async () => {
     scrolling_code: Array.from(d.querySelectorAll('.bd-article pre'))
       .filter(p => p.scrollWidth > p.clientWidth + 2)
       .map(p => (p.textContent.split('\\n').find(l => l.length > 0) || '').slice(0, 60)),
+    legibility: MEASURE_JS(d, w),
   };
   document.getElementById('result').textContent = JSON.stringify(result);
 });
@@ -71,7 +77,7 @@ RAW_TEX_FN = r"""function(d) {
   }
   return found;
 }"""
-PROBE = PROBE.replace("RAW_TEX_JS", "(" + RAW_TEX_FN + ")")
+PROBE = PROBE.replace("RAW_TEX_JS", "(" + RAW_TEX_FN + ")").replace("MEASURE_JS", MEASURE_JS)
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -96,19 +102,6 @@ def chromium(args: list[str], profile: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
 
 
-def ambiguous_links(text: str) -> list[str]:
-    """Link texts such as "Theorem 2" that lead to two different places on one page, or that lost
-    their number ("Theorem " for an unnumbered target): a reader cannot tell where they go."""
-    targets: dict[str, set[str]] = {}
-    for m in re.finditer(r'<a [^>]*href="([^"]+)"[^>]*>(.*?)</a>', text, re.S):
-        label = re.sub(r"<[^>]+>", "", m.group(2)).strip()
-        if re.fullmatch(r"(Theorem|Proposition|Lemma|Corollary|Definition|Remark|Example)( \d+)?", label):
-            targets.setdefault(label, set()).add(m.group(1).split("/")[-1])
-    problems = [f"link text {k!r} leads to {sorted(v)}" for k, v in targets.items() if len(v) > 1]
-    problems += [f"link text {k!r} has no number" for k in targets if " " not in k]
-    return problems
-
-
 def main(html_dir: str) -> int:
     root = Path(html_dir).resolve()
     pages = sorted(p.relative_to(root).as_posix() for p in (root / "book").glob("*.html"))
@@ -117,7 +110,7 @@ def main(html_dir: str) -> int:
         return 1
     cdn = [p for p in root.rglob("*.html") if re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com", p.read_text())]
     server, port = serve(root)
-    failures = []
+    failures, summaries = [], {}
     with tempfile.TemporaryDirectory() as profile:
         for page in pages:
             probe = root / "_render_probe.html"
@@ -147,10 +140,13 @@ def main(html_dir: str) -> int:
                                 f"{res['scrolling_code'][:3]}")
             if res["unresolved"]:
                 problems.append(f"{res['unresolved']} unresolved '??' references")
-            problems += ambiguous_links((root / page).read_text())
+            problems += link_collisions((root / page).read_text(), page)
+            legible = from_probe(res["legibility"], root)
+            problems += legible.problems()
+            summaries[page] = legible.summary()
             status = "ok " if not problems else "BAD"
             print(f"{status} {page}: {res['typeset']} formulas typeset (MathJax {res['mathjax_version']}), "
-                  f"{res['images']} images, {res['theorems']} theorem/proof boxes"
+                  f"{res['images']} images, {res['theorems']} theorem/proof boxes; {legible.summary()}"
                   + ("" if not problems else " -- " + "; ".join(problems)))
             failures += [f"{page}: {p}" for p in problems]
         probe.unlink(missing_ok=True)
@@ -162,6 +158,10 @@ def main(html_dir: str) -> int:
     with tempfile.TemporaryDirectory() as profile:
         failures += check_dark(root, port, pages, chromium, profile, root.parent / "render_dark")
     server.shutdown()
+    print(f"legibility at {SCREEN[0]}x{SCREEN[1]} (light): figures, smallest rendered figure text "
+          f"(fails below {MIN_TEXT_PX:g} px), tables, screens")
+    for page, summary in summaries.items():
+        print(f"  {Path(page).stem:28s} {summary}")
     if cdn:
         failures.append(f"pages referring to a CDN: {[str(p) for p in cdn[:5]]}")
     print("render check:", "FAILED" if failures else "passed", f"({len(pages)} pages)")

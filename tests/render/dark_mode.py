@@ -12,6 +12,9 @@ in an iframe and, after MathJax and the images are done, measures what a reader 
   computed background colours of its ancestors, composited); text below ``MIN_CONTRAST`` (large
   text: ``MIN_CONTRAST_LARGE``) is unreadable and fails the check.
 
+The legibility checks of legibility.py (figure text at least 11 CSS px, tables within the text
+column, no row taller than a screen) run again on the dark page.
+
 The chapter is then scrolled to its first figure (or table) and screenshotted into
 ``_build/render_dark/`` for a human look.
 """
@@ -24,9 +27,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from legibility import MEASURE_JS, SCREEN, from_probe
+
 MIN_CONTRAST = 4.5        # WCAG 2 level AA, normal text
 MIN_CONTRAST_LARGE = 3.0  # WCAG 2 level AA, text >= 24 px or bold >= 18.66 px
-WINDOW = (1280, 1000)
+WINDOW = SCREEN
 
 DARK_PROBE = r"""<!doctype html><html><head><style>
 body { margin: 0 }
@@ -139,6 +144,7 @@ f.addEventListener('load', async () => {
     page_background: background(d.body).slice(0, 3).map(Math.round),
     stats: stats, bad: Object.values(bad), unparsed: unparsed, figures: figures,
     shown: target ? target.tagName.toLowerCase() : 'top',
+    legibility: MEASURE_JS(d, w),
   });
 });
 </script></body></html>"""
@@ -148,7 +154,8 @@ def probe_html(page: str) -> str:
     """The dark-mode probe for the chapter at server path ``page``."""
     return (DARK_PROBE.replace("WIDTH", str(WINDOW[0])).replace("HEIGHT", str(WINDOW[1]))
             .replace("MIN_CONTRAST_LARGE", str(MIN_CONTRAST_LARGE))
-            .replace("MIN_CONTRAST", str(MIN_CONTRAST)).replace("PAGE", page))
+            .replace("MIN_CONTRAST", str(MIN_CONTRAST)).replace("PAGE", page)
+            .replace("MEASURE_JS", MEASURE_JS))
 
 
 def problems_of(res: dict) -> list[str]:
@@ -193,12 +200,14 @@ def check_dark(root: Path, port: int, pages: list[str], chromium: Callable[[list
                 failures.append(f"{page} (dark): probe did not finish ({raw[:80]})")
                 continue
             problems = problems_of(res)
+            legible = from_probe(res["legibility"], root)
+            problems += legible.problems()
             opaque = sum(1 for f in res["figures"] if f.get("transparent") == 0)
             contrast = ", ".join(f"{kind} {v['min']:.2f} ({v['n']})"
                                  for kind, v in sorted(res["stats"].items()))
             print(f"{'ok ' if not problems else 'BAD'} {page} (dark): "
                   f"{opaque}/{len(res['figures'])} figures opaque; lowest contrast per kind "
-                  f"(elements): {contrast}; screenshot at {res['shown']}"
+                  f"(elements): {contrast}; {legible.summary()}; screenshot at {res['shown']}"
                   + ("" if not problems else " -- " + "; ".join(problems)))
             failures += [f"{page} (dark): {p}" for p in problems]
     finally:
