@@ -125,8 +125,10 @@ PAGE = """<html><body><nav><a href="theorem2.html">Theorem 2</a></nav>
 <p>By <a class="reference internal" href="#subg-thm-chernoff">Theorem 2</a> and
 <a class="reference internal" href="theorem2.html">Theorem 2</a>;
 again <a class="reference internal" href="subgaussian_tails.html#subg-thm-chernoff">Theorem 2</a>.</p>
-<p><span class="bibtex-citation" id="id1">Sun <em>et al.</em> [<a href="bibliography.html#id6">2024</a>]</span>,
-<span class="bibtex-citation" id="id2">Xiao <em>et al.</em> [<a href="bibliography.html#id10">2024</a>]</span>,
+<p><span class="bibtex-citation" id="id1">Sun <em>et al.</em>
+[<a href="bibliography.html#id6">2024</a>]</span>,
+<span class="bibtex-citation" id="id2">Xiao <em>et al.</em>
+[<a href="bibliography.html#id10">2024</a>]</span>,
 <span class="bibtex-citation" id="id3">[<a href="bibliography.html#id1">Hoeffding, 1963</a>,
 <a href="bibliography.html#id2">Boucheron <em>et al.</em>, 2013</a>]</span>
 <a class="reference internal" href="#x">Lemma</a>
@@ -151,5 +153,6 @@ def test_only_the_article_counts_and_citations_are_labelled_whole():
 
 
 def test_one_target_per_text_passes():
-    ok = PAGE.replace('href="theorem2.html">Theorem 2</a>;', 'href="theorem2.html">the Theorem 2 chapter</a>;')
+    ok = PAGE.replace('href="theorem2.html">Theorem 2</a>;',
+                      'href="theorem2.html">the Theorem 2 chapter</a>;')
     assert link_collisions(ok.replace(">Lemma<", ">Lemma 3<"), "book/subgaussian_tails.html") == []
