@@ -45,7 +45,7 @@ def test_a_retina_figure_at_its_size_passes():
 def test_deliberate_defect_a_figure_shrunk_to_half_fails():
     page = L.Legibility([retina(639), retina(639 / 2)], [], 5000)
     problems = page.problems()
-    assert len(problems) == 1 and "6.2 px < 11 px" in problems[0] and "25%" in problems[0]
+    assert len(problems) == 1 and "6.2 px < 11 px" in problems[0] and "50% of its size" in problems[0]
     assert page.smallest_text_px == pytest.approx(6.25)
 
 
@@ -53,7 +53,7 @@ def test_the_injection_figure_of_the_issue_fails():
     # a 100-dpi PNG 1390 px wide squeezed into the 772 px column: 9 pt renders 6.9 px tall
     fig = L.Figure("_images/inj.png", COLUMN, 1390, 100.0)
     (problem,) = L.Legibility([fig]).problems()
-    assert "6.9 px" in problem and "(assumed)" in problem
+    assert "6.9 px" in problem and "(assumed)" in problem and "56% of its size" in problem
 
 
 def test_threshold_is_eleven_px():

@@ -102,9 +102,12 @@ def chromium(args: list[str], profile: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
 
 
-def main(html_dir: str) -> int:
+def main(html_dir: str, only: list[str] | None = None) -> int:
+    """Check every chapter page under ``html_dir``/book, or those whose name contains one of
+    ``only``."""
     root = Path(html_dir).resolve()
     pages = sorted(p.relative_to(root).as_posix() for p in (root / "book").glob("*.html"))
+    pages = [p for p in pages if not only or any(o in p for o in only)]
     if not pages:
         print(f"no chapter pages under {root}/book")
         return 1
@@ -171,4 +174,4 @@ def main(html_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "_build/html"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "_build/html", sys.argv[2:]))

@@ -171,9 +171,11 @@ class Legibility:
                 out.append(f"figure {name}: cannot measure (no dpi in the PNG or not loaded)")
             elif px < min_px:
                 font = f"{f.font_pt or STYLE_MIN_FONT_PT:g} pt" + (" (assumed)" if f.assumed_font else "")
-                out.append(f"figure {name}: text {px:.1f} px < {min_px:g} px ({font} at {f.dpi:.0f} dpi, "
-                           f"shown {f.displayed_width:.0f} px wide for {f.natural_width:.0f} px = "
-                           f"{f.displayed_width / f.natural_width:.0%})")
+                # its own size: matplotlib's 100 dpi is one CSS px per pixel (retina: 2 pixels)
+                own = f.natural_width * 100 / f.dpi
+                out.append(f"figure {name}: text {px:.1f} px < {min_px:g} px ({font} at {f.dpi:.0f} dpi; "
+                           f"{f.natural_width:.0f} px PNG shown {f.displayed_width:.0f} px wide, "
+                           f"{f.displayed_width / own:.0%} of its size)")
         for t in self.tables:
             if t.width > t.column_width + 1:
                 out.append(f"table {t.first[:40]!r}: {t.width:.0f} px wide > text column "
