@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from pathlib import Path
 
 from PIL import Image
@@ -110,13 +111,25 @@ def png_outputs(book: Path) -> int:
 
 def normalise(text: str) -> str:
     """Letters and digits only, lower case: "testa-\\nble" and "testable" compare equal."""
-    return "".join(ch for ch in text.lower() if ch.isalnum())
+    # NFKC: the PDF's mathematical italic letters (U+1D44E ...) compare equal to plain ones.
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text).lower() if ch.isalnum())
 
 
 def _plain_start(cell: str) -> str:
     """The normalised plain text a table cell starts with (before any maths, role or link)."""
     cell = re.sub(r"\*\*|__|(?<!\w)[*_]|[*_](?!\w)", "", cell)
     return normalise(re.split(r"[$`{\\\[<]", cell, maxsplit=1)[0])
+
+
+def _title_text(title: str) -> str:
+    """What a theorem's title is looked for by: its text up to the first formula if that is long
+    enough, else its longest stretch outside formulas ("$m$-dependence": "dependence"), else the
+    letters and digits of its formula ("$\\cosh x\\le e^{x^2/2}$": "xex22")."""
+    plain = _plain_start(title)
+    if len(plain) >= 8:
+        return plain
+    words = max((normalise(w) for w in re.split(r"\$[^$]*\$", title)), key=len)
+    return words if len(words) >= 6 else normalise(re.sub(r"\\[A-Za-z]+", "", title))
 
 
 def _table_rows(text: str) -> list[list[str]]:
@@ -164,8 +177,9 @@ def labelled_items(book: Path) -> dict[str, list[tuple[str, str, str]]]:
             kind, title = m.group(1), m.group(2).strip()
             items.setdefault(f"{kind} (numbered)", []).append((page, kind, ""))
             if title:
+                text_of_title = _title_text(title)
                 items["theorem-like (titled)"].append((page, f"{kind}: {title}",
-                                                       _plain_start(title)[:SNIPPET_CHARS[1]]))
+                                                       text_of_title[:SNIPPET_CHARS[1]]))
     return items
 
 
