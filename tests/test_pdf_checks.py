@@ -9,8 +9,8 @@ A tiny LaTeX document (pdflatex, a few seconds) sets a 45-row claim table three 
 * as a ``longtable`` too wide for the text block (a column of fixed width): ink in the right margin.
 
 The labelled items come from a one-page fake book (``errata.md`` with the same table), read by
-``labelled_items`` as the real book's pages are.  Skipped where pdflatex or poppler is missing (CI has
-no TeX).
+``labelled_items`` as the real book's pages are.  The tests that typeset are skipped where pdflatex or
+poppler is missing (CI has no TeX).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "render"))
 check_pdf = pytest.importorskip("check_pdf")
 
-for tool in ("pdflatex", "pdftotext", "pdftoppm"):
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed (TeX Live / poppler-utils)", allow_module_level=True)
+MISSING = [tool for tool in ("pdflatex", "pdftotext", "pdftoppm") if shutil.which(tool) is None]
+needs_tex = pytest.mark.skipif(bool(MISSING), reason=f"not installed (TeX Live / poppler-utils): "
+                                                     f"{MISSING}")
 
 ROWS = 45
 PREAMBLE = r"""
@@ -118,12 +118,14 @@ def test_row_ids_of_the_three_forms_are_read():
     assert check_pdf._plain_start("**fails** for $x$") == "failsfor"
 
 
+@needs_tex
 def test_breaking_table_passes(pdfs, book, tmp_path):
     counts, failures = _labels(pdfs["longtable"], book)
     assert counts["errata row"] == (ROWS, ROWS) and not failures
     assert _frame_failures(pdfs["longtable"], tmp_path) == {}
 
 
+@needs_tex
 def test_table_through_the_footer_fails_both_checks(pdfs, book, tmp_path):
     counts, failures = _labels(pdfs["tabular"], book)
     found, total = counts["errata row"]
@@ -134,9 +136,44 @@ def test_table_through_the_footer_fails_both_checks(pdfs, book, tmp_path):
     assert "right margin" not in zones
 
 
+@needs_tex
 def test_table_wider_than_the_text_fails_the_margin_check(pdfs, book, tmp_path):
     counts, failures = _labels(pdfs["wide"], book)
     assert not failures                              # every row is there ...
     zones = _frame_failures(pdfs["wide"], tmp_path)
     assert zones.get("right margin")                 # ... but it runs into the right margin
     assert "between text and footer" not in zones and "below the footer" not in zones
+
+
+def test_latex_fixes_make_free_tables_long():
+    """book/_ext/latex_fixes.py: a table with widths becomes a longtable unless it sits in a box."""
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import latex_fixes
+
+    def table() -> nodes.table:
+        tgroup = nodes.tgroup(cols=2)
+        tgroup += [nodes.colspec(colwidth=1), nodes.colspec(colwidth=1)]
+        body = nodes.tbody()
+        for i in range(3):
+            row = nodes.row()
+            row += [nodes.entry("", nodes.paragraph("", f"A{i}")),
+                    nodes.entry("", nodes.paragraph("", "a claim that needs a paragraph column"))]
+            body += row
+        tgroup += body
+        return nodes.table("", tgroup)
+
+    doc = new_document("<test>", get_default_settings(Parser))
+    free, boxed, spanning = table(), table(), table()
+    admonition = nodes.admonition("", nodes.title("", "Solution"), boxed)
+    doc += [free, admonition]
+    latex_fixes._set_table_widths(doc)
+    latex_fixes._make_long(doc)
+    assert "colwidths-given" in free["classes"] and "longtable" in free["classes"]
+    assert "colwidths-given" in boxed["classes"] and "longtable" not in boxed["classes"]
+    latex_fixes._make_long(spanning)          # no widths given: its columns would not wrap
+    assert "longtable" not in spanning["classes"]
