@@ -177,3 +177,32 @@ def test_latex_fixes_make_free_tables_long():
     assert "colwidths-given" in boxed["classes"] and "longtable" not in boxed["classes"]
     latex_fixes._make_long(spanning)          # no widths given: its columns would not wrap
     assert "longtable" not in spanning["classes"]
+
+
+def test_html_items_against_pdf_text(tmp_path):
+    """Items read from an HTML page (as `make book` writes it); one of each kind missing fails."""
+    page = tmp_path / "book" / "errata.html"
+    page.parent.mkdir()
+    page.write_text(
+        '<main><table class="table"><thead><tr><th class="head"><p>ID</p></th>'
+        '<th class="head"><p>claim</p></th></tr></thead><tbody>'
+        '<tr><td><p>A1</p></td><td><p>the first claim holds <em>here</em></p></td></tr>'
+        '<tr><td><p>A2</p></td><td><p>the second claim is cut off</p></td></tr></tbody></table>'
+        '<p class="admonition-title"><span class="caption-number">Theorem 7 </span> '
+        '(Chernoff tail bounds)</p>'
+        '<p class="admonition-title"><span class="caption-number">Lemma 2 </span> '
+        '(<span class="math notranslate nohighlight">\\(\\cosh x\\le e^{x^2/2}\\)</span>)</p>'
+        '<img alt="_images/a.png" src="../_images/a.png" /></main>', encoding="utf-8")
+    items, figures = check_pdf.html_labelled_items(tmp_path)
+    assert [i[1] for i in items["errata row"]] == ["A1", "A2"] and figures == 1
+    assert [i[1] for i in items["theorem (numbered)"]] == ["Theorem 7"]
+    assert items["theorem-like (titled)"][1][2] == "xex22"
+    whole = ("A1 the first claim holds here\nA2 the second claim is cut off\n"
+             "Theorem 7 (Chernoff tail bounds)\nLemma 2 (cosh 𝑥 ≤ 𝑒𝑥2\n/2)\n")
+    counts, failures = check_pdf.compare_labels(items, whole, 1, figures)
+    assert not failures and counts["errata row"] == (2, 2)
+    cut = whole.replace("A2 the second claim is cut off\n", "").replace("Theorem 7", "Theorem 8")
+    counts, failures = check_pdf.compare_labels(items, cut, 0, figures)
+    assert counts["errata row"] == (1, 2) and counts["theorem (numbered)"] == (0, 1)
+    assert any("errata: A2" in f for f in failures)
+    assert any("only 0 images" in f for f in failures)

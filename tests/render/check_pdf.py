@@ -19,11 +19,12 @@ The PDF is read back with poppler's tools, not from the LaTeX source:
   the preamble in ``_config.yml``); on every page no ink may lie in the margins left or right of the
   text block, between the text block and the footer, or below the footer (a table that does not break
   runs through the footer and off the page).
-* Labelled items, HTML against PDF: every labelled item the book's pages show (the sources the HTML
-  renders: markdown cells, stored ``text/markdown`` outputs, ``.md`` pages) must be in the PDF's text
-  (``pdftotext -raw``): every errata row ID (A1, B16, ...) and every verdict ID ((O3), (M), ...) with
-  the start of its row's text, every titled theorem, definition, lemma, ... by its title (and as many
-  numbered headings of each kind as there are directives), and every figure (image count).
+* Labelled items, HTML against PDF: every labelled item of the HTML build (``_build/html``; without
+  one, of the sources it renders: markdown cells, stored ``text/markdown`` outputs, ``.md`` pages)
+  must be in the PDF's text (``pdftotext -raw``): every errata row ID (A1, B16, ...) and every verdict
+  ID ((O3), (M), C6, ...) with the start of its row's text, every theorem, definition, lemma, ... by
+  its numbered heading ("Theorem 34", as the HTML numbers it) and its title, and every figure (image
+  count).
 """
 
 from __future__ import annotations
@@ -183,6 +184,58 @@ def labelled_items(book: Path) -> dict[str, list[tuple[str, str, str]]]:
     return items
 
 
+HTML_TITLE = re.compile(r'<p class="admonition-title"><span class="caption-number">([A-Z][a-z]+) '
+                        r'(\d+(?:\.\d+)*) </span>(.*?)</p>', re.S)
+
+
+def _html_text(fragment: str) -> str:
+    """Text of an HTML fragment; inline maths \\(...\\) back to $...$ as in the sources."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", fragment))
+    return re.sub(r"\\\((.*?)\\\)", lambda m: f"${m.group(1)}$", text, flags=re.S)
+
+
+def html_labelled_items(html_dir: Path) -> tuple[dict[str, list[tuple[str, str, str]]], int]:
+    """Labelled items of the HTML build (``_build/html/book/*.html``) and its number of figures.
+
+    The same kinds as :func:`labelled_items`, read from the rendered pages: table rows by their first
+    cell, theorem-like items by their caption ("Theorem 34 (title)"), figures as the images of the
+    cells' outputs.
+    """
+    items: dict[str, list[tuple[str, str, str]]] = {"errata row": [], "verdict": [],
+                                                      "theorem-like (titled)": []}
+    figures = 0
+    for page in sorted((html_dir / "book").glob("*.html")):
+        doc = page.read_text(encoding="utf-8")
+        main = doc[doc.find('<main'):] if '<main' in doc else doc
+        for table in re.findall(r"<table\b.*?</table>", main, re.S):
+            for tr in re.findall(r"<tr\b.*?</tr>", table, re.S):
+                row = [_html_text(c).strip() for c in re.findall(r"<t[dh]\b[^>]*>(.*?)</t[dh]>", tr,
+                                                                 re.S)]
+                if not row or "<th" in tr.split("</t", 1)[0]:
+                    continue
+                first = row[0]
+                match = ROW_ID.match(first) or OPENING_ID.match(first)
+                if not match:
+                    continue
+                kind = "errata row" if page.stem == "errata" else "verdict"
+                cells = [first[match.end():]] + row[1:]
+                snippet = next((p for p in map(_plain_start, cells)
+                                if len(p) >= SNIPPET_CHARS[0]), "")
+                label = next(g for g in match.groups() if g)
+                items[kind].append((page.stem, label, snippet[:SNIPPET_CHARS[1]]))
+        for m in HTML_TITLE.finditer(main):
+            name, number = m.group(1), m.group(2)
+            title = _html_text(m.group(3)).strip()
+            title = title[1:-1].strip() if title.startswith("(") and title.endswith(")") else title
+            items.setdefault(f"{name.lower()} (numbered)", []).append(
+                (page.stem, f"{name} {number}", ""))
+            if title:
+                items["theorem-like (titled)"].append((page.stem, f"{name} {number}: {title}",
+                                                       _title_text(title)[:SNIPPET_CHARS[1]]))
+        figures += len(re.findall(r'<img[^>]+src="\.\./_images/', main))
+    return items, figures
+
+
 def compare_labels(items: dict[str, list[tuple[str, str, str]]], pdf_text: str,
                    shown_images: int, expected_images: int) -> tuple[dict[str, tuple[int, int]],
                                                                      list[str]]:
@@ -192,7 +245,15 @@ def compare_labels(items: dict[str, list[tuple[str, str, str]]], pdf_text: str,
     failures: list[str] = []
     for kind, entries in items.items():
         missing = []
-        if kind.endswith("(numbered)"):
+        if kind.endswith("(numbered)") and all(" " in label for _, label, _ in entries):
+            # From the HTML build: each numbered heading ("Theorem 34") opens a line of the PDF.
+            found = 0
+            for page, label, _ in entries:
+                ok = re.search(rf"(?m)^\s*{re.escape(label)}(?: \(|\s*$)", pdf_text) is not None
+                found += ok
+                if not ok:
+                    missing.append(f"{page}: {label}")
+        elif kind.endswith("(numbered)"):
             name = kind.split()[0].capitalize()
             heads = len(re.findall(rf"(?m)^\s*{name} \d+(?:\.\d+)*(?: \(|\s*$)", pdf_text))
             found = min(heads, len(entries))
@@ -267,7 +328,8 @@ def ink_columns(png: Path) -> tuple[int, int, int] | None:
     return None if box is None else (box[0], box[2], img.width)
 
 
-def check(pdf: Path, log: Path | None, book: Path, out: Path) -> list[str]:
+def check(pdf: Path, log: Path | None, book: Path, out: Path,
+          html_dir: Path | None = None) -> list[str]:
     failures: list[str] = []
     pages = int(re.search(r"Pages:\s+(\d+)", run("pdfinfo", str(pdf))).group(1))
     print(f"{pdf}: {pages} pages")
@@ -365,11 +427,18 @@ def check(pdf: Path, log: Path | None, book: Path, out: Path) -> list[str]:
     expected = png_outputs(book)
     print(f"figures: {shown} images in the PDF, {expected} PNG outputs in the stored chapters")
 
-    # Labelled items of the HTML pages against the PDF's text.
+    # Labelled items of the HTML pages against the PDF's text: from the HTML build when there is
+    # one (`make book`), else from the sources it renders.
     raw_text = run("pdftotext", "-raw", "-enc", "UTF-8", str(pdf), "-")
-    counts, missing_items = compare_labels(labelled_items(book), raw_text, shown, expected)
-    print("labelled items (found/total): " + ", ".join(f"{kind} {found}/{total}"
-                                                       for kind, (found, total) in counts.items()))
+    if html_dir is not None and (html_dir / "book").is_dir():
+        items, html_figures = html_labelled_items(html_dir)
+        origin = f"HTML build {html_dir}"
+        expected = max(expected, html_figures)
+    else:
+        items, origin = labelled_items(book), f"sources in {book} (no HTML build: run make book)"
+    counts, missing_items = compare_labels(items, raw_text, shown, expected)
+    print(f"labelled items of the {origin}, found in the PDF/total: "
+          + ", ".join(f"{kind} {found}/{total}" for kind, (found, total) in counts.items()))
     failures += missing_items
 
     # Page images: nothing runs off the paper; keep a few pages for a human look.
@@ -418,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, default=None,
                         help="LaTeX log (default: next to the PDF)")
     parser.add_argument("--book", type=Path, default=Path("book"), help="the book's sources")
+    parser.add_argument("--html", type=Path, default=Path("_build/html"),
+                        help="the HTML build whose labelled items the PDF must hold (if built)")
     parser.add_argument("--out", type=Path, default=Path("_build/pdf_check"),
                         help="where to keep a few page images")
     args = parser.parse_args(argv)
@@ -429,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no {args.pdf}: run 'make pdf'")
         return 2
     log = args.log or args.pdf.with_suffix(".log")
-    failures = check(args.pdf, log, args.book, args.out)
+    failures = check(args.pdf, log, args.book, args.out, args.html)
     print("PDF check:", "FAILED" if failures else "passed")
     for failure in failures:
         print("  -", failure)
