@@ -467,7 +467,8 @@ def check(pdf: Path, log: Path | None, book: Path, out: Path,
         if not geometry:
             failures.append("no CHECKPDF page geometry in the LaTeX log: the frame was not checked")
         for zone, zone_pages in outside.items():
-            failures.append(f"ink in the {zone} on {len(zone_pages)} pages: {zone_pages[:20]}")
+            where = f"in the {zone}" if "margin" in zone else zone
+            failures.append(f"ink {where} on {len(zone_pages)} pages: {zone_pages[:20]}")
     keep = {1: "title"}
     for page, text in prose:
         if "GLOSSARY" in text and "glossary" not in keep.values():
