@@ -113,10 +113,13 @@ clean:
 	rm -rf _build _build.log .pytest_cache .benchmarks
 
 # The PDF renders the stored chapters (nothing is re-executed); TeX, fonts and poppler come from Debian
-# packages that tests/render/build_pdf.sh installs with apt-get when missing.
+# packages that tests/render/build_pdf.sh installs with apt-get when missing. check_pdf compares the
+# PDF with the HTML build when there is one (make book first). Then tests/test_pdf_checks.py shows
+# the PDF checks failing on a deliberately broken table (a few seconds, once TeX is installed).
 .PHONY: pdf
 pdf: $(STAMP)
 	bash tests/render/build_pdf.sh
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_pdf_checks.py
 # ---- the package as a distribution (pyproject.toml: fading-outliers-companion)
 # The wheel, installed (not editable) into a fresh venv and used from a folder outside the
 # repository; offline (see the docstring of tests/test_wheel_install.py). Also part of make test.

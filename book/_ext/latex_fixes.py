@@ -9,6 +9,11 @@
   errata's "verdict" column until "testable" ran into the next column.  Every table without
   explicit widths gets widths from the length of its cells, at least its longest word, which Sphinx
   writes as wrapping ``\\X`` columns.
+* With explicit widths and at most 30 rows Sphinx sets a table as ``tabular``, which cannot break
+  across pages: the injection chapter's verdict table stopped after row (O3), the errata tables ran
+  through the footer.  Every table that is not nested in a box (an admonition, a footnote, another
+  table: LaTeX cannot break a ``longtable`` there) gets the class ``longtable``, so it breaks across
+  pages and repeats its header.
 """
 
 from __future__ import annotations
@@ -89,11 +94,34 @@ def _set_table_widths(doctree: nodes.document) -> None:
             table["classes"].append("colwidths-given")
 
 
+# Containers a longtable cannot live in (LaTeX boxes); a table there stays a tabular.
+BOXES = (nodes.Admonition, nodes.admonition, nodes.footnote, nodes.sidebar, nodes.topic,
+         nodes.table, nodes.figure)
+
+
+def _in_box(node: nodes.Node) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, BOXES):
+            return True
+        parent = parent.parent
+    return False
+
+
+def _make_long(doctree: nodes.document) -> None:
+    for table in doctree.findall(nodes.table):
+        classes = table["classes"]
+        # Without explicit widths a longtable's columns are ``l`` (never wrapped): leave it.
+        if "colwidths-given" in classes and "longtable" not in classes and not _in_box(table):
+            classes.append("longtable")
+
+
 def _repair(app, doctree: nodes.document, docname: str) -> None:
     if app.builder.format != "latex":
         return
     _title_proofs(doctree)
     _set_table_widths(doctree)
+    _make_long(doctree)
 
 
 def setup(app):

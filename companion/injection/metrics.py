@@ -190,7 +190,7 @@ def postln_contraction_factors(ln_inputs, eps: float = 0.0, residual_scale: floa
                                norm: str = "layernorm") -> np.ndarray:
     r"""Per-layer factors by which Post-LN multiplies the component of a perturbation along ``v``.
 
-    Proof: proposition ``tef-prop-postln`` of the chapter :doc:`/book/three_effect_framework`.
+    Proof: :prf:ref:`tef-prop-postln` of the chapter :doc:`/book/three_effect_framework`.
 
     Parameters
     ----------
