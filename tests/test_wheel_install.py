@@ -255,5 +255,5 @@ def test_the_wheel_holds_only_the_package_and_its_data(installed):
     assert tops == {"companion", f"{DISTRIBUTION.replace('-', '_')}-{companion.__version__}.dist-info"}, tops
     data = sorted(n for n in names if n.startswith("companion/data/"))
     in_repo = sorted(str(p.relative_to(REPO)) for p in (REPO / "companion" / "data").rglob("*")
-                     if p.is_file() and p.suffix in (".txt", ".md", ".json", ".npz"))
+                     if p.is_file() and p.suffix in (".txt", ".md", ".json", ".npz", ".csv"))
     assert data == in_repo
