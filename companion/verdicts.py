@@ -120,7 +120,7 @@ def load_verdicts(path=None) -> list[dict[str, str]]:
 
 
 def verdict_table(ids=None, *, records=None, link: str | None = None) -> plots.Table:
-    """The verdicts of some rows as a table of four short columns (a :class:`plots.Table`).
+    """The verdicts of some rows as a table of four short columns (a :class:`~companion.plots.Table`).
 
     Columns: the row's ID, the claim in a few words, the verdict, and its scope, evidence scale
     and the reference that decides it.  As a cell's last expression it renders as a Markdown
