@@ -177,3 +177,32 @@ def test_density_zero_at_every_tail_probe_is_not_a_heavy_tail():
     for fn in (lambda: optimal_variance_proxy(stats.gennorm(1e300)), lambda: psi2_norm(stats.gennorm(1e300))):
         with pytest.raises(ValueError, match="total mass"):
             fn()
+
+
+def _chi_cgf_mp(df, lam):
+    """K(lam) of chi(df) from its MGF 1F1(df/2; 1/2; lam^2/2) + lam mu 1F1((df+1)/2; 3/2; lam^2/2)."""
+    with mpmath.workdps(40):
+        df, lam = mpmath.mpf(df), mpmath.mpf(lam)
+        mu = mpmath.sqrt(2) * mpmath.gamma((df + 1) / 2) / mpmath.gamma(df / 2)
+        mgf = (mpmath.hyp1f1(df / 2, 0.5, lam**2 / 2)
+               + lam * mu * mpmath.hyp1f1((df + 1) / 2, 1.5, lam**2 / 2))
+        return mpmath.log(mgf) - lam * mu
+
+
+@pytest.mark.parametrize("dist, df, c, limit, psi2_sq", [
+    # chi(df): lim 2K/lam^2 = 1; ||X||_psi2^2 solves (1 - 2/s^2)^(-df/2) = 2
+    (stats.chi(1e-6), 1e-6, 1.0, 1.0, 2.0 / -math.expm1(-2e6 * math.log(2))),
+    # nakagami(nu) = chi(2 nu)/sqrt(2 nu): limit 1/(2 nu), psi2^2 = 1/(nu (1 - 2^(-1/nu)))
+    (stats.nakagami(1e-6), 2e-6, 1 / math.sqrt(2e-6), 5e5, 1e6),
+    (stats.rice(1e-300), 2.0, 1.0, 1.0, 4.0),  # b^2 = 0 in float64: the Rayleigh law chi(2)
+])
+def test_gaussian_tail_behind_a_power_factor_has_a_finite_proxy(dist, df, c, limit, psi2_sq):
+    # old: the x^(df-1) factor made the tail probes read beta = 1.61, 1.79, 1.88 (heavier than
+    # Gaussian): proxy inf, psi2 inf.  Independent: 2K/lam^2 from the exact MGF increases to its
+    # limit (checked on a grid up to lam = 1e4 / c), so the supremum is the limit
+    grid = [2 * _chi_cgf_mp(df, lam * c) / (lam * c) ** 2 * c**2 for lam in (0.1, 1.0, 10.0, 1e2, 1e4)]
+    assert all(a < b <= limit for a, b in zip(grid, grid[1:]))
+    res = optimal_variance_proxy(dist, full_output=True)
+    assert res.proxy == pytest.approx(limit, rel=1e-9) and res.argmax == math.inf
+    assert psi2_norm(dist) ** 2 == pytest.approx(psi2_sq, rel=1e-8)
+    assert math.isfinite(log_mgf(dist, 1.0))
