@@ -206,3 +206,47 @@ def test_gaussian_tail_behind_a_power_factor_has_a_finite_proxy(dist, df, c, lim
     assert res.proxy == pytest.approx(limit, rel=1e-9) and res.argmax == math.inf
     assert psi2_norm(dist) ** 2 == pytest.approx(psi2_sq, rel=1e-8)
     assert math.isfinite(log_mgf(dist, 1.0))
+
+
+def test_beta_binomial_at_its_binomial_limit():
+    # old: scipy's pmf of betabinom(10, 1e300, 1e300) sums to 11 (betaln cancels): a ValueError
+    # about an unresolved peak; 1 + 3e-9 at a = b = 1e6.  The limit is Binomial(10, a/(a + b))
+    for a, b, p in ((1e300, 1e300, 0.5), (1e300, 3e300, 0.25)):
+        dist, limit = stats.betabinom(10, a, b), stats.binom(10, p)
+        assert optimal_variance_proxy(dist) == pytest.approx(optimal_variance_proxy(limit), rel=1e-12)
+        assert log_mgf(dist, [1.0, -4.0]) == pytest.approx(log_mgf(limit, [1.0, -4.0]), rel=1e-12)
+        assert psi2_norm(dist) == pytest.approx(psi2_norm(limit), rel=1e-12)
+    with mpmath.workdps(60):  # a = b = 1e6: the exact K(1) from the pmf B(k + a, n - k + b)/B(a, b)
+        a = mpmath.mpf(10) ** 6
+        pmf = [mpmath.binomial(10, k) * mpmath.beta(k + a, 10 - k + a) / mpmath.beta(a, a) for k in range(11)]
+        k1 = float(mpmath.log(sum(w * mpmath.exp(k - 5) for k, w in enumerate(pmf))))
+    assert log_mgf(stats.betabinom(10, 1e6, 1e6), 1.0) == pytest.approx(k1, rel=1e-12)
+
+
+@pytest.mark.parametrize("mu1, mu2, loc", [(1e-12, 1e-12, 0), (3.0, 2.0, 7), (1e-300, 5.0, 0)])
+def test_skellam_log_mgf_is_fast_and_exact(mu1, mu2, loc):
+    # old: skellam(1e-12, 1e-12) log_mgf took > 20 s (a 4-million-point lattice of scipy's pmf)
+    import time
+    lam = np.array([0.5, -2.0, 1e-9])
+    start = time.perf_counter()
+    out = log_mgf(stats.skellam(mu1, mu2, loc=loc), lam)
+    assert time.perf_counter() - start < 1.0
+    with mpmath.workdps(40):
+        exact = [float(mu1 * (mpmath.exp(x) - 1 - x) + mu2 * (mpmath.exp(-x) - 1 + x))
+                 for x in map(mpmath.mpf, lam)]
+    np.testing.assert_allclose(out, exact, rtol=1e-12)
+    assert optimal_variance_proxy(stats.skellam(mu1, mu2)) == math.inf  # Poisson tails
+
+
+def test_bounds_with_an_underflowing_square():
+    # old: t = 1e-162 with a subnormal variance: t^2 = 0, so the bound was 2.0 instead of 2 e^{-x}
+    from companion.theory.concentration import bernstein_bound, norm_concentration_bound
+    t, s = 1e-162, 1e-323
+    def exact(factor):  # 2 exp(-t^2 / (2 factor s)) with the float values of t and s
+        with mpmath.workdps(30):
+            return float(2 * mpmath.exp(-mpmath.mpf(t) ** 2 / (2 * factor * mpmath.mpf(s))))
+    assert bernstein_bound(t, s, 0.0) == pytest.approx(exact(1), rel=1e-12)
+    assert bernstein_bound(t, s, 0.0, n=4) == pytest.approx(exact(4), rel=1e-12)
+    assert norm_concentration_bound(t, s) == pytest.approx(exact(1), rel=1e-12)
+    assert norm_concentration_bound(t, s, method="bernstein") == pytest.approx(exact(4), rel=1e-12)
+    assert bernstein_bound(1e200, 1e-300, 0.0, n=10**6) == 0.0  # exponent overflows: a bound of 0
