@@ -250,18 +250,18 @@ def _far_tail(dist, side: int, mean: float, unit: float, discrete: bool):
     """(beta, x, ell) at two points (d/2 and d from the mean) far out, if the tail beyond the usual
     probes is Gaussian or lighter, else None.
 
-    Probes at d_k = unit q^k (q = sqrt 2); for ell = a d^b + c1 d + c2 log d + c0 the differences
+    Probes at d_k = unit q^k (q = sqrt 2, or 2 on a lattice); for ell = a d^b + c1 d + c2 log d + c0 the differences
     D_k = ell_{k+1} - ell_k, E_k = D_{k+1} - q D_k, F_k = E_{k+1} - E_k have F_{k+1}/F_k = q^b exactly,
     whatever c0, c1, c2 (a mean offset, the x^(df-1) factor of chi).  The first window where F
     exceeds 1e6 is used, else the outermost one with finite values.
     """
-    q = math.sqrt(2.0)
+    q = 2.0 if discrete else math.sqrt(2.0)  # a lattice: integer probes, exact doubling from an integer
+    if discrete:
+        mean, unit = float(np.round(mean)), float(math.ceil(unit))
     with np.errstate(over="ignore"):
         d = unit * q ** np.arange(0, 2100)
-        d = d[np.isfinite(mean + side * d)]
+        d = d[np.isfinite(mean + side * d) & (not discrete or d < 2.0**53)]
     x = mean + side * d
-    if discrete:
-        x = np.round(x)
     ell = neg_log_density(dist, x)
     with np.errstate(all="ignore"):
         f = np.diff(np.diff(ell)[1:] - q * np.diff(ell)[:-1])  # F_k from ell_k .. ell_{k+3}
