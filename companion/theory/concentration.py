@@ -21,9 +21,9 @@ from companion._validation import (
     check_sigma2, check_t, checkpoints, freeze, is_discrete)
 
 __all__ = [
-    "dot_product_law", "psi1_norm", "subexponential_nu2", "bernstein_bound", "hoeffding_bound",
-    "maximal_bound", "gaussian_max_expectation", "gaussian_max_lower_bound", "simulate_max",
-    "norm_concentration_bound"]
+    "dot_product_law", "psi1_norm", "subexponential_nu2", "bernstein_bound", "bernstein_variance_bound",
+    "hoeffding_bound", "laurent_massart_bound", "maximal_bound", "gaussian_max_expectation",
+    "gaussian_max_lower_bound", "simulate_max", "gaussian_norm_mean", "norm_concentration_bound"]
 
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
 #: ``1/b`` within this relative distance of an exponential tail's rate counts as "at the edge",
@@ -341,8 +341,146 @@ def bernstein_bound(t, nu2, b, n: int = 1, two_sided: bool = True):
     t_b, s_b, b_b = _cgf.broadcast(t=t_arr, nu2=s2, b=b_arr)
     with np.errstate(divide="ignore"):
         linear = np.where(b_b > 0, t_b / (2.0 * np.where(b_b > 0, b_b, 1.0)), np.inf)
-    exponent = np.minimum(t_b**2 / (2.0 * nn * s_b), linear)
+    exponent = np.minimum(_half_square_ratio(t_b, s_b, nn), linear)
     return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-exponent))
+
+
+def _half_square_ratio(t: np.ndarray, s: np.ndarray, n: float = 1.0) -> np.ndarray:
+    """t^2 / (2 n s) without under/overflow of t^2 or n s (t = 1e-162 with a subnormal s: t^2 is 0)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        out = t**2 / (2.0 * n * s)
+        odd = ~((np.abs(t) >= 1.5e-154) & (np.abs(t) <= 1.3e154) & (s >= 2.3e-308) & (n * s <= 8e307))
+        odd &= t != 0
+        if odd.any():  # (t / sqrt s)^2 / 2n: inf (a bound of 0) only where the exponent itself overflows
+            out = np.where(odd, 0.5 * (t / np.sqrt(s)) ** 2 / n, out)
+    return out
+
+
+def bernstein_variance_bound(t, sigma2, b, n: int = 1, two_sided: bool = True):
+    r"""Bernstein's bound for bounded summands: :math:`P(S_n-\mathbb ES_n\ge t)\le
+    \exp\bigl(-\frac{t^2}{2(n\sigma^2+bt/3)}\bigr)`.
+
+    For independent :math:`X_i` with :math:`\operatorname{Var}X_i\le\sigma^2` and
+    :math:`|X_i-\mathbb EX_i|\le b`, :math:`S_n=\sum_{i\le n}X_i` (Boucheron, Lugosi and Massart,
+    *Concentration Inequalities*, Cor. 2.11).
+
+    Parameters
+    ----------
+    t : float or array_like
+        Deviations :math:`t\ge0`.
+    sigma2, b : float or array_like
+        A bound :math:`\sigma^2>0` on each variance and :math:`b\ge0` on each centred range, broadcast
+        with ``t``.
+    n : int, default 1
+    two_sided : bool, default True
+        Bound :math:`P(|S_n-\mathbb ES_n|\ge t)` (factor 2) or the upper tail alone.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The bound, not capped at 1.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
+
+    Examples
+    --------
+    >>> round(bernstein_variance_bound(10.0, 0.01, 1.0, n=1000), 4)   # 2 exp(-100 / (20 + 20/3))
+    0.047
+    """
+    t_arr, s2 = check_t(t), check_sigma2(sigma2)
+    b_arr = as_real_array(b, "b")
+    if not (np.isfinite(b_arr).all() and (b_arr >= 0).all()):
+        raise ValueError("b must be finite and >= 0 (a bound on |X_i - E X_i|)")
+    nn, two = check_int(n, "n", 1), check_bool(two_sided, "two_sided")
+    t_b, s_b, b_b = _cgf.broadcast(t=t_arr, sigma2=s2, b=b_arr)
+    with np.errstate(over="ignore", under="ignore"):
+        # t^2 / (2 (n s + b t / 3)) = (t / 2) / (n s / t + b / 3): no t^2 to under- or overflow
+        exponent = np.where(t_b > 0, 0.5 * t_b / (nn * s_b / np.where(t_b > 0, t_b, 1.0) + b_b / 3.0), 0.0)
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-exponent))
+
+
+def laurent_massart_bound(t, d, tail: str = "upper"):
+    r"""Laurent–Massart deviation bounds for :math:`Z\sim\chi^2_d`.
+
+    :math:`P(Z-d\ge2\sqrt{dx}+2x)\le e^{-x}` and :math:`P(d-Z\ge2\sqrt{dx})\le e^{-x}` (Laurent and
+    Massart, *Ann. Statist.* 28 (2000), Lemma 1), solved for :math:`x` at the deviation :math:`t`.
+
+    Parameters
+    ----------
+    t : float or array_like
+        Deviations :math:`t\ge0`.
+    d : float or array_like
+        Degrees of freedom :math:`d>0`, broadcast with ``t``.
+    tail : {"upper", "lower"}, default "upper"
+        ``"upper"``: :math:`P(Z-d\ge t)\le\exp(-\frac{t^2}{(\sqrt{d+2t}+\sqrt d)^2})`;
+        ``"lower"``: :math:`P(d-Z\ge t)\le e^{-t^2/(4d)}`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The bound.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range, or shapes do not broadcast.
+
+    Examples
+    --------
+    >>> round(laurent_massart_bound(2 * 10 + 2 * 1.0, 100.0), 6)   # t = 2 sqrt(d x) + 2x at x = 1
+    0.367879
+    """
+    t_b, d_b = _cgf.broadcast(t=check_t(t), d=check_sigma2(d, "d"))
+    if check_choice(tail, "tail", ("upper", "lower")) == "lower":
+        return _cgf.scalar_or_array(np.exp(-_half_square_ratio(t_b, d_b, 2.0)))
+    with np.errstate(over="ignore", under="ignore"):  # x = (sqrt(d + 2t) - sqrt d)^2 / 4, no cancellation
+        x = (t_b / (np.sqrt(d_b + 2.0 * t_b) + np.sqrt(d_b))) ** 2
+        x = np.where(np.isfinite(x), x, (np.sqrt(0.5 * t_b) - np.sqrt(d_b / 4.0)) ** 2)
+    return _cgf.scalar_or_array(np.exp(-x))
+
+
+def gaussian_norm_mean(d, sigma2=1.0):
+    r"""Mean of :math:`\|h\|` for :math:`h\sim N(0,\sigma^2I_d)`: :math:`\sigma\sqrt2\,
+    \Gamma(\frac{d+1}2)/\Gamma(\frac d2)`.
+
+    Exact to rounding for every dimension (the Gamma ratio directly below :math:`d=300`, its
+    asymptotic series in :math:`1/d` above); :math:`\sigma\sqrt{d-1/2}` is within :math:`d^{-2}` of it.
+
+    Parameters
+    ----------
+    d : float or array_like
+        Dimensions :math:`d>0`.
+    sigma2 : float, default 1.0
+        Variance :math:`\sigma^2>0` of each coordinate.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`\mathbb E\|h\|`, shape of ``d``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If an argument has the wrong type or is out of range (Parameters).
+
+    Examples
+    --------
+    >>> round(gaussian_norm_mean(2), 6)    # sqrt(pi / 2)
+    1.253314
+    """
+    x = 0.5 * check_sigma2(d, "d")
+    sd = math.sqrt(check_real(sigma2, "sigma2", lo=0.0, lo_open=True))
+    ratio = np.empty_like(x)  # Gamma(x + 1/2) / Gamma(x)
+    small = x < 150.0
+    ratio[small] = special.gamma(x[small] + 0.5) / special.gamma(x[small])
+    r = 1.0 / x[~small]
+    r2 = r * r
+    series = r * (-1 / 8 + r2 * (1 / 192 + r2 * (-1 / 640 + r2 * 17 / 14336)))  # log ratio - log(x)/2
+    ratio[~small] = np.sqrt(x[~small]) * np.exp(series)
+    return _cgf.scalar_or_array(sd * (math.sqrt(2.0) * ratio))  # <= sqrt(max d * max sigma2): finite
 
 
 def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
@@ -636,6 +774,6 @@ def norm_concentration_bound(t, sigma2=1.0, method: str = "lipschitz", two_sided
     s2 = check_real(sigma2, "sigma2", lo=0.0, lo_open=True)
     check_choice(method, "method", _NORM_METHODS)
     two = check_bool(two_sided, "two_sided")
-    denom = {"bernstein": 8.0 * s2, "interpolation": math.pi**2 * s2 / 2.0,
-             "lipschitz": 2.0 * s2}[method]
-    return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-(t_arr**2) / denom))
+    factor = {"bernstein": 4.0, "interpolation": math.pi**2 / 4.0, "lipschitz": 1.0}[method]
+    exponent = _half_square_ratio(t_arr, np.asarray(s2, dtype=float), factor)  # t^2 / (2 factor s2)
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-exponent))

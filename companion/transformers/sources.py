@@ -170,6 +170,10 @@ def _cache_problem(folder: Path) -> str | None:
             and isinstance(s.get("size"), int) and isinstance(s.get("sha256"), str)
             for n, s in files.items())):
         return f"its marker {_MARKER} is malformed"
+    extra = sorted(p.name for p in folder.iterdir() if p.name != _MARKER and p.name not in files
+                   and not p.name.startswith(f".{_MARKER}."))  # a marker being replaced
+    if extra:  # transformers would read them (an index, a second shard, an adapter)
+        return f"it holds {extra[0]}, which the conversion did not write"
     changed = []
     for name, spec in files.items():
         try:
