@@ -323,6 +323,20 @@ def _depth_result(result, arrays):
     return r.arrays, list(r.scalars["placements"]), np.array(r.scalars["depths"]), hw
 
 
+
+def _legend_below(fig, ax, title: str | None = None, *, ncol: int = 4):
+    """Move the legend of ``ax`` below the panels of ``fig`` (9 pt, so it covers no data),
+    give ``fig`` its suptitle and a tight layout that leaves room for the legend."""
+    handles, labels = ax.get_legend_handles_labels()
+    legend = fig.legend(handles, labels, loc="lower center", ncol=min(ncol, len(labels)),
+                        fontsize=9, frameon=False)
+    finish(fig, title)
+    fig.canvas.draw()
+    height = legend.get_window_extent().height / fig.bbox.height
+    fig.tight_layout(rect=(0, height + 0.01, 1, 1))
+    return fig
+
+
 def depth_training_curves(result, unigram: float, *, window: int = 20):
     """Training loss of every member of a depth_study Result, one panel per placement.
 
@@ -350,7 +364,7 @@ def depth_training_curves(result, unigram: float, *, window: int = 20):
     A, PL, depths, hw = _depth_result(result, ("train_loss",))
     unigram = check_real(unigram, "unigram")
     window = check_int(window, "window", minimum=1)
-    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(PL), figsize=(7.5, 3.4), sharey=True, squeeze=False)
     for ax, (p, placement) in zip(axes[0], enumerate(PL)):
         for d, (L, colour) in enumerate(zip(depths, depth_colours(len(depths)))):
             curve = np.convolve(A["train_loss"][p, d], np.ones(window) / window, mode="valid")
@@ -359,8 +373,7 @@ def depth_training_curves(result, unigram: float, *, window: int = 20):
         ax.set_title(_PLACEMENT_NAMES.get(placement, placement))
         ax.set_xlabel("step")
     axes[0, 0].set_ylabel("training loss (nats/byte)")
-    axes[0, 0].legend(fontsize=7)
-    finish(fig, f"Training curves ({hw})")
+    _legend_below(fig, axes[0, 0], f"Training curves ({hw})", ncol=5)
     return fig, axes[0]
 
 
@@ -382,7 +395,7 @@ def depth_stream_growth(result):
 
     A, PL, depths, hw = _depth_result(result, ("sq_norm",))
     d_model = int(result.config["d_model"])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.4))
     for p, placement in enumerate(PL):
         name = _PLACEMENT_NAMES.get(placement, placement)
         for d, L in enumerate(depths):
@@ -394,10 +407,9 @@ def depth_stream_growth(result):
     axes[0].set_yscale("log")
     axes[0].set_xlabel("layer / L (darker: deeper)")
     axes[0].set_ylabel("E||h_l||^2 / d")
-    axes[1].set(yscale="log", ylabel="E||h_L||^2 / d at the last layer")
+    axes[1].set(yscale="log", ylabel="E||h_L||^2 / d, last layer")
     depth_axis(axes[1], depths)
-    axes[0].legend(fontsize=7)
-    finish(fig, f"Growth of the residual stream ({hw})")
+    _legend_below(fig, axes[0], f"Growth of the residual stream ({hw})")
     return fig, axes
 
 
@@ -413,26 +425,25 @@ def depth_outlier_statistics(result):
     A, PL, depths, hw = _depth_result(
         result, ("max_over_rms", "n_mean_dominated", "count_observed", "count_expected"))
     d_model = int(result.config["d_model"])
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.3))
+    fig, axes = plt.subplots(1, 3, figsize=(7.5, 3.6))
     for p, placement in enumerate(PL):
         name = _PLACEMENT_NAMES.get(placement, placement)
         peak = np.nanmax(A["max_over_rms"][p, :, 1:], axis=1)
         last = A["max_over_rms"][p, range(len(depths)), depths]
         axes[0].plot(depths, peak, "o-", color=f"C{p}", label=f"{name}: max over layers")
-        axes[0].plot(depths, last, "s--", color=f"C{p}", ms=3, label="at the last layer")
+        axes[0].plot(depths, last, "s--", color=f"C{p}", ms=3, label=f"{name}: last layer")
         axes[1].plot(depths, np.nanmax(A["n_mean_dominated"][p, :, 1:], axis=1), "o-", color=f"C{p}")
         obs = np.nansum(A["count_observed"][p, :, 1:, 0], axis=1)
         exp = np.nansum(A["count_expected"][p, :, 1:, 0], axis=1)
-        axes[2].plot(depths, obs / exp, "o-", color=f"C{p}", label=name)
+        axes[2].plot(depths, obs / exp, "o-", color=f"C{p}")
     axes[0].set_ylabel("max |x| / rms")
     axes[1].set_ylabel(f"mean-dominated channels (of {d_model})")
-    axes[2].set_ylabel("C(4 rms): observed / Gaussian, all layers")
+    axes[2].set_ylabel("C(4 rms), observed / Gaussian")
     axes[2].axhline(1, color="k", ls=":", lw=0.8)
     for ax in axes:
         depth_axis(ax, depths)
-    axes[0].legend(fontsize=6)
-    axes[2].legend(fontsize=7)
-    finish(fig, f"Outlier statistics against depth at width {d_model} ({hw})")
+    _legend_below(fig, axes[0], f"Outlier statistics against depth at width {d_model} ({hw})",
+                  ncol=2)
     return fig, axes
 
 
@@ -470,7 +481,7 @@ def depth_success_rates(result, scale: float = 1.0):
     keys = ("success_rate", "success_lo", "success_hi")
     A, PL, depths, hw = _depth_result(result, keys + ("inject_layers", "null_rate"))
     s, chance = _depth_scale(result, scale), result.scalars["chance"]
-    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(PL), figsize=(7.5, 3.6), sharey=True, squeeze=False)
     for ax, (p, placement) in zip(axes[0], enumerate(PL)):
         for d, (L, colour) in enumerate(zip(depths, depth_colours(len(depths)))):
             rate, lo, hi = (A[k][p, d, s] for k in keys)
@@ -478,13 +489,12 @@ def depth_success_rates(result, scale: float = 1.0):
         ax.axhline(chance, color="k", ls=":", lw=0.8, label=f"chance 1/{round(1 / chance)}")
         ax.axhline(result.scalars["window_threshold"], color="r", ls="--", lw=0.8,
                    label="window threshold")
-        ax.set_title(f"{_PLACEMENT_NAMES.get(placement, placement)} (held-out null: "
+        ax.set_title(f"{_PLACEMENT_NAMES.get(placement, placement)}\n(held-out null: "
                      f"{np.nanmean(A['null_rate'][p, :, s]):.3f})", fontsize=9)
         ax.set_xlabel("injection layer / L")
     axes[0, 0].set_ylabel(f"success rate (alpha = {scale:g})")
-    axes[0, 0].legend(fontsize=7)
-    finish(fig, f"Success of a target's unembedding direction against "
-                f"{result.config['n_random']} random ones ({hw})")
+    _legend_below(fig, axes[0, 0], f"Success of a target's unembedding direction against "
+                                   f"{result.config['n_random']} random ones\n({hw})", ncol=4)
     return fig, axes[0]
 
 
@@ -498,7 +508,7 @@ def depth_window_edges(result, scale: float = 1.0):
 
     A, PL, depths, hw = _depth_result(result, ("window", "window_lo", "window_hi"))
     s = _depth_scale(result, scale)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.4))
     for p, placement in enumerate(PL):
         for ax, j, label in ((axes[0], 0, "first layer of the window / L"),
                              (axes[1], 3, "coverage")):
@@ -509,8 +519,7 @@ def depth_window_edges(result, scale: float = 1.0):
     for ax in axes:
         depth_axis(ax, depths)
     axes[0].axhline(0.0625, color="k", ls=":", lw=0.8, label="note 002: 6.25%")
-    axes[0].legend(fontsize=7)
-    finish(fig, f"Window position and width against depth, alpha = {scale:g} ({hw})")
+    _legend_below(fig, axes[0], f"Window position and width against depth, alpha = {scale:g} ({hw})")
     return fig, axes
 
 
@@ -524,7 +533,7 @@ def depth_law_projections(result):
     import matplotlib.pyplot as plt
 
     A, PL, depths, hw = _depth_result(result, ("proj", "pred_dilution", "pred_product", "law_l0"))
-    fig, axes = plt.subplots(1, len(PL), figsize=(11, 3.3), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(PL), figsize=(7.5, 3.4), sharey=True, squeeze=False)
     for ax, (p, placement) in zip(axes[0], enumerate(PL)):
         law = "pred_dilution" if placement == "pre" else "pred_product"
         for d in sorted({max(len(depths) - 3, 0), len(depths) - 1}):
@@ -533,7 +542,7 @@ def depth_law_projections(result):
             ax.plot(m / L, A["proj"][p, d, m], "o", ms=3, color=f"C{d}", label=f"measured, L = {L}")
             ax.plot(m / L, A[law][p, d, m], "-", color=f"C{d}", label="law")
         ax.set(yscale="log", title=_PLACEMENT_NAMES.get(placement, placement), xlabel="layer / L")
-    axes[0, 0].set_ylabel("|projection| on the injected direction")
-    axes[0, 0].legend(fontsize=7)
-    finish(fig, f"Pre-LN dilution law and Post-LN product rule on trained members ({hw})")
+    axes[0, 0].set_ylabel("|projection| on injected direction")
+    _legend_below(fig, axes[0, 0], f"Pre-LN dilution law and Post-LN product rule on trained members"
+                                   f"\n({hw})")
     return fig, axes[0]
