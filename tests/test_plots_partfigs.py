@@ -22,7 +22,7 @@ def depth():
 @pytest.mark.parametrize("draw, n_axes, ylabel", [
     (plots.depth_success_rates, 3, "success rate (alpha = 1)"),
     (plots.depth_window_edges, 2, "first layer of the window / L"),
-    (plots.depth_law_projections, 3, "|projection| on the injected direction")])
+    (plots.depth_law_projections, 3, "|projection| on injected direction")])
 def test_depth_figures(depth, draw, n_axes, ylabel):
     fig, axes = draw(depth)
     assert len(axes) == n_axes and all(ax.lines for ax in axes)
