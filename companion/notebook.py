@@ -101,6 +101,7 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
 
             shell.run_line_magic("matplotlib", "inline")
             set_matplotlib_formats("retina")  # PNG at twice the resolution, shown at its 1x size
+            _record_font_size(shell)
             # `%matplotlib inline` resets the size; an opaque white background suits the dark theme
             matplotlib.rcParams.update({"figure.figsize": (7.0, 4.0), "figure.dpi": 100,
                                         "figure.facecolor": "white", "savefig.facecolor": "white",
@@ -109,3 +110,30 @@ def setup_notebook(seed: int = 0, threads: int = NOTEBOOK_THREADS):
         pass
 
     return np.random.default_rng(seed)
+
+
+#: PNG text chunk in which a chapter figure records its smallest font size (pt); `make check-render`
+#: reads it to compute the rendered text height instead of assuming the style's 9 pt.
+FIGURE_FONT_KEY = "Companion-Min-Font-Pt"
+
+
+def _min_font_pt(fig) -> float | None:
+    """Smallest font size (pt) among the visible, non-empty texts of a matplotlib figure."""
+    from matplotlib.text import Text
+
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) if sizes else None
+
+
+def _record_font_size(shell) -> None:
+    """Wrap the inline PNG formatter so that each figure's PNG carries its smallest font size."""
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    draw = formatter.lookup_by_type(Figure)
+
+    def png_with_font(fig):
+        size = _min_font_pt(fig)
+        return draw(fig, metadata={FIGURE_FONT_KEY: f"{size:g}"}) if size else draw(fig)
+
+    formatter.for_type(Figure, png_with_font)

@@ -114,20 +114,32 @@ def test_png_info_reads_matplotlibs_dpi_and_text_chunks():
         L.png_info(b"GIF89a")
 
 
-def test_min_font_pt_and_the_proposed_hook():
-    fig, ax = plt.subplots(figsize=(3, 2))
-    ax.plot([0, 1], label="a")
-    ax.set_xlabel("x", fontsize=10)
-    ax.tick_params(labelsize=9)
-    ax.legend(fontsize=6)
-    assert L.min_font_pt(fig) == 6
-    data, meta = L.retina_png_with_font(fig)
-    plt.close(fig)
+def test_setup_notebook_records_the_smallest_font_in_each_png():
+    """The chapters' PNG hook writes the figure's smallest font size where the check reads it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from companion import notebook
+
+    assert notebook.FIGURE_FONT_KEY == L.FONT_KEY
+    from IPython.core.pylabtools import select_figure_formats
+
+    shell = InteractiveShell.instance()
+    try:
+        select_figure_formats(shell, "retina")  # what setup_notebook's set_matplotlib_formats does
+        notebook._record_font_size(shell)
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot([0, 1], label="a")
+        ax.set_xlabel("x", fontsize=10)
+        ax.tick_params(labelsize=9)
+        ax.legend(fontsize=6)
+        data = shell.display_formatter.format(fig)[0]["image/png"]
+        plt.close(fig)
+    finally:
+        InteractiveShell.clear_instance()
     png = base64.b64decode(data)
     dpi, texts = L.png_info(png)
     assert texts[L.FONT_KEY] == "6"
-    assert dpi == pytest.approx(2 * matplotlib.rcParams["figure.dpi"], abs=0.01)
-    assert meta["width"] == int.from_bytes(png[16:20], "big") // 2  # shown at half its pixels
+    assert dpi == pytest.approx(200, abs=0.01)  # retina: twice the style's 100 dpi
 
 
 def test_from_probe_reads_the_png_under_the_html_root(tmp_path):

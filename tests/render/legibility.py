@@ -10,8 +10,8 @@ text is ``font_pt / 72 * dpi`` pixels tall in the PNG; the browser shows the PNG
 
 The dpi is the PNG's own ``pHYs`` chunk (matplotlib writes the savefig dpi there: 200 for the
 book's retina figures, 100 for plain ones).  The font size is the smallest one used in the figure
-when the PNG says so in a text chunk ``FONT_KEY`` (written by a hook at save time, see
-``min_font_pt``); otherwise the book style's smallest size, ``STYLE_MIN_FONT_PT`` (9 pt ticks and
+when the PNG says so in a text chunk ``FONT_KEY`` (written at display time by the PNG hook that
+``companion.notebook.setup_notebook`` installs); otherwise the book style's smallest size, ``STYLE_MIN_FONT_PT`` (9 pt ticks and
 legends; 10 pt text), is assumed, and the report says "assumed".
 
 Tables: a table wider than the text column overflows it (the reader scrolls sideways, or the
@@ -32,6 +32,7 @@ MIN_TEXT_PX = 11.0        # smallest rendered figure text, CSS px
 STYLE_MIN_FONT_PT = 9.0   # setup_notebook's style: 10 pt text, 9 pt ticks and legends
 SCREEN = (1400, 1000)     # the reader's window, CSS px (width, height)
 FONT_KEY = "Companion-Min-Font-Pt"  # PNG text chunk: the smallest font size in the figure, in pt
+# (written by setup_notebook's PNG hook, companion.notebook.FIGURE_FONT_KEY; a test checks they agree)
 
 # Called in the chapter's frame once MathJax and the images are done: sizes only.
 MEASURE_JS = r"""(function(d, w) {
@@ -92,28 +93,6 @@ def png_info(data: bytes) -> tuple[float | None, dict[str, str]]:
         elif kind == b"IEND":
             break
     return dpi, texts
-
-
-def min_font_pt(fig) -> float | None:
-    """The smallest font size (pt) of the visible, non-empty text of a matplotlib figure: what a
-    save hook would write into the PNG under ``FONT_KEY`` (``metadata={FONT_KEY: ...}``)."""
-    from matplotlib.text import Text
-
-    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
-    return min(sizes) if sizes else None
-
-
-def retina_png_with_font(fig, **kwargs):
-    """The proposed save hook (for ``setup_notebook``; not installed by this module): the
-    retina PNG that ``set_matplotlib_formats("retina")`` makes, with the figure's smallest font size
-    written into the text chunk ``FONT_KEY``, so that the render check measures the real smallest
-    text instead of assuming the style's 9 pt.  Install it in an IPython shell with
-    ``shell.display_formatter.formatters["image/png"].for_type(Figure, retina_png_with_font)``."""
-    from IPython.core.pylabtools import retina_figure
-
-    size = min_font_pt(fig)
-    metadata = {**kwargs.pop("metadata", {}), **({FONT_KEY: f"{size:g}"} if size else {})}
-    return retina_figure(fig, base64=True, metadata=metadata, **kwargs)
 
 
 @dataclass
