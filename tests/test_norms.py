@@ -1,278 +1,134 @@
-"""Tests of companion.theory.normalisation: values against PyTorch, Jacobians against autograd and finite
-differences, the spectral and geometric properties the chapter states, and every input error."""
+"""companion.theory.norms: norm concentration with explicit constants, Khintchine's constants and exact
+Rademacher moments, Sudakov–Fernique factors for correlated Gaussian maxima (issue 28 item 4)."""
+
+from __future__ import annotations
+
+import itertools
+import math
 
 import numpy as np
 import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
+from scipy import special, stats
 
-from companion.theory.normalisation import (
-    autograd_jacobian, layernorm, layernorm_jacobian, rmsnorm, rmsnorm_jacobian,
-)
-
-EPS_VALUES = [0.0, 1e-5, 0.3]
+from companion.theory import concentration as conc
+from companion.theory import norms
 
 
-def _vectors(min_d=3, max_d=24):
-    """Random vectors whose spread is not tiny (so eps = 0 is well conditioned)."""
-    elems = st.floats(-10, 10, allow_nan=False, allow_infinity=False)
-    return st.integers(min_d, max_d).flatmap(lambda d: arrays(np.float64, d, elements=elems)).filter(
-        lambda x: np.std(x) > 1e-2
-    )
+def test_norm_square_bound_closed_form_and_gaussian_tails():
+    d, s = 100, np.array([10.0, 30.0, 60.0])
+    up = norms.norm_square_bound(s, d)
+    np.testing.assert_allclose(up, np.exp(-s ** 2 / (2 * (32 * math.sqrt(2) * d + 4 * s))), rtol=1e-14)
+    # Gaussian coordinates: proxy 1, E X^4 = 3; the bounds must hold for chi^2_d
+    assert np.all(stats.chi2(d).sf(d + s) <= up)
+    assert np.all(stats.chi2(d).cdf(d - s) <= norms.norm_square_bound(s, d, tail="lower", m4=3.0))
 
 
-def _finite_difference_jacobian(f, x, h=1e-6):
-    cols = [(f(x + h * e) - f(x - h * e)) / (2 * h) for e in np.eye(x.size)]
-    return np.stack(cols, axis=1)
+def test_subgaussian_norm_bound_holds_for_uniform_and_sparse_coordinates():
+    rng = np.random.default_rng(3)
+    d = 256
+    x_u = rng.uniform(-math.sqrt(3), math.sqrt(3), (20_000, d))
+    x_s = rng.choice([-1.0, 0.0, 1.0], size=(20_000, d), p=[0.05, 0.9, 0.05]) / math.sqrt(0.1)
+    for x, proxy in ((x_u, 1.0), (x_s, 1.5)):
+        dev = np.abs(np.linalg.norm(x, axis=1) - math.sqrt(d))
+        for t in (0.5, 1.0, 2.0):
+            assert (dev >= t).mean() <= norms.subgaussian_norm_bound(t, proxy)
+    assert norms.subgaussian_norm_bound(10.0) == pytest.approx(2 * math.exp(-100 / (2 * (4 + 32 * math.sqrt(2)))))
 
 
-# ----------------------------------------------------------------------------- values
-@pytest.mark.parametrize("eps", EPS_VALUES)
-def test_layernorm_matches_torch(eps):
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(3, 4, 10)) * 2 + 1
-    gamma, beta = rng.normal(size=10), rng.normal(size=10)
-    ref = torch.nn.functional.layer_norm(
-        torch.tensor(x), (10,), torch.tensor(gamma), torch.tensor(beta), eps=eps
-    ).numpy()
-    np.testing.assert_allclose(layernorm(x, eps, gamma, beta), ref, rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("call", [lambda: norms.subgaussian_norm_bound(1.0, 0.5),
+                                  lambda: norms.subgaussian_norm_bound(-1.0),
+                                  lambda: norms.norm_square_bound(1.0, 0),
+                                  lambda: norms.norm_square_bound(1.0, 10, tail="both"),
+                                  lambda: norms.norm_square_bound(1.0, 10, sigma2=0.5),
+                                  lambda: norms.norm_square_bound(1.0, 10, tail="lower", m4=0.5)])
+def test_norm_bounds_reject_bad_input(call):
+    with pytest.raises(ValueError):
+        call()
 
 
-@pytest.mark.parametrize("eps", EPS_VALUES)
-def test_rmsnorm_matches_torch(eps):
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=(5, 7)) + 0.5
-    gamma = rng.normal(size=7)
-    ref = torch.nn.functional.rms_norm(torch.tensor(x), (7,), torch.tensor(gamma), eps=eps).numpy()
-    np.testing.assert_allclose(rmsnorm(x, eps, gamma), ref, rtol=1e-12, atol=1e-12)
+def _moment_by_hand(a, p):
+    total = 0.0
+    for signs in itertools.product((-1, 1), repeat=len(a)):
+        total += abs(sum(s * w for s, w in zip(signs, a))) ** p
+    return total / 2 ** len(a)
 
 
-@given(_vectors())
-@settings(max_examples=40, deadline=None)
-def test_layernorm_image_is_sphere_in_mean_zero_hyperplane(x):
-    y = layernorm(x, eps=0.0)
-    d = x.size
-    assert abs(y.mean()) < 1e-9
-    assert np.linalg.norm(y) == pytest.approx(np.sqrt(d), rel=1e-9)
+@pytest.mark.parametrize("p", [0.5, 1.0, 2.0, 3.0, 4.0])
+def test_rademacher_moment_matches_a_second_enumeration(p):
+    a = [0.3, -1.2, 2.0, 0.7, 0.1]
+    assert norms.rademacher_moment(a, p) == pytest.approx(_moment_by_hand(a, p), rel=1e-12)
+    if p == 2.0:
+        assert norms.rademacher_moment(a, p) == pytest.approx(sum(w * w for w in a), rel=1e-12)
 
 
-@given(_vectors())
-@settings(max_examples=40, deadline=None)
-def test_rmsnorm_image_is_sphere_not_centred(x):
-    y = rmsnorm(x, eps=0.0)
-    assert np.linalg.norm(y) == pytest.approx(np.sqrt(x.size), rel=1e-9)
+@pytest.mark.parametrize("p", [0.3, 0.5, 1.0, 1.5, 1.9, 2.0, 3.0, 4.0, 8.0])
+def test_khintchine_constants_bracket_exact_moments(p):
+    a_p, b_p = norms.khintchine_constants(p)
+    a_h, b_h = norms.khintchine_constants(p, "haagerup")
+    assert a_p <= a_h + 1e-12 and b_h <= b_p + 1e-12
+    rng = np.random.default_rng(int(10 * p))
+    for w in (np.ones(12), rng.standard_normal(12), np.array([1.0, 1.0]), np.array([1.0])):
+        v = norms.rademacher_moment(w / np.linalg.norm(w), p) ** (1 / p)
+        assert a_h - 1e-12 <= v <= b_h + 1e-12
 
 
-@given(_vectors(), st.floats(0.01, 100), st.floats(-50, 50))
-@settings(max_examples=40, deadline=None)
-def test_layernorm_zero_homogeneous_and_shift_invariant(x, alpha, c):
-    base = layernorm(x, eps=0.0)
-    np.testing.assert_allclose(layernorm(alpha * x, eps=0.0), base, atol=1e-9)
-    np.testing.assert_allclose(layernorm(-alpha * x, eps=0.0), -base, atol=1e-9)
-    np.testing.assert_allclose(layernorm(x + c, eps=0.0), base, atol=1e-7)
+def test_khintchine_known_values():
+    assert norms.khintchine_constants(1.0, "haagerup")[0] == pytest.approx(1 / math.sqrt(2))   # Szarek
+    # two equal weights attain Szarek's constant: E|xi_1 + xi_2| / sqrt 2 = 1 / sqrt 2
+    assert norms.rademacher_moment([1.0, 1.0], 1.0) / math.sqrt(2) == pytest.approx(1 / math.sqrt(2))
+    # Gaussian moment for p = 4: 3^(1/4)
+    assert norms.khintchine_constants(4.0, "haagerup")[1] == pytest.approx(3 ** 0.25, rel=1e-12)
+    # proved upper constant for p = 2: (2 * 2 * Gamma(1))^(1/2) = 2
+    assert norms.khintchine_constants(2.0)[1] == pytest.approx(2.0, rel=1e-12)
+    assert norms.khintchine_constants(1.0)[0] == pytest.approx(3 ** -0.5, rel=1e-12)
 
 
-def test_eps_breaks_homogeneity_for_small_inputs():
-    x = np.array([1.0, -2.0, 0.5, 3.0])
-    big, small = layernorm(1e3 * x, eps=1e-5), layernorm(1e-3 * x, eps=1e-5)
-    np.testing.assert_allclose(big, layernorm(x, eps=0.0), rtol=1e-8)
-    # std(1e-3 x) ~ 1.9e-3, so var ~ 3.7e-6 < eps: the output shrinks by sqrt(var / (var + eps))
-    var = np.var(1e-3 * x)
-    np.testing.assert_allclose(np.linalg.norm(small), 2 * np.sqrt(var / (var + 1e-5)), rtol=1e-10)
-    assert np.linalg.norm(small) < 0.6 * np.linalg.norm(big)
+@pytest.mark.parametrize("call, exc", [(lambda: norms.khintchine_constants(0.0), ValueError),
+                                       (lambda: norms.khintchine_constants("2"), TypeError),
+                                       (lambda: norms.khintchine_constants(2.0, "optimal"), ValueError),
+                                       (lambda: norms.rademacher_moment(np.ones(21), 1.0), ValueError),
+                                       (lambda: norms.rademacher_moment([[1.0, 2.0]], 1.0), ValueError),
+                                       (lambda: norms.rademacher_moment([1.0, np.nan], 1.0), ValueError),
+                                       (lambda: norms.rademacher_moment([1.0], -1.0), ValueError)])
+def test_khintchine_rejects_bad_input(call, exc):
+    with pytest.raises(exc):
+        call()
 
 
-def test_affine_gain_and_bias():
-    x = np.array([1.0, 2.0, 4.0, 8.0])
-    g, b = np.array([2.0, 1.0, 0.5, 3.0]), np.array([0.0, 1.0, -1.0, 2.0])
-    np.testing.assert_allclose(layernorm(x, 0.0, g, b), g * layernorm(x, 0.0) + b)
-    np.testing.assert_allclose(rmsnorm(x, 0.0, g), g * rmsnorm(x, 0.0))
+def test_equicorrelated_max_against_simulation():
+    rng = np.random.default_rng(5)
+    for rho in (0.0, 0.3, 0.8):
+        y = math.sqrt(rho) * rng.standard_normal((50_000, 1)) + math.sqrt(1 - rho) * rng.standard_normal((50_000, 50))
+        m = y.max(axis=1)
+        assert abs(m.mean() - norms.equicorrelated_max_expectation(50, rho)) < 4 * m.std() / math.sqrt(m.size)
+    assert norms.equicorrelated_max_expectation(2, 0.0) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-8)
+    assert norms.equicorrelated_max_expectation(10, 1.0) == 0.0
 
 
-# ----------------------------------------------------------------------------- Jacobians
-@pytest.mark.parametrize("eps", EPS_VALUES)
-@given(x=_vectors())
-@settings(max_examples=25, deadline=None)
-def test_layernorm_jacobian_matches_autograd(eps, x):
-    np.testing.assert_allclose(layernorm_jacobian(x, eps), autograd_jacobian(x, "layernorm", eps),
-                               rtol=1e-9, atol=1e-9)
+def test_correlated_max_factors_bracket_simulation():
+    rng = np.random.default_rng(6)
+    n = 40
+    a = rng.standard_normal((n, 5))
+    cov = a @ a.T + np.eye(n)
+    sd = np.sqrt(np.diag(cov))
+    r = cov / np.outer(sd, sd)
+    lo, hi = norms.correlated_max_factors(r)
+    y = rng.standard_normal((40_000, n)) @ np.linalg.cholesky(r).T
+    e_iid = float(conc.gaussian_max_expectation(n, absolute=False))
+    assert lo * e_iid <= y.max(axis=1).mean() <= hi * e_iid
+    off = r[~np.eye(n, dtype=bool)]
+    assert lo == pytest.approx(math.sqrt(1 - off.max()))
+    assert hi == pytest.approx(math.sqrt(1 + max(0.0, -off.min())))
 
 
-@pytest.mark.parametrize("eps", EPS_VALUES)
-@given(x=_vectors())
-@settings(max_examples=25, deadline=None)
-def test_rmsnorm_jacobian_matches_autograd(eps, x):
-    np.testing.assert_allclose(rmsnorm_jacobian(x, eps), autograd_jacobian(x, "rmsnorm", eps),
-                               rtol=1e-9, atol=1e-9)
+@pytest.mark.parametrize("corr", [np.eye(1), [[1.0, 0.5], [0.4, 1.0]], [[2.0, 0.0], [0.0, 1.0]],
+                                  [[1.0, 1.5], [1.5, 1.0]], np.ones(3)])
+def test_correlated_max_factors_reject_bad_matrices(corr):
+    with pytest.raises(ValueError):
+        norms.correlated_max_factors(corr)
 
 
-@pytest.mark.parametrize("eps", EPS_VALUES)
-def test_jacobians_match_finite_differences(eps):
-    x = np.random.default_rng(3).normal(size=9) * 1.5
-    fd_ln = _finite_difference_jacobian(lambda v: layernorm(v, eps), x)
-    fd_rms = _finite_difference_jacobian(lambda v: rmsnorm(v, eps), x)
-    np.testing.assert_allclose(layernorm_jacobian(x, eps), fd_ln, atol=1e-7)
-    np.testing.assert_allclose(rmsnorm_jacobian(x, eps), fd_rms, atol=1e-7)
-
-
-@given(_vectors())
-@settings(max_examples=40, deadline=None)
-def test_layernorm_jacobian_spectrum(x):
-    d = x.size
-    J = layernorm_jacobian(x, eps=0.0)
-    y = x - x.mean()
-    inv_std = np.sqrt(d) / np.linalg.norm(y)
-    np.testing.assert_allclose(J, J.T, atol=1e-12)                     # symmetric
-    np.testing.assert_allclose(J.sum(axis=1), 0.0, atol=1e-9 * inv_std)  # rows sum to zero: J 1 = 0
-    np.testing.assert_allclose(J @ y, 0.0, atol=1e-9 * inv_std * np.linalg.norm(y))
-    ev = np.sort(np.linalg.eigvalsh(J))
-    np.testing.assert_allclose(ev[:2], 0.0, atol=1e-9 * inv_std)       # null space {1, y}
-    np.testing.assert_allclose(ev[2:], inv_std, rtol=1e-9)             # 1/std on the rest
-    assert np.linalg.norm(J, 2) == pytest.approx(inv_std, rel=1e-9)    # = sqrt(d)/||y||
-    # J * std is an orthogonal projector of rank d - 2
-    Pm = J / inv_std
-    np.testing.assert_allclose(Pm @ Pm, Pm, atol=1e-9)
-    assert np.linalg.matrix_rank(Pm, tol=1e-8) == d - 2
-
-
-def test_layernorm_jacobian_with_eps_along_centred_input():
-    x = np.array([0.1, -0.3, 0.2, 0.05, -0.01])
-    eps = 0.05
-    y = x - x.mean()
-    s = np.sqrt(np.mean(y**2) + eps)
-    J = layernorm_jacobian(x, eps)
-    np.testing.assert_allclose(J @ y, eps / s**3 * y, rtol=1e-10)
-    np.testing.assert_allclose(J @ np.ones(5), 0.0, atol=1e-12)
-    assert np.linalg.norm(J, 2) == pytest.approx(1 / s, rel=1e-10)
-
-
-def test_constant_input_with_eps_has_projector_jacobian():
-    x = np.full(6, 2.5)
-    J = layernorm_jacobian(x, eps=0.01)
-    np.testing.assert_allclose(J, (np.eye(6) - 1 / 6) / 0.1, atol=1e-12)
-
-
-@given(_vectors())
-@settings(max_examples=40, deadline=None)
-def test_rmsnorm_jacobian_spectrum(x):
-    d = x.size
-    J = rmsnorm_jacobian(x, eps=0.0)
-    inv_r = np.sqrt(d) / np.linalg.norm(x)
-    np.testing.assert_allclose(J @ x, 0.0, atol=1e-9 * inv_r * np.linalg.norm(x))
-    ev = np.sort(np.linalg.eigvalsh(J))
-    np.testing.assert_allclose(ev[0], 0.0, atol=1e-9 * inv_r)
-    np.testing.assert_allclose(ev[1:], inv_r, rtol=1e-9)
-
-
-def test_rmsnorm_rows_do_not_sum_to_zero():
-    x = np.array([1.0, 2.0, 3.0])
-    assert np.abs(rmsnorm_jacobian(x).sum(axis=1)).max() > 0.1
-
-
-@given(_vectors(), st.floats(0.05, 20))
-@settings(max_examples=30, deadline=None)
-def test_jacobian_is_homogeneous_of_degree_minus_one(x, alpha):
-    np.testing.assert_allclose(layernorm_jacobian(alpha * x), layernorm_jacobian(x) / alpha,
-                               rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(rmsnorm_jacobian(alpha * x), rmsnorm_jacobian(x) / alpha,
-                               rtol=1e-8, atol=1e-10)
-
-
-def test_spectral_norm_below_one_when_std_above_one():
-    x = np.random.default_rng(4).normal(size=64) * 3.0
-    assert np.linalg.norm(layernorm_jacobian(x), 2) < 0.5
-
-
-# ----------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("fn", [layernorm_jacobian, rmsnorm_jacobian])
-def test_jacobian_rejects_non_1d(fn):
-    with pytest.raises(ValueError, match="1-D"):
-        fn(np.ones((2, 3)))
-    with pytest.raises(ValueError, match="1-D"):
-        fn(3.0)
-
-
-@pytest.mark.parametrize("fn", [layernorm, rmsnorm, layernorm_jacobian, rmsnorm_jacobian])
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_rejects_nan_and_inf(fn, bad):
-    with pytest.raises(ValueError, match="NaN or infinite"):
-        fn(np.array([1.0, bad, 2.0]))
-
-
-@pytest.mark.parametrize("fn", [layernorm, layernorm_jacobian])
-def test_layernorm_constant_input_with_zero_eps(fn):
-    with pytest.raises(ValueError, match="constant"):
-        fn(np.full(5, 3.0), eps=0.0)
-
-
-def test_layernorm_batch_with_one_constant_row():
-    with pytest.raises(ValueError, match="constant"):
-        layernorm(np.array([[1.0, 2.0], [4.0, 4.0]]), eps=0.0)
-
-
-@pytest.mark.parametrize("fn", [rmsnorm, rmsnorm_jacobian])
-def test_rmsnorm_zero_input_with_zero_eps(fn):
-    with pytest.raises(ValueError, match="all zero"):
-        fn(np.zeros(4), eps=0.0)
-
-
-@pytest.mark.parametrize("fn", [layernorm, rmsnorm, layernorm_jacobian, rmsnorm_jacobian])
-def test_eps_errors(fn):
-    with pytest.raises(ValueError, match="eps"):
-        fn(np.arange(3.0), eps=-1e-3)
-    with pytest.raises(ValueError, match="eps"):
-        fn(np.arange(3.0), eps=float("nan"))
-    with pytest.raises(TypeError, match="eps"):
-        fn(np.arange(3.0), eps="small")
-    with pytest.raises(TypeError, match="eps"):
-        fn(np.arange(3.0), eps=True)
-
-
-@pytest.mark.parametrize("fn", [layernorm, rmsnorm, layernorm_jacobian])
-def test_non_numeric_input(fn):
-    with pytest.raises(TypeError, match="array of real numbers"):
-        fn(["a", "b"])
-
-
-def test_scalar_and_empty_inputs():
-    with pytest.raises(ValueError, match="scalar"):
-        layernorm(3.0)
-    with pytest.raises(ValueError, match="empty"):
-        rmsnorm(np.zeros((2, 0)))
-
-
-def test_affine_shape_errors():
-    with pytest.raises(ValueError, match="gamma must have shape"):
-        layernorm(np.arange(4.0), gamma=np.ones(3))
-    with pytest.raises(ValueError, match="beta must have shape"):
-        layernorm(np.arange(4.0), beta=np.ones((4, 1)))
-    with pytest.raises(ValueError, match="gamma must have shape"):
-        rmsnorm(np.arange(4.0), gamma=np.ones(5))
-    with pytest.raises(ValueError, match="NaN"):
-        layernorm(np.arange(4.0), gamma=np.array([1.0, np.nan, 1.0, 1.0]))
-
-
-def test_autograd_jacobian_errors():
-    with pytest.raises(ValueError, match="kind"):
-        autograd_jacobian(np.arange(3.0), kind="batchnorm")
-    with pytest.raises(ValueError, match="constant"):
-        autograd_jacobian(np.ones(3), kind="layernorm", eps=0.0)
-    with pytest.raises(ValueError, match="all zero"):
-        autograd_jacobian(np.zeros(3), kind="rmsnorm", eps=0.0)
-    with pytest.raises(ValueError, match="1-D vector or a 2-D batch"):
-        autograd_jacobian(np.ones((2, 2, 2)))
-    with pytest.raises(ValueError, match="constant"):
-        autograd_jacobian(np.array([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]]))
-
-
-@pytest.mark.parametrize("eps", EPS_VALUES)
-def test_autograd_jacobian_batch_matches_rows(eps):
-    X = np.random.default_rng(5).normal(size=(6, 11)) * 2 + 1
-    ln = autograd_jacobian(X, "layernorm", eps)
-    rms = autograd_jacobian(X, "rmsnorm", eps)
-    assert ln.shape == rms.shape == (6, 11, 11)
-    for k in range(6):
-        np.testing.assert_allclose(ln[k], layernorm_jacobian(X[k], eps), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(rms[k], rmsnorm_jacobian(X[k], eps), rtol=1e-10, atol=1e-12)
+@pytest.mark.parametrize("args", [(0, 0.5), (10, -0.1), (10, 1.5)])
+def test_equicorrelated_rejects_bad_input(args):
+    with pytest.raises(ValueError):
+        norms.equicorrelated_max_expectation(*args)

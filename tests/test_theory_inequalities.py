@@ -111,3 +111,47 @@ def test_gaussian_norm_mean_input_checks(kwargs, err):
         return
     with pytest.raises(err):
         gaussian_norm_mean(**kwargs)
+
+
+# --- Bennett's inequality (issue 28 item 4) ---------------------------------------------------------
+
+from companion.theory.concentration import bennett_bound, bernstein_variance_bound as _bvb  # noqa: E402
+
+
+@pytest.mark.parametrize("n, p", [(100, 0.5), (1000, 0.01), (10_000, 1e-3)])
+def test_bennett_bounds_the_exact_binomial_tail_and_beats_bernstein(n, p):
+    k = np.arange(math.ceil(n * p) + 1, math.ceil(n * p) + 60)
+    t = k - n * p
+    exact = stats.binom(n, p).sf(k - 1)
+    ben = bennett_bound(t, p * (1 - p), 1 - p, n=n)
+    assert np.all(exact <= ben * (1 + 1e-12))
+    assert np.all(ben <= _bvb(t, p * (1 - p), 1 - p, n=n, two_sided=False) * (1 + 1e-12))
+
+
+def test_bennett_poisson_limit_is_the_poisson_chernoff_bound():
+    # b -> 0 relative to the mean: n p = 10 fixed, n -> infinity; the Poisson Chernoff bound by mpmath
+    mu, t = 10.0, 15.0
+    chernoff = float(mpmath.exp(-(mu * ((1 + t / mu) * mpmath.log(1 + t / mu) - t / mu))))
+    val = bennett_bound(t, mu / 1e7 * (1 - 1e-7), 1 - 1e-7, n=10 ** 7)
+    assert val == pytest.approx(chernoff, rel=1e-5)
+    assert stats.poisson(mu).sf(mu + t - 1) <= chernoff
+
+
+def test_bennett_closed_form_and_edges():
+    assert bennett_bound(1.0, 1.0, 1.0) == pytest.approx(math.exp(-(2 * math.log(2) - 1)), rel=1e-14)
+    assert bennett_bound(0.0, 1.0, 1.0) == 1.0
+    assert bennett_bound(1e300, 1.0, 1.0) == 0.0
+    np.testing.assert_allclose(bennett_bound([0.5, 2.0], 1.0, [1.0, 2.0]).shape, (2,))
+
+
+@pytest.mark.parametrize("args, exc", [((-1.0, 1.0, 1.0), ValueError), ((1.0, 0.0, 1.0), ValueError),
+                                       ((1.0, 1.0, 0.0), ValueError), ((1.0, 1.0, np.inf), ValueError),
+                                       (("a", 1.0, 1.0), TypeError)])
+def test_bennett_rejects_bad_input(args, exc):
+    with pytest.raises(exc):
+        bennett_bound(*args)
+
+
+def test_bennett_rejects_bad_n():
+    with pytest.raises((TypeError, ValueError)):
+        bennett_bound(1.0, 1.0, 1.0, n=0)
