@@ -371,7 +371,8 @@ def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
     mean = float(np.dot(w[live], x[live]))
     y = x - mean
     y = y - float(np.dot(w[live], y[live]))  # second pass removes the rounding of the first
-    var = float(np.dot(w[live], y[live] ** 2))
+    with np.errstate(over="ignore"):  # an infinite variance (crystalball(2, 3)) is inf, not a warning
+        var = float(np.dot(w[live], y[live] ** 2))
     return Nodes(y=y, logw=logw, mean=mean, var=var)
 
 

@@ -384,7 +384,7 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
 
 def _too_many_points(count: float) -> None:
     """ValueError: a lattice too large for the search over lambda."""
-    raise ValueError(f"dist has {count:.6g} support points, more than {_cgf.PROXY_LATTICE}: the search over "
+    raise ValueError(f"dist has {count:.6g} support points with positive mass, more than {_cgf.PROXY_LATTICE}: the search over "
                      "lambda would take minutes.  Use a continuous approximation of the law, or bound "
                      "its proxy (hoeffding_proxy for a bounded support)")
 
@@ -403,8 +403,6 @@ def _numeric_proxy(dist) -> ProxyResult:
         return ProxyResult(math.inf, var, math.nan, "numeric")
     lower, upper = (float(v) for v in dist.support())
     lam_max = _cgf.LAM_MAX_UNBOUNDED / sd
-    if is_discrete(dist) and not hasattr(dist.dist, "xk") and upper - lower + 1.0 > _cgf.PROXY_LATTICE:
-        _too_many_points(upper - lower + 1.0)
     nodes = _cgf.law_nodes(dist, mean, var, lam_range=(lam_max, lam_max))
     v = nodes.var
     if is_discrete(dist) and nodes.y.size > _cgf.PROXY_LATTICE:
