@@ -433,3 +433,143 @@ def test_no_end_atom_from_the_cdf_rounding(loc):
     for lam, k in ((-20.0, 0.037028121791659964), (-76.4, 23.30344588768181), (-105.0, 50.8064642699054)):
         assert log_mgf(dist, lam) == pytest.approx(k, rel=1e-9)
     assert optimal_variance_proxy(dist) == pytest.approx(0.009216657026634878, rel=1e-9)
+
+
+def _noncentral_psi2(dof: int, nc: float) -> float:
+    """||X||_psi2 where X^2 is noncentral chi^2(dof, nc): exp(nc t/(1 - 2t)) (1 - 2t)^(-dof/2) = 2, t = 1/s^2."""
+    with mpmath.workdps(30):
+        f = lambda t: nc * t / (1 - 2 * t) - dof / 2 * mpmath.log(1 - 2 * t) - mpmath.log(2)
+        return float(1 / mpmath.sqrt(mpmath.findroot(f, (mpmath.mpf(1e-30), mpmath.mpf(0.5) - 1e-30),
+                                                      solver="bisect")))
+
+
+def _rice_profile_mp(b: float, lam: float) -> float:
+    """2K(lam)/lam^2 of rice(b) by 30-digit quadrature of x exp(-(x^2 + b^2)/2) I0(b x)."""
+    with mpmath.workdps(30):
+        b, lam = mpmath.mpf(b), mpmath.mpf(lam)
+        f = lambda x: x * mpmath.exp(-(x * x + b * b) / 2) * mpmath.besseli(0, x * b)
+        mu = mpmath.quad(lambda x: x * f(x), [0, b + 5, b + 40])
+        mgf = mpmath.quad(lambda x: f(x) * mpmath.exp(lam * (x - mu)), [0, b + lam, b + lam + 10, b + lam + 60])
+        return float(2 * mpmath.log(mgf) / lam**2)
+
+
+@pytest.mark.parametrize("dist, dof, nc, s2", [
+    (stats.rice(0.77), 2, 0.77**2, 1.0), (stats.rice(0.1), 2, 0.01, 1.0), (stats.rice(5.0), 2, 25.0, 1.0),
+    (stats.rice(100.0), 2, 1e4, 1.0), (stats.rice(1000.0), 2, 1e6, 1.0),
+    (stats.rice(0.77, loc=0.0, scale=2.0), 2, 0.77**2, 4.0),
+    (stats.foldnorm(0.3), 1, 0.09, 1.0), (stats.foldnorm(100.0), 1, 1e4, 1.0),
+])
+def test_gaussian_tail_past_scipys_underflow(dist, dof, nc, s2):
+    # scipy's rice and foldnorm logpdf is log(pdf): it underflows at ~38 sd, so the tail curvature
+    # was read there.  old: rice(0.77) 0.99996, rice(0.1) 1.0007 (above the truth), rice(5) 0.99989,
+    # foldnorm(0.3) 0.99978; rice(100), rice(1000) inf (scipy's mean is NaN); foldnorm(100) refused
+    # (its peak fell between the nodes of [0, inf)).  The profile increases to its limit s2 (below)
+    res = optimal_variance_proxy(dist, full_output=True)
+    assert res.proxy == pytest.approx(s2, rel=1e-9) and res.argmax in (0.0, math.inf)  # 0: = variance
+    scale = math.sqrt(s2)  # X / scale: X^2 / scale^2 is noncentral chi^2(dof, nc)
+    assert psi2_norm(dist) == pytest.approx(scale * _noncentral_psi2(dof, nc), rel=1e-9)
+
+
+def test_rice_profile_increases_to_one_and_k_is_exact():
+    grid = [_rice_profile_mp(0.77, lam) for lam in (1.0, 10.0, 100.0)]  # independent: 30-digit quadrature
+    assert grid[0] < grid[1] < grid[2] < 1.0
+    lam = np.array([1.0, 10.0])
+    np.testing.assert_allclose(2 * log_mgf(stats.rice(0.77), lam) / lam**2, grid[:2], rtol=1e-9)
+    with mpmath.workdps(30):  # rice(100): scipy's moments are NaN; mean sqrt(pi/2) 1F1(-1/2; 1; -b^2/2)
+        mu = mpmath.sqrt(mpmath.pi / 2) * mpmath.hyp1f1(-0.5, 1, -mpmath.mpf(100) ** 2 / 2)
+        var = float(2 + mpmath.mpf(100) ** 2 - mu**2)
+    assert optimal_variance_proxy(stats.rice(100.0), full_output=True).variance == pytest.approx(var, rel=1e-9)
+
+
+@pytest.mark.parametrize("dist, limit", [
+    (stats.chi(20.0), 1.0), (stats.chi(100.0), 1.0), (stats.nakagami(100.0), 1 / 200),
+    (stats.chi(7.0, loc=-3.0, scale=2.0), 4.0), (stats.chi(1e5), 1.0),
+])
+def test_chi_tail_curvature_from_the_support_end(dist, limit):
+    # Richardson's step halved the distance from the mean, not from 0 where x^(df-1) sits.  old:
+    # chi(20) 1 - 1.5e-10, chi(100) 1 - 1.7e-9, nakagami(100) 1/200 (1 - 4.8e-9); chi(1e5) refused
+    # (total mass 4e-6: its peak 316 sd from 0 fell between the nodes)
+    assert optimal_variance_proxy(dist) == pytest.approx(limit, rel=1e-11)
+
+
+def _density_cgf_mp(pdf, lam: float, pieces) -> float:
+    """K(lam) of a density by 30-digit quadrature over the given intervals."""
+    with mpmath.workdps(30):
+        mean = mpmath.quad(lambda x: x * pdf(x), pieces)
+        return float(mpmath.log(mpmath.quad(lambda x: pdf(x) * mpmath.exp(lam * (x - mean)), pieces)))
+
+
+def test_one_heavy_tail_k_finite_on_the_light_side():
+    # old: log_mgf raised "total mass 0.9999999958" (crystalball(2, 3)) and "1.000002586"
+    # (loglaplace(3)): the kink at -beta and at 1 fell between the nodes
+    beta, m = mpmath.mpf(2), mpmath.mpf(3)
+    with mpmath.workdps(30):
+        norm = 1 / (m / beta / (m - 1) * mpmath.exp(-beta**2 / 2) + mpmath.sqrt(2 * mpmath.pi) * mpmath.ncdf(beta))
+    crystal = lambda x: norm * (mpmath.exp(-x**2 / 2) if x > -beta else
+                                (m / beta) ** m * mpmath.exp(-beta**2 / 2) * (m / beta - beta - x) ** (-m))
+    loglap = lambda x: 1.5 * x**2 if x < 1 else 1.5 * x**-4
+    for dist, pdf, lam, pieces in ((stats.crystalball(2.0, 3.0), crystal, 0.5, [-mpmath.inf, -2, 0, mpmath.inf]),
+                                   (stats.loglaplace(3.0), loglap, -0.5, [0, 1, mpmath.inf])):
+        k = log_mgf(dist, [lam, -lam])
+        assert k[0] == pytest.approx(_density_cgf_mp(pdf, lam, pieces), rel=1e-9) and k[1] == math.inf
+        assert optimal_variance_proxy(dist) == math.inf and psi2_norm(dist) == math.inf
+
+
+@pytest.mark.parametrize("dist, a, width, lo", [
+    (stats.arcsine(loc=3.0), 0.5, 1.0, 3.0), (stats.rdist(1.6), 0.8, 2.0, -1.0),
+    (stats.rdist(1.6, loc=7.0), 0.8, 2.0, 6.0), (stats.beta(0.5, 0.5, loc=3.0), 0.5, 1.0, 3.0),
+])
+def test_density_singular_at_both_ends_by_substitution(dist, a, width, lo):
+    # old: refused ("singular at both ends", masses 1.3e-5 and 2e-5 beyond the last float nodes of
+    # arcsine(loc=3), 1e-8 for rdist(1.6)).  Now x = lo + w sin^2(theta).  Symmetric beta laws are
+    # strictly sub-Gaussian: proxy = variance = w^2 / (4 (2a + 1))
+    var = width**2 / (4 * (2 * a + 1))
+    res = optimal_variance_proxy(dist, full_output=True)
+    assert res.proxy == pytest.approx(var, rel=1e-12) and res.variance == pytest.approx(var, rel=1e-12)
+    for lam in (1.0, -6.0):  # X = lo + w B, B ~ beta(a, a): K_X(lam) = K_B(w lam)
+        assert log_mgf(dist, lam) == pytest.approx(_beta_cgf_mp(a, a, width * lam), rel=1e-10)
+    with mpmath.workdps(30):  # E e^{X^2/s^2} = 2 with X = lo + w sin^2(theta), theta ~ 2 sin^(2a-1) cos^(2a-1)/B
+        a_m = mpmath.mpf(a)
+        dens = lambda th: 2 * abs(mpmath.sin(th) * mpmath.cos(th)) ** (2 * a_m - 1) / mpmath.beta(a_m, a_m)
+        orlicz = lambda s: mpmath.log(mpmath.quad(
+            lambda th: dens(th) * mpmath.exp((lo + width * mpmath.sin(th) ** 2) ** 2 / s**2),
+            [0, mpmath.pi / 4, mpmath.pi / 2])) - mpmath.log(2)
+        exact = float(mpmath.findroot(orlicz, (0.3, 30.0), solver="illinois"))
+    assert psi2_norm(dist) == pytest.approx(exact, rel=1e-9)
+
+
+def _within(seconds, fn, *args):
+    """fn(*args) in a forked process; fails after ``seconds`` (as tests/test_reliability_counts.py)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+
+    def target():
+        try:
+            writer.send(("value", fn(*args)))
+        except Exception as exc:  # noqa: BLE001 - re-raised in the parent
+            writer.send(("error", exc))
+
+    child = ctx.Process(target=target, daemon=True)
+    child.start()
+    ready = reader.poll(seconds)
+    if not ready:
+        child.kill()
+    child.join()
+    assert ready, f"{fn.__name__}{args} did not return within {seconds} s"
+    kind, value = reader.recv()
+    if kind == "error":
+        raise value
+    return value
+
+
+def test_large_lattices_are_fast_or_refused_quickly():
+    # old: betabinom(258085, 1, 1) took > 60 s (256 lambdas x 258086 points per side, 2**22 points: 107 s)
+    n = 258085
+    assert _within(10, optimal_variance_proxy, stats.betabinom(n, 1, 1)) == ((n + 1) ** 2 - 1) / 12  # uniform
+    assert optimal_variance_proxy(stats.betabinom(12, 1, 1), method="numeric") == pytest.approx(
+        optimal_variance_proxy(stats.randint(0, 13)), rel=1e-12)
+    res = _within(60, lambda: optimal_variance_proxy(stats.betabinom(n, 2.0, 7.0), full_output=True))
+    assert res.proxy >= res.variance == pytest.approx(stats.betabinom(n, 2.0, 7.0).var(), rel=1e-9)
+    with pytest.raises(ValueError, match="support points"):
+        _within(20, optimal_variance_proxy, stats.betabinom(2**20, 2.0, 3.0))

@@ -26,13 +26,19 @@ TAIL_TOL = 0.02
 LAM_MAX_UNBOUNDED = 20.0
 #: Smallest |lambda| * sd on the search grid; the limit lambda -> 0 (the variance) is added exactly.
 LAM_MIN = 1e-4
-#: Grid points per sign of lambda before the local refinement.
+#: Grid points per sign of lambda before the local refinement ...
 GRID_POINTS = 256
+#: ... fewer (not below 32) where points times nodes would exceed this.
+GRID_BUDGET = 1 << 23
+#: Most lattice points in the search for a discrete law's proxy (about 5 s; 2**22 points took 107 s).
+PROXY_LATTICE = 1 << 18
 #: Step of the double-exponential quadrature (bounded support / unbounded support).
 H_BOUNDED = 1.0 / 128.0
 H_UNBOUNDED = 1.0 / 256.0
 #: At most this many (lambda, node) pairs are held in memory at once.
 CHUNK_ELEMENTS = 1 << 21
+#: Most panels of 32 sd between the mean and a far end of a continuous law's support.
+MAX_PANELS = 256
 #: Largest lattice (discrete law with infinite support) that is summed exactly.
 MAX_LATTICE = 1 << 22
 
@@ -131,6 +137,8 @@ def moments(dist) -> tuple[float, float]:
                 mean = float(np.dot(p, x))
                 mean += float(np.dot(p, x - mean))
                 var = float(np.dot(p, (x - mean) ** 2))
+    if (math.isnan(mean) or math.isnan(var)) and not is_discrete(dist) and not np.isfinite(dist.support()).all():
+        mean, var = _quadrature_moments(dist, mean, var)
     if (math.isnan(mean) or math.isnan(var)) and np.isfinite(dist.support()).all():
         raise ValueError(f"scipy returned mean {mean} and variance {var} for a law on the bounded support "
                          f"{tuple(float(v) for v in dist.support())} (its moment formula fails at these "
@@ -139,6 +147,22 @@ def moments(dist) -> tuple[float, float]:
         raise ValueError(f"scipy returned a negative variance ({var:.4g}) for dist (an overflow in its "
                          "moment formula); rescale or shift the law to smaller integers")
     return mean, var
+
+
+def _quadrature_moments(dist, mean: float, var: float) -> tuple[float, float]:
+    """Mean and variance by quadrature where scipy's are NaN on an unbounded support and no tail is
+    heavier than Gaussian (rice(100): NaN from scipy was read as "no finite mean", proxy inf; it is 1);
+    (mean, var) unchanged otherwise (Cauchy: NaN, no mean)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        centre = float(dist.median())
+    scale = length_scale(dist, math.nan)
+    if not (np.isfinite(centre) and np.isfinite(scale)):
+        return mean, var
+    if not all(t is None or np.isfinite(t.s2) for t in both_tails(dist, centre, scale).values()):
+        return mean, var
+    nodes = law_nodes(dist, centre, scale**2)
+    return nodes.mean, nodes.var
 
 
 def length_scale(dist, var: float) -> float:
@@ -164,9 +188,33 @@ def neg_log_density(dist, x: np.ndarray) -> np.ndarray:
         warnings.simplefilter("ignore")
         if family(dist) == "betabinom_gen" and params(dist)[0][0] <= 10_000:
             val = -_betabinom_logpmf(dist, np.asarray(x, dtype=float))
+        elif dist.dist.name in _LOG_DENSITIES:
+            val = -_log_density(dist, np.asarray(x, dtype=float))
         else:
             val = -np.asarray(dist.logpmf(x) if is_discrete(dist) else dist.logpdf(x), dtype=float)
     return np.where(np.isnan(val), np.inf, val)
+
+
+#: log densities of the standard law (shape c) for families whose scipy logpdf is log(pdf): the pdf
+#: underflows near 38 sd, so the tail curvature was read there, 1e-4 off (rice(0.77): proxy 0.99996,
+#: rice(0.1): 1.0007, foldnorm(0.3): 0.99978; the exact value is 1 for every shape)
+_LOG_DENSITIES = {
+    # x exp(-(x^2 + c^2)/2) I0(c x) = x exp(-(x - c)^2/2) i0e(c x)
+    "rice": lambda z, c: np.log(z) - 0.5 * (z - c) ** 2 + np.log(special.i0e(c * z)),
+    # phi(x - c) + phi(x + c) = phi(x - c) (1 + e^{-2 c x})
+    "foldnorm": lambda z, c: (-0.5 * (z - c) ** 2 - 0.5 * math.log(2.0 * math.pi)
+                              + np.log1p(np.exp(-2.0 * c * z))),
+}
+
+
+def _log_density(dist, x: np.ndarray) -> np.ndarray:
+    """log pdf of a family in _LOG_DENSITIES (support [loc, inf))."""
+    shapes, loc, scale = dist.dist._parse_args(*dist.args, **dist.kwds)
+    loc, scale = float(np.asarray(loc)), float(np.asarray(scale))
+    z = (x - loc) / scale
+    inside = z >= 0
+    out = _LOG_DENSITIES[dist.dist.name](np.where(inside, z, 1.0), float(np.asarray(shapes[0])))
+    return np.where(inside, out - math.log(scale), -np.inf)
 
 
 def _betabinom_logpmf(dist, x: np.ndarray) -> np.ndarray:
@@ -237,7 +285,11 @@ def side_tail(dist, side: int, mean: float, scale: float) -> Tail:
         return (e3[0] - 2.0 * e3[1] + e3[2]) / h**2
 
     far = curvature(x[j], h)
-    near = curvature(x[i], max(1.0, round(h / 2.0)) if discrete else h / 2.0)
+    # the step halves the distance from where a power factor sits (as in _far_tail): the support's
+    # other end if finite, else the mean (chi(100) measured from its mean 10: proxy 1 - 1.7e-9)
+    end = float(dist.support()[0 if side > 0 else 1])
+    x_near = (end + 0.5 * (x[j] - end)) if np.isfinite(end) and not discrete else x[i]
+    near = curvature(x_near, max(1.0, round(h / 2.0)) if discrete else h / 2.0)
     if not (np.isfinite(far) and far > 0):
         return Tail(beta=beta, rate=rate, s2=np.inf)
     # ell'' = 1/s2 + c/x^2 (e.g. a log x term): Richardson's step between x and 2x removes c
@@ -319,7 +371,8 @@ def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
     mean = float(np.dot(w[live], x[live]))
     y = x - mean
     y = y - float(np.dot(w[live], y[live]))  # second pass removes the rounding of the first
-    var = float(np.dot(w[live], y[live] ** 2))
+    with np.errstate(over="ignore"):  # an infinite variance (crystalball(2, 3)) is inf, not a warning
+        var = float(np.dot(w[live], y[live] ** 2))
     return Nodes(y=y, logw=logw, mean=mean, var=var)
 
 
@@ -374,16 +427,68 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
         return finalise(x, -neg_log_density(dist, x), "discrete law")
 
     cuts = set(breakpoints(dist, lower, upper))
+    # a finite end far from the mean (foldnorm(100), chi(1e5), rice(1000)): the peak, and the tilted
+    # law on the way to that end, fall between the nodes of one panel (those laws lost up to all of
+    # their mass, or K(-185) of rice(1000) was 0.5 too large): panels of 32 sd from the mean to the end
+    for end in (lower, upper):
+        reach = abs(end - mean)
+        if np.isfinite(end) and reach > 8.0 * scale:
+            if reach > 32.0 * MAX_PANELS * scale:
+                raise ValueError(f"dist has an end of its support {reach / scale:.4g} standard deviations "
+                                 f"from its mean, beyond {32 * MAX_PANELS}: quadrature cannot follow the law "
+                                 "tilted towards that end; pass a normal approximation or shift/rescale")
+            steps = np.arange(1.0, math.ceil(reach / (32.0 * scale)))
+            cuts.update([mean, *(mean + math.copysign(32.0 * scale, end - mean) * steps)])
     if split_at_mean and lower < mean < upper:
         cuts.add(mean)
+    cuts = {c for c in cuts if lower < c < upper}
     points = [lower, *sorted(cuts), upper]
     xs, logws = [], []
     for lo, hi in zip(points[:-1], points[1:]):
         x, logjac = panel(lo, hi, mean, scale, ends=(lo == lower, hi == upper))
         xs.append(x)
         logws.append(logjac - neg_log_density(dist, x))
-    x, logw = end_atoms(dist, lower, upper, np.concatenate(xs), np.concatenate(logws))
+    try:
+        x, logw = end_atoms(dist, lower, upper, np.concatenate(xs), np.concatenate(logws))
+    except ValueError:
+        sub = _sine_nodes(dist)
+        if sub is None:
+            raise
+        x, logw = sub
     return finalise(x, logw, "continuous law")
+
+
+def _sine_nodes(dist) -> tuple[np.ndarray, np.ndarray] | None:
+    """Nodes of a beta-type law (beta, arcsine, rdist) singular at both ends, by x = lo + w sin^2(theta):
+    the density 2 sin^(2a-1) cos^(2b-1) / B(a, b) in theta is read from theta itself, never from an x
+    rounded to an end (arcsine(loc=3) and rdist(1.6) missed 1e-5 and 1e-8 of the mass at both ends
+    and were refused); None for other laws, or a, b < 0.05 (mass beyond theta = 1e-300)."""
+    shapes, loc, scale = dist.dist._parse_args(*dist.args, **dist.kwds)
+    shapes = [float(np.asarray(v)) for v in shapes]
+    loc, scale = float(np.asarray(loc)), float(np.asarray(scale))
+    name = dist.dist.name
+    if name == "beta":
+        (a, b), lo, width = shapes, loc, scale
+    elif name == "arcsine":
+        a, b, lo, width = 0.5, 0.5, loc, scale
+    elif name == "rdist":
+        a, b, lo, width = 0.5 * shapes[0], 0.5 * shapes[0], loc - scale, 2.0 * scale
+    else:
+        return None
+    if min(a, b) < 0.05:
+        return None
+    half_pi = 0.5 * math.pi
+    t = np.arange(-math.asinh(350.0 / half_pi), math.asinh(350.0 / half_pi) + H_BOUNDED / 2, H_BOUNDED)
+    u = half_pi * np.sinh(t)
+    near = half_pi * special.expit(-2.0 * np.abs(u))  # theta's distance to its nearer end, 0 or pi/2
+    sin_t = np.where(t < 0, np.sin(near), np.cos(near))
+    cos_t = np.where(t < 0, np.cos(near), np.sin(near))
+    x = np.where(t < 0, lo + width * sin_t**2, (lo + width) - width * cos_t**2)
+    with np.errstate(divide="ignore"):
+        logw = (math.log(2.0) - special.betaln(a, b) + (2.0 * a - 1.0) * np.log(sin_t)
+                + (2.0 * b - 1.0) * np.log(cos_t) + math.log(H_BOUNDED) + math.log(half_pi / 2.0)
+                + math.log(half_pi) + np.log(np.cosh(t)) - 2.0 * log_cosh(u))
+    return x, logw
 
 
 def end_atoms(dist, lower: float, upper: float, x: np.ndarray, logw: np.ndarray):
@@ -449,6 +554,10 @@ def breakpoints(dist, lower: float, upper: float) -> list[float]:
         pts = [loc + shapes[0] * scale, loc + shapes[1] * scale]
     elif name in ("laplace", "laplace_asymmetric", "dweibull", "dgamma", "gennorm", "dpareto_lognorm"):
         pts = [loc]
+    elif name == "loglaplace":  # c x^(c-1)/2 below 1, c x^(-c-1)/2 above
+        pts = [loc + scale]
+    elif name == "crystalball":  # Gaussian above -beta, a power law below (K of (2, 3) lost 4e-9 of the mass)
+        pts = [loc - shapes[0] * scale]
     else:
         pts = []
     return sorted(p for p in set(pts) if lower < p < upper)
@@ -524,7 +633,10 @@ def cgf_nodes(nodes: Nodes, lam: np.ndarray) -> np.ndarray:
 
 def maximise_side(nodes: Nodes, lam_lo: float, lam_hi: float, side: int) -> tuple[float, float, bool]:
     """max over lam in [lam_lo, lam_hi] (times ``side``) of 2K/lam^2: (value, argmax, at_upper_end)."""
-    grid = side * np.geomspace(lam_lo, lam_hi, GRID_POINTS)
+    # a large lattice (betabinom(258085, 1, 1): 15-60 s) gets a coarser grid, at least 32 points;
+    # Brent's refinement below still reaches the maximiser to 1e-11 in log lambda
+    points = max(32, min(GRID_POINTS, GRID_BUDGET // max(1, nodes.y.size)))
+    grid = side * np.geomspace(lam_lo, lam_hi, points)
     prof = 2.0 * cgf_nodes(nodes, grid) / grid**2
     i = int(np.argmax(prof))
 

@@ -144,6 +144,10 @@ def _closed_form_proxy(dist) -> ProxyResult | None:
     lower, upper = (float(v) for v in dist.support())
     if fam in ("norm_gen", "randint_gen") or _is_normal_limit(dist):  # strictly sub-Gaussian laws
         return ProxyResult(var, var, 0.0, "closed_form")
+    if fam == "betabinom_gen" and _cgf.params(dist)[0][1:] == [1.0, 1.0]:  # uniform on {0, ..., n}
+        n = int(_cgf.params(dist)[0][0])
+        var = float((n + 1) * (n + 1) - 1) / 12.0
+        return ProxyResult(var, var, 0.0, "closed_form")
     if fam == "uniform_gen":
         return ProxyResult((upper - lower) ** 2 / 12.0, var, 0.0, "closed_form")
     if fam in ("bernoulli_gen", "binom_gen"):
@@ -378,6 +382,13 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     return result if full_output else result.proxy
 
 
+def _too_many_points(count: float) -> None:
+    """ValueError: a lattice too large for the search over lambda."""
+    raise ValueError(f"dist has {count:.6g} support points with positive mass, more than {_cgf.PROXY_LATTICE}: the search over "
+                     "lambda would take minutes.  Use a continuous approximation of the law, or bound "
+                     "its proxy (hoeffding_proxy for a bounded support)")
+
+
 def _numeric_proxy(dist) -> ProxyResult:
     """The proxy by numerical maximisation of 2K(lam)/lam^2 (see :func:`optimal_variance_proxy`)."""
     mean, var = _cgf.moments(dist)
@@ -394,6 +405,8 @@ def _numeric_proxy(dist) -> ProxyResult:
     lam_max = _cgf.LAM_MAX_UNBOUNDED / sd
     nodes = _cgf.law_nodes(dist, mean, var, lam_range=(lam_max, lam_max))
     v = nodes.var
+    if is_discrete(dist) and nodes.y.size > _cgf.PROXY_LATTICE:
+        _too_many_points(nodes.y.size)
     if not (is_discrete(dist) or abs(v - var) <= 1e-9 * var):  # proxy >= v: never below the variance
         raise ValueError(f"the quadrature variance of dist, {v:.12g}, differs from scipy's {var:.12g} "
                          "by more than 1e-9 relative; its density or moments are not accurate enough "
