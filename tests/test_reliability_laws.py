@@ -613,7 +613,8 @@ def _kolmogorov_moments_mp() -> tuple[float, float]:
     survival function 2 sum (-1)^(k-1) e^{-2 k^2 x^2}, independent of the closed forms)."""
     with mpmath.workdps(30):
         def sf(x):
-            return 2 * mpmath.nsum(lambda k: (-1) ** (k - 1) * mpmath.exp(-2 * k * k * x * x), [1, mpmath.inf])
+            return 2 * mpmath.nsum(lambda k: (-1) ** (k - 1) * mpmath.exp(-2 * k * k * x * x),
+                                   [1, mpmath.inf])
 
         def cdf(x):  # the Jacobi-transformed series, accurate for small x
             return (mpmath.sqrt(2 * mpmath.pi) / x

@@ -387,8 +387,8 @@ def finalise(x: np.ndarray, logw: np.ndarray, what: str, whole: bool = False) ->
         raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
     total = special.logsumexp(logw)
     if abs(math.expm1(total)) > 1e-9 and whole:
-        raise ValueError(f"scipy's pmf of dist sums to {math.exp(total):.10g}, not 1, over its whole (finite) "
-                         "support: its log-pmf loses accuracy at these parameters (large integer shapes), so "
+        raise ValueError(f"scipy's pmf of dist sums to {math.exp(total):.10g}, not 1, over its whole "
+                         "(finite) support: its log-pmf loses accuracy at these parameters (large integer shapes), so "
                          "moments from it would be inaccurate; use a limit law (binomial, Poisson or normal) "
                          "or pass an rv_discrete of exactly computed probabilities")
     if abs(math.expm1(total)) > 1e-9:
@@ -429,8 +429,8 @@ def check_cut(nodes: Nodes, lam: np.ndarray, k: np.ndarray) -> None:
         bound = mass * np.exp(lam * d - k) / np.abs(k)
     bad = lam[(lam * d < 0) & ~(bound <= 1e-10)]
     if bad.size:
-        raise ValueError(f"dist has a power-law tail beyond the {abs(d):.4g}-point lattice holding {mass:.3g} of "
-                         f"its mass; at lambda = {bad[np.argmin(np.abs(bad))]:.4g} that tail could move "
+        raise ValueError(f"dist has a power-law tail beyond the {abs(d):.4g}-point lattice holding "
+                         f"{mass:.3g} of its mass; at lambda = {bad[np.argmin(np.abs(bad))]:.4g} that tail could move "
                          f"K(lambda) by more than 1e-10 relative; use |lambda| >= {30.0 / abs(d):.2g}")
 
 
@@ -460,8 +460,8 @@ def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) ->
         if capped:
             if lam_abs > 0 and not decayed:
                 raise ValueError(f"the law tilted by |lambda| = {lam_abs:.6g} has not decayed within {half} "
-                                 "lattice points of the mean (lambda too close to the rate of its tail), so "
-                                 "K(lambda) cannot be computed to 1e-9; use a smaller |lambda|")
+                                 "lattice points of the mean (|lambda| too large, or too close to the "
+                                 "rate of the tail), so K(lambda) cannot be computed to 1e-9; use a smaller |lambda|")
             return float(end), True
         width *= 2.0
 
@@ -495,8 +495,10 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
         if hasattr(dist.dist, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
             x = atoms(dist)[0]
         else:
-            lo, cut_lo = lattice_range(dist, mean, scale, -1, lam_range[0]) if np.isinf(lower) else (lower, False)
-            hi, cut_hi = lattice_range(dist, mean, scale, +1, lam_range[1]) if np.isinf(upper) else (upper, False)
+            lo, cut_lo = (lattice_range(dist, mean, scale, -1, lam_range[0]) if np.isinf(lower)
+                          else (lower, False))
+            hi, cut_hi = (lattice_range(dist, mean, scale, +1, lam_range[1]) if np.isinf(upper)
+                          else (upper, False))
             if hi - lo + 1 > MAX_LATTICE:
                 raise ValueError(f"the support of dist has {hi - lo + 1:.4g} points, more than "
                                  f"{MAX_LATTICE}; use a closed form or a smaller law")
