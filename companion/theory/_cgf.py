@@ -388,9 +388,10 @@ def finalise(x: np.ndarray, logw: np.ndarray, what: str, whole: bool = False) ->
     total = special.logsumexp(logw)
     if abs(math.expm1(total)) > 1e-9 and whole:
         raise ValueError(f"scipy's pmf of dist sums to {math.exp(total):.10g}, not 1, over its whole "
-                         "(finite) support: its log-pmf loses accuracy at these parameters (large integer shapes), so "
-                         "moments from it would be inaccurate; use a limit law (binomial, Poisson or normal) "
-                         "or pass an rv_discrete of exactly computed probabilities")
+                         "(finite) support: its log-pmf loses accuracy at these parameters (large "
+                         "integer shapes), so moments from it would be inaccurate; use a limit law "
+                         "(binomial, Poisson or normal) or pass an rv_discrete of exactly computed "
+                         "probabilities")
     if abs(math.expm1(total)) > 1e-9:
         raise ValueError(f"quadrature of the {what} recovers a total mass of {math.exp(total):.10g}, not 1, "
                          "so its moments would be inaccurate (a peak narrower than the nodes resolve, or "
@@ -430,8 +431,9 @@ def check_cut(nodes: Nodes, lam: np.ndarray, k: np.ndarray) -> None:
     bad = lam[(lam * d < 0) & ~(bound <= 1e-10)]
     if bad.size:
         raise ValueError(f"dist has a power-law tail beyond the {abs(d):.4g}-point lattice holding "
-                         f"{mass:.3g} of its mass; at lambda = {bad[np.argmin(np.abs(bad))]:.4g} that tail could move "
-                         f"K(lambda) by more than 1e-10 relative; use |lambda| >= {30.0 / abs(d):.2g}")
+                         f"{mass:.3g} of its mass; at lambda = {bad[np.argmin(np.abs(bad))]:.4g} that "
+                         f"tail could move K(lambda) by more than 1e-10 relative; use "
+                         f"|lambda| >= {30.0 / abs(d):.2g}")
 
 
 def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> tuple[float, bool]:
@@ -461,7 +463,8 @@ def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) ->
             if lam_abs > 0 and not decayed:
                 raise ValueError(f"the law tilted by |lambda| = {lam_abs:.6g} has not decayed within {half} "
                                  "lattice points of the mean (|lambda| too large, or too close to the "
-                                 "rate of the tail), so K(lambda) cannot be computed to 1e-9; use a smaller |lambda|")
+                                 "rate of the tail), so K(lambda) cannot be computed to 1e-9; use a "
+                                 "smaller |lambda|")
             return float(end), True
         width *= 2.0
 
@@ -475,12 +478,14 @@ def tail_atom(dist, mean: float, x: np.ndarray, logw: np.ndarray, side: int):
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mass = float(dist.sf(edge) if side > 0 else dist.cdf(edge - 1.0))
-    if not mass > 1e-17:  # geom(1e-4): e^-210 beyond the cut, and its moment below any rounding
+    if not mass > 0.0:
         return x, logw
     terms = (x - mean) * np.exp(logw)
     missed = -math.fsum(terms)  # first moment about the mean beyond the cut
     noise = 1e-13 * math.fsum(np.abs(terms))  # scipy's pmf to ~1e-15 relative, summed
-    where = mean + missed / mass if missed > noise else edge + side  # below the noise: at the cut
+    # yulesimon(3): 7e-19 of the mass, but 2e-12 of the mean, beyond the cut; geom(1e-4): e^-210 of the
+    # mass, and its first moment below the rounding of the sum (an atom at missed/mass flew off to 1e200)
+    where = mean + missed / mass if missed > noise else edge + side
     where = max(where, edge + 1.0) if side > 0 else min(where, edge - 1.0)
     return np.append(x, where), np.append(logw, math.log(mass))
 
