@@ -600,6 +600,12 @@ def test_yulesimon_lattice_tail_is_accounted_for(alpha, loc):
     assert optimal_variance_proxy(dist) == np.inf and psi2_norm(dist) == np.inf
 
 
+def test_a_power_law_tail_beyond_the_lattice_at_tiny_lambda_is_refused():
+    # |lambda| d << 1 at the cut (d ~ 2e6): the omitted 4e-10 of the mass could move K by more than 1e-10
+    with pytest.raises(ValueError, match="power-law tail beyond"):
+        _within(30, log_mgf, stats.yulesimon(1.5), -1e-7)
+
+
 def test_a_lattice_whose_tilted_law_has_not_decayed_is_refused():
     # geom(0.5) tilted by lambda 2e-6 below its rate log 2 decays over ~10^7 points, more than the lattice
     with pytest.raises(ValueError, match="has not decayed"):
