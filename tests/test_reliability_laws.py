@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import mpmath
 import numpy as np
@@ -573,3 +574,88 @@ def test_large_lattices_are_fast_or_refused_quickly():
     assert res.proxy >= res.variance == pytest.approx(stats.betabinom(n, 2.0, 7.0).var(), rel=1e-9)
     with pytest.raises(ValueError, match="support points"):
         _within(20, optimal_variance_proxy, stats.betabinom(2**20, 2.0, 3.0))
+
+
+# --- Last silent numbers of issue 30: a heavy lattice tail, scipy's own inaccurate densities ------
+def _yulesimon_cgf_mp(alpha: float, lam: float) -> float:
+    """K(lam) of yulesimon(alpha) by mpmath's nsum of alpha B(k, alpha + 1) e^{lam k} (30 digits)."""
+    with mpmath.workdps(30):
+        a, t = mpmath.mpf(alpha), mpmath.mpf(lam)
+        m = mpmath.nsum(lambda k: a * mpmath.beta(k, a + 1) * mpmath.exp(t * k), [1, mpmath.inf])
+        return float(mpmath.log(m) - t * a / (a - 1))
+
+
+@pytest.mark.parametrize("alpha, loc", [(1.5, 0.0), (2.5, 0.0), (3.0, 7.0), (5.0, -4.0)])
+def test_yulesimon_lattice_tail_is_accounted_for(alpha, loc):
+    # old: the lattice stopped 2**21 points from the mean (a warning) and the omitted power-law tail
+    # moved the mean: K(-0.3) of yulesimon(1.5) was 0.37829 (exact 0.37911), of yulesimon(2.5) 7e-9 off
+    dist = stats.yulesimon(alpha, loc=loc)
+    lams = np.array([-0.3, -0.05])
+    exact = [_yulesimon_cgf_mp(alpha, lam) for lam in lams]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "lattice truncated" warning: the tail is counted
+        got = _within(30, log_mgf, dist, lams)
+    assert list(got) == pytest.approx(exact, rel=1e-12)  # yulesimon(3): the old code was 1.3e-11 off
+    assert log_mgf(dist, 1e-3) == np.inf  # a power-law tail: the MGF is infinite for every lambda > 0
+    assert optimal_variance_proxy(dist) == np.inf and psi2_norm(dist) == np.inf
+
+
+def test_a_power_law_tail_beyond_the_lattice_at_tiny_lambda_is_refused():
+    # |lambda| d << 1 at the cut (d ~ 2e6): the omitted 4e-10 of the mass could move K by more than 1e-10
+    with pytest.raises(ValueError, match="power-law tail beyond"):
+        _within(30, log_mgf, stats.yulesimon(1.5), -1e-7)
+
+
+def test_a_lattice_whose_tilted_law_has_not_decayed_is_refused():
+    # geom(0.5) tilted by lambda 2e-6 below its rate log 2 decays over ~10^7 points, more than the lattice
+    with pytest.raises(ValueError, match="has not decayed"):
+        _within(30, log_mgf, stats.geom(0.5), math.log(2.0) - 2e-6)
+    assert log_mgf(stats.geom(0.5), 0.5) == pytest.approx(  # far from the rate: the closed form
+        math.log(0.5 * math.exp(0.5) / (1 - 0.5 * math.exp(0.5))) - 0.5 * 2.0, rel=1e-12)
+
+
+def _kolmogorov_moments_mp() -> tuple[float, float]:
+    """Mean and variance of the limiting Kolmogorov law from its series in mpmath (quadrature of the
+    survival function 2 sum (-1)^(k-1) e^{-2 k^2 x^2}, independent of the closed forms)."""
+    with mpmath.workdps(30):
+        def sf(x):
+            return 2 * mpmath.nsum(lambda k: (-1) ** (k - 1) * mpmath.exp(-2 * k * k * x * x),
+                                   [1, mpmath.inf])
+
+        def cdf(x):  # the Jacobi-transformed series, accurate for small x
+            return (mpmath.sqrt(2 * mpmath.pi) / x
+                    * mpmath.nsum(lambda k: mpmath.exp(-(2 * k - 1) ** 2 * mpmath.pi ** 2 / (8 * x * x)),
+                                  [1, mpmath.inf]))
+
+        def tail(x):
+            return cdf(x) if x < 1 else 1 - sf(x)
+        m1 = mpmath.quad(lambda x: 1 - tail(x), [0, 0.5, 1, 2, 8])
+        m2 = mpmath.quad(lambda x: 2 * x * (1 - tail(x)), [0, 0.5, 1, 2, 8])
+        return float(m1), float(m2 - m1 * m1)
+
+
+def test_kstwobign_is_sub_gaussian_not_refused():
+    # old: "total mass of 1.000000001": scipy's pdf is 3e-8 too large just above x = 0.82 (its series
+    # switch); the law has a Gaussian tail 2 e^{-2x^2}, so its proxy is finite
+    mean, var = _kolmogorov_moments_mp()
+    assert mean == pytest.approx(math.sqrt(math.pi / 2) * math.log(2.0), rel=1e-14)
+    res = _within(60, lambda: optimal_variance_proxy(stats.kstwobign(), full_output=True))
+    assert res.variance == pytest.approx(var, rel=1e-10)
+    assert var <= res.proxy == pytest.approx(0.25, rel=1e-9)  # the tail 8x e^{-2x^2}: 2K/lam^2 -> 1/4
+    assert 0 < psi2_norm(stats.kstwobign()) < np.inf
+    with mpmath.workdps(30):  # K(1) by quadrature of the mpmath density
+        def pdf(x):
+            return 8 * x * mpmath.nsum(lambda k: (-1) ** (k - 1) * k * k * mpmath.exp(-2 * k * k * x * x),
+                                       [1, mpmath.inf])
+        mgf = mpmath.quad(lambda x: pdf(x) * mpmath.exp(x - mean), [0.05, 0.5, 1, 2, 8])
+        exact = float(mpmath.log(mgf))
+    assert log_mgf(stats.kstwobign(), 1.0) == pytest.approx(exact, rel=1e-10)
+
+
+def test_hypergeom_whose_scipy_pmf_is_inaccurate_says_so():
+    # old: "quadrature ... a peak narrower than the nodes resolve, or a density scipy cannot evaluate;
+    # rescale X": the lattice is the whole support, so it is scipy's pmf that sums to 0.99999998
+    dist = stats.hypergeom(10**7, 10**6, 10**6)
+    for fn in (optimal_variance_proxy, psi2_norm):
+        with pytest.raises(ValueError, match="scipy's pmf .* sums to 0.99999998"):
+            _within(60, fn, dist)

@@ -698,7 +698,8 @@ def test_quadrature_mass_loss_is_an_error():
 
 def test_lattice_truncation_is_reported():
     # the tilt e^{20 k} moves Poisson(2.5) mass to k ~ 2.5 e^20 = 1.2e9: beyond the lattice cap
-    with pytest.warns(RuntimeWarning, match="lattice was truncated"):
+    # (old: a warning and K = 1.54e7, exact 1.21e9; issue 30: an error, not a wrong number)
+    with pytest.raises(ValueError, match="has not decayed"):
         log_mgf(stats.poisson(2.5), 20.0, method="numeric")
 
 

@@ -122,6 +122,10 @@ def moments(dist) -> tuple[float, float]:
         lo, hi = (int(v) for v in dist.support())  # exact integers: float(2**62 + 2) - 2**62 is 0
         n = hi - lo + 1
         return float(lo) + 0.5 * (n - 1), float(n * n - 1) / 12.0
+    if family(dist) == "kstwobign_gen":  # scipy's are 5e-12 and 1e-11 off: sqrt(pi/2) log 2, pi^2/12 - m^2
+        loc, scale = (float(np.asarray(v)) for v in dist.dist._parse_args(*dist.args, **dist.kwds)[1:])
+        m = math.sqrt(math.pi / 2.0) * math.log(2.0)
+        return loc + scale * m, scale**2 * (math.pi**2 / 12.0 - m * m)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -204,7 +208,25 @@ _LOG_DENSITIES = {
     # phi(x - c) + phi(x + c) = phi(x - c) (1 + e^{-2 c x})
     "foldnorm": lambda z, c: (-0.5 * (z - c) ** 2 - 0.5 * math.log(2.0 * math.pi)
                               + np.log1p(np.exp(-2.0 * c * z))),
+    "kstwobign": lambda z: _kolmogorov_logpdf(z),
 }
+
+
+def _kolmogorov_logpdf(z: np.ndarray) -> np.ndarray:
+    """log density of the limiting Kolmogorov law, both theta series to 1e-16 (scipy's pdf is 3e-8
+    too large just above 0.82, where it switches series: its quadrature summed to 1 + 9e-10)."""
+    z = np.asarray(z, dtype=float)
+    small = z < 1.0
+    zs, zl = np.where(small, np.maximum(z, 1e-300), 1.0), np.where(small, 1.0, z)
+    j2 = ((2.0 * np.arange(1, 9) - 1.0) ** 2)[:, None]  # odd squares; e^{-(j^2 - 1) pi^2/8} < 1e-80 at j = 17
+    a = math.pi**2 / (8.0 * zs**2)
+    lead = np.sum(np.exp(-(j2 - 1.0) * a) * (2.0 * j2 * a - 1.0), axis=0)
+    low = 0.5 * math.log(2.0 * math.pi) - 2.0 * np.log(zs) - a + np.log(lead)
+    k2 = (np.arange(1, 9) ** 2.0)[:, None]
+    sign = np.where(np.arange(1, 9) % 2 == 1, 1.0, -1.0)[:, None]
+    tail = np.sum(sign * k2 * np.exp(-2.0 * (k2 - 1.0) * zl**2), axis=0)  # k = 9: e^{-160} at z = 1
+    high = math.log(8.0) + np.log(zl) - 2.0 * zl**2 + np.log(tail)
+    return np.where(z > 0, np.where(small, low, high), -np.inf)
 
 
 def _log_density(dist, x: np.ndarray) -> np.ndarray:
@@ -213,7 +235,7 @@ def _log_density(dist, x: np.ndarray) -> np.ndarray:
     loc, scale = float(np.asarray(loc)), float(np.asarray(scale))
     z = (x - loc) / scale
     inside = z >= 0
-    out = _LOG_DENSITIES[dist.dist.name](np.where(inside, z, 1.0), float(np.asarray(shapes[0])))
+    out = _LOG_DENSITIES[dist.dist.name](np.where(inside, z, 1.0), *(float(np.asarray(v)) for v in shapes))
     return np.where(inside, out - math.log(scale), -np.inf)
 
 
@@ -352,15 +374,24 @@ class Nodes(NamedTuple):
     logw: np.ndarray  # log probability weights, logsumexp(logw) = 0
     mean: float  # mean over the nodes (the centring used)
     var: float  # variance over the nodes
+    cut: tuple[float, float] | None = None  # a lattice cut short: (signed distance of its end, mass beyond)
 
 
-def finalise(x: np.ndarray, logw: np.ndarray, what: str) -> Nodes:
-    """Normalise the weights (a ValueError if more than 1e-9 of the mass is missed); centre the nodes."""
+def finalise(x: np.ndarray, logw: np.ndarray, what: str, whole: bool = False) -> Nodes:
+    """Normalise the weights (a ValueError if more than 1e-9 of the mass is missed); centre the nodes.
+
+    ``whole``: the nodes are every point of a finite lattice, so a wrong total is scipy's pmf's."""
     keep = np.isfinite(logw) & np.isfinite(x)
     x, logw = x[keep], logw[keep]
     if x.size == 0:
         raise ValueError(f"the {what} has no mass on its support; check the distribution's parameters")
     total = special.logsumexp(logw)
+    if abs(math.expm1(total)) > 1e-9 and whole:
+        raise ValueError(f"scipy's pmf of dist sums to {math.exp(total):.10g}, not 1, over its whole "
+                         "(finite) support: its log-pmf loses accuracy at these parameters (large "
+                         "integer shapes), so moments from it would be inaccurate; use a limit law "
+                         "(binomial, Poisson or normal) or pass an rv_discrete of exactly computed "
+                         "probabilities")
     if abs(math.expm1(total)) > 1e-9:
         raise ValueError(f"quadrature of the {what} recovers a total mass of {math.exp(total):.10g}, not 1, "
                          "so its moments would be inaccurate (a peak narrower than the nodes resolve, or "
@@ -387,25 +418,76 @@ def prune(nodes: Nodes, tilt: np.ndarray) -> Nodes:
     return nodes._replace(y=nodes.y[keep], logw=nodes.logw[keep])
 
 
-def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> float:
-    """Far end of the lattice on ``side`` where the pmf tilted by ``e^{lam_abs |k - mean|}`` has decayed."""
+def check_cut(nodes: Nodes, lam: np.ndarray, k: np.ndarray) -> None:
+    """ValueError where the tail beyond a cut lattice (``Nodes.cut``) could move K(lambda) by more than
+    1e-10 relative: its tilted mass is at most ``mass e^{lambda d}`` (the atom of ``tail_atom`` holds the
+    tail's mass and first moment exactly), which is not small for |lambda| below ~30 / d.  A lambda
+    pointing towards the cut is not checked here: ``lattice_range`` found the tilted law decayed there."""
+    if nodes.cut is None or nodes.cut[1] == 0.0:
+        return
+    d, mass = nodes.cut
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        bound = mass * np.exp(lam * d - k) / np.abs(k)
+    bad = lam[(lam * d < 0) & ~(bound <= 1e-10)]
+    if bad.size:
+        raise ValueError(f"dist has a power-law tail beyond the {abs(d):.4g}-point lattice holding "
+                         f"{mass:.3g} of its mass; at lambda = {bad[np.argmin(np.abs(bad))]:.4g} that "
+                         f"tail could move K(lambda) by more than 1e-10 relative; use "
+                         f"|lambda| >= {30.0 / abs(d):.2g}")
+
+
+def lattice_range(dist, mean: float, scale: float, side: int, lam_abs: float) -> tuple[float, bool]:
+    """Far end of the lattice on ``side`` where the pmf tilted by ``e^{lam_abs |k - mean|}`` has decayed,
+    and whether the lattice was cut there (the pmf itself not yet 2000 nats down: a power-law tail).
+
+    A ValueError if the tilted pmf has not decayed within the lattice budget (the omitted tail would
+    change K(lambda) by an unknown amount)."""
     start = math.floor(mean) if side > 0 else math.ceil(mean)
     width = 64.0 * max(scale, 1.0)
     half = MAX_LATTICE // 2 - 1  # each side gets at most half of the lattice budget
     while True:
-        if width > half:
-            warnings.warn(f"the lattice was truncated at {half} points from the mean; the tilted law "
-                          "may not have decayed there (|lambda| too large?)", RuntimeWarning, stacklevel=4)
-            return float(start + side * half)
-        end = math.ceil(mean + width) if side > 0 else math.floor(mean - width)
+        capped = width >= half
+        if capped:
+            end = float(start + side * half)
+        else:
+            end = math.ceil(mean + width) if side > 0 else math.floor(mean - width)
         k = np.arange(min(start, end), max(start, end) + 1.0)
         logp = -neg_log_density(dist, k)
         tilted = logp + lam_abs * np.abs(k - mean)
         e, i = (-1, -2) if side > 0 else (0, 1)
         edge, inner, edge_p = tilted[e], tilted[i], logp[e]
-        if edge < np.max(tilted) - 60.0 and edge < inner and edge_p < np.max(logp) - 2000.0:
-            return float(end)
+        decayed = edge < np.max(tilted) - 60.0 and edge < inner
+        if decayed and edge_p < np.max(logp) - 2000.0:
+            return float(end), False
+        if capped:
+            if lam_abs > 0 and not decayed:
+                raise ValueError(f"the law tilted by |lambda| = {lam_abs:.6g} has not decayed within {half} "
+                                 "lattice points of the mean (|lambda| too large, or too close to the "
+                                 "rate of the tail), so K(lambda) cannot be computed to 1e-9; use a "
+                                 "smaller |lambda|")
+            return float(end), True
         width *= 2.0
+
+
+def tail_atom(dist, mean: float, x: np.ndarray, logw: np.ndarray, side: int):
+    """Add the mass beyond the cut end of a lattice (scipy's sf or cdf there) as one atom, placed where
+    it restores the law's first moment about ``mean`` (yulesimon(1.5): the omitted power-law tail, 4e-10
+    of the mass, held 7e-4 of the mean; K(-0.3) was 2e-3 off).  Beyond the cut the tilted law has decayed
+    (``lattice_range``), so the atom changes K(lambda) by less than that tail's tilted mass."""
+    edge = float(x[-1] if side > 0 else x[0])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mass = float(dist.sf(edge) if side > 0 else dist.cdf(edge - 1.0))
+    if not mass > 0.0:
+        return x, logw
+    terms = (x - mean) * np.exp(logw)
+    missed = -math.fsum(terms)  # first moment about the mean beyond the cut
+    noise = 1e-13 * math.fsum(np.abs(terms))  # scipy's pmf to ~1e-15 relative, summed
+    # yulesimon(3): 7e-19 of the mass, but 2e-12 of the mean, beyond the cut; geom(1e-4): e^-210 of the
+    # mass, and its first moment below the rounding of the sum (an atom at missed/mass flew off to 1e200)
+    where = mean + missed / mass if missed > noise else edge + side
+    where = max(where, edge + 1.0) if side > 0 else min(where, edge - 1.0)
+    return np.append(x, where), np.append(logw, math.log(mass))
 
 
 def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0.0, 0.0),
@@ -418,12 +500,25 @@ def law_nodes(dist, mean: float, var: float, lam_range: tuple[float, float] = (0
         if hasattr(dist.dist, "xk"):  # rv_discrete(values=...): the atoms themselves (plus loc)
             x = atoms(dist)[0]
         else:
-            lo = lattice_range(dist, mean, scale, -1, lam_range[0]) if np.isinf(lower) else lower
-            hi = lattice_range(dist, mean, scale, +1, lam_range[1]) if np.isinf(upper) else upper
+            lo, cut_lo = (lattice_range(dist, mean, scale, -1, lam_range[0]) if np.isinf(lower)
+                          else (lower, False))
+            hi, cut_hi = (lattice_range(dist, mean, scale, +1, lam_range[1]) if np.isinf(upper)
+                          else (upper, False))
             if hi - lo + 1 > MAX_LATTICE:
                 raise ValueError(f"the support of dist has {hi - lo + 1:.4g} points, more than "
                                  f"{MAX_LATTICE}; use a closed form or a smaller law")
             x = np.arange(lo, hi + 1.0)
+            logw = -neg_log_density(dist, x)
+            if cut_lo and cut_hi:
+                raise ValueError("dist has slowly decaying (power-law) tails on both sides; the mass "
+                                 f"beyond {MAX_LATTICE // 2 - 1} lattice points cannot be split between them")
+            if not (cut_lo or cut_hi):
+                return finalise(x, logw, "discrete law", whole=np.isfinite([lower, upper]).all())
+            edge = hi if cut_hi else lo
+            x, logw = tail_atom(dist, mean, x, logw, +1 if cut_hi else -1)
+            nodes = finalise(x, logw, "discrete law")
+            mass = float(np.exp(logw[-1])) if x.size > hi - lo + 1 else 0.0
+            return nodes._replace(cut=(edge - nodes.mean, mass))
         return finalise(x, -neg_log_density(dist, x), "discrete law")
 
     cuts = set(breakpoints(dist, lower, upper))

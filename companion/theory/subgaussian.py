@@ -304,6 +304,7 @@ def _log_mgf(dist, lam_arr: np.ndarray, method: str):
         nodes = _cgf.law_nodes(dist, mean, var, lam_range=lam_range)
         nodes = _cgf.prune(nodes, _cgf.max_tilt(nodes.y, lam_range))
         out[finite] = _cgf.cgf_nodes(nodes, flat[finite])
+        _cgf.check_cut(nodes, flat[finite], out[finite])
     return _cgf.scalar_or_array(out.reshape(lam_arr.shape))
 
 
