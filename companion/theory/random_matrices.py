@@ -142,8 +142,10 @@ def bilinear_tail_bound(t, singular_values, scale=1.0, method="hanson-wright"):
     scale : float, default 1.0
         :math:`\\tau_q\\tau_k`, the product of the coordinate standard deviations; > 0.
     method : {"hanson-wright", "chernoff"}
-        ``"hanson-wright"``: :math:`\\exp(-\\min(t^2/(4c^2\\lVert M\\rVert_F^2),\\,t/(2\\sqrt2\\,c\\lVert M\\rVert)))`
-        with :math:`c` = ``scale``; ``"chernoff"``: the exact Chernoff bound
+        ``"hanson-wright"``: the explicit form
+        :math:`\\exp(-\\min(a, b))` with :math:`a=t^2/(4c^2\\lVert M\\rVert_F^2)`,
+        :math:`b=t/(2\\sqrt2\\,c\\lVert M\\rVert)` and :math:`c` = ``scale``;
+        ``"chernoff"``: the exact Chernoff bound
         :math:`\\inf_\\lambda e^{-\\lambda t}\\prod_i(1-\\lambda^2c^2s_i^2)^{-1/2}` (never larger).
 
     Returns
