@@ -164,6 +164,15 @@ def test_psi1_sample_is_homogeneous_and_bracketed(values, c):
     assert mean_abs / math.log(2) * (1 - 1e-9) <= base <= max_abs / math.log(2) * (1 + 1e-9)
 
 
+def test_psi1_sample_of_subnormal_values_is_not_zero():
+    # found by the explore profile (seed 6): E|X| of [5e-324, 5e-324] rounded to 0, so the norm was 0
+    for x in ([5e-324, 5e-324], [5e-324, -5e-324, 0.0], [1e-310] * 7):
+        base = conc.psi1_norm(x)
+        assert base > 0
+        assert np.abs(x).mean() / math.log(2) * (1 - 1e-9) <= base <= np.abs(x).max() / math.log(2) * (1 + 1e-9)
+    assert math.isclose(conc.psi1_norm([1e-310, -1e-310]), 1e-310 / math.log(2), rel_tol=1e-6)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.floats(-20, 20), st.floats(-20, 20)), min_size=1, max_size=30))
 def test_psi1_sample_triangle_inequality_and_centring(pairs):

@@ -159,13 +159,12 @@ def _exponential_edge(dist, mean: float, var: float) -> tuple[float, bool]:
 
 def _psi1_from_values(absx: np.ndarray, logw: np.ndarray, lo_edge: float) -> float:
     """Root in s of log E e^{|X|/s} = log 2 over weighted values (rescaled by E|X|); s > lo_edge."""
-    w = np.exp(logw)
-    mean_abs = float(np.dot(w, absx))
-    if mean_abs == 0.0:
+    big = float(absx.max())
+    if big == 0.0:
         return 0.0
-    if not math.isfinite(mean_abs):  # subnormal weights times huge values: rescale first
-        big = float(absx.max())
-        mean_abs = float(np.dot(w, absx / big)) * big
+    # E|X| computed on values rescaled by their maximum: no overflow (huge values) and no underflow
+    # (subnormal values times weights, which would round E|X| to 0 and give a norm of 0)
+    mean_abs = float(np.dot(np.exp(logw), absx / big)) * big
     scaled = absx / mean_abs
     keep = scaled < 1e150  # far nodes carry a negligible weight for any finite norm
     scaled, logw = scaled[keep], logw[keep]
