@@ -8,7 +8,6 @@ runs under a time bound).
 from __future__ import annotations
 
 import math
-import multiprocessing
 import warnings
 
 import mpmath
@@ -18,37 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion.theory import exceedance as ex
+from forked import within
 from companion.theory import concentration as cc
 from companion.theory import normalisation as nm
 
 FEW = settings(max_examples=60, deadline=None)
 N_MAX = 2**63 - 1
 SECONDS = 10.0  # a call of count_interval takes milliseconds; the old "exact" never returned
-
-
-def within(seconds, fn, *args):
-    """``fn(*args)`` run in a forked process (a C loop holding the GIL cannot block the test); fails the
-    test if it has not returned after ``seconds``, re-raises its exception otherwise."""
-    ctx = multiprocessing.get_context("fork")
-    reader, writer = ctx.Pipe(duplex=False)
-
-    def target():
-        try:
-            writer.send(("value", fn(*args)))
-        except Exception as exc:  # noqa: BLE001 - re-raised in the parent
-            writer.send(("error", exc))
-
-    child = ctx.Process(target=target, daemon=True)
-    child.start()
-    ready = reader.poll(seconds)
-    if not ready:
-        child.kill()
-    child.join()
-    assert ready, f"{fn.__name__}{args} did not return within {seconds} s"
-    kind, value = reader.recv()
-    if kind == "error":
-        raise value
-    return value
 
 
 def kl(q, p):

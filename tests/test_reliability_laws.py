@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from forked import within
 from companion.theory.subgaussian import (
     bernoulli_optimal_proxy, log_mgf, optimal_variance_proxy, psi2_norm,
 )
@@ -539,41 +540,16 @@ def test_density_singular_at_both_ends_by_substitution(dist, a, width, lo):
     assert psi2_norm(dist) == pytest.approx(exact, rel=1e-9)
 
 
-def _within(seconds, fn, *args):
-    """fn(*args) in a forked process; fails after ``seconds`` (as tests/test_reliability_counts.py)."""
-    import multiprocessing
-    ctx = multiprocessing.get_context("fork")
-    reader, writer = ctx.Pipe(duplex=False)
-
-    def target():
-        try:
-            writer.send(("value", fn(*args)))
-        except Exception as exc:  # noqa: BLE001 - re-raised in the parent
-            writer.send(("error", exc))
-
-    child = ctx.Process(target=target, daemon=True)
-    child.start()
-    ready = reader.poll(seconds)
-    if not ready:
-        child.kill()
-    child.join()
-    assert ready, f"{fn.__name__}{args} did not return within {seconds} s"
-    kind, value = reader.recv()
-    if kind == "error":
-        raise value
-    return value
-
-
 def test_large_lattices_are_fast_or_refused_quickly():
     # old: betabinom(258085, 1, 1) took > 60 s (256 lambdas x 258086 points per side, 2**22 points: 107 s)
     n = 258085
-    assert _within(10, optimal_variance_proxy, stats.betabinom(n, 1, 1)) == ((n + 1) ** 2 - 1) / 12  # uniform
+    assert within(10, optimal_variance_proxy, stats.betabinom(n, 1, 1)) == ((n + 1) ** 2 - 1) / 12  # uniform
     assert optimal_variance_proxy(stats.betabinom(12, 1, 1), method="numeric") == pytest.approx(
         optimal_variance_proxy(stats.randint(0, 13)), rel=1e-12)
-    res = _within(60, lambda: optimal_variance_proxy(stats.betabinom(n, 2.0, 7.0), full_output=True))
+    res = within(60, lambda: optimal_variance_proxy(stats.betabinom(n, 2.0, 7.0), full_output=True))
     assert res.proxy >= res.variance == pytest.approx(stats.betabinom(n, 2.0, 7.0).var(), rel=1e-9)
     with pytest.raises(ValueError, match="support points"):
-        _within(20, optimal_variance_proxy, stats.betabinom(2**20, 2.0, 3.0))
+        within(20, optimal_variance_proxy, stats.betabinom(2**20, 2.0, 3.0))
 
 
 # --- Last silent numbers of issue 30: a heavy lattice tail, scipy's own inaccurate densities ------
@@ -594,7 +570,7 @@ def test_yulesimon_lattice_tail_is_accounted_for(alpha, loc):
     exact = [_yulesimon_cgf_mp(alpha, lam) for lam in lams]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "lattice truncated" warning: the tail is counted
-        got = _within(30, log_mgf, dist, lams)
+        got = within(30, log_mgf, dist, lams)
     assert list(got) == pytest.approx(exact, rel=1e-12)  # yulesimon(3): the old code was 1.3e-11 off
     assert log_mgf(dist, 1e-3) == np.inf  # a power-law tail: the MGF is infinite for every lambda > 0
     assert optimal_variance_proxy(dist) == np.inf and psi2_norm(dist) == np.inf
@@ -603,13 +579,13 @@ def test_yulesimon_lattice_tail_is_accounted_for(alpha, loc):
 def test_a_power_law_tail_beyond_the_lattice_at_tiny_lambda_is_refused():
     # |lambda| d << 1 at the cut (d ~ 2e6): the omitted 4e-10 of the mass could move K by more than 1e-10
     with pytest.raises(ValueError, match="power-law tail beyond"):
-        _within(30, log_mgf, stats.yulesimon(1.5), -1e-7)
+        within(30, log_mgf, stats.yulesimon(1.5), -1e-7)
 
 
 def test_a_lattice_whose_tilted_law_has_not_decayed_is_refused():
     # geom(0.5) tilted by lambda 2e-6 below its rate log 2 decays over ~10^7 points, more than the lattice
     with pytest.raises(ValueError, match="has not decayed"):
-        _within(30, log_mgf, stats.geom(0.5), math.log(2.0) - 2e-6)
+        within(30, log_mgf, stats.geom(0.5), math.log(2.0) - 2e-6)
     assert log_mgf(stats.geom(0.5), 0.5) == pytest.approx(  # far from the rate: the closed form
         math.log(0.5 * math.exp(0.5) / (1 - 0.5 * math.exp(0.5))) - 0.5 * 2.0, rel=1e-12)
 
@@ -639,7 +615,7 @@ def test_kstwobign_is_sub_gaussian_not_refused():
     # switch); the law has a Gaussian tail 2 e^{-2x^2}, so its proxy is finite
     mean, var = _kolmogorov_moments_mp()
     assert mean == pytest.approx(math.sqrt(math.pi / 2) * math.log(2.0), rel=1e-14)
-    res = _within(60, lambda: optimal_variance_proxy(stats.kstwobign(), full_output=True))
+    res = within(60, lambda: optimal_variance_proxy(stats.kstwobign(), full_output=True))
     assert res.variance == pytest.approx(var, rel=1e-10)
     assert var <= res.proxy == pytest.approx(0.25, rel=1e-9)  # the tail 8x e^{-2x^2}: 2K/lam^2 -> 1/4
     assert 0 < psi2_norm(stats.kstwobign()) < np.inf
@@ -658,4 +634,4 @@ def test_hypergeom_whose_scipy_pmf_is_inaccurate_says_so():
     dist = stats.hypergeom(10**7, 10**6, 10**6)
     for fn in (optimal_variance_proxy, psi2_norm):
         with pytest.raises(ValueError, match="scipy's pmf .* sums to 0.99999998"):
-            _within(60, fn, dist)
+            within(60, fn, dist)
