@@ -91,7 +91,7 @@ class InjectionAttributionExperiment:
 CONFIGS = {
     "minilm-l6": InjectionAttributionExperiment(),
     "smollm2-135m": InjectionAttributionExperiment(
-        model="smollm2-135m", layers=(3, 15), concepts=("sea",)),
+        model="smollm2-135m", layers=(3, 15), concepts=("sea", "fire", "music", "food")),
 }
 
 
