@@ -197,6 +197,29 @@ def test_rmsnorm_stack_uses_rmsnorm():
     assert isinstance(stack.blocks[0].sublayers[0].norm, torch.nn.RMSNorm)
 
 
+def test_stack_without_normalisation_is_the_plain_residual_update():
+    # norm="none": h <- lam h + beta F(h) with F applied to the raw stream, no final norm, no norm parameters
+    lam, beta = 0.9, 0.25
+    stacks = {p: ResidualStack(StackConfig(**SMALL, norm="none", placement=p, residual_scale=lam,
+                                           branch_scale=beta)) for p in ("pre", "post")}
+    x = _x()
+    out = stacks["pre"](x)
+    h, ref = x, [x]
+    for block in stacks["pre"].blocks:                       # written out without the stack's code path
+        for sub in block.sublayers:
+            h = lam * h + beta * sub.f(h)
+        ref.append(h)
+    torch.testing.assert_close(out.stream, torch.stack(ref))
+    torch.testing.assert_close(out.final, out.stream[-1])   # the final "norm" is the identity
+    torch.testing.assert_close(stacks["post"](x).stream, out.stream)   # placement makes no difference
+    assert not any("norm" in name for name, _ in stacks["pre"].named_parameters())
+    lm = TinyLM(StackConfig(**SMALL, norm="none", vocab_size=256))
+    logits, rec = lm(torch.zeros(1, 4, dtype=torch.long))
+    torch.testing.assert_close(logits, lm.unembed(rec.stream[-1]))
+    with pytest.raises(ValueError, match="norm must be one of"):
+        StackConfig(norm="None")
+
+
 def test_causality():
     stack = ResidualStack(StackConfig(**SMALL, block="both"))
     x = _x(B=1, T=6)

@@ -426,3 +426,90 @@ def test_merge_arms_joins_results_of_disjoint_arms():
         tcs.merge_arms()
     with pytest.raises(TypeError, match="Results of the training_controls_study"):
         tcs.merge_arms(a, {"arms": ["x"]})
+
+
+# ------------------------------------------------------------------ the study without normalisation
+def test_tail_statistics_against_closed_forms_and_scipy():
+    from companion.experiments.no_norm_study import STATISTICS, tail_statistics
+
+    # n - 1 entries of 1 and one of a: every statistic in closed form
+    n, a = 100, 12.0
+    x = np.ones(n)
+    x[7] = a
+    ms = (n - 1 + a * a) / n
+    mean = (n - 1 + a) / n
+    m2 = ((n - 1) * (1 - mean) ** 2 + (a - mean) ** 2) / n
+    m4 = ((n - 1) * (1 - mean) ** 4 + (a - mean) ** 4) / n
+    got = dict(zip(STATISTICS, tail_statistics(x)))
+    assert got["rms"] == approx(math.sqrt(ms)) and got["kurtosis"] == approx(m4 / m2 ** 2 - 3)
+    assert got["peak"] == approx(a / math.sqrt(ms)) and got["top_median"] == approx(a)
+    assert got["frac6"] == approx(1 / n)                           # 12 >= 6 rms = 6 * 1.52
+    # a Gaussian sample: kurtosis as scipy computes it, the peak near E max|G|, frac6 zero
+    g = np.random.default_rng(0).standard_normal((3, 20_000))
+    s = tail_statistics(torch.from_numpy(g))
+    np.testing.assert_allclose(s[:, 1], stats.kurtosis(g, axis=1, fisher=True, bias=True), rtol=1e-10)
+    np.testing.assert_allclose(s[:, 3], np.abs(g).max(1) / np.median(np.abs(g), axis=1))
+    assert (np.abs(s[:, 1]) < 0.1).all() and (s[:, 4] == 0).all() and (3.5 < s[:, 2]).all() and (s[:, 2] < 5.5).all()
+    assert tail_statistics(x, multiple=20.0)[4] == 0.0
+
+
+@pytest.mark.parametrize("x, kw, exc, match", [
+    ("abc", {}, TypeError, "real numbers"),
+    (np.array([True, False, True]), {}, TypeError, "real numbers"),
+    ([1.0], {}, ValueError, "at least 2"),
+    ([1.0, float("nan")], {}, ValueError, "NaN"),
+    ([2.0, 2.0, 2.0], {}, ValueError, "positive variance"),
+    ([0.0, 0.0, 5.0], {}, ValueError, "median"),
+    ([1.0, 2.0], {"multiple": 0.0}, ValueError, "multiple"),
+])
+def test_tail_statistics_errors(x, kw, exc, match):
+    from companion.experiments.no_norm_study import tail_statistics
+
+    with pytest.raises(exc, match=match):
+        tail_statistics(x, **kw)
+
+
+def test_no_norm_study_config_checks_and_tiny_run():
+    from companion import experiments as xp
+    from companion.experiments import no_norm_study as nns
+    from companion.stacks.tinylm import train_tiny_lm
+
+    assert "no_norm_study" in xp.experiment_names()
+    default = nns.NoNormStudy()
+    assert len(default.seeds) >= 3 and default.branch_scale == approx(1 / math.sqrt(2 * default.n_layers))
+    for kw, exc, msg in [(dict(variants=("none", "magic")), ValueError, "among"),
+                         (dict(variants=("pre", "pre")), ValueError, "distinct"),
+                         (dict(variants=()), ValueError, "non-empty"),
+                         (dict(seeds=(0,)), ValueError, "at least 2"),
+                         (dict(seeds=(1, 1)), ValueError, "at least 2"),
+                         (dict(text_bytes=40), ValueError, "multiple of"),
+                         (dict(branch_scale=0.0), ValueError, "branch_scale"),
+                         (dict(lr=-1.0), ValueError, "lr"), (dict(dtype="float16"), ValueError, "dtype"),
+                         (dict(d_model=10, n_heads=4), ValueError, "divide"), (dict(steps=1.5), TypeError, "steps")]:
+        with pytest.raises(exc, match=msg):
+            nns.tiny(**kw)
+    with pytest.raises(ValueError, match="variant must be"):
+        nns.member_config(nns.tiny(), "layernorm", 0)
+    with pytest.raises(TypeError, match="NoNormStudy"):
+        nns.member_config({"steps": 3}, "none", 0)
+    with pytest.raises(TypeError, match="NoNormStudy"):
+        nns._run_study({"steps": 3})
+    cfg = nns.tiny()
+    assert nns.member_config(cfg, "none", 1).norm == "none" and nns.member_config(cfg, "post", 1).placement == "post"
+    r = xp.run(cfg)
+    V, S, L, n = 3, 2, cfg.n_layers, 4
+    assert r.arrays["stream"].shape == (V, S, L + 1, n, 5) and r.arrays["block_input"].shape == (V, S, L, n, 5)
+    assert r.arrays["train_loss"].shape == (V, S, cfg.steps) and (r.arrays["cpu_seconds"] > 0).all()
+    assert r.scalars["variants"] == ["none", "pre", "post"] and r.scalars["entries_per_text"] == 32 * 8
+    # one run reproduced by hand: same seed and data order, statistics recomputed with scipy
+    train_text, texts = nns.held_out_texts(cfg)
+    model, losses = train_tiny_lm(nns.member_config(cfg, "none", 1), train_text, steps=cfg.steps,
+                                  batch_size=cfg.batch_size, seq_len=cfg.seq_len, lr=cfg.lr, seed=1,
+                                  warmup=cfg.warmup, dtype=torch.float64)
+    np.testing.assert_array_equal(losses, r.arrays["train_loss"][0, 1])
+    with torch.no_grad():
+        _, rec = model(texts.reshape(-1, cfg.seq_len))
+    h = rec.stream.reshape(L + 1, n, -1).numpy()                   # the two windows of a text together
+    np.testing.assert_allclose(r.arrays["stream"][0, 1, :, :, 1], stats.kurtosis(h, axis=2), rtol=1e-9)
+    # without normalisation the input of block l's attention branch is the stream itself
+    np.testing.assert_allclose(r.arrays["block_input"][0, 1], r.arrays["stream"][0, 1, :L])

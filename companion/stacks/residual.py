@@ -7,6 +7,7 @@ stream ``h`` (``[batch, tokens, d_model]``), each sublayer (attention, MLP) bein
 
     Pre-LN :  h <- lam * h + beta * F(Norm(h))
     Post-LN:  h <- Norm(lam * h + beta * F(h))
+    no norm:  h <- lam * h + beta * F(h)          (norm="none": every Norm, the final one too, is the identity)
 
 with ``lam = residual_scale`` and ``beta = branch_scale`` (Xiong et al. 2020; Kedia et al. 2024);
 the measurements of the chapter *Signal propagation* follow.  Weights of block ``l`` depend only on
@@ -30,7 +31,7 @@ from companion._validation import check_int, check_real, check_vector, is_int, i
 __all__ = ["StackConfig", "StackOutput", "ResidualStack", "sharpen_attention", "dslm_scales",
            "forward_sq_norms", "last_layer_grad_norms"]
 
-_CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm"),
+_CHOICES = {"placement": ("pre", "post"), "norm": ("layernorm", "rmsnorm", "none"),
             "block": ("mlp", "attention", "both"), "init": ("xavier", "normal")}
 _NORMAL_STD = 0.02
 
@@ -56,7 +57,9 @@ class StackConfig:
     n_heads: int = 4  #: attention heads; must divide ``d_model``
     d_ff: int | None = None  #: hidden width of the MLP; ``None`` means ``4 * d_model``
     placement: str = "pre"  #: ``"pre"`` or ``"post"``: where the norm sits (see the module docstring)
-    norm: str = "layernorm"  #: ``"layernorm"`` or ``"rmsnorm"`` (the torch norm of that name, with ``eps``)
+    #: ``"layernorm"`` or ``"rmsnorm"`` (the torch norm of that name, with ``eps``); ``"none"``: no
+    #: normalisation anywhere (every norm is the identity, so ``placement`` makes no difference)
+    norm: str = "layernorm"
     #: ``"mlp"``, ``"attention"`` or ``"both"`` (attention then MLP, each its own residual add)
     block: str = "both"
     residual_scale: float = 1.0  #: ``lam`` in ``h <- lam h + beta F(h)``
@@ -198,7 +201,9 @@ def _init_linear(lin: nn.Linear, config: StackConfig, g: torch.Generator, *, out
 
 
 def _make_norm(config: StackConfig) -> nn.Module:
-    """The norm named by ``config.norm``."""
+    """The norm named by ``config.norm`` (``"none"``: the identity, without parameters)."""
+    if config.norm == "none":
+        return nn.Identity()
     if config.norm == "layernorm":
         return nn.LayerNorm(config.d_model, eps=config.eps)
     return nn.RMSNorm(config.d_model, eps=config.eps)
