@@ -218,3 +218,25 @@ def test_gpu_config_code_path_on_a_tiny_chat_llama():
         ir.run_protocol(tiny_transformer("llama", tok2, 3), cfg)
     with pytest.raises(TypeError):
         ir.run_protocol(m, object())
+
+
+def test_stored_smollm2_result_is_current_and_balanced():
+    import companion.experiments as xp
+
+    cfg = ir.CONFIGS["smollm2-135m"]
+    path = xp.result_path(cfg, xp.stored_root())
+    assert path.exists(), "the stored injection_report Result is missing"
+    r = xp.load_result(path)
+    assert r.config_hash == xp.config_hash(cfg) and r.scalars["model_name"] == "smollm2-135m"
+    a = r.arrays
+    n_lay, S = len(cfg.layers), len(cfg.scales)
+    assert a["concept_loc"].shape == (len(cfg.concepts), n_lay, S, cfg.k * cfg.n_loc_sets, cfg.k)
+    assert a["random_det"].shape == (cfg.n_random, n_lay, S, cfg.n_det, 2, 2)
+    # log-probabilities of distinct options: finite, and the options' mass is at most 1
+    for g in ("concept", "random"):
+        for t in ("loc", "str", "det"):
+            x = a[f"{g}_{t}"]
+            assert np.isfinite(x).all() and (np.exp(x).sum(-1) <= 1 + 1e-9).all()
+    # without injection the balanced design scores exactly the chance level
+    assert ir.accuracy_trials(a["base_loc"], a["loc_target"]).mean() == 1 / cfg.k
+    assert ir.accuracy_trials(a["base_str"], a["str_target"]).mean() == 0.5

@@ -70,16 +70,16 @@ class InjectionReportExperiment:
     """The three report tasks, per injection layer and magnitude (see the module docstring)."""
 
     model: str = "smollm2-135m"  #: a chat model for :func:`companion.transformers.models.load`
-    layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 7, 10, 15, 22)  #: injection layers (``h_l``)
+    layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 18)  #: injection layers (``h_l``)
     scales: tuple[float, ...] = (1.0, 4.0)  #: magnitudes, increasing
     unit: str = "spread"  #: ``"spread"`` (:math:`\alpha s_\ell`) or ``"raw"`` (coefficients)
     concepts: tuple[str, ...] = ("sea", "fire", "music", "food")
-    n_random: int = 3  #: random unit directions
+    n_random: int = 2  #: random unit directions
     k: int = 4  #: sentences per localisation trial
-    n_loc_sets: int = 4  #: localisation sentence sets (trials: ``k`` per set)
-    n_str_pairs: int = 4  #: strength pairs (trials: 2 per pair)
+    n_loc_sets: int = 3  #: localisation sentence sets (trials: ``k`` per set)
+    n_str_pairs: int = 3  #: strength pairs (trials: 2 per pair)
     strength_ratio: float = 0.25  #: the weaker injection's magnitude over the stronger's
-    n_det: int = 4  #: detection sentences (each asked the detection and the control question)
+    n_det: int = 3  #: detection sentences (each asked the detection and the control question)
     seed: int = 0
     dtype: str = "float32"
     max_batch_tokens: int = 16384
