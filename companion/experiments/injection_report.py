@@ -70,16 +70,18 @@ class InjectionReportExperiment:
     """The three report tasks, per injection layer and magnitude (see the module docstring)."""
 
     model: str = "smollm2-135m"  #: a chat model for :func:`companion.transformers.models.load`
-    layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 18)  #: injection layers (``h_l``)
+    layers: tuple[int, ...] = (0, 1, 2, 3, 5, 9, 16)  #: injection layers (``h_l``)
     scales: tuple[float, ...] = (1.0, 4.0)  #: magnitudes, increasing
     unit: str = "spread"  #: ``"spread"`` (:math:`\alpha s_\ell`) or ``"raw"`` (coefficients)
     concepts: tuple[str, ...] = ("sea", "fire", "music", "food")
     n_random: int = 2  #: random unit directions
     k: int = 4  #: sentences per localisation trial
-    n_loc_sets: int = 3  #: localisation sentence sets (trials: ``k`` per set)
-    n_str_pairs: int = 3  #: strength pairs (trials: 2 per pair)
+    n_loc_sets: int = 2  #: localisation sentence sets (trials: ``k`` per set)
+    n_str_pairs: int = 2  #: strength pairs (trials: 2 per pair)
     strength_ratio: float = 0.25  #: the weaker injection's magnitude over the stronger's
-    n_det: int = 3  #: detection sentences (each asked the detection and the control question)
+    n_det: int = 2  #: detection sentences (each asked the detection and the control question)
+    #: the system turn (a short one keeps the CPU run small; ``""``: the template's default)
+    system: str = "You are a helpful assistant."
     seed: int = 0
     dtype: str = "float32"
     max_batch_tokens: int = 16384
@@ -128,18 +130,18 @@ CONFIGS: dict[str, InjectionReportExperiment] = {"smollm2-135m": InjectionReport
 #: output of decoder layer 2 (``h_3`` here) and its neighbours.  Never run in CI (``--device cuda``);
 #: :func:`raw_to_alpha` converts its coefficients to :math:`\alpha` once ``typical_spread`` is read.
 GPU_CONFIG = InjectionReportExperiment(
-    model="meta-llama/Llama-3.1-8B-Instruct", layers=(1, 2, 3, 4, 6, 9, 12, 16, 20, 24, 28),
+    model="meta-llama/Llama-3.1-8B-Instruct", system="", layers=(1, 2, 3, 4, 6, 9, 12, 16, 20, 24, 28),
     scales=(2.0, 5.0, 8.0), unit="raw", k=10, n_loc_sets=10, n_str_pairs=10, n_det=10, n_random=4,
     dtype="bfloat16", max_batch_tokens=8192)
 
 
 # ------------------------------------------------------------------------------ the measurement
-def _chat(tok, body: str) -> str:
-    """``body`` as the user's turn of ``tok``'s chat template, ready for the assistant's answer."""
+def _chat(tok, body: str, system: str = "") -> str:
+    """``body`` as the user's turn of ``tok``'s chat template (after ``system``), ready for the answer."""
     if getattr(tok, "chat_template", None) is None:
         raise ValueError("the model's tokenizer has no chat template; the protocol needs a chat model")
-    return tok.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
-                                   add_generation_prompt=True)
+    turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": body}]
+    return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
 
 
 def _spans_mask(m, texts, spans, enc) -> np.ndarray:
@@ -172,7 +174,7 @@ def _trials(m, cfg) -> dict:
     loc_target = []
     for _ in range(cfg.n_loc_sets):
         sents = [SENTENCES[i] for i in gen.choice(len(SENTENCES), cfg.k, replace=False)]
-        text = _chat(tok, _LOC.format(k=cfg.k, lines=_numbered(sents)))
+        text = _chat(tok, _LOC.format(k=cfg.k, lines=_numbered(sents)), cfg.system)
         for j in range(cfg.k):
             a = text.index(f"{j + 1}. {sents[j]}") + len(f"{j + 1}. ")
             texts.append(text)
@@ -182,7 +184,7 @@ def _trials(m, cfg) -> dict:
     str_rows, str_target = [], []
     for p in range(cfg.n_str_pairs):
         pair = [SENTENCES[i] for i in gen.choice(len(SENTENCES), 2, replace=False)]
-        text = _chat(tok, _STR.format(lines=_numbered(pair)))
+        text = _chat(tok, _STR.format(lines=_numbered(pair)), cfg.system)
         sp = []
         for j in range(2):
             a = text.index(f"{j + 1}. {pair[j]}") + len(f"{j + 1}. ")
@@ -194,7 +196,7 @@ def _trials(m, cfg) -> dict:
     for i in gen.choice(len(SENTENCES), cfg.n_det, replace=False):
         s = SENTENCES[i]
         for template in (_DET, _CTL):
-            text = _chat(tok, template.format(s=s))
+            text = _chat(tok, template.format(s=s), cfg.system)
             a = text.index(s)
             texts.append(text)
             spans.append([(a, a + len(s))])
