@@ -85,7 +85,7 @@ test-portable: $(STAMP)
 # exceedance counts).  The full `make test-portable` found no difference in the other chapters.
 PORTABLE_CI_PATHS := tests/test_determinism.py tests/test_experiments_framework.py tests/test_engine.py tests/test_depth_study.py \
 	book/three_effect_framework.ipynb book/signal_propagation.ipynb book/applications.ipynb \
-	book/outliers_real_models.ipynb book/depth_study.ipynb
+	book/outliers_real_models.ipynb book/depth_study.ipynb book/injection_report.ipynb
 test-portable-ci: $(STAMP)
 	$(MAKE) test-portable KERNEL_SETS=default PORTABLE_PATHS="$(PORTABLE_CI_PATHS)"
 
