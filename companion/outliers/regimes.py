@@ -20,6 +20,7 @@ from companion._validation import (check_int, check_real, check_texts, check_thr
                                   real_array)
 
 __all__ = ["REGIMES", "classify_regime", "predicted_counts", "CountComparison", "compare_counts",
+           "BoundTests", "bound_tests",
            "corpus_subset", "coarsen_thresholds", "tail_diagnostics", "gaussian_max_abs_quantile",
            "empirical_variance_proxy", "top_activations", "max_abs_z"]
 
@@ -248,6 +249,81 @@ def compare_counts(counts, mu, sigma, thresholds, n_tokens, centred_tol: float =
         upper=by_regime(pred["upper"]), lower_violations=by_regime(lo_bad.astype(np.int64)),
         upper_violations=by_regime(up_bad.astype(np.int64)), channel_lower_violation=lo_bad.any(axis=-2),
         channel_upper_violation=up_bad.any(axis=-2), alpha=float(alpha))
+
+
+@dataclass(frozen=True)
+class BoundTests:
+    """Tests of counts against the Theorem 1/2 bounds that respect dependent tokens (:func:`bound_tests`).
+
+    Per-pair arrays have shape ``[..., n_t, d]``; the family of the Holm rule is one ``[n_t, d]`` slice.
+    """
+
+    deff: np.ndarray  #: design effect of each count (between-text dispersion), ``>= 1``
+    n_eff: np.ndarray  #: effective number of independent tokens ``N / deff``
+    p_upper: np.ndarray  #: beta-binomial p-value of the count against the upper bound (1 where not above it)
+    p_lower: np.ndarray  #: the same against the lower bound (1 where not below it)
+    reject_upper: np.ndarray  #: bool, Holm's rejections at family-wise level ``alpha``
+    reject_lower: np.ndarray  #: bool, the same for the lower bound
+    alpha: float  #: family-wise error rate per slice
+
+    @property
+    def channel_upper(self) -> np.ndarray:
+        """``[..., d]`` bool: the channel's count exceeds the upper bound at some threshold (FWER-controlled)."""
+        return self.reject_upper.any(axis=-2)
+
+    @property
+    def channel_lower(self) -> np.ndarray:
+        """``[..., d]`` bool: the channel's count is below the lower bound at some threshold."""
+        return self.reject_lower.any(axis=-2)
+
+
+def bound_tests(st, alpha: float = 0.05) -> BoundTests:
+    r"""Counts of ``st`` against the Theorem 1/2 bounds, with dependent tokens and multiplicity control.
+
+    For every (layer, threshold, channel), the design effect :math:`D` of the count is estimated from its
+    between-text dispersion (:func:`companion.theory.exceedance.design_effect`); the count is compared with
+    the bound's per-token probability :math:`p` = bound / :math:`N` under the beta-binomial law of variance
+    :math:`Np(1-p)D` (:func:`~companion.theory.exceedance.dependent_count_pvalue`); and within each layer
+    Holm's rule over all thresholds and channels keeps the family-wise error at ``alpha``.
+
+    Parameters
+    ----------
+    st : ChannelStatistics
+        From :func:`~companion.outliers.channel_statistics.channel_statistics` with
+        ``block_statistics=True`` (at least two texts).
+    alpha : float, default 0.05
+        Family-wise error rate per layer.
+
+    Returns
+    -------
+    BoundTests
+
+    Raises
+    ------
+    ValueError
+        If ``st`` carries no block statistics, or ``alpha`` is not in (0, 1).
+    """
+    _check_statistics(st)
+    if getattr(st, "block_sum_sq", None) is None or getattr(st, "block_sizes", None) is None:
+        raise ValueError("st carries no block statistics: compute it with channel_statistics(..., "
+                         "block_statistics=True)")
+    check_real(alpha, "alpha", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    n = int(st.n_tokens)
+    c = np.asarray(st.counts, dtype=np.float64)
+    de = exceedance.design_effect(c, st.block_sum_sq, st.block_sizes)
+    pred = _predicted_counts(np.asarray(st.mean, dtype=np.float64), np.sqrt(st.var), st.thresholds, n)
+    p_up = np.clip(pred["upper"] / n, 0.0, 1.0)
+    p_lo = np.clip(pred["lower"] / n, 0.0, 1.0)
+    deff = np.minimum(de.deff, n - 1.0) if n > 1 else de.deff
+    p_upper = np.where(c > pred["upper"], exceedance.dependent_count_pvalue(c, n, p_up, deff, "upper"), 1.0)
+    p_lower = np.where(c < pred["lower"], exceedance.dependent_count_pvalue(c, n, p_lo, deff, "lower"), 1.0)
+    lead = c.shape[:-2]
+    rej_up, rej_lo = np.zeros(c.shape, dtype=bool), np.zeros(c.shape, dtype=bool)
+    for idx in np.ndindex(*lead):
+        rej_up[idx] = exceedance.holm_reject(p_upper[idx], alpha)
+        rej_lo[idx] = exceedance.holm_reject(p_lower[idx], alpha)
+    return BoundTests(deff=de.deff, n_eff=de.n_eff, p_upper=p_upper, p_lower=p_lower,
+                      reject_upper=rej_up, reject_lower=rej_lo, alpha=float(alpha))
 
 
 def corpus_subset(m, texts, max_tokens: int, max_length: int | None = None) -> list[str]:
@@ -555,7 +631,8 @@ def coarsen_thresholds(st, step: int = 2, start: int = 0):
     start = check_int(start, "start", 0)
     if start >= st.thresholds.size:
         raise ValueError(f"start = {start} is outside the grid of {st.thresholds.size} thresholds")
-    return replace(st, counts=st.counts[:, start::step], thresholds=st.thresholds[start::step])
+    sq = None if st.block_sum_sq is None else st.block_sum_sq[:, start::step]
+    return replace(st, counts=st.counts[:, start::step], thresholds=st.thresholds[start::step], block_sum_sq=sq)
 
 
 def max_abs_z(st) -> np.ndarray:

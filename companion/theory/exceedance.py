@@ -23,7 +23,8 @@ from companion._validation import (
 __all__ = [
     "NOISE_LAWS", "SUBGAUSSIAN_NOISE_LAWS", "CountBounds", "theorem1_lower_bound",
     "exceedance_probability", "exceedance_probability_gaussian", "expected_count_gaussian",
-    "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts"]
+    "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts",
+    "DesignEffect", "design_effect", "dependent_count_pvalue", "holm_reject"]
 
 #: Noise laws understood by :func:`exceedance_probability` and :func:`simulate_counts`.
 NOISE_LAWS = ("gaussian", "uniform", "rademacher", "laplace")
@@ -663,3 +664,186 @@ def simulate_counts(N, mu, t, sigma, noise: str = "gaussian", rng=None, rho: flo
     out = counts.reshape((K,) + channel_shape + t_arr.shape)
     out = out[0] if scalar_n else out
     return int(out) if out.ndim == 0 else out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Counts of dependent tokens: design effect, a beta-binomial tail, Holm's step-down rule
+# ---------------------------------------------------------------------------------------------------
+
+class DesignEffect(NamedTuple):
+    """Between-block dispersion of exceedance counts (see :func:`design_effect`)."""
+
+    rho: np.ndarray  #: intra-block correlation of the exceedance indicators (ANOVA estimate, clipped at 0)
+    deff: np.ndarray  #: design effect ``Var(C) / (N p (1 - p))`` = ``1 + (n_w - 1) rho``
+    n_eff: np.ndarray  #: effective number of independent tokens ``N / deff``
+
+
+def design_effect(total, sum_sq_over_size, block_sizes) -> DesignEffect:
+    r"""Design effect of a count summed over blocks of dependent tokens, from the blocks' sufficient statistics.
+
+    Tokens come in :math:`k` blocks (texts) of sizes :math:`n_b`, :math:`N = \sum_b n_b`; a count
+    :math:`C = \sum_b C_b` sums 0/1 indicators. The ANOVA estimator of the intra-block correlation
+    :math:`\rho` of the indicators (Fleiss' estimator for unequal block sizes) needs only :math:`C`,
+    :math:`S = \sum_b C_b^2/n_b` and the sizes. Then :math:`\mathrm{Var}\,C \approx Np(1-p)\,D` with the
+    design effect :math:`D = 1 + (n_w - 1)\rho`, :math:`n_w = \sum_b n_b^2/N`, and :math:`N/D` is the
+    effective number of independent tokens.
+
+    Parameters
+    ----------
+    total : array_like of int
+        The counts :math:`C` (any shape).
+    sum_sq_over_size : array_like of float
+        :math:`S = \sum_b C_b^2 / n_b`, same shape as ``total``.
+    block_sizes : array_like of int, shape ``[k]``
+        The block sizes :math:`n_b \ge 1`, :math:`k \ge 2`.
+
+    Returns
+    -------
+    DesignEffect
+        ``rho`` (clipped to ``[0, 1]``; 0 where every or no token exceeds), ``deff`` and ``n_eff``,
+        each of the shape of ``total``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, fewer than two blocks are given, a size is < 1, a count is outside
+        ``[0, N]``, or ``S`` is outside its attainable range ``[C^2/N, C]``.
+
+    Examples
+    --------
+    >>> de = design_effect([20], [20.0], [10, 10, 10, 10])     # all exceedances in two whole blocks
+    >>> float(de.rho[0]), float(de.deff[0])
+    (1.0, 10.0)
+    """
+    n_b = integer_counts("block_sizes", block_sizes)
+    if n_b.ndim != 1 or n_b.size < 2:
+        raise ValueError(f"block_sizes must be a 1-d array of at least 2 block sizes, got shape {n_b.shape}")
+    n_b = n_b.astype(np.float64)
+    if (n_b < 1).any():
+        raise ValueError("block_sizes must be >= 1 (a block without tokens carries no information)")
+    c = real_array("total", total)
+    s = real_array("sum_sq_over_size", sum_sq_over_size)
+    if c.shape != s.shape:
+        raise ValueError(f"total and sum_sq_over_size must have the same shape, got {c.shape} and {s.shape}")
+    k, n = n_b.size, float(n_b.sum())
+    if (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
+        raise ValueError(f"total must hold integer counts in [0, N = {n:.0f}]")
+    tol = 1e-9 * np.maximum(c, 1.0)
+    if (s < c * c / n - tol).any() or (s > c + tol).any():
+        raise ValueError("sum_sq_over_size must lie in [C^2 / N, C] (sum_b C_b^2 / n_b with 0 <= C_b <= n_b)")
+    n0 = (n - float((n_b * n_b).sum()) / n) / (k - 1)
+    msb = (s - c * c / n) / (k - 1)
+    msw = (c - s) / (n - k) if n > k else np.zeros_like(c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = (msb - msw) / (msb + (n0 - 1.0) * msw)
+    rho = np.clip(np.nan_to_num(rho, nan=0.0), 0.0, 1.0)
+    n_w = float((n_b * n_b).sum()) / n
+    deff = 1.0 + (n_w - 1.0) * rho
+    return DesignEffect(rho=rho, deff=deff, n_eff=n / deff)
+
+
+def dependent_count_pvalue(count, n, p, deff=1.0, tail: str = "upper") -> np.ndarray:
+    r"""P-value of a count of :math:`n` dependent 0/1 tokens against a per-token probability ``p``.
+
+    The null law is the beta-binomial on :math:`n` trials with mean :math:`np` and variance
+    :math:`np(1-p)\,D` (``deff`` :math:`= D`): its intra-class correlation is
+    :math:`(D-1)/(n-1)`, i.e. parameters :math:`a = p\,\theta`, :math:`b = (1-p)\,\theta`,
+    :math:`\theta = (n-1)/(D-1) - 1`. With :math:`D = 1` it is the binomial law of independent tokens.
+
+    Parameters
+    ----------
+    count : array_like of int
+        Observed counts in ``[0, n]``.
+    n : int
+        Number of tokens (>= 1).
+    p : array_like of float
+        Per-token probability under the null, in ``[0, 1]``.
+    deff : array_like of float, default 1.0
+        Design effect, in ``[1, n)`` (from :func:`design_effect`).
+    tail : {"upper", "lower"}
+        ``"upper"``: :math:`P(C \ge c)` (a count too large for ``p``); ``"lower"``: :math:`P(C \le c)`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The p-values, broadcast over ``count``, ``p`` and ``deff``.
+
+    Raises
+    ------
+    ValueError
+        If a count is not an integer in ``[0, n]``, ``p`` is outside ``[0, 1]``, ``deff`` outside
+        ``[1, n)``, or ``tail`` unknown.
+
+    Examples
+    --------
+    >>> round(float(dependent_count_pvalue(30, 100, 0.2)), 4)            # binomial
+    0.0112
+    >>> round(float(dependent_count_pvalue(30, 100, 0.2, deff=4.0)), 3)   # four times the variance
+    0.124
+    """
+    n = check_int(n, "n", 1)
+    tail = check_choice(tail, "tail", ("upper", "lower"))
+    c, pp, d = np.broadcast_arrays(real_array("count", count), real_array("p", p), real_array("deff", deff))
+    if (c < 0).any() or (c > n).any() or (c != np.round(c)).any():
+        raise ValueError(f"count must hold integers in [0, n = {n}]")
+    if (pp < 0).any() or (pp > 1).any():
+        raise ValueError("p must lie in [0, 1]")
+    if (d < 1).any() or (n > 1 and (d >= n).any()):
+        raise ValueError(f"deff must lie in [1, n = {n}) (D = n would put all tokens in one block)")
+    out = np.empty(c.shape, dtype=np.float64)
+    indep = (d <= 1.0) | (n == 1) | (pp <= 0) | (pp >= 1)
+    if indep.any():
+        ci, pi = c[indep], pp[indep]
+        out[indep] = stats.binom.sf(ci - 1, n, pi) if tail == "upper" else stats.binom.cdf(ci, n, pi)
+    dep = ~indep
+    if dep.any():
+        theta = (n - 1.0) / (d[dep] - 1.0) - 1.0
+        a, b = pp[dep] * theta, (1.0 - pp[dep]) * theta
+        law = stats.betabinom(n, a, b)
+        out[dep] = law.sf(c[dep] - 1) if tail == "upper" else law.cdf(c[dep])
+    return np.clip(out, 0.0, 1.0)
+
+
+def holm_reject(pvalues, alpha: float = 0.05) -> np.ndarray:
+    r"""Holm's step-down rule: which hypotheses of one family to reject at family-wise error ``alpha``.
+
+    Sort the :math:`m` p-values, :math:`p_{(1)}\le\dots\le p_{(m)}`; reject :math:`H_{(1)},\dots,H_{(k)}`
+    for the largest :math:`k` such that :math:`p_{(i)} \le \alpha/(m - i + 1)` for every :math:`i\le k`.
+    The probability of any false rejection is at most ``alpha`` whatever the dependence between the
+    tests (Holm 1979).
+
+    Parameters
+    ----------
+    pvalues : array_like of float
+        The family's p-values, any shape (the whole array is one family), each in ``[0, 1]``.
+    alpha : float, default 0.05
+        Family-wise error rate, in ``(0, 1)``.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        Rejections, of the shape of ``pvalues``.
+
+    Raises
+    ------
+    ValueError
+        If a p-value is outside ``[0, 1]`` or ``alpha`` outside ``(0, 1)``.
+
+    Examples
+    --------
+    >>> holm_reject([0.01, 0.04, 0.03, 0.2], alpha=0.05).tolist()
+    [True, False, False, False]
+    """
+    p = real_array("pvalues", pvalues)
+    if (p < 0).any() or (p > 1).any():
+        raise ValueError("pvalues must lie in [0, 1]")
+    if not (is_real(alpha) and 0.0 < float(alpha) < 1.0):
+        raise ValueError(f"alpha must be a real number in (0, 1), got {alpha!r}")
+    flat = p.reshape(-1)
+    m = flat.size
+    order = np.argsort(flat, kind="stable")
+    ok = flat[order] <= float(alpha) / (m - np.arange(m))
+    k = m if ok.all() else int(np.argmin(ok))       # the first sorted p-value that fails stops the procedure
+    rej = np.zeros(m, dtype=bool)
+    rej[order[:k]] = True
+    return rej.reshape(p.shape)
