@@ -107,7 +107,7 @@ def test_registered_and_validates():
     for cfg in eh.CONFIGS.values():
         cfg.validate()
     cfg = eh.InjectionHeldoutExperiment()
-    assert cfg.n_null >= 99 and 0 in cfg.layers and 29 in cfg.layers and cfg.n_splits >= 8
+    assert cfg.n_null >= 99 and 0 in cfg.layers and 29 in cfg.layers and cfg.n_splits >= 6
     for kwargs, msg in [(dict(n_null=10), "n_null"), (dict(n_splits=1), "n_splits"),
                         (dict(concepts=("joy",)), "concepts"), (dict(scales=(0.5, 0.1)), "increasing"),
                         (dict(scales=(0.0,)), "> 0"), (dict(layers=(3, 1)), "increasing")]:
@@ -152,7 +152,9 @@ def _synthetic(shift=(0.0, 2.0, 2.0, 0.0), K=4, B=12, n_null=99, seed=0):
     arrays = dict(logp=logp, base_logp=np.full((B, len(words)), -8.0),
                   word_token=np.arange(len(words)), token_ids=np.arange(len(words)),
                   splits=eh.word_splits(n_w, K), scales=np.array([0.5]), layers=np.arange(n_inj))
-    scalars = dict(concepts=concepts, words=words, n_construction=n_w, n_layers=n_inj)
+    for key in ("effect", "rel_inj", "rel_last", "cos_inj", "cos_last"):
+        arrays[key] = g.uniform(0.0, 1.0, (n_dir, n_inj, 1, B))
+    scalars = dict(concepts=concepts, words=words, n_construction=n_w, n_layers=n_inj + 1)
     return Result(name="injection_heldout", config={}, arrays=arrays, scalars=scalars,
                   versions={}, device="cpu", wall_time=0.0, schema="1.1", config_hash="0")
 
@@ -193,6 +195,29 @@ def test_heldout_test_finds_the_shifted_layers_only():
     assert not eh.heldout_test(own, null, n_boot=50)["window"].any()
     with pytest.raises(ValueError, match="do not fit"):
         eh.heldout_test(own[:, :2], null, n_boot=50)
+
+
+def test_specificity_matrix_is_diagonal_where_vectors_raise_their_own_words():
+    r = _synthetic(shift=(2.0, 2.0, 0.0, 0.0))
+    sp = eh.specificity(r, n_boot=100, layers=[0, 1])
+    np.testing.assert_allclose(np.diag(sp["effect"]), [2.0, 2.0], atol=0.05)
+    assert abs(sp["effect"][0, 1]) < 0.05 and abs(sp["effect"][1, 0]) < 0.05
+    assert (sp["lo"] <= sp["effect"] + 1e-12).all() and (sp["effect"] <= sp["hi"] + 1e-12).all()
+    assert eh.specificity(r, n_boot=10)["layers"] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="layers"):
+        eh.specificity(r, layers=[7])
+
+
+def test_final_summary_is_the_mean_over_directions_and_prompts():
+    r = _synthetic()
+    f = eh.final_summary(r, "rel_inj", group="concept", n_boot=50)
+    np.testing.assert_allclose(f["mean"], r.arrays["rel_inj"][:8, :, 0].mean((0, 2)))
+    f = eh.final_summary(r, "effect", n_boot=50)
+    np.testing.assert_allclose(f["mean"], r.arrays["effect"][8:, :, 0].mean((0, 2)))
+    for kw, msg in [(dict(key="kl"), "key"), (dict(key="effect", group="all"), "group"),
+                    (dict(key="effect", scale=2.0), "scale")]:
+        with pytest.raises(ValueError, match=msg):
+            eh.final_summary(r, **kw)
 
 
 @pytest.mark.slow

@@ -27,7 +27,8 @@ import numpy as np
 from companion.experiments import register
 from companion.experiments._common import bar, check_fields, model_and_prompts, model_facts
 
-__all__ = ["InjectionHeldoutExperiment", "CONFIGS", "HELDOUT_WORDS", "word_splits"]
+__all__ = ["InjectionHeldoutExperiment", "CONFIGS", "HELDOUT_WORDS", "word_splits", "word_sets",
+           "set_readout", "readout_cube", "heldout_test", "specificity", "final_summary"]
 
 #: Related words never used to build a concept vector (their first tokens differ from every
 #: construction word's first token in SmolLM2's tokenizer; checked in the tests).
@@ -88,14 +89,14 @@ class InjectionHeldoutExperiment:
     """
 
     model: str = "smollm2-135m"  #: a name for :func:`companion.transformers.models.load`
-    n_prompts: int = 16
+    n_prompts: int = 12
     min_words: int = 6
     max_words: int = 9
     max_length: int = 32
-    layers: tuple[int, ...] = (0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 29)
+    layers: tuple[int, ...] = (0, 5, 10, 15, 20, 25, 29)
     concepts: tuple[str, ...] = ("sea", "fire", "music", "food")
     scales: tuple[float, ...] = (0.125, 0.5)  #: magnitudes :math:`\alpha` (units of :math:`s_\ell`)
-    n_splits: int = 8  #: random halves of each concept's words (>= 2)
+    n_splits: int = 6  #: random halves of each concept's words (>= 2)
     n_null: int = 99  #: isotropic random unit directions (>= 19)
     seed: int = 0
     dtype: str = "float32"
@@ -490,3 +491,99 @@ def heldout_test(own, null, n_boot: int = 1000, level: float = 0.95, alpha: floa
                 first_ci=(lo[n_inj], hi[n_inj]), last_ci=(lo[n_inj + 1], hi[n_inj + 1]),
                 p_empty=1 - any_, mde80=mde, stat=T[0], null_mean=T[1:].mean(0))
 
+
+
+def specificity(result, scale: float = 0.5, which: str = "heldout", layers=None,
+                n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> dict:
+    """The cross-concept matrix: concept ``i``'s split vectors read on concept ``j``'s words.
+
+    Entry ``[i, j]`` is the readout of ``j``'s word sets under ``i``'s split vectors minus the
+    null mean, averaged over splits, prompts and the chosen layers; intervals resample prompts,
+    splits (each re-estimates the vector) and null directions.
+
+    Parameters
+    ----------
+    result : Result
+    scale : float, default 0.5
+    which : str, default "heldout"
+        As in :func:`word_sets`.
+    layers : sequence of int, optional
+        Injection layers averaged over (default: every tested layer below L).
+    n_boot, level, seed
+        Of the crossed bootstrap.
+
+    Returns
+    -------
+    dict
+        ``concepts``, ``layers``, ``effect``, ``lo``, ``hi`` (each ``[C, C]``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`readout_cube`; a layer not tested.
+    """
+    from companion.theory.bootstrap import crossed_bootstrap
+
+    sc = result.scalars
+    lay = np.asarray(result.arrays["layers"]).astype(int).tolist()
+    L = int(sc["n_layers"])
+    pick = [x for x in lay if x < L] if layers is None else [int(x) for x in layers]
+    if not pick or any(x not in lay for x in pick):
+        raise ValueError(f"layers must be tested layers among {lay}, got {layers!r}")
+    j_l = [lay.index(x) for x in pick]
+    names = sc["concepts"]
+    cubes = [[readout_cube(result, r, which, scale, direction_concept=i) for r in names] for i in names]
+    own = np.stack([[c[0][:, j_l] for c in row] for row in cubes])          # [C, C, K, n, B]
+    null = np.stack([[c[1][:, :, j_l] for c in row] for row in cubes])      # [C, C, N, K, n, B]
+
+    def stat(b, k, j):
+        o = own[:, :, k][..., b].mean((2, 3, 4))
+        return o - null[:, :, j][:, :, :, k][..., b].mean((2, 3, 4, 5))
+
+    B, K, N = own.shape[-1], own.shape[2], null.shape[2]
+    est, lo, hi = crossed_bootstrap(stat, [B, K, N], n_boot=n_boot, level=level, rng=seed)
+    return dict(concepts=list(names), layers=pick, effect=est, lo=lo, hi=hi)
+
+
+def final_summary(result, key: str, scale: float = 0.5, group: str = "null",
+                  n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> dict:
+    """A per-run quantity (disruption, or final-layer geometry) per layer, with crossed intervals.
+
+    Parameters
+    ----------
+    result : Result
+    key : {"effect", "rel_inj", "rel_last", "cos_inj", "cos_last"}
+    scale : float, default 0.5
+    group : {"null", "concept"}, default "null"
+        The isotropic nulls or every concept's split vectors.
+    n_boot, level, seed
+        Of the bootstrap over prompts and directions.
+
+    Returns
+    -------
+    dict
+        ``layers``, ``mean``, ``lo``, ``hi`` (each ``[n_inj]``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An unknown key, group or scale.
+    """
+    from companion.experiments import check_result
+    from companion.theory.bootstrap import crossed_bootstrap
+
+    check_result(result, "injection_heldout")
+    if key not in ("effect", "rel_inj", "rel_last", "cos_inj", "cos_last"):
+        raise ValueError(f"unknown key {key!r}")
+    if group not in ("null", "concept"):
+        raise ValueError(f"group must be 'null' or 'concept', got {group!r}")
+    a, sc = result.arrays, result.scalars
+    scales = np.asarray(a["scales"]).tolist()
+    if scale not in scales:
+        raise ValueError(f"scale must be one of {scales}, got {scale}")
+    n_c = len(sc["concepts"]) * np.asarray(a["splits"]).shape[0]
+    x = np.asarray(a[key][:, :, scales.index(scale)], np.float64)         # [n_dir, n_inj, B]
+    x = x[n_c:] if group == "null" else x[:n_c]
+    est, lo, hi = crossed_bootstrap(lambda d, b: x[d][:, :, b].mean((0, 2)), [x.shape[0], x.shape[2]],
+                                    n_boot=n_boot, level=level, rng=seed)
+    return dict(layers=np.asarray(a["layers"]).astype(int), mean=est, lo=lo, hi=hi)
