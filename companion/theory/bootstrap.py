@@ -149,7 +149,7 @@ def rank_pvalue(stat, null):
 
 
 def maxstat_pvalues(stats, index: int = 0):
-    """Family-wise adjusted p-values over columns by the max-statistic (Westfall-Young style).
+    r"""Family-wise adjusted p-values over columns by the max-statistic (Westfall-Young style).
 
     Each column (e.g. a layer) is standardised by its mean and standard deviation over *all*
     rows (the tested row and the nulls, so the procedure treats every row alike); each row's
