@@ -232,3 +232,43 @@ def test_a_wrong_quotation_is_detected():
     assert quote_problems(records, {"p": "row A21, *not testable here*"}) == []
     assert quote_problems(records, {"p": "row A20, *holds*"}) != []
     assert quote_problems(records, {"p": "row B27, *holds with a correction*"}) != []
+
+
+def chapter_table_problems(records, pages: dict[str, dict[str, list[list[str]]]]) -> list[str]:
+    """Rows of the chapters' own verdict tables (stored outputs) that differ from the file."""
+    by_id = {r["id"]: r for r in records}
+    problems = []
+    for name, rendered in pages.items():
+        for rid, shown in rendered.items():
+            rec = by_id.get(rid)
+            if rec is None:
+                problems.append(f"{name}: row {rid} is not in the file")
+                continue
+            expected = [rec["claim"], rec["verdict"],
+                        f"{rec['scope']} · {rec['evidence_scale']} · {rec['decided_in']}"]
+            problems += [f"{name}: {rid} shows {cells[1:]}, the file says {expected}"
+                         for cells in shown if cells[1:] != expected]
+    return problems
+
+
+def _chapter_tables() -> dict[str, dict[str, list[list[str]]]]:
+    return {path.name: rendered_rows(path) for path in sorted((ROOT / "book").glob("*.ipynb"))
+            if path != ERRATA and rendered_rows(path)}
+
+
+def test_the_chapters_verdict_tables_show_the_file():
+    """A chapter's stored verdict table goes stale when the file changes and the chapter is not
+    re-executed; nbval would see it only when it runs, this test sees it at once."""
+    tables = _chapter_tables()
+    assert {"injection_real_models.ipynb", "three_effect_framework.ipynb"} <= set(tables)
+    assert chapter_table_problems(verdicts.load_verdicts(), tables) == []
+
+
+def test_a_stale_chapter_table_is_detected():
+    records = verdicts.load_verdicts()
+    tables = _chapter_tables()
+    name = next(iter(tables))
+    rid = next(iter(tables[name]))
+    stale = {name: {rid: [[c if k != 2 else c + " (old)" for k, c in enumerate(row)]
+                          for row in tables[name][rid]]}}
+    assert chapter_table_problems(records, stale) != []
