@@ -70,7 +70,7 @@ class InjectionReportExperiment:
     """The three report tasks, per injection layer and magnitude (see the module docstring)."""
 
     model: str = "smollm2-135m"  #: a chat model for :func:`companion.transformers.models.load`
-    layers: tuple[int, ...] = (0, 1, 2, 3, 5, 9, 16)  #: injection layers (``h_l``)
+    layers: tuple[int, ...] = tuple(range(30))  #: injection layers (``h_l``); SmolLM2: every one
     scales: tuple[float, ...] = (1.0, 4.0)  #: magnitudes, increasing
     unit: str = "spread"  #: ``"spread"`` (:math:`\alpha s_\ell`) or ``"raw"`` (coefficients)
     concepts: tuple[str, ...] = ("sea", "fire", "music", "food")
