@@ -44,6 +44,7 @@ f.addEventListener('load', async () => {
   const math = Array.from(d.querySelectorAll('.math'));
   const scripts = Array.from(d.querySelectorAll('script[src]')).map(s => s.getAttribute('src'));
   const result = {
+    page: w.location.pathname,
     mathjax_loaded: !!(w.MathJax && w.MathJax.version),
     mathjax_version: (w.MathJax && w.MathJax.version) || null,
     mathjax_src: scripts.filter(s => s.includes('mathjax')),
@@ -115,10 +116,13 @@ def main(html_dir: str, only: list[str] | None = None) -> int:
     server, port = serve(root)
     failures, summaries = [], {}
     with tempfile.TemporaryDirectory() as profile:
-        for page in pages:
-            probe = root / "_render_probe.html"
+        for i, page in enumerate(pages):
+            # One probe file per page: a browser that cached an earlier probe would measure the
+            # earlier page again (seen once: the bibliography measured in place of a chapter).
+            probe = root / f"_render_probe_{i}.html"
             probe.write_text(PROBE.replace("PAGE", "/" + page))
-            dom = chromium(["--dump-dom", f"http://127.0.0.1:{port}/_render_probe.html"], profile)
+            dom = chromium(["--dump-dom", f"http://127.0.0.1:{port}/{probe.name}"], profile)
+            probe.unlink()
             match = re.search(r'<pre id="result">(.*?)</pre>', dom, re.S)
             raw = match.group(1) if match else "no result"
             try:
@@ -127,6 +131,8 @@ def main(html_dir: str, only: list[str] | None = None) -> int:
                 failures.append(f"{page}: probe did not finish ({raw[:80]})")
                 continue
             problems = []
+            if res.get("page") != "/" + page:
+                problems.append(f"the probe measured {res.get('page')} instead of /{page}")
             if res["math_elements"] and not res["mathjax_loaded"]:
                 problems.append("MathJax did not load")
             if res["math_elements"] and (not res["mathjax_src"] or not all("_static/mathjax" in s for s in res["mathjax_src"])):

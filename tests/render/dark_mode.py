@@ -140,6 +140,7 @@ f.addEventListener('load', async () => {
   // Scroll this frame only (scrollIntoView would also scroll the probe page).
   if (target) w.scrollTo(0, target.getBoundingClientRect().top + w.scrollY - 80);
   document.getElementById('result').textContent = JSON.stringify({
+    page: w.location.pathname,
     theme: d.documentElement.dataset.theme || null,
     page_background: background(d.body).slice(0, 3).map(Math.round),
     stats: stats, bad: Object.values(bad), unparsed: unparsed, figures: figures,
@@ -186,7 +187,10 @@ def check_dark(root: Path, port: int, pages: list[str], chromium: Callable[[list
     failures = []
     probe = root / "_render_probe_dark.html"
     try:
-        for page in pages:
+        for i, page in enumerate(pages):
+            # A new probe name per page, so that no cached probe measures an earlier page again.
+            probe.unlink(missing_ok=True)
+            probe = root / f"_render_probe_dark_{i}.html"
             probe.write_text(probe_html("/" + page))
             shot = shots / (Path(page).stem + ".png")
             dom = chromium(["--dump-dom", f"--screenshot={shot}",
@@ -200,6 +204,8 @@ def check_dark(root: Path, port: int, pages: list[str], chromium: Callable[[list
                 failures.append(f"{page} (dark): probe did not finish ({raw[:80]})")
                 continue
             problems = problems_of(res)
+            if res.get("page") != "/" + page:
+                problems.append(f"the probe measured {res.get('page')} instead of /{page}")
             legible = from_probe(res["legibility"], root)
             problems += legible.problems()
             opaque = sum(1 for f in res["figures"] if f.get("transparent") == 0)
