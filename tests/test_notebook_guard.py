@@ -95,3 +95,24 @@ def test_guard_catches_imports_before_setup_notebook(tmp_path, first_cell, fragm
 def test_guard_accepts_comments_before_setup_notebook(tmp_path):
     cell = "import companion\n# one thread: see the note\nrng = companion.setup_notebook(threads=1)\nimport numpy"
     assert notebook_problems(_write(tmp_path, [_executed(cell, 1)])) == []
+
+
+def markdown_words(path) -> int:
+    """Words in a notebook's Markdown cells (prose, maths and headings; code and outputs excluded)."""
+    nb = json.loads(path.read_text())
+    return sum(len("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+CHAPTERS = [p for p in toc_notebooks() if not p.stem.endswith("_lab_notes")]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_prose_is_at_most_6000_words(path):
+    # The full record of a chapter belongs on its lab-notes page, which this limit does not bind.
+    assert markdown_words(path) <= 6000, f"{path.name}: {markdown_words(path)} words of prose"
+
+
+def test_word_count_counts_markdown_only(tmp_path):
+    md = nbformat.v4.new_markdown_cell("one two three\n\nfour $x$")
+    path = _write(tmp_path, [md, _executed("a = 1  # five six seven", 1)])
+    assert markdown_words(path) == 5
