@@ -116,3 +116,22 @@ def test_word_count_counts_markdown_only(tmp_path):
     md = nbformat.v4.new_markdown_cell("one two three\n\nfour $x$")
     path = _write(tmp_path, [md, _executed("a = 1  # five six seven", 1)])
     assert markdown_words(path) == 5
+
+
+def page_title(path) -> str:
+    """The first level-1 heading of a page (``# ...`` in Markdown or a notebook's Markdown cells)."""
+    if path.suffix == ".ipynb":
+        text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                         if c["cell_type"] == "markdown")
+    else:
+        text = path.read_text()
+    return next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), "")
+
+
+@pytest.mark.parametrize("path", [p for p in map(resolve, toc_files()) if p is not None],
+                         ids=lambda p: p.name)
+def test_page_title_has_no_quote_marks(path):
+    # Smart quotes turn ' into a typographic apostrophe in the title but not in the section's
+    # name, and sphinx-proof then numbers none of the page's theorems in the PDF (seen once:
+    # "Definition (Report tasks)" without its number).
+    assert not set(page_title(path)) & set("'\"‘’“”"), f"{path.name}: {page_title(path)!r}"
