@@ -1,4 +1,4 @@
-"""Callables for the inequalities of *Dependent tokens* (issue 28, item 7), and the proxy invariant.
+"""Callables for inequalities the chapters state (issue 28, item 7): Dependent tokens, Heavy tails; and the proxy invariant.
 
 Each value is checked against a computation that does not use the formula: exact enumeration with
 fractions, mpmath at 30 digits, exact binomial tails, simulation.
@@ -204,3 +204,37 @@ def test_a_proxy_below_the_variance_is_refused(monkeypatch):
     monkeypatch.setattr(sg, "_numeric_proxy", lambda dist: sg.ProxyResult(0.9 * dist.var(), dist.var(), 0.0, "numeric"))
     with pytest.raises(ValueError, match="below the variance"):
         sg.optimal_variance_proxy(stats.beta(0.3, 2.0))
+
+
+# ---- the Weibull tail of a sub-Weibull variable (heavy_tails, ht-prop-tail) -------------------
+
+def test_sub_weibull_tail_bound_against_the_weibull_law():
+    # X ~ Weibull(alpha): P(X > t) = exp(-t^alpha) and E exp((X/s)^alpha) = 1/(1 - s^-alpha), so
+    # ||X||_psi_alpha = 2^(1/alpha) exactly (mpmath checks the Orlicz integral at that s)
+    from companion.theory.heavy_tails import psi_alpha_norm, sub_weibull_tail_bound
+    for alpha in (0.5, 1.0, 2.0):
+        K = 2.0 ** (1 / alpha)
+        with mpmath.workdps(30):
+            a = mpmath.mpf(alpha)
+            orlicz = mpmath.quad(lambda x: mpmath.exp((x / K) ** a) * a * x ** (a - 1) * mpmath.exp(-x**a),
+                                 [0, 1, mpmath.inf])
+        assert float(orlicz) == pytest.approx(2.0, rel=1e-12)
+        t = np.linspace(0.0, 20.0, 201)
+        bound = sub_weibull_tail_bound(t, K, alpha)
+        assert np.allclose(bound, 2 * np.exp(-t**alpha / 2), rtol=1e-13)
+        assert (stats.weibull_min(alpha).sf(t) <= bound).all()
+    x = stats.weibull_min(1.0).rvs(200_000, random_state=np.random.default_rng(2))
+    assert psi_alpha_norm(x, 1.0) == pytest.approx(2.0, rel=0.05)      # the plug-in norm agrees
+
+
+def test_sub_weibull_tail_bound_extremes_and_errors():
+    from companion.theory.heavy_tails import sub_weibull_tail_bound
+    assert sub_weibull_tail_bound(0.0, 1.0, 1.0) == 2.0
+    assert sub_weibull_tail_bound(1e-300, 1e300, 0.5) == 2.0
+    assert sub_weibull_tail_bound(1e300, 1.0, 2.0) == 0.0
+    for t, K, alpha, exc in ((-1.0, 1.0, 1.0, ValueError), (math.nan, 1.0, 1.0, ValueError),
+                             (1.0, 0.0, 1.0, ValueError), (1.0, 1.0, -2.0, ValueError),
+                             (1.0, math.inf, 1.0, ValueError), ("1", 1.0, 1.0, TypeError),
+                             (True, 1.0, 1.0, TypeError), (1.0, "K", 1.0, TypeError)):
+        with pytest.raises(exc):
+            sub_weibull_tail_bound(t, K, alpha)
