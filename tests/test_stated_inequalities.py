@@ -1,4 +1,4 @@
-"""Callables for inequalities the chapters state (issue 28, item 7): Dependent tokens, Heavy tails; and the proxy invariant.
+"""Callables for inequalities the chapters state (issue 28, item 7), and the proxy invariant.
 
 Each value is checked against a computation that does not use the formula: exact enumeration with
 fractions, mpmath at 30 digits, exact binomial tails, simulation.
@@ -201,7 +201,8 @@ def test_proxy_is_never_below_the_variance(a, b):
 def test_a_proxy_below_the_variance_is_refused(monkeypatch):
     # simulate nodes that lost mass: the numeric search returns less than the variance
     from companion.theory import subgaussian as sg
-    monkeypatch.setattr(sg, "_numeric_proxy", lambda dist: sg.ProxyResult(0.9 * dist.var(), dist.var(), 0.0, "numeric"))
+    monkeypatch.setattr(sg, "_numeric_proxy",
+                        lambda dist: sg.ProxyResult(0.9 * dist.var(), dist.var(), 0.0, "numeric"))
     with pytest.raises(ValueError, match="below the variance"):
         sg.optimal_variance_proxy(stats.beta(0.3, 2.0))
 

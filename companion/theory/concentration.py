@@ -614,7 +614,8 @@ def bounded_differences_bound(s, c, two_sided: bool = True):
         raise ValueError("s must be >= 0 and not NaN (a deviation from the mean)")
     c_arr = as_real_array(c, "c")
     if c_arr.ndim != 1 or c_arr.size == 0:
-        raise ValueError(f"c must be a non-empty 1-D array (one bounded difference per input), got shape {c_arr.shape}")
+        raise ValueError("c must be a non-empty 1-D array (one bounded difference per input), "
+                         f"got shape {c_arr.shape}")
     if not (np.isfinite(c_arr).all() and (c_arr >= 0).all()):
         raise ValueError("every bounded difference c_k must be finite and >= 0")
     top = float(c_arr.max())

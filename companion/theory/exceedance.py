@@ -949,7 +949,7 @@ def mdependent_count_bound(s, N, m, two_sided: bool = True):
 
 
 def mdependent_count_halfwidth(N, m, delta: float = 0.05) -> float:
-    r"""Half-width :math:`N\sqrt{\ln(2(m+1)/\delta)/(2n_-)}`: :math:`|C-\mu|` stays below it w.p. :math:`\ge1-\delta`.
+    r"""Half-width :math:`N\sqrt{\ln(2(m+1)/\delta)/(2n_-)}` of a :math:`1-\delta` interval for :math:`C-\mu`.
 
     The two-sided :func:`mdependent_count_bound` solved for :math:`s` at level :math:`\delta`.
 

@@ -61,7 +61,7 @@ def psi_alpha_norm(x, alpha) -> float:
 
 
 def sub_weibull_tail_bound(t, K, alpha):
-    r"""The Weibull tail :math:`P(|X|\ge t)\le2\exp(-(t/K)^\alpha)` of a variable with :math:`\|X\|_{\psi_\alpha}\le K`.
+    r"""The Weibull tail :math:`P(|X|\ge t)\le2\exp(-(t/K)^\alpha)` when :math:`\|X\|_{\psi_\alpha}\le K`.
 
     Markov's inequality applied to :math:`e^{(|X|/K)^\alpha}` (chapter :doc:`/book/heavy_tails`,
     ``ht-prop-tail``).
