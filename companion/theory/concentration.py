@@ -18,11 +18,12 @@ from companion.theory import _cgf, exceedance, subgaussian
 from companion.theory.empirical import _check_sample, _is_law
 from companion._validation import (
     as_generator, as_real_array, check_bool, check_choice, check_dist, check_int, check_real,
-    check_sigma2, check_t, checkpoints, freeze, is_discrete)
+    check_sigma2, check_t, checkpoints, freeze, is_discrete, real_array, real_vector)
 
 __all__ = [
     "dot_product_law", "psi1_norm", "subexponential_nu2", "bernstein_bound", "bernstein_variance_bound",
-    "bennett_bound", "hoeffding_bound", "laurent_massart_bound", "maximal_bound", "gaussian_max_expectation",
+    "bennett_bound", "hoeffding_bound", "bounded_differences_bound", "efron_stein_bound",
+    "laurent_massart_bound", "maximal_bound", "gaussian_max_expectation",
     "gaussian_max_lower_bound", "simulate_max", "gaussian_norm_mean", "norm_concentration_bound"]
 
 _LAM_MAX = _cgf.LAM_MAX_UNBOUNDED
@@ -572,6 +573,95 @@ def hoeffding_bound(t, lower, upper, n: int = 1, two_sided: bool = True):
     t_arr = check_t(t)
     s2 = np.full(t_arr.shape, check_sigma2(total))  # a sum beyond float64 is refused
     return subgaussian._tail_bound(t_arr, s2, check_bool(two_sided, "two_sided"))
+
+
+def bounded_differences_bound(s, c, two_sided: bool = True):
+    r"""Azuma–Hoeffding and McDiarmid: :math:`P(f-\mathbb Ef\ge s)\le\exp\bigl(-2s^2/\sum_kc_k^2\bigr)`.
+
+    One bound for two theorems of chapter :doc:`/book/dependent_tokens`: a martingale whose
+    :math:`k`-th difference lies, given the past, in an interval of length :math:`c_k` (Azuma–Hoeffding,
+    :math:`f=M_n`, :math:`\mathbb Ef=M_0`), and a function of independent inputs that changes by at most
+    :math:`c_k` when the :math:`k`-th input alone changes (McDiarmid).
+
+    Parameters
+    ----------
+    s : float or array_like
+        Deviations :math:`s\ge0`.
+    c : array_like, shape (n,)
+        The bounded differences :math:`c_k\ge0`, not all 0.
+    two_sided : bool, default True
+        Bound :math:`P(|f-\mathbb Ef|\ge s)` (factor 2) or the upper tail alone (the lower tail has the
+        same bound).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The bound, not capped at 1, shape of ``s``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``s`` is negative or NaN, ``c`` is not a non-empty 1-D array of finite values ``>= 0`` with
+        one of them positive, or ``two_sided`` is not a bool.
+
+    Examples
+    --------
+    >>> round(bounded_differences_bound(10.0, [1.0] * 100), 4)   # 2 exp(-200 / 100)
+    0.2707
+    """
+    s_arr = as_real_array(s, "s")
+    if np.isnan(s_arr).any() or (s_arr < 0).any():
+        raise ValueError("s must be >= 0 and not NaN (a deviation from the mean)")
+    c_arr = as_real_array(c, "c")
+    if c_arr.ndim != 1 or c_arr.size == 0:
+        raise ValueError("c must be a non-empty 1-D array (one bounded difference per input), "
+                         f"got shape {c_arr.shape}")
+    if not (np.isfinite(c_arr).all() and (c_arr >= 0).all()):
+        raise ValueError("every bounded difference c_k must be finite and >= 0")
+    top = float(c_arr.max())
+    if top == 0.0:
+        raise ValueError("every c_k is 0: f is constant and needs no bound")
+    two = check_bool(two_sided, "two_sided")
+    with np.errstate(over="ignore", under="ignore"):
+        exponent = 2.0 * (s_arr / top) ** 2 / float(np.sum((c_arr / top) ** 2))
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * np.exp(-exponent))
+
+
+def efron_stein_bound(values, resampled) -> float:
+    r"""The Efron–Stein bound :math:`\frac12\sum_k\mathbb E(f-f^{(k)})^2\ge\operatorname{Var}f`, estimated.
+
+    :math:`f^{(k)}` is :math:`f` with its :math:`k`-th independent input replaced by an independent copy
+    (chapter :doc:`/book/dependent_tokens`); each expectation is replaced by the mean over the rows.
+    Fed with every equally likely input pair of a finite law, the value is exact.
+
+    Parameters
+    ----------
+    values : array_like, shape (n_samples,)
+        :math:`f(Z)` for independent draws of the inputs :math:`Z`.
+    resampled : array_like, shape (n_samples, n)
+        Column :math:`k`: :math:`f` at the same draw with input :math:`k` redrawn.
+
+    Returns
+    -------
+    float
+        :math:`\frac12\sum_k\overline{(f-f^{(k)})^2}`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If an array is not real and finite, ``values`` is empty or not 1-D, or ``resampled`` does not
+        have one row per value and at least one column.
+
+    Examples
+    --------
+    >>> efron_stein_bound([0.0, 1.0], [[1.0], [0.0]])    # f = Z, a fair bit: Var f = 1/4 <= 1/2
+    0.5
+    """
+    v = real_vector("values", values)
+    r = real_array("resampled", resampled, shape=(v.size, None))
+    if r.shape[1] == 0:
+        raise ValueError("resampled needs at least one column (one per input of f)")
+    return 0.5 * float(np.sum(np.mean((r - v[:, None]) ** 2, axis=0)))
 
 
 def maximal_bound(N, sigma2=1.0, b=0.0, two_sided: bool = True, delta=None):

@@ -18,13 +18,15 @@ from scipy import special, stats
 
 from companion.theory import _cgf
 from companion._validation import (
-    as_generator, check_bool, check_choice, check_int, checkpoints, integer_counts, is_real, real_array)
+    as_generator, as_real_array, check_bool, check_choice, check_int, check_real, checkpoints, integer_counts,
+    is_real, real_array, real_vector)
 
 __all__ = [
     "NOISE_LAWS", "SUBGAUSSIAN_NOISE_LAWS", "CountBounds", "theorem1_lower_bound",
     "exceedance_probability", "exceedance_probability_gaussian", "expected_count_gaussian",
     "theorem2_bounds", "half_exceedance_margin", "count_interval", "simulate_counts",
-    "DesignEffect", "design_effect", "dependent_count_pvalue", "holm_reject"]
+    "DesignEffect", "design_effect", "dependent_count_pvalue", "holm_reject", "variance_inflation",
+    "mdependent_count_bound", "mdependent_count_halfwidth"]
 
 #: Noise laws understood by :func:`exceedance_probability` and :func:`simulate_counts`.
 NOISE_LAWS = ("gaussian", "uniform", "rademacher", "laplace")
@@ -847,3 +849,131 @@ def holm_reject(pvalues, alpha: float = 0.05) -> np.ndarray:
     rej = np.zeros(m, dtype=bool)
     rej[order[:k]] = True
     return rej.reshape(p.shape)
+
+
+def variance_inflation(rho, N) -> float:
+    r"""Variance inflation :math:`V_N=1+2\sum_{k<N}(1-k/N)\rho_k` of a count of stationary indicators.
+
+    :math:`\operatorname{Var}C=Np(1-p)V_N` for :math:`C=\sum_{i\le N}B_i`, and :math:`N/V_N` is the
+    effective number of tokens (chapter :doc:`/book/dependent_tokens`, ``dep-prop-variance``).
+
+    Parameters
+    ----------
+    rho : array_like, shape (K,)
+        Autocorrelations :math:`\rho_1,\dots,\rho_K` of the indicators at lags 1..K, :math:`K\le N-1`
+        (lags beyond K count as 0).
+    N : int
+        Number of tokens, :math:`N\ge2`.
+
+    Returns
+    -------
+    float
+        :math:`V_N\ge0`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``N`` is not an integer ``>= 2``, ``rho`` is not a non-empty 1-D array of values in
+        :math:`[-1,1]` with at most ``N - 1`` lags, or the result is negative (no stationary sequence
+        has these autocorrelations).
+
+    Examples
+    --------
+    >>> round(variance_inflation([0.5], 3), 6)      # 1 + 2 (2/3) 0.5
+    1.666667
+    """
+    n = check_int(N, "N", 2)
+    r = real_vector("rho", rho)
+    if r.ndim != 1 or r.size > n - 1:
+        raise ValueError(f"rho must hold the autocorrelations at lags 1..K with K <= N - 1 = {n - 1}, "
+                         f"got {r.size}")
+    if (np.abs(r) > 1).any():
+        raise ValueError("autocorrelations must lie in [-1, 1]")
+    k = np.arange(1, r.size + 1, dtype=np.float64)
+    v = 1.0 + 2.0 * float(np.sum((1.0 - k / n) * r))
+    if v < -1e-12:
+        raise ValueError(f"V_N = {v:.4g} < 0: no stationary sequence has these autocorrelations")
+    return max(v, 0.0)
+
+
+def _blocks(N, m) -> tuple[int, int, int]:
+    """(N, m, n_-) with n_- = floor(N / (m + 1)) >= 1, checked."""
+    n, mm = check_int(N, "N", 1), check_int(m, "m", 0)
+    if n // (mm + 1) < 1:
+        raise ValueError(f"N = {n} tokens hold no class of the (m + 1) = {mm + 1} interleaved classes: "
+                         "need N >= m + 1")
+    return n, mm, n // (mm + 1)
+
+
+def mdependent_count_bound(s, N, m, two_sided: bool = True):
+    r"""Tail of a count over :math:`m`-dependent tokens: :math:`(m+1)\exp(-2s^2n_-/N^2)`.
+
+    For :math:`m`-dependent indicators :math:`B_1,\dots,B_N` (any :math:`P(B_i=1)=p_i`),
+    :math:`C=\sum_iB_i`, :math:`\mu=\mathbb EC` and :math:`n_-=\lfloor N/(m+1)\rfloor`, each of
+    :math:`P(C-\mu\ge s)` and :math:`P(C-\mu\le-s)` is at most the bound (chapter
+    :doc:`/book/dependent_tokens`, ``dep-thm-blocked``); :math:`m=0` is Hoeffding's inequality.
+
+    Parameters
+    ----------
+    s : float or array_like
+        Deviations :math:`s\ge0`.
+    N, m : int
+        Number of tokens and dependence range, :math:`N\ge m+1`, :math:`m\ge0`.
+    two_sided : bool, default True
+        Bound :math:`P(|C-\mu|\ge s)` (factor 2) or one tail.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The bound, not capped at 1, shape of ``s``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``s`` is negative or NaN, ``N``/``m`` are not integers with :math:`N\ge m+1\ge1`, or
+        ``two_sided`` is not a bool.
+
+    Examples
+    --------
+    >>> round(mdependent_count_bound(200.0, 1000, 9), 5)   # 2 * 10 exp(-2 * 4e4 * 100 / 1e6)
+    0.00671
+    """
+    s_arr = as_real_array(s, "s")
+    if np.isnan(s_arr).any() or (s_arr < 0).any():
+        raise ValueError("s must be >= 0 and not NaN (a deviation of the count from its mean)")
+    n, mm, n_minus = _blocks(N, m)
+    two = check_bool(two_sided, "two_sided")
+    with np.errstate(over="ignore", under="ignore"):
+        exponent = 2.0 * (s_arr / n) ** 2 * n_minus
+    return _cgf.scalar_or_array((2.0 if two else 1.0) * (mm + 1) * np.exp(-exponent))
+
+
+def mdependent_count_halfwidth(N, m, delta: float = 0.05) -> float:
+    r"""Half-width :math:`N\sqrt{\ln(2(m+1)/\delta)/(2n_-)}` of a :math:`1-\delta` interval for :math:`C-\mu`.
+
+    The two-sided :func:`mdependent_count_bound` solved for :math:`s` at level :math:`\delta`.
+
+    Parameters
+    ----------
+    N, m : int
+        Number of tokens and dependence range, :math:`N\ge m+1`, :math:`m\ge0`.
+    delta : float, default 0.05
+        Failure probability in :math:`(0,1)`.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`mdependent_count_bound`, or if ``delta`` is not in :math:`(0,1)`.
+
+    Examples
+    --------
+    >>> round(mdependent_count_halfwidth(1000, 0), 2)     # Hoeffding: sqrt(1000 ln 40 / 2)
+    42.95
+    """
+    n, mm, n_minus = _blocks(N, m)
+    d = check_real(delta, "delta", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    return n * math.sqrt(math.log(2.0 * (mm + 1) / d) / (2.0 * n_minus))

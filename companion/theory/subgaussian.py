@@ -374,12 +374,18 @@ def optimal_variance_proxy(dist, *, method: str = "auto", full_output: bool = Fa
     dist = check_dist(dist)
     method = check_choice(method, "method", _METHODS)
     full_output = check_bool(full_output, "full_output")
-    _check_representable(dist, *_cgf.moments(dist), centred_nodes=False)
+    mean, var = _cgf.moments(dist)
+    _check_representable(dist, mean, var, centred_nodes=False)
     result = None if method == "numeric" else _closed_form_proxy(dist)
     if result is None and method == "closed_form":
         raise ValueError(f"no closed-form proxy is implemented for {dist.dist.name}; use method='numeric'")
     if result is None:
         result = _numeric_proxy(dist)
+    # the invariant sigma^2_opt >= Var X (the limit lambda -> 0 of 2K/lambda^2): a proxy below the
+    # variance means the nodes lost mass; never return one
+    if np.isfinite(var) and not result.proxy >= var * (1.0 - 1e-9):
+        raise ValueError(f"the optimal proxy found, {result.proxy:.12g}, is below the variance "
+                         f"{var:.12g}: the quadrature lost mass (a density too singular for float64?)")
     return result if full_output else result.proxy
 
 
