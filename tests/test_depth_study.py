@@ -334,3 +334,32 @@ def test_unigram_baseline_and_split():
     want = -np.mean([np.log((counts.get(int(b), 0) + 0.5) / total) for b in held.tolist()])
     assert ds.unigram_heldout(0.1) == pytest.approx(want, rel=1e-10)
     assert 2.9 < want < 3.1
+
+
+def test_stored_family_members():
+    """The stored family (chapter §7-10): 3 placements x depths 4, 8, 16 x 3 seeds, each its own
+    Result with its device; every member beats the unigram baseline on the held-out documents."""
+    fam = ds.run_family(ds.MEMBER_PLACEMENTS, (4, 8, 16), (0, 1, 2), compute=False)
+    assert len(fam) == 27
+    uni = ds.unigram_heldout(0.1)
+    for (p, L, s), r in fam.items():
+        assert r.config_hash == xp.config_hash(ds.member(p, L, s)) and r.device.startswith("cpu")
+        assert r.config["dtype"] == "float32" and "torch" in r.versions
+        assert r.scalars["unigram_heldout"] == pytest.approx(uni, rel=1e-12)
+        assert r.scalars["heldout_loss"] < uni and r.scalars["cpu_seconds"] > 0
+        assert r.arrays["later_success"].shape == (L + 1, 8, 16)
+        assert not r.arrays["later_success"][L].any()                        # the top cannot pass
+
+
+def test_train_tiny_lm_callback_sees_every_step_and_changes_nothing():
+    from companion.stacks.residual import StackConfig
+    from companion.stacks.tinylm import train_tiny_lm
+    cfg = StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16)
+    calls = []
+    _, with_cb = train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, dtype=torch.float64,
+                               callback=lambda step, model: calls.append((step, model.training)))
+    _, without = train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, dtype=torch.float64)
+    assert calls == [(0, True), (1, True), (2, True), (3, True)]
+    np.testing.assert_array_equal(with_cb, without)
+    with pytest.raises(TypeError, match="callback"):
+        train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, callback=3)

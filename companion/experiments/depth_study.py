@@ -10,6 +10,14 @@ the window is the layers above the 99% binomial quantile of chance; (b) the stre
 the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) per-layer outlier
 statistics and Theorem 2's exceedance counts.  Chapter *The depth study*; :data:`GPU_CONFIG` is
 the GPU size (``scripts/gpu_depth_study.py``).
+
+The second study (issue 29) makes each member its own experiment, ``depth_member``
+(:class:`DepthMember`: placement x depth x seed, float32, a held-out split, tuned learning rates),
+so that :func:`run_family` can build the family over several runs, resuming from the cache.  Its
+readout (:func:`readout_success`) injects over a span of tokens and reads at later tokens, with
+nulls drawn per (prompt, target) pair and an exact rank chance level; the untrained model and the
+same-token readout are contrasts; :func:`outlier_metrics` are tracked over training checkpoints.
+:data:`GPU_MEMBER` is its GPU size.
 """
 
 from __future__ import annotations
