@@ -3,6 +3,7 @@ level, the GPU script at CPU size, and the stored CPU-size Result."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -139,3 +140,226 @@ def test_docstring_examples():
     import doctest
     result = doctest.testmod(ds, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ------------------------------------------------------------------ per-member study (issue 29)
+def _tiny_member(**kw):
+    base = dict(depth=2, d_model=8, n_heads=2, steps=6, batch_size=2, seq_len=16, warmup=2, n_eval=4,
+                n_prompts=4, span=2, n_read=2, context=2, n_targets=2, n_null=3, n_outlier_prompts=2,
+                n_checkpoints=2)
+    return ds.DepthMember(**{**base, **kw})
+
+
+@pytest.mark.parametrize("overrides, err, match", [
+    ({"placement": "dslm"}, ValueError, "placement"),
+    ({"dtype": "float16"}, ValueError, "dtype"),
+    ({"depth": 0}, ValueError, "depth"),
+    ({"d_model": 30, "n_heads": 4}, ValueError, "divide"),
+    ({"context": 60, "span": 4, "n_read": 4, "seq_len": 64}, ValueError, "exceeds"),
+    ({"lr": 0.0}, ValueError, "lr"),
+    ({"n_null": 0}, ValueError, "n_null"),
+    ({"heldout_frac": 0.9}, ValueError, "heldout_frac"),
+    ({"n_checkpoints": 700, "steps": 600}, ValueError, "n_checkpoints"),
+    ({"alpha": "big"}, TypeError, "alpha"),
+])
+def test_member_config_validation(overrides, err, match):
+    with pytest.raises(err, match=match):
+        ds.DepthMember(**overrides)
+
+
+def test_member_helper_and_bad_inputs():
+    m = ds.member("post", 16, seed=2)
+    assert (m.lr, m.warmup) == ds.TUNED["post"] and m.seed == 2 and m.depth == 16
+    g = ds.member("pre", 4, base=ds.GPU_MEMBER)
+    assert g.d_model == 128 and g.warmup == round(ds.TUNED["pre"][1] * ds.GPU_MEMBER.steps / 600)
+    with pytest.raises(ValueError, match="placement"):
+        ds.member("dslm", 4)
+    with pytest.raises(TypeError, match="base"):
+        ds.member("pre", 4, base=ds.DepthStudy())
+    cfg = ds.member_stack_config(ds.member("post_scaled", 8))
+    assert cfg.placement == "post" and cfg.residual_scale ** 2 + cfg.branch_scale ** 2 == pytest.approx(1.0)
+
+
+def test_per_member_cache_resumes(tmp_path):
+    """A family run stores every member on its own; a rerun loads them (no training) and a larger
+    family computes only the members it lacks."""
+    base = _tiny_member()
+    first = ds.run_family(("pre",), (2,), (0,), base=base, device="cpu", results_dir=tmp_path)
+    (r,) = first.values()
+    assert r.path.exists() and r.device.startswith("cpu")
+    mtime = r.path.stat().st_mtime_ns
+    again = ds.run_family(("pre", "post"), (2,), (0,), base=base, device="cpu", results_dir=tmp_path)
+    assert again[("pre", 2, 0)].path.stat().st_mtime_ns == mtime          # the cache was hit
+    np.testing.assert_array_equal(again[("pre", 2, 0)].arrays["train_loss"], r.arrays["train_loss"])
+    assert len(list((tmp_path / "depth_member").glob("*.json"))) == 2
+    loaded = ds.run_family(("pre", "post"), (2,), (0,), base=base, results_dir=tmp_path, compute=False)
+    assert set(loaded) == {("pre", 2, 0), ("post", 2, 0)}
+    with pytest.raises(FileNotFoundError, match="not stored"):
+        ds.run_family(("pre",), (2,), (1,), base=base, results_dir=tmp_path, compute=False)
+    with pytest.raises(ValueError, match="at least one"):
+        ds.run_family((), (2,), (0,), base=base, results_dir=tmp_path)
+
+
+def test_gpu_member_config_runs_at_tiny_size(tmp_path):
+    """The GPU configuration is a valid, bigger member; shrunk to seconds it runs end to end."""
+    g, c = ds.GPU_MEMBER, ds.DepthMember()
+    assert g.d_model > c.d_model and g.steps * g.batch_size * g.seq_len > 20 * c.steps * c.batch_size * c.seq_len
+    assert len(ds.GPU_SEEDS) >= 5 and max(ds.GPU_DEPTHS) >= 64
+    tiny_gpu = dataclasses.replace(g, **{f.name: getattr(_tiny_member(), f.name) for f in
+                                         dataclasses.fields(g) if f.name not in ("dtype", "alpha")})
+    out = ds.run_family(("post_scaled",), (2,), (0,), base=tiny_gpu, device="cpu", results_dir=tmp_path)
+    r = out[("post_scaled", 2, 0)]
+    assert r.config["dtype"] == "float32" and np.isfinite(r.arrays["train_loss"]).all()
+    assert r.arrays["later_success"].shape == (3, 2, 4)
+    assert r.arrays["outlier_kurtosis"].shape == (3, 3) and r.arrays["checkpoints"].tolist() == [0, 3, 6]
+
+
+def _independent_later_score(model, ids, target, direction, alpha, spread, layer, span, n_read):
+    """Mean change of log p(target) at the last n_read tokens, injecting by hand: the stream is
+    rebuilt block by block with ``apply_block`` and the vector added before block ``layer``."""
+    T = ids.shape[1]
+    with torch.no_grad():
+        def run(add):
+            h = model.embed(ids)
+            for i in range(model.config.n_layers + 1):
+                if i == layer and add:
+                    h = h.clone()
+                    h[:, T - n_read - span:T - n_read] += torch.as_tensor(direction * alpha * spread,
+                                                                         dtype=h.dtype)
+                if i < model.config.n_layers:
+                    h = model.stack.apply_block(i, h)
+            lp = torch.log_softmax(model.unembed(model.stack.final_norm(h)).double(), -1)
+            return lp[:, T - n_read:, target]
+        return float((run(True) - run(False)).mean())
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_later_readout_against_an_independent_computation(placement):
+    cfg = _tiny_member(placement=placement, depth=3, d_model=16, n_heads=2, seed=1)
+    model = ds.TinyLM(ds.member_stack_config(cfg)).to(torch.float64).eval()
+    _, held = ds.corpus_split()
+    ids = ds._windows(held, 3, 10)
+    targets = [101, 116]
+    r = ds.readout_success(model, ids, targets, n_null=4, alpha=2.0, span=3, n_read=2, seed=5)
+    dirs = ds._member_directions(model, np.array(targets), 3, 4, 5)
+    L = cfg.depth
+    assert r["success"].shape == (L + 1, 2, 3)
+    for layer in (0, 1, L):
+        for k, t in enumerate(targets):
+            for p in range(3):
+                want = _independent_later_score(model, ids[p:p + 1], t, dirs[k, p, 0], 2.0, r["spread"][layer],
+                                                layer, 3, 2)
+                assert r["score"][layer, k, p] == pytest.approx(want, abs=1e-10)
+    # at the top, later tokens cannot see the injected ones: every score is 0 and every pair fails
+    assert np.abs(r["score"][L]).max() < 1e-12 and not r["success"][L].any()
+    same = ds.readout_success(model, ids, targets, n_null=4, alpha=2.0, span=3, n_read=2, readout="same")
+    assert np.abs(same["score"][L]).min() > 0                               # the contrast moves at the top
+
+
+def test_rank_chance_level_is_exact_by_simulation():
+    rng = np.random.default_rng(0)
+    for k in (1, 4, 9):
+        target, nulls = rng.standard_normal(200_000), rng.standard_normal((k, 200_000))
+        rate = ds.rank_success(target, nulls).mean()
+        se = np.sqrt(1 / (k + 1) * (1 - 1 / (k + 1)) / 200_000)
+        assert abs(rate - 1 / (k + 1)) < 4 * se
+    # ties fail: with all scores equal the rate is 0, below chance
+    assert not ds.rank_success(np.zeros(5), np.zeros((3, 5))).any()
+    with pytest.raises(ValueError, match="shape"):
+        ds.rank_success(np.zeros(5), np.zeros((3, 4)))
+
+
+def test_threshold_and_power_against_simulation():
+    n, k = 128, 9
+    thr = ds.chance_threshold(n, k)
+    rng = np.random.default_rng(1)
+    rates = rng.binomial(n, 1 / (k + 1), 200_000) / n
+    assert (rates >= thr).mean() <= 0.01 < (rates >= thr - 1 / n).mean()
+    p = ds.detectable_rate(n, k)
+    sims = rng.binomial(n, p, 200_000) / n
+    assert (sims >= thr).mean() == pytest.approx(0.8, abs=0.02)
+    with pytest.raises(ValueError, match="power"):
+        ds.detectable_rate(n, k, power=1.5)
+    with pytest.raises(ValueError, match="n_pairs"):
+        ds.chance_threshold(0, k)
+
+
+def test_null_direction_succeeds_at_chance_on_an_untrained_model():
+    """The held-out null is exchangeable with the nulls: its rate is 1/(k+1) (binomial band)."""
+    cfg = _tiny_member(depth=2, d_model=16, n_heads=2)
+    model = ds.TinyLM(ds.member_stack_config(cfg)).to(torch.float64).eval()
+    _, held = ds.corpus_split()
+    ids = ds._windows(held, 16, 10)
+    r = ds.readout_success(model, ids, [101, 116, 97, 111], n_null=4, alpha=2.0, span=3, n_read=2,
+                           readout="same", seed=3)
+    n = r["null_success"].size
+    assert abs(r["null_success"].mean() - 0.2) < 4 * np.sqrt(0.2 * 0.8 / n)
+
+
+def test_readout_bad_inputs():
+    cfg = _tiny_member()
+    model = ds.TinyLM(ds.member_stack_config(cfg)).eval()
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="cannot hold"):
+        ds.readout_success(model, ids, [101], n_null=3, alpha=1.0, span=3, n_read=2)
+    with pytest.raises(ValueError, match="readout"):
+        ds.readout_success(model, ids, [101], n_null=3, alpha=1.0, span=1, n_read=1, readout="top")
+    with pytest.raises(TypeError, match="TinyLM"):
+        ds.readout_success(model.stack, ids, [101], n_null=3, alpha=1.0, span=1, n_read=1)
+    with pytest.raises(ValueError, match="alpha"):
+        ds.readout_success(model, ids, [101], n_null=3, alpha=-1.0, span=1, n_read=1)
+
+
+def test_outlier_metrics_against_hand_values():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 20000, 8))
+    x[1, 0, :, 3] = 10.0                                                   # a massive channel
+    m = ds.outlier_metrics(x)
+    from scipy import stats
+    want = [np.nanmean(stats.kurtosis(x[i, 0], axis=-1, fisher=False)) for i in range(2)]
+    np.testing.assert_allclose(m["kurtosis"], want, rtol=1e-10)
+    assert m["frac_int8"][0] == pytest.approx(8 * 2 * 9.87e-10, abs=1e-5)  # P(|Z| >= 6) ~ 2e-9
+    assert m["frac_int8"][1] == pytest.approx(1 / 8, abs=1e-4) and m["dims_int8"].tolist() == [0.0, 1.0]
+    assert m["top_to_median"][1] > m["top_to_median"][0]
+    with pytest.raises(ValueError, match="shape"):
+        ds.outlier_metrics(np.zeros((3, 4)))
+
+
+def test_unigram_baseline_and_split():
+    train, held = ds.corpus_split(0.1)
+    counts = {}
+    for b in "\n\n".join(train).encode():
+        counts[b] = counts.get(b, 0) + 1
+    total = sum(counts.values()) + 0.5 * 256
+    want = -np.mean([np.log((counts.get(int(b), 0) + 0.5) / total) for b in held.tolist()])
+    assert ds.unigram_heldout(0.1) == pytest.approx(want, rel=1e-10)
+    assert 2.9 < want < 3.1
+
+
+def test_stored_family_members():
+    """The stored family (chapter §7-10): 3 placements x depths 4, 8, 16 x 3 seeds, each its own
+    Result with its device; every member beats the unigram baseline on the held-out documents."""
+    fam = ds.run_family(ds.MEMBER_PLACEMENTS, (4, 8, 16), (0, 1, 2), compute=False)
+    assert len(fam) == 27
+    uni = ds.unigram_heldout(0.1)
+    for (p, L, s), r in fam.items():
+        assert r.config_hash == xp.config_hash(ds.member(p, L, s)) and r.device.startswith("cpu")
+        assert r.config["dtype"] == "float32" and "torch" in r.versions
+        assert r.scalars["unigram_heldout"] == pytest.approx(uni, rel=1e-12)
+        assert r.scalars["heldout_loss"] < uni and r.scalars["cpu_seconds"] > 0
+        assert r.arrays["later_success"].shape == (L + 1, 8, 16)
+        assert not r.arrays["later_success"][L].any()                        # the top cannot pass
+
+
+def test_train_tiny_lm_callback_sees_every_step_and_changes_nothing():
+    from companion.stacks.residual import StackConfig
+    from companion.stacks.tinylm import train_tiny_lm
+    cfg = StackConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=256, max_len=16)
+    calls = []
+    _, with_cb = train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, dtype=torch.float64,
+                               callback=lambda step, model: calls.append((step, model.training)))
+    _, without = train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, dtype=torch.float64)
+    assert calls == [(0, True), (1, True), (2, True), (3, True)]
+    np.testing.assert_array_equal(with_cb, without)
+    with pytest.raises(TypeError, match="callback"):
+        train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, callback=3)

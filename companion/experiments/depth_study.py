@@ -10,6 +10,14 @@ the window is the layers above the 99% binomial quantile of chance; (b) the stre
 the dilution and Post-LN product laws (:mod:`companion.injection.metrics`); (c) per-layer outlier
 statistics and Theorem 2's exceedance counts.  Chapter *The depth study*; :data:`GPU_CONFIG` is
 the GPU size (``scripts/gpu_depth_study.py``).
+
+The second study (issue 29) makes each member its own experiment, ``depth_member``
+(:class:`DepthMember`: placement x depth x seed, float32, a held-out split, tuned learning rates),
+so that :func:`run_family` can build the family over several runs, resuming from the cache.  Its
+readout (:func:`readout_success`) injects over a span of tokens and reads at later tokens, with
+nulls drawn per (prompt, target) pair and an exact rank chance level; the untrained model and the
+same-token readout are contrasts; :func:`outlier_metrics` are tracked over training checkpoints.
+:data:`GPU_MEMBER` is its GPU size.
 """
 
 from __future__ import annotations
@@ -23,14 +31,16 @@ from scipy import stats
 
 from companion.theory import exceedance
 from companion.injection import metrics as fw
-from companion._validation import check_int
+from companion._validation import check_choice, check_int, check_real
 from companion.corpus import load_corpus
 from companion.experiments import progress_bar, register
 from companion.stacks.residual import StackConfig, dslm_scales
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = ["DepthStudy", "GPU_CONFIG", "PLACEMENTS", "member_config", "inject_layers", "train_member",
-           "measure_model"]
+           "measure_model", "DepthMember", "GPU_MEMBER", "MEMBER_PLACEMENTS", "MEMBER_LABELS", "member",
+           "member_stack_config", "corpus_split", "unigram_heldout", "rank_success", "chance_threshold",
+           "detectable_rate", "readout_success", "outlier_metrics", "run_family", "family_root"]
 
 #: Placements a study may contain (see the module docstring).
 PLACEMENTS = ("pre", "post", "dslm")
@@ -475,3 +485,478 @@ def tiny(**overrides) -> DepthStudy:
                       warmup=2, n_prompts=4, prompt_len=8, n_targets=2, n_random=4, n_heldout=2,
                       scales=(1.0,), max_inject_layers=2, n_outlier_prompts=2, n_boot=20)
     return replace(base, **overrides)
+
+
+# ================================================================================ per-member study
+#: Placements of a :class:`DepthMember`: Pre-LN, Post-LN, and Post-LN with the residual/branch
+#: scales of :func:`~companion.stacks.residual.dslm_scales` on the usual Xavier initialisation (the
+#: scaling half of Kedia et al. 2024, *not* their initialisation, hence not called "DSLM").
+MEMBER_PLACEMENTS = ("pre", "post", "post_scaled")
+#: Labels of :data:`MEMBER_PLACEMENTS` for tables and figures.
+MEMBER_LABELS = {"pre": "Pre-LN", "post": "Post-LN", "post_scaled": "Post-LN, λ/β-scaled"}
+#: Per-placement peak learning rate and warm-up steps chosen by the sweep of the chapter (section
+#: "Training that works"); :func:`member` fills them in.
+TUNED = {"pre": (3e-3, 60), "post": (1e-3, 100), "post_scaled": (3e-3, 60)}
+#: LLM.int8() outlier criterion (Dettmers et al. 2022): ``|x| >= 6`` on the residual stream.
+INT8_THRESHOLD = 6.0
+READOUTS = ("later", "same")  #: the two readouts of :func:`readout_success` (see there)
+
+
+@register("depth_member", schema=1)
+@dataclass(frozen=True)
+class DepthMember:
+    """One member (placement x depth x seed) of the depth study, its own cached Result.
+
+    Training: :func:`~companion.stacks.tinylm.train_tiny_lm` on the first ``1 - heldout_frac`` of
+    the corpus documents (weights and data order seeded by ``seed``); held-out loss on the rest.
+    Readout (:func:`readout_success`): at every stream index ``0..L`` of the untrained and the
+    trained model; outliers (:func:`outlier_metrics`) at ``n_checkpoints + 1`` evenly spaced steps.
+
+    Raises
+    ------
+    ValueError
+        An unknown placement or dtype, a non-positive count, inconsistent sizes.
+
+    Examples
+    --------
+    >>> m = member("post_scaled", 8, seed=1)
+    >>> m.placement, m.depth, m.seed, m.lr, m.dtype
+    ('post_scaled', 8, 1, 0.003, 'float32')
+    """
+
+    placement: str = "pre"  #: one of :data:`MEMBER_PLACEMENTS`
+    depth: int = 4
+    seed: int = 0  #: seeds the weights, the data order and the null directions
+    d_model: int = 32
+    n_heads: int = 4
+    steps: int = 600
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 3e-3
+    warmup: int = 60
+    dtype: str = "float32"
+    scaled_k: float = 2.0  #: budget of the ``post_scaled`` scales, ``beta^2 = k / (2 L)``
+    heldout_frac: float = 0.1  #: trailing fraction of the corpus documents held out
+    n_eval: int = 128  #: held-out windows of the held-out loss
+    n_prompts: int = 16  #: held-out prompts of the readout
+    span: int = 4  #: injected tokens (later readout)
+    n_read: int = 4  #: later tokens read (after the span)
+    context: int = 8  #: tokens before the span
+    n_targets: int = 8  #: target bytes (the most frequent letters)
+    n_null: int = 9  #: random null directions per (prompt, target) pair; chance ``1/(n_null + 1)``
+    alpha: float = 2.0  #: injected norm in units of the layer's centred spread
+    n_outlier_prompts: int = 16
+    n_checkpoints: int = 4
+
+    def __post_init__(self):
+        check_choice(self.placement, "DepthMember.placement", MEMBER_PLACEMENTS)
+        check_choice(self.dtype, "DepthMember.dtype", tuple(_DTYPES))
+        for name in ("depth", "d_model", "n_heads", "steps", "batch_size", "seq_len", "n_eval", "n_prompts",
+                     "span", "n_read", "context", "n_targets", "n_null", "n_outlier_prompts", "n_checkpoints"):
+            check_int(getattr(self, name), f"DepthMember.{name}", minimum=1)
+        check_int(self.seed, "DepthMember.seed", minimum=0)
+        check_int(self.warmup, "DepthMember.warmup", minimum=0)
+        check_real(self.lr, "DepthMember.lr", lo=0.0, lo_open=True)
+        check_real(self.alpha, "DepthMember.alpha", lo=0.0, lo_open=True)
+        check_real(self.heldout_frac, "DepthMember.heldout_frac", lo=0.0, lo_open=True, hi=0.5)
+        check_real(self.scaled_k, "DepthMember.scaled_k", lo=0.0, lo_open=True, hi=2.0 * self.depth)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"DepthMember.n_heads = {self.n_heads} must divide d_model = {self.d_model}")
+        if self.prompt_len > self.seq_len:
+            raise ValueError(f"DepthMember: context + span + n_read = {self.prompt_len} exceeds "
+                             f"seq_len = {self.seq_len}")
+        if self.n_targets > 26:
+            raise ValueError(f"DepthMember.n_targets must be <= 26 (letters), got {self.n_targets}")
+        if self.n_checkpoints > self.steps:
+            raise ValueError(f"DepthMember.n_checkpoints = {self.n_checkpoints} exceeds steps = {self.steps}")
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens of a readout prompt: ``context + span + n_read``."""
+        return self.context + self.span + self.n_read
+
+    def compute(self, device, progress: bool = False) -> dict:
+        """Train and measure this member; returns the Result's arrays and scalars."""
+        return _run_member(self, device)
+
+
+#: The GPU size of a member (:func:`run_family` with ``base=GPU_MEMBER``): width 128, 4000 steps of
+#: 32 x 128 bytes, five seeds (``GPU_SEEDS``), depths ``GPU_DEPTHS``.
+GPU_MEMBER = DepthMember(d_model=128, steps=4000, batch_size=32, seq_len=128, warmup=400, n_prompts=32,
+                         n_outlier_prompts=64, n_checkpoints=8)
+GPU_DEPTHS = (4, 8, 16, 32, 64)
+GPU_SEEDS = (0, 1, 2, 3, 4)
+
+
+def member(placement: str, depth: int, seed: int = 0, base: DepthMember | None = None,
+           tuned: bool = True, **overrides) -> DepthMember:
+    """The :class:`DepthMember` ``base`` (default ``DepthMember()``) at ``placement``, ``depth``, ``seed``.
+
+    Parameters
+    ----------
+    placement : {"pre", "post", "post_scaled"}
+    depth, seed : int
+    base : DepthMember, optional
+    tuned : bool, default True
+        Take ``lr`` and ``warmup`` from :data:`TUNED` (the warm-up scaled by ``base.steps / 600``).
+    **overrides
+        Other fields to change.
+
+    Returns
+    -------
+    DepthMember
+    """
+    base = DepthMember() if base is None else base
+    if not isinstance(base, DepthMember):
+        raise TypeError(f"base must be a DepthMember, got {type(base).__name__}")
+    check_choice(placement, "placement", MEMBER_PLACEMENTS)
+    fields = dict(placement=placement, depth=depth, seed=seed)
+    if tuned:
+        lr, warm = TUNED[placement]
+        fields.update(lr=lr, warmup=max(1, round(warm * base.steps / 600)))
+    return replace(base, **{**fields, **overrides})
+
+
+def member_stack_config(config: DepthMember) -> StackConfig:
+    """The :class:`~companion.stacks.residual.StackConfig` of a :class:`DepthMember`."""
+    lam, beta = dslm_scales(config.depth, config.scaled_k) if config.placement == "post_scaled" else (1.0, 1.0)
+    return StackConfig(d_model=config.d_model, n_layers=config.depth, n_heads=config.n_heads,
+                       placement="pre" if config.placement == "pre" else "post", block="both",
+                       residual_scale=lam, branch_scale=beta, vocab_size=256, max_len=config.seq_len,
+                       seed=config.seed)
+
+
+def corpus_split(heldout_frac: float = 0.1) -> tuple[list[str], torch.Tensor]:
+    """The training documents and the held-out bytes (the trailing ``heldout_frac`` of the documents).
+
+    Examples
+    --------
+    >>> train, held = corpus_split(0.1)
+    >>> len(train) > 800 and held.numel() > 40000
+    True
+    """
+    check_real(heldout_frac, "heldout_frac", lo=0.0, lo_open=True, hi=0.5)
+    docs = load_corpus()
+    n = len(docs) - max(1, int(round(heldout_frac * len(docs))))
+    return docs[:n], byte_tokenize(docs[n:])
+
+
+def unigram_heldout(heldout_frac: float = 0.1) -> float:
+    """Held-out cross-entropy (nats/byte) of the training bytes' unigram frequencies (add-1/2).
+
+    The baseline every member must beat.
+    """
+    train, held = corpus_split(heldout_frac)
+    counts = np.bincount(byte_tokenize(train).numpy(), minlength=256) + 0.5
+    return float(-np.log(counts / counts.sum())[held.numpy()].mean())
+
+
+def _windows(ids: torch.Tensor, n: int, length: int, offset: float = 0.0) -> torch.Tensor:
+    """``[n, length]`` windows of ``ids`` evenly spaced (shifted by ``offset`` of a step)."""
+    span = ids.numel() - length
+    if span < n:
+        raise ValueError(f"{ids.numel()} bytes cannot hold {n} windows of {length}")
+    starts = ((np.arange(n) + offset) * span / n).astype(np.int64)
+    return torch.stack([ids[s:s + length] for s in starts])
+
+
+def rank_success(target: np.ndarray, nulls: np.ndarray) -> np.ndarray:
+    """Rank test: the target's score is strictly above every null's (ties fail).
+
+    If the target and its ``k`` nulls are exchangeable, this holds with probability exactly
+    ``1/(k+1)`` when scores are continuous, and at most that with ties.
+
+    Parameters
+    ----------
+    target : array [...]
+    nulls : array [k, ...]
+
+    Returns
+    -------
+    numpy.ndarray of bool [...]
+
+    Examples
+    --------
+    >>> rank_success(np.array([2.0, 0.0]), np.array([[1.0, 0.0], [0.5, -1.0]])).tolist()
+    [True, False]
+    """
+    target, nulls = np.asarray(target, dtype=float), np.asarray(nulls, dtype=float)
+    if nulls.ndim < 1 or nulls.shape[1:] != target.shape or nulls.shape[0] < 1:
+        raise ValueError(f"nulls must have shape [k, *target.shape] with k >= 1, got {nulls.shape} "
+                         f"for target {target.shape}")
+    return target > nulls.max(axis=0)
+
+
+def chance_threshold(n_pairs: int, n_null: int, q: float = 0.99) -> float:
+    """Smallest success rate that the exact binomial test of chance ``1/(n_null+1)`` rejects at level ``1 - q``.
+
+    Examples
+    --------
+    >>> round(chance_threshold(128, 9), 4)
+    0.1719
+    """
+    check_int(n_pairs, "n_pairs", minimum=1)
+    check_int(n_null, "n_null", minimum=1)
+    check_real(q, "q", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    p = 1.0 / (n_null + 1)
+    return float((stats.binom.ppf(q, n_pairs, p) + 1) / n_pairs)
+
+
+def detectable_rate(n_pairs: int, n_null: int, q: float = 0.99, power: float = 0.8) -> float:
+    """Smallest true success rate that the test of :func:`chance_threshold` detects with ``power``.
+
+    Examples
+    --------
+    >>> 0.19 < detectable_rate(128, 9) < 0.3
+    True
+    """
+    check_real(power, "power", lo=0.0, lo_open=True, hi=1.0, hi_open=True)
+    k = round(chance_threshold(n_pairs, n_null, q) * n_pairs)            # successes needed
+    grid = np.linspace(1.0 / (n_null + 1), 1.0, 2001)
+    ok = stats.binom.sf(k - 1, n_pairs, grid) >= power
+    return float(grid[ok.argmax()])
+
+
+def _member_directions(model: TinyLM, targets: np.ndarray, n_pairs_per_target: int, n_null: int,
+                       seed) -> np.ndarray:
+    """``[K, P, n_null + 2, d]`` unit centred directions: target row, ``n_null`` nulls, one held-out null.
+
+    The nulls are drawn afresh for every (target, prompt) pair.
+    """
+    W = model.unembed.weight.detach().double().cpu().numpy()
+    rows = W[targets] - W.mean(axis=0)                                      # [K, d]
+    K, d = rows.shape
+    rng = np.random.default_rng(seed)
+    dirs = rng.standard_normal((K, n_pairs_per_target, n_null + 2, d))
+    dirs[:, :, 0] = rows[:, None]
+    dirs -= dirs.mean(axis=-1, keepdims=True)
+    return dirs / np.linalg.norm(dirs, axis=-1, keepdims=True)
+
+
+@torch.no_grad()
+def readout_success(model: TinyLM, ids: torch.Tensor, targets, n_null: int, alpha: float, span: int,
+                    n_read: int, readout: str = "later", seed=0, chunk: int = 512) -> dict:
+    r"""Injection success at every stream index, read at later tokens or at the injected token.
+
+    For every (target byte ``t``, prompt) pair, the target's centred unembedding row and ``n_null``
+    fresh random centred directions (plus one more, held out) are each injected with norm
+    ``alpha`` times the layer's centred spread.  ``readout="later"``: injected at the ``span``
+    tokens before the last ``n_read`` tokens, scored by the mean change of
+    :math:`\log p(t)` at those last ``n_read`` tokens (so the signal must travel by attention; at
+    ``\ell = L`` it cannot, and every score is 0).  ``readout="same"``: injected at the last token
+    and read there (the logit-lens readout, a contrast that succeeds near the top by construction).
+    A pair succeeds if the target direction's score beats every null (:func:`rank_success`).
+
+    Parameters
+    ----------
+    model : TinyLM
+    ids : LongTensor [P, T]
+        Prompts; ``T > span + n_read`` for the later readout.
+    targets : sequence of int
+        Target bytes (``K``).
+    n_null : int
+    alpha : float
+    span, n_read : int
+    readout : {"later", "same"}
+    seed : int or sequence
+        Seed of the null directions.
+    chunk : int
+        Sequences per forward pass.
+
+    Returns
+    -------
+    dict
+        ``success`` bool [L+1, K, P]; ``null_success`` bool [L+1, K, P] (the held-out null scored as
+        a target); ``score`` [L+1, K, P] (the target direction's score); ``spread`` [L+1].
+    """
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    check_choice(readout, "readout", READOUTS)
+    check_int(n_null, "n_null", minimum=1)
+    check_int(span, "span", minimum=1)
+    check_int(n_read, "n_read", minimum=1)
+    check_real(alpha, "alpha", lo=0.0, lo_open=True)
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+        raise TypeError("ids must be a 2-D integer torch.Tensor [prompts, tokens]")
+    P, T = ids.shape
+    if readout == "later" and T <= span + n_read:
+        raise ValueError(f"prompts of {T} tokens cannot hold a span of {span} and {n_read} later tokens")
+    targets = np.asarray(targets, dtype=np.int64)
+    K, N = len(targets), n_null + 2
+    p = next(model.parameters())
+    L = model.config.n_layers
+    dirs = _member_directions(model, targets, P, n_null, seed)              # [K, P, N, d]
+    if readout == "later":
+        inj_pos, read = list(range(T - n_read - span, T - n_read)), slice(T - n_read, T)
+    else:
+        inj_pos, read = [T - 1], slice(T - 1, T)
+    ids = ids.to(p.device)
+    logits, base = model(ids)
+    h = base.stream.double()
+    spread = (h - h.mean(dim=(1, 2), keepdim=True)).pow(2).sum(-1).mean(dim=(1, 2)).sqrt().cpu().numpy()
+    base_lp = torch.log_softmax(logits[:, read].double(), -1)               # [P, R, V]
+    # rows of the batch: (k, p, n) flattened; prompt index p, target index k
+    kk, pp, nn_ = np.meshgrid(np.arange(K), np.arange(P), np.arange(N), indexing="ij")
+    kk, pp = kk.ravel(), pp.ravel()
+    flat_dirs = dirs.reshape(-1, dirs.shape[-1])
+    tgt = torch.as_tensor(targets[kk], device=p.device)
+    score = np.empty((L + 1, K * P * N))
+    for layer in range(L + 1):
+        for s in range(0, len(kk), chunk):
+            sl = slice(s, s + chunk)
+            vec = torch.as_tensor(flat_dirs[sl] * alpha * spread[layer], dtype=p.dtype, device=p.device)
+            lg, _ = model(ids[pp[sl]], inject_layer=layer, inject_vector=vec, inject_positions=inj_pos)
+            lp = torch.log_softmax(lg[:, read].double(), -1)                # [b, R, V]
+            idx = tgt[sl][:, None, None].expand(-1, lp.shape[1], 1)
+            delta = lp.gather(-1, idx)[..., 0] - base_lp[pp[sl]].gather(-1, idx)[..., 0]
+            score[layer, sl] = delta.mean(-1).cpu().numpy()
+    score = score.reshape(L + 1, K, P, N)
+    nulls = np.moveaxis(score[..., 1:N - 1], -1, 0)                          # [n_null, L+1, K, P]
+    return dict(success=rank_success(score[..., 0], nulls),
+                null_success=rank_success(score[..., N - 1], nulls),
+                score=score[..., 0], spread=spread)
+
+
+def outlier_metrics(stream) -> dict:
+    """Standard outlier metrics of every layer of a stream ``[L+1, B, T, d]``.
+
+    Returns
+    -------
+    dict
+        ``frac_int8`` [L+1]: share of entries with ``|x| >= 6`` (LLM.int8()); ``dims_int8`` [L+1]:
+        channels where ``|x| >= 6`` on at least 6% of the tokens; ``kurtosis`` [L+1]: the
+        (non-excess) kurtosis of each token's ``d`` entries, averaged over tokens (3 for a
+        Gaussian); ``top_to_median`` [L+1]: ``max |x|`` over ``median |x|``.
+
+    Examples
+    --------
+    >>> x = torch.zeros(1, 1, 4, 5); x[0, 0, :, 0] = 8.0; x[0, 0, :, 1:] = 1.0
+    >>> m = outlier_metrics(x)
+    >>> m["frac_int8"].tolist(), m["dims_int8"].tolist(), m["top_to_median"].tolist()
+    ([0.2], [1.0], [8.0])
+    """
+    x = stream.detach().double().cpu().numpy() if isinstance(stream, torch.Tensor) else np.asarray(stream, float)
+    if x.ndim != 4 or x.shape[-1] < 2:
+        raise ValueError(f"stream must have shape [L+1, B, T, d] with d >= 2, got {x.shape}")
+    x = x.reshape(x.shape[0], -1, x.shape[-1])                               # [L+1, N, d]
+    a = np.abs(x)
+    big = a >= INT8_THRESHOLD
+    c = x - x.mean(-1, keepdims=True)
+    m2 = (c ** 2).mean(-1)
+    kurt = np.where(m2 > 0, (c ** 4).mean(-1) / np.maximum(m2, 1e-300) ** 2, np.nan).mean(-1)
+    med = np.median(a.reshape(a.shape[0], -1), axis=1)
+    return dict(frac_int8=big.mean(axis=(1, 2)), dims_int8=(big.mean(axis=1) >= 0.06).sum(-1).astype(float),
+                kurtosis=kurt, top_to_median=a.max(axis=(1, 2)) / np.maximum(med, 1e-300))
+
+
+def _heldout_loss(model, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        return _loss(model(ids)[0], ids)
+
+
+def _run_member(config: DepthMember, device="cpu") -> dict:
+    """Train and measure one member (:class:`DepthMember`)."""
+    import time
+
+    cpu0 = time.process_time()
+    dtype = _DTYPES[config.dtype]
+    train, held = corpus_split(config.heldout_frac)
+    eval_ids = _windows(held, config.n_eval, config.seq_len).to(device)
+    out_ids = _windows(held, config.n_outlier_prompts, config.seq_len, offset=0.5).to(device)
+    prompts = _windows(held, config.n_prompts, config.prompt_len, offset=0.25)
+    targets = _target_tokens(config.n_targets)
+    cfg = member_stack_config(config)
+    ckpts = np.unique(np.round(np.linspace(0, config.steps, config.n_checkpoints + 1)).astype(int))
+    track = {k: [] for k in ("frac_int8", "dims_int8", "kurtosis", "top_to_median")}
+    heldout_curve = []
+
+    def callback(step, model):
+        if step in ckpts:
+            model.eval()
+            with torch.no_grad():
+                _, o = model(out_ids)
+                for k, v in outlier_metrics(o.stream).items():
+                    track[k].append(v)
+                heldout_curve.append(_heldout_loss(model, eval_ids))
+            model.train()
+
+    res = {}
+    init = TinyLM(cfg).to(device=device, dtype=dtype).eval()
+    for name, mode in (("init_later", "later"), ("init_same", "same")):
+        res[name] = readout_success(init, prompts, targets, config.n_null, config.alpha, config.span,
+                                    config.n_read, mode, seed=[config.seed, 21])
+    t0, c0 = time.perf_counter(), time.process_time()
+    model, losses = train_tiny_lm(cfg, train, steps=config.steps, batch_size=config.batch_size,
+                                  seq_len=config.seq_len, lr=config.lr, seed=config.seed, device=str(device),
+                                  warmup=config.warmup, dtype=dtype, callback=callback)
+    train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+    for name, mode in (("later", "later"), ("same", "same")):
+        res[name] = readout_success(model, prompts, targets, config.n_null, config.alpha, config.span,
+                                    config.n_read, mode, seed=[config.seed, 22])
+    out = dict(train_loss=losses, checkpoints=ckpts, heldout_curve=np.array(heldout_curve),
+               **{f"outlier_{k}": np.array(v) for k, v in track.items()})
+    for name, r in res.items():
+        out[f"{name}_success"] = r["success"]
+        out[f"{name}_null_success"] = r["null_success"]
+        out[f"{name}_score"] = r["score"]
+        out[f"{name}_spread"] = r["spread"]
+    out.update(heldout_loss=heldout_curve[-1], init_heldout_loss=heldout_curve[0],
+               unigram_heldout=unigram_heldout(config.heldout_frac), train_seconds=train_wall,
+               train_cpu_seconds=train_cpu, cpu_seconds=time.process_time() - cpu0, chance=1.0 / (config.n_null + 1),
+               threshold=chance_threshold(config.n_targets * config.n_prompts, config.n_null),
+               targets=[chr(int(t)) for t in targets], label=MEMBER_LABELS[config.placement])
+    return out
+
+
+def family_root() -> "Path":
+    """Folder of the stored members: ``companion/data/results/depth_study`` (members go in its
+    ``depth_member/`` subfolder)."""
+    from companion.experiments import stored_root
+    return stored_root() / "depth_study"
+
+
+def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2), base: DepthMember | None = None,
+               device=None, results_dir=None, compute: bool = True, progress: bool = False) -> dict:
+    """Every member's Result, each cached on its own (a rerun resumes where one stopped).
+
+    Parameters
+    ----------
+    placements, depths, seeds : sequences
+    base : DepthMember, optional
+        Sizes shared by every member (default ``DepthMember()``; :data:`GPU_MEMBER` at GPU size).
+    device : str, optional
+    results_dir : path, optional
+        Where members are looked up and saved (default :func:`family_root`).
+    compute : bool, default True
+        ``False``: only load; a missing member raises ``FileNotFoundError``.
+    progress : bool
+
+    Returns
+    -------
+    dict
+        ``{(placement, depth, seed): Result}``.
+    """
+    from pathlib import Path
+
+    from companion.experiments import load_result, result_path, run_cached
+
+    root = Path(results_dir) if results_dir is not None else family_root()
+    keys = [(p, int(d), int(s)) for p in placements for d in depths for s in seeds]
+    if not keys:
+        raise ValueError("run_family needs at least one placement, depth and seed")
+    configs = {k: member(*k, base=base) for k in keys}
+    out = {}
+    bar = progress_bar(len(keys), progress, "depth members")
+    for k, cfg in configs.items():
+        if compute:
+            out[k] = run_cached(cfg, device=device, results_dir=root)
+        else:
+            path = result_path(cfg, root)
+            if not path.exists():
+                raise FileNotFoundError(f"member {k} is not stored at {path}; run run_family(compute=True)")
+            out[k] = load_result(path)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return out

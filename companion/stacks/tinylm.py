@@ -241,7 +241,7 @@ def unigram_loss(ids) -> float:
 
 def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int = 16, seq_len: int = 128,
                   lr: float = 3e-3, seed: int = 0, device: str = "cpu", warmup: int | None = None,
-                  dtype: torch.dtype | None = None):
+                  dtype: torch.dtype | None = None, callback=None):
     """Train a :class:`~companion.stacks.tinylm.TinyLM` on bytes of ``text`` with AdamW; deterministic on CPU.
 
     Next-byte cross-entropy; gradients clipped to norm 1; AdamW ``betas=(0.9, 0.95)``, weight
@@ -264,6 +264,9 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
         Linear warm-up steps (``None``: ``max(1, steps // 10)``), then cosine decay to ``lr / 10``.
     dtype : torch.dtype, optional
         Training dtype; weights are initialised in the default dtype and then cast.
+    callback : callable, optional
+        ``callback(step, model)`` before the first step (``step = 0``) and after every step
+        (``step`` = steps done), e.g. to measure checkpoints; it must leave the weights unchanged.
 
     Returns
     -------
@@ -296,6 +299,8 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
         raise ValueError(f"seq_len = {seq_len} exceeds config.max_len = {config.max_len}")
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float64, got {dtype!r}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
     ids = byte_tokenize(text)
     if ids.numel() < seq_len + 2:
         raise ValueError(f"text has {ids.numel()} bytes; need at least seq_len + 2 = {seq_len + 2}")
@@ -318,6 +323,8 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
     offsets = torch.arange(seq_len + 1)
     losses = np.empty(steps)
     model.train()
+    if callback is not None:
+        callback(0, model)
     for step in range(steps):
         starts = torch.randint(0, ids.numel() - seq_len - 1, (batch_size,), generator=g)
         window = ids[starts[:, None] + offsets].to(device)          # [B, T+1]
@@ -329,4 +336,6 @@ def train_tiny_lm(config: StackConfig, text, steps: int = 300, batch_size: int =
         opt.step()
         sched.step()
         losses[step] = loss.item()
+        if callback is not None:
+            callback(step + 1, model)
     return model.eval(), losses
