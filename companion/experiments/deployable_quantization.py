@@ -31,7 +31,7 @@ from companion.experiments import register
 from companion.experiments.compression_sweep import CompressionBench
 from companion.transformers import models
 
-__all__ = ["DeployableQuantizationExperiment", "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
+__all__ = ["DeployableQuantizationExperiment", "CompressionBaselinesExperiment", "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
 
 #: Whole-model schemes in table order; "(reference)" marks the one no deployed kernel runs.
 SCHEMES = ("W8 per-channel", "W8 per-tensor", "W4 per-channel", "W4 per-tensor",
@@ -102,6 +102,34 @@ def rotation_plan(model, linears, seed: int = 0) -> tuple[dict, dict]:
     return smooth, rotate
 
 
+def _a_spec(bits, g, static=False, wb=None) -> LinearQuantization:
+    """Activations at ``bits`` with granularity ``g`` (static per tensor or dynamic), weights at ``wb``."""
+    return LinearQuantization(act_bits=bits, act_granularity=g, static=static, weight_bits=wb)
+
+
+def _setup(cfg, device):
+    """The model, the bench (calibration: Acts; evaluation: the held-out books) and the first arrays
+    of a config with the fields ``model, n_calib, eval_books, n_per_book, seq_len, dtype``."""
+    check_int(cfg.n_calib, "n_calib", 2)
+    check_int(cfg.n_per_book, "n_per_book", 1)
+    m = models.load(cfg.model, device=device, dtype=cfg.dtype)
+    books = book_paragraphs()
+    unknown = sorted(set(cfg.eval_books) - set(books))
+    if unknown or "kjv_acts" in cfg.eval_books:
+        raise ValueError(f"eval_books must be corpus books other than kjv_acts; got {unknown or 'kjv_acts'}")
+
+    def long(ps, k):
+        return [p for p in ps if len(m.tokenizer(p)["input_ids"]) >= cfg.seq_len][:k]
+
+    calib = long(books["kjv_acts"], cfg.n_calib)
+    evals = [p for b in cfg.eval_books for p in long(books[b], cfg.n_per_book)]
+    bench = CompressionBench(m, calib, evals, cfg.seq_len)
+    L, lin = len(m.model.model.layers), bench.linears
+    out: dict = {"base_loss": bench.base_loss, "eval_book": [b for b in cfg.eval_books
+                                                              for _ in range(cfg.n_per_book)]}
+    return m, bench, L, lin, out
+
+
 class _Stop(Exception):
     """Raised by a hook to end a forward pass once the wanted inputs are seen."""
 
@@ -135,11 +163,9 @@ def _block_input_means(m, batch, mods, block) -> dict[str, np.ndarray]:
 @register("deployable_quantization", schema=1)
 @dataclass(frozen=True)
 class DeployableQuantizationExperiment:
-    """Deployable quantisation, bias correction, equalisation, rotation, and chance drawn many times.
+    """Deployable quantisation, bias correction, equalisation and rotation on held-out books.
 
-    Per-text arrays (``[row, eval text]``): ``loss``, ``kl`` of ``schemes``; ``mixed_loss`` of
-    ``mixed_rules`` then ``n_random_sets`` random block sets; ``prune_loss [score, fill, fraction, text]``
-    and ``prune_random_loss [seed, fraction, text]``.  Per block: ``mean_err`` (squared norm of the mean
+    Per-text arrays (``[scheme, eval text]``): ``loss``, ``kl`` of ``schemes``.  Per block: ``mean_err`` (squared norm of the mean
     error of the block's output over the squared norm of the float output, averaged over tokens),
     ``rel_mse``.  Diagnostics: ``alpha_calib_kl``, ``bc_local`` (per layer output-mean error on the
     evaluation split before / after correction, and the change of the output MSE).
@@ -153,35 +179,12 @@ class DeployableQuantizationExperiment:
     dtype: str = "float32"  #: compute type
     alphas: tuple[float, ...] = (0.25, 0.5, 0.65, 0.8, 0.9)  #: SmoothQuant α tried on the calibration split
     rotation_seed: int = 0
-    low_bits: int = 4  #: mixed precision: per-token dynamic activations at ``low_bits``...
-    high_bits: int = 8  #: ... and the chosen blocks at ``high_bits``
-    keep_layers: int = 6
-    n_random_sets: int = 50  #: random block sets (chance baseline of mixed precision)
-    prune_fractions: tuple[float, ...] = (0.1, 0.3)
-    n_prune_seeds: int = 10  #: random pruning draws
 
     def compute(self, device, progress):
         """Run the experiment; returns the Result's arrays and scalars."""
-        check_int(self.n_calib, "n_calib", 2)
-        check_int(self.n_per_book, "n_per_book", 1)
-        check_int(self.n_random_sets, "n_random_sets", 2)
-        check_int(self.n_prune_seeds, "n_prune_seeds", 2)
-        m = models.load(self.model, device=device, dtype=self.dtype)
-        books = book_paragraphs()
-        unknown = sorted(set(self.eval_books) - set(books))
-        if unknown or "kjv_acts" in self.eval_books:
-            raise ValueError(f"eval_books must be corpus books other than kjv_acts; got {unknown or 'kjv_acts'}")
-
-        def long(ps, k):
-            return [p for p in ps if len(m.tokenizer(p)["input_ids"]) >= self.seq_len][:k]
-
-        calib = long(books["kjv_acts"], self.n_calib)
-        evals = [p for b in self.eval_books for p in long(books[b], self.n_per_book)]
-        bench = CompressionBench(m, calib, evals, self.seq_len)
-        L, lin = len(m.model.model.layers), bench.linears
-        out: dict = {"base_loss": bench.base_loss, "eval_book": [b for b in self.eval_books
-                                                                  for _ in range(self.n_per_book)]}
+        m, bench, L, lin, out = _setup(self, device)
         results = {}
+        a_spec = _a_spec
 
         def record(name, ctx):
             results[name] = bench.measure(ctx)
@@ -225,8 +228,6 @@ class DeployableQuantizationExperiment:
             record("W4 per-tensor, CLE", quantized_linears(lin, w_spec[4, "tensor"]))
             cle_stats = pruning.linear_input_statistics(m.model, [bench.calib], lin)
         # ---- activations
-        a_spec = lambda bits, g, static=False, wb=None: LinearQuantization(  # noqa: E731
-            act_bits=bits, act_granularity=g, static=static, weight_bits=wb)
         ranges = bench.static_ranges(lin)
         record("A8 per-tensor static", quantized_linears(lin, a_spec(8, "tensor", True), ranges=ranges))
         record("A8 per-token", quantized_linears(lin, a_spec(8, "token")))
@@ -276,6 +277,40 @@ class DeployableQuantizationExperiment:
         out["schemes"] = list(SCHEMES)
         for key in ("loss", "kl", "rel_mse", "mean_err"):
             out[key] = np.array([results[n][key] for n in SCHEMES])
+        out.update(**m.facts())
+        return out
+
+
+@register("compression_baselines", schema=1)
+@dataclass(frozen=True)
+class CompressionBaselinesExperiment:
+    """Chance drawn many times, on the held-out books: mixed precision against ``n_random_sets`` random
+    block sets, pruning scores against ``n_prune_seeds`` random draws.
+
+    Per-text arrays: ``mixed_loss [rule or random set, text]`` (``mixed_rules`` first), ``prune_loss
+    [score, (removed, mean comp.), fraction, text]``, ``prune_random_loss [seed, fraction, text]``;
+    per block ``layer_kl`` (calibration split), ``layer_mean_share``, ``layer_range``.
+    """
+
+    model: str = "smollm2-135m"  #: a causal LM for :func:`~companion.transformers.models.load`
+    n_calib: int = 8  #: calibration texts: the first paragraphs of Acts with >= ``seq_len`` tokens
+    eval_books: tuple[str, ...] = ("kjv_genesis", "kjv_mark", "kjv_esther", "kjv_ruth")
+    n_per_book: int = 4  #: evaluation texts per book (its first paragraphs with >= ``seq_len`` tokens)
+    seq_len: int = 64
+    dtype: str = "float32"  #: compute type
+    low_bits: int = 4  #: mixed precision: per-token dynamic activations at ``low_bits``...
+    high_bits: int = 8  #: ... and the chosen blocks at ``high_bits``
+    keep_layers: int = 6
+    n_random_sets: int = 50  #: random block sets (chance baseline of mixed precision)
+    prune_fractions: tuple[float, ...] = (0.1, 0.3)
+    n_prune_seeds: int = 10  #: random pruning draws
+
+    def compute(self, device, progress):
+        """Run the experiment; returns the Result's arrays and scalars."""
+        check_int(self.n_random_sets, "n_random_sets", 2)
+        check_int(self.n_prune_seeds, "n_prune_seeds", 2)
+        m, bench, L, lin, out = _setup(self, device)
+        a_spec = _a_spec
         # ---- mixed precision: sensitivity on the calibration split, rules and random block sets
         lo, hi = self.low_bits, self.high_bits
         layer_kl = np.array([bench.measure(quantized_linears(bench.modules(layers=[ell]), a_spec(lo, "token")),
@@ -304,14 +339,14 @@ class DeployableQuantizationExperiment:
         downs = bench.modules(["down"])
         means = {n: bench.stats[n].mean for n in downs}
         scores = ("activation", "weight", "spread")
-        prune = np.zeros((len(scores), 2, len(self.prune_fractions), len(evals)))
+        prune = np.zeros((len(scores), 2, len(self.prune_fractions), len(out["base_loss"])))
         for a, method in enumerate(scores):
             neuron = {n: pruning.neuron_scores(method, bench.stats[n], mod.weight) for n, mod in downs.items()}
             for c, f in enumerate(self.prune_fractions):
                 chosen = {n: pruning.lowest_fraction(v, f) for n, v in neuron.items()}
                 for b, fill in enumerate((None, means)):
                     prune[a, b, c] = bench.measure(pruning.zero_linear_inputs(downs, chosen, fill=fill))["loss"]
-        prune_random = np.zeros((self.n_prune_seeds, len(self.prune_fractions), len(evals)))
+        prune_random = np.zeros((self.n_prune_seeds, len(self.prune_fractions), len(out["base_loss"])))
         for seed in range(self.n_prune_seeds):
             neuron = {n: pruning.neuron_scores("random", bench.stats[n], mod.weight, seed=seed + 1000 * j)
                       for j, (n, mod) in enumerate(downs.items())}
