@@ -31,7 +31,7 @@ from companion.experiments import register
 from companion.experiments.compression_sweep import CompressionBench
 from companion.transformers import models
 
-__all__ = ["DeployableQuantizationExperiment", "CompressionBaselinesExperiment", "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
+__all__ = ["DeployableQuantizationExperiment", "MixedPrecisionBaselinesExperiment", "PruningBaselinesExperiment", "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
 
 #: Whole-model schemes in table order; "(reference)" marks the one no deployed kernel runs.
 SCHEMES = ("W8 per-channel", "W8 per-tensor", "W4 per-channel", "W4 per-tensor",
@@ -281,15 +281,14 @@ class DeployableQuantizationExperiment:
         return out
 
 
-@register("compression_baselines", schema=1)
+@register("mixed_precision_baselines", schema=1)
 @dataclass(frozen=True)
-class CompressionBaselinesExperiment:
-    """Chance drawn many times, on the held-out books: mixed precision against ``n_random_sets`` random
-    block sets, pruning scores against ``n_prune_seeds`` random draws.
+class MixedPrecisionBaselinesExperiment:
+    """Mixed precision on the held-out books: blocks kept at ``high_bits`` chosen by each rule, against
+    ``n_random_sets`` random block sets (chance, drawn many times).
 
-    Per-text arrays: ``mixed_loss [rule or random set, text]`` (``mixed_rules`` first), ``prune_loss
-    [score, (removed, mean comp.), fraction, text]``, ``prune_random_loss [seed, fraction, text]``;
-    per block ``layer_kl`` (calibration split), ``layer_mean_share``, ``layer_range``.
+    Arrays: ``mixed_loss [rule or random set, text]`` (``mixed_rules`` first, then the random sets of
+    ``mixed_sets``); per block ``layer_kl`` (calibration split), ``layer_mean_share``, ``layer_range``.
     """
 
     model: str = "smollm2-135m"  #: a causal LM for :func:`~companion.transformers.models.load`
@@ -298,17 +297,14 @@ class CompressionBaselinesExperiment:
     n_per_book: int = 4  #: evaluation texts per book (its first paragraphs with >= ``seq_len`` tokens)
     seq_len: int = 64
     dtype: str = "float32"  #: compute type
-    low_bits: int = 4  #: mixed precision: per-token dynamic activations at ``low_bits``...
+    low_bits: int = 4  #: per-token dynamic activations at ``low_bits``...
     high_bits: int = 8  #: ... and the chosen blocks at ``high_bits``
     keep_layers: int = 6
-    n_random_sets: int = 50  #: random block sets (chance baseline of mixed precision)
-    prune_fractions: tuple[float, ...] = (0.1, 0.3)
-    n_prune_seeds: int = 10  #: random pruning draws
+    n_random_sets: int = 50  #: random block sets
 
     def compute(self, device, progress):
         """Run the experiment; returns the Result's arrays and scalars."""
         check_int(self.n_random_sets, "n_random_sets", 2)
-        check_int(self.n_prune_seeds, "n_prune_seeds", 2)
         m, bench, L, lin, out = _setup(self, device)
         a_spec = _a_spec
         # ---- mixed precision: sensitivity on the calibration split, rules and random block sets
@@ -335,6 +331,33 @@ class CompressionBaselinesExperiment:
                 mixed.append(bench.measure(quantized_linears(low, a_spec(lo, "token")))["loss"])
         out.update(layer_kl=layer_kl, layer_mean_share=np.array(share), layer_range=np.array(rng_),
                    mixed_rules=list(rules), mixed_sets=np.array(sets), mixed_loss=np.array(mixed))
+        out.update(**m.facts())
+        return out
+
+
+@register("pruning_baselines", schema=1)
+@dataclass(frozen=True)
+class PruningBaselinesExperiment:
+    """Pruning the MLP neurons of every block on the held-out books: scores, with and without mean
+    compensation, against ``n_prune_seeds`` random draws (chance, drawn many times).
+
+    Arrays: ``prune_loss [score, (removed, mean comp.), fraction, text]``, ``prune_random_loss
+    [seed, fraction, text]``.
+    """
+
+    model: str = "smollm2-135m"  #: a causal LM for :func:`~companion.transformers.models.load`
+    n_calib: int = 8  #: calibration texts: the first paragraphs of Acts with >= ``seq_len`` tokens
+    eval_books: tuple[str, ...] = ("kjv_genesis", "kjv_mark", "kjv_esther", "kjv_ruth")
+    n_per_book: int = 4  #: evaluation texts per book (its first paragraphs with >= ``seq_len`` tokens)
+    seq_len: int = 64
+    dtype: str = "float32"  #: compute type
+    prune_fractions: tuple[float, ...] = (0.1, 0.3)
+    n_prune_seeds: int = 10  #: random pruning draws
+
+    def compute(self, device, progress):
+        """Run the experiment; returns the Result's arrays and scalars."""
+        check_int(self.n_prune_seeds, "n_prune_seeds", 2)
+        m, bench, L, lin, out = _setup(self, device)
         # ---- pruning the MLP neurons of every block: scores, and random draws
         downs = bench.modules(["down"])
         means = {n: bench.stats[n].mean for n in downs}
