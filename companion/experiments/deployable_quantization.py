@@ -288,7 +288,8 @@ class MixedPrecisionBaselinesExperiment:
     ``n_random_sets`` random block sets (chance, drawn many times).
 
     Arrays: ``mixed_loss [rule or random set, text]`` (``mixed_rules`` first, then the random sets of
-    ``mixed_sets``); per block ``layer_kl`` (calibration split), ``layer_mean_share``, ``layer_range``.
+    ``mixed_sets``); per block ``layer_kl`` (calibration split; reused from the stored
+    ``compression_sweep`` Result), ``layer_mean_share``, ``layer_range``.
     """
 
     model: str = "smollm2-135m"  #: a causal LM for :func:`~companion.transformers.models.load`
@@ -307,10 +308,17 @@ class MixedPrecisionBaselinesExperiment:
         check_int(self.n_random_sets, "n_random_sets", 2)
         m, bench, L, lin, out = _setup(self, device)
         a_spec = _a_spec
-        # ---- mixed precision: sensitivity on the calibration split, rules and random block sets
+        # ---- mixed precision: rules and random block sets.  The per-layer sensitivity (KL on the
+        # calibration split with only block l at int4 per token) is reused from the stored
+        # compression_sweep Result, which measured it on the same calibration texts
+        from companion import experiments as xp
+
         lo, hi = self.low_bits, self.high_bits
-        layer_kl = np.array([bench.measure(quantized_linears(bench.modules(layers=[ell]), a_spec(lo, "token")),
-                                           split="calib")["kl"].mean() for ell in range(L)])
+        sweep = xp.run_cached(xp.make_config("compression_sweep"))
+        if (sweep.config["model"], sweep.config["n_calib"], sweep.config["seq_len"], sweep.config["low_bits"]) != (
+                self.model, self.n_calib, self.seq_len, lo):
+            raise ValueError("the stored compression_sweep sensitivities were measured on another set-up")
+        layer_kl = np.asarray(sweep.arrays["layer_kl"], dtype=float)
         share, rng_ = [], []
         for ell in range(L):
             sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
