@@ -233,3 +233,34 @@ def test_the_rotation_plan_and_cle_leave_the_float_model_unchanged(tiny_llama):
     with quantized_linears(lin, spec, smooth=smooth, rotate=rotate):
         rotated = _logits(m, ids)
     assert float((plain - rotated).abs().max()) > 1e-6
+
+
+STORED = ("deployable_quantization", "mixed_precision_baselines", "pruning_baselines")
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_the_stored_results_are_current_and_sane(name):
+    """The chapter renders these Results: they must be stored (not recomputed), current and consistent."""
+    from companion import experiments as xp
+    cfg = xp.make_config(name)
+    path = xp.result_path(cfg, xp.stored_root())
+    assert path.exists(), f"missing {path}; python -m companion run {name} --out companion/data/results"
+    r = xp.load_result(path)
+    assert xp.stale_reason(r, cfg) is None
+    books = list(r.scalars["eval_book"])
+    assert len(books) == 16 and len(set(books)) == 4 and "kjv_acts" not in books      # held-out books
+    assert np.isfinite(r.arrays["base_loss"]).all()
+    if name == "deployable_quantization":
+        assert r.arrays["loss"].shape == (len(r.scalars["schemes"]), 16)
+        assert r.scalars["alpha_chosen"] == cfg.alphas[int(np.argmin(r.arrays["alpha_calib_kl"]))]
+        bc = r.arrays["bc_local"]
+        assert bc.shape == (210, 4) and (bc[:, :2] >= 0).all()
+        # the MSE change, computed as |c|^2 - 2 c.m (m: mean error before, c: the correction), equals
+        # the difference of the two squared mean errors |m - c|^2 - |m|^2, computed separately
+        np.testing.assert_allclose(bc[:, 2], bc[:, 1] - bc[:, 0], rtol=1e-6, atol=1e-9 * bc[:, 0].max())
+    elif name == "mixed_precision_baselines":
+        sets = r.arrays["mixed_sets"]
+        assert len(sets) - len(r.scalars["mixed_rules"]) >= 50                          # many random sets
+        assert all(len(set(s)) == cfg.keep_layers for s in sets)
+    else:
+        assert r.arrays["prune_random_loss"].shape[0] >= 10                                # many seeds
