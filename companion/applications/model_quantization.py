@@ -169,14 +169,16 @@ def _rotation(r, d: int, like: torch.Tensor, name: str) -> torch.Tensor:
     if t.shape != (d, d):
         raise ValueError(f"{name} must have shape ({d}, {d}), got {tuple(t.shape)}")
     t64 = t.detach().to(torch.float64)
-    if not bool(torch.isfinite(t64).all()) or float((t64 @ t64.T - torch.eye(d, dtype=torch.float64)).abs().max()) > 1e-6:
+    gap = (t64 @ t64.T - torch.eye(d, dtype=torch.float64)).abs().max()
+    if not bool(torch.isfinite(t64).all()) or float(gap) > 1e-6:
         raise ValueError(f"{name} must be orthogonal (R R^T = I within 1e-6)")
     return t.to(device=like.device, dtype=like.dtype)
 
 
 def _prepared(modules, spec, ranges, smooth, rotate=None, center=None):
     """Per layer, the validated SmoothQuant scales, rotation and input quantiser (None where unused)."""
-    ranges, smooth, rotate, center = dict(ranges or {}), dict(smooth or {}), dict(rotate or {}), dict(center or {})
+    ranges, smooth = dict(ranges or {}), dict(smooth or {})
+    rotate, center = dict(rotate or {}), dict(center or {})
     _check_names(ranges, modules, "ranges")
     _check_names(smooth, modules, "smooth")
     _check_names(rotate, modules, "rotate")

@@ -14,24 +14,26 @@ chapter *Applications* renders the Result (its lab notes the full tables).
 
 from __future__ import annotations
 
-import contextlib
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from companion._paths import package_data
 from companion._validation import check_int
 from companion.applications import pruning
 from companion.applications.model_quantization import (
     LinearQuantization, equalized_linears, quantized_linears, weight_bias_correction)
 from companion.applications.quantization import quantize_weight, random_rotation, smoothquant_scales
-from companion.corpus import _corpus_files
 from companion.experiments import register
 from companion.experiments.compression_sweep import CompressionBench
 from companion.transformers import models
 
-__all__ = ["DeployableQuantizationExperiment", "MixedPrecisionBaselinesExperiment", "PruningBaselinesExperiment", "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
+__all__ = ["DeployableQuantizationExperiment", "MixedPrecisionBaselinesExperiment", "PruningBaselinesExperiment",
+           "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
 
 #: Whole-model schemes in table order; "(reference)" marks the one no deployed kernel runs.
 SCHEMES = ("W8 per-channel", "W8 per-tensor", "W4 per-channel", "W4 per-tensor",
@@ -45,8 +47,13 @@ SCHEMES = ("W8 per-channel", "W8 per-tensor", "W4 per-channel", "W4 per-tensor",
 
 def book_paragraphs(min_chars: int = 40) -> dict[str, list[str]]:
     """The corpus paragraphs of each book (file stem), whitespace-normalised, in file order."""
+    env = os.environ.get("COMPANION_DATA")            # the corpus folder, as companion.corpus finds it
+    folder = Path(env).expanduser() if env else package_data("corpus")
+    files = sorted(folder.glob("*.txt"))
+    if not files:
+        raise ValueError(f"no .txt files in {folder}; the corpus is listed in companion/data/corpus/SOURCES.md")
     out = {}
-    for f in _corpus_files():
+    for f in files:
         text = f.read_text(encoding="utf-8").replace("\r\n", "\n")
         paras = (" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip())
         out[f.stem] = [p for p in paras if len(p) >= min_chars]
@@ -165,7 +172,8 @@ def _block_input_means(m, batch, mods, block) -> dict[str, np.ndarray]:
 class DeployableQuantizationExperiment:
     """Deployable quantisation, bias correction, equalisation and rotation on held-out books.
 
-    Per-text arrays (``[scheme, eval text]``): ``loss``, ``kl`` of ``schemes``.  Per block: ``mean_err`` (squared norm of the mean
+    Per-text arrays (``[scheme, eval text]``): ``loss``, ``kl`` of ``schemes``.  Per block: ``mean_err``
+    (squared norm of the mean
     error of the block's output over the squared norm of the float output, averaged over tokens),
     ``rel_mse``.  Diagnostics: ``alpha_calib_kl``, ``bc_local`` (per layer output-mean error on the
     evaluation split before / after correction, and the change of the output MSE).
