@@ -17,7 +17,8 @@ from companion._validation import (
     check_choice, check_indices, check_int, check_real, float_tensor, real_array)
 
 __all__ = ["GRANULARITIES", "qmax", "quantization_scale", "fake_quantize", "channel_mse",
-           "fold_center_into_bias", "quantize_with_range", "quantize_weight", "smoothquant_scales"]
+           "fold_center_into_bias", "quantize_with_range", "quantize_weight", "smoothquant_scales",
+           "hadamard_matrix", "random_rotation"]
 
 #: The groups that can share one scale: the whole tensor, one channel (last axis), one token (row).
 GRANULARITIES = ("tensor", "channel", "token")
@@ -463,3 +464,76 @@ def smoothquant_scales(act_max, weight, alpha: float):
     s = np.ones_like(a)
     s[ok] = a[ok] ** al / wmax[ok] ** (1.0 - al)
     return s
+
+
+def hadamard_matrix(n: int) -> np.ndarray:
+    """Sylvester's normalised Hadamard matrix of order ``n`` (a power of two): entries ``±1/sqrt(n)``.
+
+    Parameters
+    ----------
+    n : int
+        The order, a power of two (>= 1).
+
+    Returns
+    -------
+    numpy.ndarray, shape (n, n), float64
+        An orthogonal, symmetric matrix.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``n`` is not a positive integer power of two.
+
+    Examples
+    --------
+    >>> (hadamard_matrix(2) * np.sqrt(2)).tolist()
+    [[1.0, 1.0], [1.0, -1.0]]
+    """
+    n = check_int(n, "n", 1)
+    if n & (n - 1):
+        raise ValueError(f"n must be a power of two, got {n}")
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def random_rotation(d: int, seed: int = 0) -> np.ndarray:
+    """A random orthogonal matrix built on a Hadamard matrix: ``diag(±1) · (H_{2^k} ⊗ O_m)``.
+
+    ``d = 2^k m`` with ``m`` odd; ``H`` is :func:`hadamard_matrix`, ``O_m`` a Haar-random orthogonal
+    ``m × m`` matrix and the signs are random (the randomised Hadamard rotation of QuaRot-style
+    quantisation, extended to dimensions that are not powers of two).  Multiplying the input of a
+    linear layer by it and the weight by the same matrix, ``(xR)(WR)^T = x W^T``, leaves the layer's
+    output unchanged while spreading a large channel over many.
+
+    Parameters
+    ----------
+    d : int
+        Dimension (>= 1).
+    seed : int, default 0
+
+    Returns
+    -------
+    numpy.ndarray, shape (d, d), float64
+        An orthogonal matrix.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``d`` or ``seed`` is not a valid integer.
+
+    Examples
+    --------
+    >>> r = random_rotation(12, seed=1)
+    >>> bool(np.allclose(r @ r.T, np.eye(12)))
+    True
+    """
+    d = check_int(d, "d", 1)
+    gen = np.random.default_rng(check_int(seed, "seed", 0))
+    k = (d & -d)                                           # the largest power of two dividing d
+    m = d // k
+    q, r = np.linalg.qr(gen.standard_normal((m, m)))
+    q = q * np.sign(np.where(np.diag(r) == 0, 1.0, np.diag(r)))   # Haar measure
+    signs = gen.choice([-1.0, 1.0], size=d)
+    return signs[:, None] * np.kron(hadamard_matrix(k), q)

@@ -87,7 +87,8 @@ class CompressionBench:
         return logp, loss.numpy(), hidden
 
     def measure(self, ctx=None, split: str = "eval") -> dict:
-        """Loss increase and KL per text, relative MSE per block (first token excluded), under ``ctx``."""
+        """Loss increase and KL per text; relative MSE and squared mean error per block (first token
+        excluded), both over the float stream's mean squared norm, under ``ctx``."""
         if split not in self._base:
             self._base[split] = self._run(self.calib)
         logp0, loss0, h0 = self._base[split]
@@ -96,7 +97,9 @@ class CompressionBench:
         kl = (logp0.exp() * (logp0 - logp)).sum(-1).mean(dim=1)
         num = (h - h0).pow(2).sum(-1).mean(dim=(1, 2))
         den = h0.pow(2).sum(-1).mean(dim=(1, 2))
-        return {"loss": loss - loss0, "kl": kl.numpy(), "rel_mse": (num / den).numpy()}
+        mean_err = (h - h0).mean(dim=(1, 2)).pow(2).sum(-1)       # |E[h - h0]|^2 per block
+        return {"loss": loss - loss0, "kl": kl.numpy(), "rel_mse": (num / den).numpy(),
+                "mean_err": (mean_err / den).numpy()}
 
     @property
     def base_loss(self) -> np.ndarray:
