@@ -194,3 +194,28 @@ def test_bad_inputs_of_the_map_and_the_experiment(llama, monkeypatch):
         mc.scores_of(r)
     with pytest.raises(ValueError):
         mc.scores_of(dataclasses.replace(r, name="massive_causal"))
+
+
+@pytest.mark.parametrize("name", sorted(mc.CPU_CONFIGS))
+def test_stored_massive_causal_results_are_current_and_consistent(name):
+    cfg = mc.CPU_CONFIGS[name]
+    path = xp.result_path(cfg, xp.stored_root())
+    assert path.exists(), (f"missing {path}; create it with python -m companion run massive_causal "
+                           "(the config of CPU_CONFIGS) --out companion/data/results")
+    r = xp.load_result(path)
+    assert xp.stale_reason(r, cfg) is None
+    scores, L = mc.scores_of(r), r.scalars["n_layers"]
+    assert {"none", "first_zero", "first_mean", "w8a8", "w8a8_first_float"} <= set(scores)
+    for arm, s in scores.items():
+        assert s.shape == (cfg.n_texts,) and np.isfinite(s).all()
+        assert r.arrays[f"trace_{arm}"].shape == (L, cfg.n_texts)
+    # the edits act where they should: before the edited layer every arm reads the same stream
+    k = cfg.first_layer - 1
+    np.testing.assert_allclose(r.arrays["trace_first_zero"][k], 0.0)
+    np.testing.assert_allclose(r.arrays["trace_first_zero"][:k], r.arrays["trace_none"][:k], rtol=1e-5)
+    np.testing.assert_allclose(r.arrays["trace_first_mean"][k], r.arrays["calibration_first"].mean(),
+                               rtol=1e-6)
+    # the untouched run's trace is the token map's first position
+    np.testing.assert_allclose(r.arrays["trace_none"], r.arrays["map_value"][:, :, 0], rtol=1e-4, atol=1e-3)
+    assert r.arrays["random_score"].shape == (cfg.n_random, cfg.random_texts)
+    assert not set(r.arrays["random_channels"].ravel()) & set(r.arrays["features"].tolist())

@@ -286,7 +286,8 @@ def edited_run(m, texts, edits=(), trace_channel: int = 0, batch_size: int = 16,
     Parameters
     ----------
     m : companion.transformers.models.LoadedModel
-        A causal LM (loss) or an encoder (sentence embedding, as :func:`~companion.transformers.readout.sentence_embedding`).
+        A causal LM (loss) or an encoder (sentence embedding, as
+        :func:`~companion.transformers.readout.sentence_embedding`).
     texts : sequence of str
     edits : sequence of StreamEdit
         Applied together in the same forward pass (``()``: the untouched model).
@@ -417,7 +418,8 @@ def token_map(m, texts, channel: int, batch_size: int = 16, max_length: int | No
 
     batch_mask = [None]
     forward = [(b, reader(l)) for l, b in enumerate(m.blocks)]
-    forward += [(_module(b, _VALUE_NAMES, "value projection"), v_reader(l)) for l, b in enumerate(m.blocks)]
+    forward += [(_module(b, _VALUE_NAMES, "value projection"), v_reader(l))
+                for l, b in enumerate(m.blocks)]
     with hooks(forward=forward), torch.no_grad():
         for start in range(0, n, bs):
             enc = tokenize(m, texts[start:start + bs], width)
