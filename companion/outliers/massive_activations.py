@@ -361,7 +361,8 @@ class TokenMap:
     value: np.ndarray  #: ``[L, n, T]``: :math:`h_\ell[t, c]`, ``l = 1..L`` (output of block ``l-1``)
     top_abs: np.ndarray  #: ``[L, n, T]``: :math:`\max_j |h_\ell[t, j]|`
     median_abs: np.ndarray  #: ``[L]``: median :math:`|h_\ell|` over real tokens and channels
-    value_norm: np.ndarray  #: ``[L, n, T]``: :math:`\lVert v \rVert` (all heads) that block ``l-1`` reads at ``t``
+    #: ``[L, n, T]``: :math:`\lVert v \rVert` (all heads) of position ``t`` in block ``l``'s attention
+    value_norm: np.ndarray
     channel: int
 
 
