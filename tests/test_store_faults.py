@@ -652,3 +652,65 @@ def test_a_conversion_that_does_not_load_raises_with_the_path(fake_conversion, m
     monkeypatch.setattr(sources, "_load_folder", broken)
     with pytest.raises(ValueError, match=r"written to .*smollm2-135m-.* is damaged .*rm -r"):
         fake_conversion.load()
+
+
+# ------------------------------------------------------------------ .npy headers and thread safety
+
+def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
+    """numpy parses a header with ast.literal_eval, which CPython 3.11 cannot always run in two threads
+    at once (a SystemError in CI, cf. gh-106905); the store parses headers under a lock: no overlap."""
+    paths = [ex.save_result(_tagged(f"k{j}", 0, j), tmp_path) for j in range(4)]
+    inside, overlaps = [0], []
+    real = {v: getattr(np.lib.format, f"read_array_header_{v}") for v in ("1_0", "2_0")}
+
+    def slow(version):
+        def parse(fh):
+            inside[0] += 1
+            overlaps.append(inside[0] > 1)
+            threading.Event().wait(0.002)  # long enough for another thread to enter if it could
+            try:
+                return real[version](fh)
+            finally:
+                inside[0] -= 1
+        return parse
+
+    for version in real:
+        monkeypatch.setattr(np.lib.format, f"read_array_header_{version}", slow(version))
+    errors = []
+
+    def read():
+        try:
+            for _ in range(5):
+                for path in paths:
+                    ex.load_result(path)
+        except BaseException:  # noqa: BLE001
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, "\n".join(errors)
+    assert len(overlaps) >= 4 * 5 * 4 and not any(overlaps)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.asfortranarray(np.arange(24.0).reshape(2, 3, 4)),
+    lambda: np.arange(6, dtype=">i4").reshape(2, 3),
+    lambda: np.zeros((0, 5)),
+    lambda: np.array(3.5),
+    lambda: np.array([True, False]),
+    lambda: np.arange(4, dtype=np.complex64),
+], ids=["fortran", "big-endian", "empty", "0-d", "bool", "complex"])
+def test_arrays_read_back_exactly_as_numpy_reads_them(tmp_path, make):
+    array = make()
+    r = ex.Result(name="layout", config={}, arrays={"a": array}, scalars={}, versions={},
+                  device="cpu", wall_time=0.0, schema="1.1", config_hash="0" * 16)
+    path = ex.save_result(r, tmp_path)
+    got = ex.load_result(path).arrays["a"]
+    with np.load(path.with_suffix(".npz")) as ref:
+        want = ref["a"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.flags.f_contiguous == want.flags.f_contiguous and got.flags.writeable
+    np.testing.assert_array_equal(got, want)

@@ -58,6 +58,10 @@ _STALE_TEMP_S = 24 * 3600
 #: How often :func:`load_result` re-reads a pair that writers keep replacing during the read.
 _READ_ATTEMPTS = 50
 _THREAD_LOCK = threading.Lock()  # serialises writers only where fcntl is missing
+# numpy parses an .npy header with ast.literal_eval, which CPython 3.11 (3.11.7 in CI included) cannot
+# always run in two threads at once ("SystemError: AST constructor recursion depth mismatch", cf.
+# gh-106905): headers are parsed one thread at a time; the data are read outside the lock
+_HEADER_LOCK = threading.Lock()
 
 
 class StaleResultWarning(UserWarning):
@@ -502,21 +506,30 @@ def _read_npz(blob: bytes, declared: dict, corrupt) -> dict:
             key = info.filename.removesuffix(".npy")
             spec = declared[key]
             nbytes = math.prod(spec["shape"]) * np.dtype(spec["dtype"]).itemsize
-            with zf.open(info) as fh:  # the header only: shape and dtype before any allocation
+            with zf.open(info) as fh:  # the header first: shape and dtype before any allocation
                 version = np.lib.format.read_magic(fh)
                 read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = read_header(fh)
+                with _HEADER_LOCK:
+                    shape, fortran_order, dtype = read_header(fh)
                 inflated = fh.tell() + nbytes
-            if list(shape) != spec["shape"] or str(dtype) != spec["dtype"]:
-                raise corrupt(f"array {key!r} is {dtype} {list(shape)} but the JSON declares "
-                              f"{spec['dtype']} {spec['shape']}")
-            if info.file_size != inflated or (  # a zip entry's sizes are claims: checked, then bounded
-                    inflated > _BOMB_BYTES and inflated > _MAX_RATIO * min(info.compress_size, len(blob))):
-                raise corrupt(f"array {key!r} inflates to {info.file_size} bytes from {info.compress_size}, "
-                              f"but the JSON declares {spec['dtype']} {spec['shape']} ({inflated} bytes)")
-            with zf.open(info) as fh:
-                arrays[key] = np.lib.format.read_array(fh, allow_pickle=False)
+                if list(shape) != spec["shape"] or str(dtype) != spec["dtype"]:
+                    raise corrupt(f"array {key!r} is {dtype} {list(shape)} but the JSON declares "
+                                  f"{spec['dtype']} {spec['shape']}")
+                if info.file_size != inflated or (  # a zip entry's sizes are claims: checked, then bounded
+                        inflated > _BOMB_BYTES and inflated > _MAX_RATIO * min(info.compress_size, len(blob))):
+                    raise corrupt(f"array {key!r} inflates to {info.file_size} bytes from "
+                                  f"{info.compress_size}, but the JSON declares {spec['dtype']} "
+                                  f"{spec['shape']} ({inflated} bytes)")
+                if dtype.hasobject:
+                    raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+                data = bytearray(fh.read(nbytes))  # writable, as np.load's arrays are
+                if len(data) != nbytes:
+                    raise EOFError(f"array {key!r} holds {len(data)} of its {nbytes} bytes")
+                flat = (np.frombuffer(data, dtype=dtype, count=math.prod(shape)) if nbytes
+                        else np.empty(math.prod(shape), dtype=dtype))
+                arrays[key] = (flat.reshape(shape[::-1]).transpose() if fortran_order
+                               else flat.reshape(shape))
     return arrays
 
 
