@@ -235,7 +235,7 @@ def test_the_rotation_plan_and_cle_leave_the_float_model_unchanged(tiny_llama):
     assert float((plain - rotated).abs().max()) > 1e-6
 
 
-STORED = ("deployable_quantization", "mixed_precision_baselines", "pruning_baselines")
+STORED = ("deployable_quantization", "mixed_precision_baselines", "pruning_baselines", "quantization_sensitivity")
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -262,5 +262,25 @@ def test_the_stored_results_are_current_and_sane(name):
         sets = r.arrays["mixed_sets"]
         assert len(sets) - len(r.scalars["mixed_rules"]) >= 50                          # many random sets
         assert all(len(set(s)) == cfg.keep_layers for s in sets)
-    else:
+    elif name == "pruning_baselines":
         assert r.arrays["prune_random_loss"].shape[0] >= 10                                # many seeds
+    else:
+        n_sites, n_blocks = len(r.scalars["sites"]), len(r.arrays["layer_mean_share"])
+        assert r.arrays["site_loss"].shape == r.arrays["site_high_loss"].shape == (n_sites, 16)
+        assert r.arrays["layer_loss"].shape == (n_blocks, 16) and n_blocks == 30
+        assert ((0 < r.arrays["layer_mean_share"]) & (r.arrays["layer_mean_share"] < 1)).all()
+        # int4 per token on every linear input is also a row of the deployable_quantization Result,
+        # computed there in another run: the two measurements must agree text by text
+        from companion.experiments.deployable_quantization import SCHEMES
+        dq = xp.load_result(xp.result_path(xp.make_config("deployable_quantization"), xp.stored_root()))
+        np.testing.assert_allclose(r.arrays["all_low_loss"], dq.arrays["loss"][SCHEMES.index("A4 per-token")],
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(r.arrays["base_loss"], dq.arrays["base_loss"], rtol=1e-6)
+
+
+def test_sensitivity_refuses_low_bits_above_high_bits():
+    from companion.experiments import make_config
+    with pytest.raises(ValueError, match="high_bits"):
+        make_config("quantization_sensitivity", low_bits=8, high_bits=4).compute("cpu", None)
+    with pytest.raises(ValueError, match="low_bits must be a int"):        # refused at the door
+        make_config("quantization_sensitivity", low_bits=4.5)

@@ -29,11 +29,12 @@ from companion.applications.model_quantization import (
     LinearQuantization, equalized_linears, quantized_linears, weight_bias_correction)
 from companion.applications.quantization import quantize_weight, random_rotation, smoothquant_scales
 from companion.experiments import register
-from companion.experiments.compression_sweep import CompressionBench
+from companion.experiments.compression_sweep import SITES, CompressionBench
 from companion.transformers import models
 
 __all__ = ["DeployableQuantizationExperiment", "MixedPrecisionBaselinesExperiment", "PruningBaselinesExperiment",
-           "book_paragraphs", "equalization_pairs", "rotation_plan", "SCHEMES"]
+           "QuantizationSensitivityExperiment", "book_paragraphs", "equalization_pairs", "rotation_plan",
+           "SCHEMES"]
 
 #: Whole-model schemes in table order; "(reference)" marks the one no deployed kernel runs.
 SCHEMES = ("W8 per-channel", "W8 per-tensor", "W4 per-channel", "W4 per-tensor",
@@ -393,4 +394,54 @@ class PruningBaselinesExperiment:
                 chosen = {n: pruning.lowest_fraction(v, f) for n, v in neuron.items()}
                 prune_random[seed, c] = bench.measure(pruning.zero_linear_inputs(downs, chosen))["loss"]
         out.update(prune_scores=list(scores), prune_loss=prune, prune_random_loss=prune_random, **m.facts())
+        return out
+
+
+@register("quantization_sensitivity", schema=1)
+@dataclass(frozen=True)
+class QuantizationSensitivityExperiment:
+    """Which layers and which sites are sensitive to low-bit activations, on the held-out books.
+
+    Per-text loss increases (``[.., eval text]``): ``site_loss [site]`` with only that site's inputs at
+    ``low_bits`` per token; ``all_low_loss`` with every linear input at ``low_bits``; ``site_high_loss
+    [site]`` with that site at ``high_bits`` and the rest at ``low_bits``; ``layer_loss [block]`` with only
+    that block at ``low_bits``.  Per block, from the calibration split: ``layer_mean_share``
+    (:math:`\\sum\\lVert\\mu\\rVert^2 / \\sum E\\lVert x\\rVert^2` over its linear inputs) and
+    ``layer_range`` (largest :math:`|x|`).
+    """
+
+    model: str = "smollm2-135m"  #: a causal LM for :func:`~companion.transformers.models.load`
+    n_calib: int = 8  #: calibration texts: the first paragraphs of Acts with >= ``seq_len`` tokens
+    eval_books: tuple[str, ...] = ("kjv_genesis", "kjv_mark", "kjv_esther", "kjv_ruth")
+    n_per_book: int = 4  #: evaluation texts per book (its first paragraphs with >= ``seq_len`` tokens)
+    seq_len: int = 64
+    dtype: str = "float32"  #: compute type
+    low_bits: int = 4  #: per-token dynamic activations at ``low_bits``...
+    high_bits: int = 8  #: ... and the site kept at ``high_bits``
+
+    def compute(self, device, progress):
+        """Run the experiment; returns the Result's arrays and scalars."""
+        lo = check_int(self.low_bits, "low_bits", 2, 16)
+        hi = check_int(self.high_bits, "high_bits", lo, 16)
+        m, bench, L, lin, out = _setup(self, device)
+
+        def loss(mods, bits=lo):
+            return bench.measure(quantized_linears(mods, _a_spec(bits, "token")))["loss"]
+
+        sites = list(SITES)
+        site_loss = [loss(bench.modules([s])) for s in sites]
+        site_high = []
+        for s in sites:
+            high = bench.modules([s])
+            with quantized_linears(high, _a_spec(hi, "token")):
+                site_high.append(loss({n: mod for n, mod in lin.items() if n not in high}))
+        layer_loss = [loss(bench.modules(layers=[ell])) for ell in range(L)]
+        share, rng_ = [], []
+        for ell in range(L):
+            sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
+            share.append(sum(float((s.mean ** 2).sum()) for s in sts) / sum(float(s.second_moment.sum()) for s in sts))
+            rng_.append(max(float(s.max_abs.max()) for s in sts))
+        out.update(sites=sites, site_loss=np.array(site_loss), all_low_loss=loss(lin),
+                   site_high_loss=np.array(site_high), layer_loss=np.array(layer_loss),
+                   layer_mean_share=np.array(share), layer_range=np.array(rng_), **m.facts())
         return out
