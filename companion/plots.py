@@ -311,7 +311,9 @@ def layer_profiles(ax, curves, x=None, *, xlabel: str = "layer l", ylabel: str |
 
 
 # --- depth study: one panel per placement or statistic, the members coloured by depth ---
-_PLACEMENT_NAMES = {"pre": "Pre-LN", "post": "Post-LN", "dslm": "DSLM Post-LN"}
+# "dslm" is the key of the stored Result; the book names it for what it is (Kedia et al.'s residual
+# scaling on Xavier initialisation, not their whole recipe).
+_PLACEMENT_NAMES = {"pre": "Pre-LN", "post": "Post-LN", "dslm": "λ/β-scaled Post-LN"}
 
 
 def _depth_result(result, arrays):

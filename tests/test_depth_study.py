@@ -200,6 +200,61 @@ def test_per_member_cache_resumes(tmp_path):
         ds.run_family((), (2,), (0,), base=base, results_dir=tmp_path)
 
 
+def _installed(monkeypatch, tmp_path, packaged):
+    """Simulate an installed package: no clone, no $COMPANION_RESULTS, the packaged members in
+    ``packaged`` (made read-only) and the user's home (its cache) under ``tmp_path / "home"``."""
+    from companion.experiments import store
+    monkeypatch.delenv("COMPANION_RESULTS", raising=False)
+    monkeypatch.setattr(store, "source_checkout", lambda: None)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(ds, "family_root", lambda: packaged)
+    for path in [packaged, *packaged.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+
+
+def test_installed_family_computes_into_the_user_cache(tmp_path, monkeypatch):
+    """Issue 29: with the packaged members read-only (an installed package), run_family(compute=True)
+    loads the packaged members and computes the missing ones into the user's cache; loading without
+    computing finds both; the packaged folder is not written to."""
+    base, packaged = _tiny_member(), tmp_path / "pkg" / "depth_study"
+    stored = ds.run_family(("pre",), (2,), (0,), base=base, device="cpu", results_dir=packaged)
+    _installed(monkeypatch, tmp_path, packaged)
+    before = {p: p.stat().st_mtime_ns for p in packaged.rglob("*")}
+    try:
+        out = ds.run_family(("pre", "post"), (2,), (0,), base=base, device="cpu")
+        cache = xp.cache_root() / "depth_study"
+        assert cache == tmp_path / "home" / ".cache" / "companion" / "results" / "cache" / "depth_study"
+        assert out[("pre", 2, 0)].path == stored[("pre", 2, 0)].path          # the packaged member
+        np.testing.assert_array_equal(out[("pre", 2, 0)].arrays["train_loss"],
+                                      stored[("pre", 2, 0)].arrays["train_loss"])
+        assert out[("post", 2, 0)].path.parent == cache / "depth_member"       # computed into the cache
+        assert {p: p.stat().st_mtime_ns for p in packaged.rglob("*")} == before
+        loaded = ds.run_family(("pre", "post"), (2,), (0,), base=base, compute=False)
+        assert {k: r.path for k, r in loaded.items()} == {k: r.path for k, r in out.items()}
+        with pytest.raises(FileNotFoundError, match="not stored"):
+            ds.run_family(("pre",), (2,), (1,), base=base, compute=False)
+    finally:
+        for path in [packaged, *packaged.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def test_unwritable_target_raises_a_clear_error_before_computing(tmp_path, monkeypatch):
+    """A member to compute whose folder cannot be created (the cache's parent is a file) raises a
+    ValueError naming results_dir= and $COMPANION_RESULTS, before any training; an explicit
+    unwritable results_dir does the same."""
+    base, packaged = _tiny_member(), tmp_path / "pkg" / "depth_study"
+    packaged.mkdir(parents=True)
+    _installed(monkeypatch, tmp_path, packaged)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".cache").write_text("a file where the cache folder would be")
+    calls = []
+    monkeypatch.setattr(ds, "_run_member", lambda *a, **k: calls.append(a))
+    for kwargs in ({}, {"results_dir": tmp_path / "home" / ".cache" / "members"}):
+        with pytest.raises(ValueError, match=r"cannot write Results into .*results_dir=.*COMPANION_RESULTS"):
+            ds.run_family(("pre",), (2,), (0,), base=base, device="cpu", **kwargs)
+    assert calls == []
+
+
 def test_gpu_member_config_runs_at_tiny_size(tmp_path):
     """The GPU configuration is a valid, bigger member; shrunk to seconds it runs end to end."""
     g, c = ds.GPU_MEMBER, ds.DepthMember()

@@ -915,6 +915,22 @@ def family_root() -> "Path":
     return stored_root() / "depth_study"
 
 
+def _packaged_member(config: DepthMember, roots):
+    """The valid, current Result of ``config`` in the first of the read-only ``roots`` holding one, or None."""
+    from companion.experiments import load_result, result_path, stale_reason
+
+    for root in roots:
+        path = result_path(config, root)
+        if path.exists():
+            try:
+                result = load_result(path)
+            except ValueError:
+                continue
+            if stale_reason(result, config) is None:
+                return result
+    return None
+
+
 def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2), base: DepthMember | None = None,
                device=None, results_dir=None, compute: bool = True, progress: bool = False) -> dict:
     """Every member's Result, each cached on its own (a rerun resumes where one stopped).
@@ -926,7 +942,11 @@ def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2),
         Sizes shared by every member (default ``DepthMember()``; :data:`GPU_MEMBER` at GPU size).
     device : str, optional
     results_dir : path, optional
-        Where members are looked up and saved (default :func:`family_root`).
+        Where members are looked up and saved.  Default: looked up in the packaged members
+        (:func:`family_root`), then in the folder where new members go: the same folder in a clone
+        of the repository or under ``$COMPANION_RESULTS`` (Results to keep), else the user's cache
+        (``depth_study/`` under :func:`~companion.experiments.cache_root`), so that an installed,
+        read-only package is never written to.
     compute : bool, default True
         ``False``: only load; a missing member raises ``FileNotFoundError``.
     progress : bool
@@ -935,12 +955,24 @@ def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2),
     -------
     dict
         ``{(placement, depth, seed): Result}``.
+
+    Raises
+    ------
+    ValueError
+        No placement, depth or seed; or a member to compute whose folder cannot be written (the
+        message says what to pass: ``results_dir=`` or ``$COMPANION_RESULTS``), before it is computed.
+    FileNotFoundError
+        ``compute=False`` and a member is stored in none of the folders.
     """
     from pathlib import Path
 
     from companion.experiments import load_result, result_path, run_cached
+    from companion.experiments.store import _stored_target
 
-    root = Path(results_dir) if results_dir is not None else family_root()
+    if results_dir is not None:
+        roots = [Path(results_dir)]
+    else:  # packaged members first (read only), then where new members go
+        roots = list(dict.fromkeys([family_root(), _stored_target() / "depth_study"]))
     keys = [(p, int(d), int(s)) for p in placements for d in depths for s in seeds]
     if not keys:
         raise ValueError("run_family needs at least one placement, depth and seed")
@@ -948,10 +980,11 @@ def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2),
     out = {}
     bar = progress_bar(len(keys), progress, "depth members")
     for k, cfg in configs.items():
-        if compute:
-            out[k] = run_cached(cfg, device=device, results_dir=root)
-        else:
-            path = result_path(cfg, root)
+        out[k] = _packaged_member(cfg, roots[:-1])
+        if out[k] is None and compute:
+            out[k] = run_cached(cfg, device=device, results_dir=roots[-1])
+        elif out[k] is None:
+            path = result_path(cfg, roots[-1])
             if not path.exists():
                 raise FileNotFoundError(f"member {k} is not stored at {path}; run run_family(compute=True)")
             out[k] = load_result(path)
