@@ -855,7 +855,7 @@ def variance_inflation(rho, N) -> float:
     r"""Variance inflation :math:`V_N=1+2\sum_{k<N}(1-k/N)\rho_k` of a count of stationary indicators.
 
     :math:`\operatorname{Var}C=Np(1-p)V_N` for :math:`C=\sum_{i\le N}B_i`, and :math:`N/V_N` is the
-    effective number of tokens (chapter :doc:`/book/dependent_tokens`, ``dep-prop-variance``).
+    effective number of tokens (chapter :doc:`/book/dependent_tokens`, :prf:ref:`dep-prop-variance`).
 
     Parameters
     ----------
@@ -911,7 +911,7 @@ def mdependent_count_bound(s, N, m, two_sided: bool = True):
     For :math:`m`-dependent indicators :math:`B_1,\dots,B_N` (any :math:`P(B_i=1)=p_i`),
     :math:`C=\sum_iB_i`, :math:`\mu=\mathbb EC` and :math:`n_-=\lfloor N/(m+1)\rfloor`, each of
     :math:`P(C-\mu\ge s)` and :math:`P(C-\mu\le-s)` is at most the bound (chapter
-    :doc:`/book/dependent_tokens`, ``dep-thm-blocked``); :math:`m=0` is Hoeffding's inequality.
+    :doc:`/book/dependent_tokens`, :prf:ref:`dep-thm-blocked`); :math:`m=0` is Hoeffding's inequality.
 
     Parameters
     ----------

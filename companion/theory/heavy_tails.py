@@ -64,7 +64,7 @@ def sub_weibull_tail_bound(t, K, alpha):
     r"""The Weibull tail :math:`P(|X|\ge t)\le2\exp(-(t/K)^\alpha)` when :math:`\|X\|_{\psi_\alpha}\le K`.
 
     Markov's inequality applied to :math:`e^{(|X|/K)^\alpha}` (chapter :doc:`/book/heavy_tails`,
-    ``ht-prop-tail``).
+    :prf:ref:`ht-prop-tail`).
 
     Parameters
     ----------
