@@ -284,3 +284,24 @@ def test_sensitivity_refuses_low_bits_above_high_bits():
         make_config("quantization_sensitivity", low_bits=8, high_bits=4).compute("cpu", None)
     with pytest.raises(ValueError, match="low_bits must be a int"):        # refused at the door
         make_config("quantization_sensitivity", low_bits=4.5)
+
+
+def test_block_input_statistics_by_hand():
+    """Mean share and range per block, from the calibration statistics of the block's linear inputs
+    (the one helper that compression_sweep, mixed_precision_baselines and quantization_sensitivity use)."""
+    from types import SimpleNamespace
+
+    from companion.experiments.compression_sweep import CompressionBench
+
+    def st(mean, second, max_abs):
+        return SimpleNamespace(mean=np.array(mean), second_moment=np.array(second), max_abs=np.array(max_abs))
+
+    bench = object.__new__(CompressionBench)
+    names = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.up_proj"]
+    bench.linears = {n: None for n in names}
+    bench.stats = {names[0]: st([1.0, 0.0], [2.0, 2.0], [3.0, 0.5]),
+                   names[1]: st([2.0], [8.0], [7.0]),
+                   names[2]: st([0.0, 3.0], [1.0, 9.0], [1.0, 4.0])}
+    share, range_ = bench.block_input_statistics(2)
+    np.testing.assert_allclose(share, [(1 + 4) / (2 + 2 + 8), 9 / 10])
+    np.testing.assert_array_equal(range_, [7.0, 4.0])

@@ -424,20 +424,27 @@ def test_concurrent_writers_in_several_threads(tmp_path):
     _check_final_state(tmp_path, n_writers)
 
 
-def test_run_cached_from_several_threads_leaves_one_valid_pair(tmp_path):
+def _in_threads(fn, n: int) -> list[str]:
+    """Run ``fn()`` in ``n`` threads at once; the tracebacks of those that raised."""
     errors = []
 
     def work():
         try:
-            ex.run_cached(Sample(n=5), device="cpu", results_dir=tmp_path, force=True)
+            fn()
         except BaseException:  # noqa: BLE001
             errors.append(traceback.format_exc())
 
-    threads = [threading.Thread(target=work) for _ in range(6)]
+    threads = [threading.Thread(target=work) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish within 120 s"
+    return errors
+
+
+def test_run_cached_from_several_threads_leaves_one_valid_pair(tmp_path):
+    errors = _in_threads(lambda: ex.run_cached(Sample(n=5), device="cpu", results_dir=tmp_path, force=True), 6)
     assert not errors, "\n".join(errors)
     path = ex.result_path(Sample(n=5), tmp_path)
     assert ex.load_result(path).arrays["x"].shape == (5,)
@@ -676,21 +683,13 @@ def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
 
     for version in real:
         monkeypatch.setattr(np.lib.format, f"read_array_header_{version}", slow(version))
-    errors = []
 
     def read():
-        try:
-            for _ in range(5):
-                for path in paths:
-                    ex.load_result(path)
-        except BaseException:  # noqa: BLE001
-            errors.append(traceback.format_exc())
+        for _ in range(5):
+            for path in paths:
+                ex.load_result(path)
 
-    threads = [threading.Thread(target=read) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = _in_threads(read, 4)
     assert not errors, "\n".join(errors)
     assert len(overlaps) >= 4 * 5 * 4 and not any(overlaps)
 

@@ -113,6 +113,16 @@ class CompressionBench:
                 if (kinds is None or n.split(".")[-1] in kinds)
                 and (layers is None or int(n.split(".")[2]) in layers)}
 
+    def block_input_statistics(self, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per block, from the calibration statistics of its linear layers' inputs: the mean share
+        :math:`\\sum\\mu_j^2 / \\sum E[x_j^2]` over all input channels, and the range (largest :math:`|x|`)."""
+        share, range_ = [], []
+        for ell in range(n_blocks):
+            sts = [self.stats[n] for n in self.modules(layers=[ell])]
+            share.append(sum(float((s.mean ** 2).sum()) for s in sts) / sum(float(s.second_moment.sum()) for s in sts))
+            range_.append(max(float(s.max_abs.max()) for s in sts))
+        return np.array(share), np.array(range_)
+
     def static_ranges(self, modules, symmetric=True, smooth=None):
         """Per-tensor calibrated ranges ``(lo, hi)`` of each input (in smoothed coordinates)."""
         out = {}
@@ -236,13 +246,8 @@ class CompressionSweepExperiment:
         layer_kl = [bench.measure(bench.activation(lo, "token", modules=bench.modules(layers=[ell])),
                                   split="calib")["kl"].mean() for ell in range(L)]
         out["layer_kl"] = np.array(layer_kl)
-        share, rng_ = [], []
-        for ell in range(L):
-            sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
-            share.append(sum(float((s.mean**2).sum()) for s in sts)
-                         / sum(float(s.second_moment.sum()) for s in sts))
-            rng_.append(max(float(s.max_abs.max()) for s in sts))
-        out["layer_mean_share"], out["layer_range"] = np.array(share), np.array(rng_)
+        share, rng_ = bench.block_input_statistics(L)
+        out["layer_mean_share"], out["layer_range"] = share, rng_
         k = self.keep_layers
         rules = {"sensitivity (calibration KL)": np.argsort(-np.array(layer_kl), kind="stable")[:k],
                  "largest mean share (the note)": np.argsort(-np.array(share), kind="stable")[:k],

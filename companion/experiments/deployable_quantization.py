@@ -328,15 +328,11 @@ class MixedPrecisionBaselinesExperiment:
                 self.model, self.n_calib, self.seq_len, lo):
             raise ValueError("the stored compression_sweep sensitivities were measured on another set-up")
         layer_kl = np.asarray(sweep.arrays["layer_kl"], dtype=float)
-        share, rng_ = [], []
-        for ell in range(L):
-            sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
-            share.append(sum(float((s.mean ** 2).sum()) for s in sts) / sum(float(s.second_moment.sum()) for s in sts))
-            rng_.append(max(float(s.max_abs.max()) for s in sts))
+        share, rng_ = bench.block_input_statistics(L)
         k = check_int(self.keep_layers, "keep_layers", 1, L - 1)
         rules = {"sensitivity (calibration KL)": np.argsort(-layer_kl, kind="stable")[:k],
-                 "largest mean share (the note)": np.argsort(-np.array(share), kind="stable")[:k],
-                 "largest range": np.argsort(-np.array(rng_), kind="stable")[:k]}
+                 "largest mean share (the note)": np.argsort(-share, kind="stable")[:k],
+                 "largest range": np.argsort(-rng_, kind="stable")[:k]}
         gen = np.random.default_rng(0)
         sets = [sorted(int(c) for c in chosen) for chosen in rules.values()]
         sets += [sorted(int(c) for c in gen.choice(L, k, replace=False)) for _ in range(self.n_random_sets)]
@@ -346,7 +342,7 @@ class MixedPrecisionBaselinesExperiment:
             low = {n: mod for n, mod in lin.items() if n not in high}
             with quantized_linears(high, a_spec(hi, "token")):
                 mixed.append(bench.measure(quantized_linears(low, a_spec(lo, "token")))["loss"])
-        out.update(layer_kl=layer_kl, layer_mean_share=np.array(share), layer_range=np.array(rng_),
+        out.update(layer_kl=layer_kl, layer_mean_share=share, layer_range=rng_,
                    mixed_rules=list(rules), mixed_sets=np.array(sets), mixed_loss=np.array(mixed))
         out.update(**m.facts())
         return out
@@ -436,12 +432,8 @@ class QuantizationSensitivityExperiment:
             with quantized_linears(high, _a_spec(hi, "token")):
                 site_high.append(loss({n: mod for n, mod in lin.items() if n not in high}))
         layer_loss = [loss(bench.modules(layers=[ell])) for ell in range(L)]
-        share, rng_ = [], []
-        for ell in range(L):
-            sts = [bench.stats[n] for n in bench.modules(layers=[ell])]
-            share.append(sum(float((s.mean ** 2).sum()) for s in sts) / sum(float(s.second_moment.sum()) for s in sts))
-            rng_.append(max(float(s.max_abs.max()) for s in sts))
+        share, rng_ = bench.block_input_statistics(L)
         out.update(sites=sites, site_loss=np.array(site_loss), all_low_loss=loss(lin),
                    site_high_loss=np.array(site_high), layer_loss=np.array(layer_loss),
-                   layer_mean_share=np.array(share), layer_range=np.array(rng_), **m.facts())
+                   layer_mean_share=share, layer_range=rng_, **m.facts())
         return out
