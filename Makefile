@@ -26,7 +26,7 @@ PORTABLE_PATHS ?= tests book
 .PHONY: help env book test test-package test-notebooks test-portable test-portable-ci test-explore benchmarks \
 	check-render lock clean
 .PHONY: help env book test test-package test-notebooks benchmarks check-render lock clean
-.PHONY: test-wheel test-lowest gpu-results
+.PHONY: test-wheel test-lowest gpu-results gpu-family
 
 help:
 	@echo "make env          create .venv and install the pinned environment (constraints.txt)"
@@ -40,6 +40,7 @@ help:
 	@echo "make pdf          typeset the whole book as a PDF (XeLaTeX) into _build/latex/book.pdf and check it"
 	@echo "make test-wheel   build the wheel, install it into a fresh venv, use it from outside the repo"
 	@echo "make gpu-results  the depth study at GPU size on cuda (scripts/gpu_depth_study.py), Result into OUT"
+	@echo "make gpu-family   the depth family at GPU size on cuda, member by member (resumable), into OUT"
 	@echo "make test-lowest  package tests against the lowest declared versions (fresh .venv-lowest)"
 
 env: $(STAMP)
@@ -98,6 +99,9 @@ test-explore: $(STAMP)
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-results:
 	$(GPU_PYTHON) scripts/gpu_depth_study.py --device cuda --out "$${OUT:-companion/data/results}"
+
+gpu-family:
+	$(GPU_PYTHON) scripts/gpu_depth_study.py --family --device cuda --out "$${OUT:-companion/data/results}"
 
 benchmarks: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done

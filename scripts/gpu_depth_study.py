@@ -7,6 +7,13 @@ network, no model packages.  Usage::
     python scripts/gpu_depth_study.py                       # GPU_CONFIG on cuda, into $OUT
     python scripts/gpu_depth_study.py --tiny --device cpu --out /tmp/x   # seconds (the test)
     python scripts/gpu_depth_study.py --set steps=500       # any DepthStudy field
+    python scripts/gpu_depth_study.py --family              # the family at GPU size, member by member
+    python scripts/gpu_depth_study.py --family --depths 32,64 --seeds 0,1   # part of it (resumable)
+
+``--family`` trains the depth family of the chapter (``ds.run_family``) at ``ds.GPU_MEMBER`` size:
+width 128, 4000 steps of 32 x 128 bytes, depths ``ds.GPU_DEPTHS``, seeds ``ds.GPU_SEEDS``, every
+placement; each member is its own Result under ``$OUT/depth_study/depth_member/``, and a rerun
+skips the members already there.  ``--set`` then changes ``DepthMember`` fields.
 
 Sizing (from the stored CPU-size run, float64, one core of a shared 2-core machine; printed in
 the chapter *The depth study*, section 6): training took 46 min of wall time for 372 layers x 300
@@ -45,9 +52,16 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT"), help="results folder (default: $OUT)")
     parser.add_argument("--tiny", action="store_true", help="a seconds-sized config (tests)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--family", action="store_true", help="the depth family (ds.run_family), GPU size")
+    parser.add_argument("--depths", help="family depths, comma-separated (default ds.GPU_DEPTHS)")
+    parser.add_argument("--seeds", help="family seeds, comma-separated (default ds.GPU_SEEDS)")
     args = parser.parse_args(argv)
     if not args.out:
         parser.error("give --out or set $OUT")
+    if (args.depths or args.seeds) and not args.family:
+        parser.error("--depths and --seeds belong to --family")
+    if args.family:
+        return _family(args)
     config = ds.tiny() if args.tiny else ds.GPU_CONFIG
     if args.overrides:
         pairs = dict(item.split("=", 1) for item in args.overrides)
@@ -61,6 +75,40 @@ def main(argv=None) -> int:
                "eval_loss": np.round(a["eval_loss"], 3).tolist(),
                "window_first": np.round(a["window"][:, :, 0, 0], 3).tolist(),
                "train_seconds": np.round(a["train_seconds"], 1).tolist()}
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _ints(text, name):
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--{name} must be comma-separated integers, got {text!r}") from None
+    return values
+
+
+def _family(args) -> int:
+    base = ds.GPU_MEMBER
+    depths, seeds = ds.GPU_DEPTHS, ds.GPU_SEEDS
+    if args.tiny:   # seconds on a CPU (the test)
+        base = dataclasses.replace(base, d_model=8, n_heads=2, steps=6, batch_size=2, seq_len=16, warmup=2,
+                                   n_eval=4, n_prompts=4, span=2, n_read=2, context=2, n_targets=2, n_null=3,
+                                   n_outlier_prompts=2, n_checkpoints=2)
+        depths, seeds = (2,), (0,)
+    if args.overrides:
+        pairs = dict(item.split("=", 1) for item in args.overrides)
+        current = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        base = xp.make_config(ds.DepthMember, {**current, **pairs})
+    depths = _ints(args.depths, "depths") if args.depths else depths
+    seeds = _ints(args.seeds, "seeds") if args.seeds else seeds
+    start = time.time()
+    fam = ds.run_family(ds.MEMBER_PLACEMENTS, depths, seeds, base=base, device=args.device,
+                        results_dir=Path(args.out) / "depth_study")
+    summary = {"members": len(fam), "wall_time": round(time.time() - start, 1),
+               "devices": sorted({r.device for r in fam.values()}),
+               "heldout_loss": {f"{p} L={d} seed={s}": round(r.scalars["heldout_loss"], 3)
+                                for (p, d, s), r in fam.items()},
+               "paths": sorted(str(r.path) for r in fam.values())}
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -113,6 +113,26 @@ def test_gpu_script_runs_tiny_on_cpu(tmp_path):
     assert r.arrays["train_loss"].shape[-1] == 3
 
 
+def test_gpu_script_runs_the_family_tiny_on_cpu_and_resumes(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_depth_study.py"), "--family", "--tiny", "--device", "cpu",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["members"] == len(ds.MEMBER_PLACEMENTS) and all(d.startswith("cpu") for d in summary["devices"])
+    paths = [Path(p) for p in summary["paths"]]
+    assert all(p.parent == tmp_path / "depth_study" / "depth_member" and p.exists() for p in paths)
+    mtimes = [p.stat().st_mtime_ns for p in paths]
+    again = subprocess.run(cmd + ["--seeds", "0"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0 and [p.stat().st_mtime_ns for p in paths] == mtimes      # nothing retrained
+    bad = subprocess.run(cmd[:-2] + ["--out", str(tmp_path), "--depths", "2,x"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert bad.returncode != 0 and "--depths must be comma-separated integers" in bad.stderr
+    alone = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_depth_study.py"), "--seeds", "0",
+                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert alone.returncode != 0 and "belong to --family" in alone.stderr
+
+
 def test_gpu_config_is_a_valid_bigger_member_of_the_same_family():
     g, c = ds.GPU_CONFIG, ds.DepthStudy()
     assert g.depths == c.depths and g.placements == c.placements and g.d_model > c.d_model
@@ -392,10 +412,15 @@ def test_unigram_baseline_and_split():
 
 
 def test_stored_family_members():
-    """The stored family (chapter §7-10): 3 placements x depths 4, 8, 16 x 3 seeds, each its own
-    Result with its device; every member beats the unigram baseline on the held-out documents."""
-    fam = ds.run_family(ds.MEMBER_PLACEMENTS, (4, 8, 16), (0, 1, 2), compute=False)
-    assert len(fam) == 27
+    """The stored family (chapter §1-5): Pre-LN and scaled Post-LN at depths 4 to 64, plain Post-LN
+    at 4 to 32, 3 seeds, each its own Result with its device; every member beats the unigram baseline
+    on the held-out documents, and every (placement, depth) trains except plain Post-LN at 32."""
+    assert ds.FAMILY_SEEDS == (0, 1, 2)
+    fam = ds.run_family(compute=False)
+    assert len(fam) == (5 + 4 + 5) * 3
+    for p in ds.MEMBER_PLACEMENTS:
+        for L in ds.FAMILY_DEPTHS[p]:
+            assert ds.trained(fam[(p, L, s)] for s in ds.FAMILY_SEEDS) == ((p, L) != ("post", 32))
     uni = ds.unigram_heldout(0.1)
     for (p, L, s), r in fam.items():
         assert r.config_hash == xp.config_hash(ds.member(p, L, s)) and r.device.startswith("cpu")
@@ -418,3 +443,55 @@ def test_train_tiny_lm_callback_sees_every_step_and_changes_nothing():
     np.testing.assert_array_equal(with_cb, without)
     with pytest.raises(TypeError, match="callback"):
         train_tiny_lm(cfg, "abcabcabc" * 20, steps=3, batch_size=2, seq_len=8, callback=3)
+
+
+def test_lr_sweep_points_are_the_members_it_would_train(tmp_path):
+    """Each point of the learning-rate sweep is the held-out loss of the member trained at that
+    (lr, warm-up): checked against run_family's own member, trained separately."""
+    sizes = dict(depth=2, d_model=8, n_heads=2, steps=6, batch_size=2, seq_len=16, n_eval=4)
+    sweep = ds.DepthLRSweep(placement="post", lrs=(1e-3, 3e-3), warmups=(0, 2), **sizes)
+    r = xp.run_cached(sweep, device="cpu", results_dir=tmp_path)
+    assert r.arrays["heldout_loss"].shape == (2, 2) and np.isfinite(r.arrays["heldout_loss"]).all()
+    assert r.scalars["unigram_heldout"] == pytest.approx(ds.unigram_heldout(0.1), rel=1e-12)
+    base = _tiny_member(**sizes, n_prompts=2, n_outlier_prompts=2)
+    fam = ds.run_family(("post",), (2,), (0,), base=base, device="cpu", results_dir=tmp_path)
+    member = fam[("post", 2, 0)]
+    lr, warm = member.config["lr"], member.config["warmup"]
+    assert (lr, warm) == (1e-3, 1)                 # TUNED["post"], warm-up scaled to 6 steps
+    again = xp.run_cached(dataclasses.replace(sweep, lrs=(lr,), warmups=(warm,)), device="cpu",
+                          results_dir=tmp_path)
+    assert again.arrays["heldout_loss"][0, 0] == pytest.approx(member.scalars["heldout_loss"], rel=1e-6)
+    assert sweep.member(3e-3, 2).lr == 3e-3 and sweep.member(3e-3, 2).placement == "post"
+
+
+@pytest.mark.parametrize("overrides, err, match", [
+    ({"lrs": ()}, ValueError, "non-empty"),
+    ({"warmups": ()}, ValueError, "non-empty"),
+    ({"lrs": (1e-3, -1.0)}, ValueError, "lrs"),
+    ({"lrs": (float("nan"),)}, ValueError, "lrs"),
+    ({"warmups": (-1,)}, ValueError, "warmups"),
+    ({"placement": "dslm"}, ValueError, "placement"),
+    ({"depth": 0}, ValueError, "depth"),
+])
+def test_lr_sweep_refuses_bad_grids(overrides, err, match):
+    with pytest.raises(err, match=match):
+        ds.DepthLRSweep(**overrides)
+
+
+def test_stored_lr_sweep_agrees_with_the_stored_member():
+    """The stored sweep of plain Post-LN at L = 32 (seed 0): its point at the tuned rate is the
+    stored member's held-out loss (two separate runs), and no rate of the grid trains the model."""
+    sweep = ds.DepthLRSweep()
+    r = xp.load_result(xp.result_path(sweep, ds.family_root()))
+    assert r.config_hash == xp.config_hash(sweep) and r.arrays["heldout_loss"].shape == (3, 2)
+    m = ds.run_family(("post",), (32,), (0,), compute=False)[("post", 32, 0)]
+    i, j = sweep.lrs.index(m.config["lr"]), sweep.warmups.index(m.config["warmup"])
+    assert r.arrays["heldout_loss"][i, j] == pytest.approx(m.scalars["heldout_loss"], rel=1e-12)
+    assert (r.arrays["heldout_loss"] > r.scalars["unigram_heldout"] - ds.TRAINED_MARGIN).all()
+
+
+def test_trained_and_run_family_refuse_bad_input():
+    with pytest.raises(ValueError, match="at least one"):
+        ds.trained([])
+    with pytest.raises(ValueError, match="placement"):
+        ds.run_family(("dslm",), compute=False)

@@ -38,7 +38,8 @@ from companion.stacks.residual import StackConfig, dslm_scales
 from companion.stacks.tinylm import TinyLM, byte_tokenize, train_tiny_lm
 
 __all__ = ["DepthStudy", "GPU_CONFIG", "PLACEMENTS", "member_config", "inject_layers", "train_member",
-           "measure_model", "DepthMember", "GPU_MEMBER", "MEMBER_PLACEMENTS", "MEMBER_LABELS", "member",
+           "measure_model", "DepthMember", "GPU_MEMBER", "GPU_DEPTHS", "GPU_SEEDS", "FAMILY_DEPTHS",
+           "FAMILY_SEEDS", "TRAINED_MARGIN", "trained", "DepthLRSweep", "MEMBER_PLACEMENTS", "MEMBER_LABELS", "member",
            "member_stack_config", "corpus_split", "unigram_heldout", "rank_success", "chance_threshold",
            "detectable_rate", "readout_success", "outlier_metrics", "run_family", "family_root"]
 
@@ -586,6 +587,14 @@ GPU_MEMBER = DepthMember(d_model=128, steps=4000, batch_size=32, seq_len=128, wa
                          n_outlier_prompts=64, n_checkpoints=8)
 GPU_DEPTHS = (4, 8, 16, 32, 64)
 GPU_SEEDS = (0, 1, 2, 3, 4)
+#: The stored CPU family (``DepthMember()`` size): the depths of each placement and the seeds of
+#: every member.  Plain Post-LN stops at 32 layers: there it no longer trains at any learning rate
+#: of its sweep (:class:`DepthLRSweep`), so its 64-layer members were not computed.
+FAMILY_DEPTHS = {"pre": (4, 8, 16, 32, 64), "post": (4, 8, 16, 32), "post_scaled": (4, 8, 16, 32, 64)}
+FAMILY_SEEDS = (0, 1, 2)
+#: A (placement, depth) *trained* when every seed's held-out loss is at least this far (nats/byte)
+#: below the unigram baseline (:func:`trained`); a collapsed model sits at the baseline.
+TRAINED_MARGIN = 0.1
 
 
 def member(placement: str, depth: int, seed: int = 0, base: DepthMember | None = None,
@@ -854,6 +863,14 @@ def _heldout_loss(model, ids: torch.Tensor) -> float:
         return _loss(model(ids)[0], ids)
 
 
+def _train(config: DepthMember, train_docs, device, callback=None):
+    """The trained model of a member and its training losses (:func:`~companion.stacks.tinylm.train_tiny_lm`)."""
+    return train_tiny_lm(member_stack_config(config), train_docs, steps=config.steps,
+                         batch_size=config.batch_size, seq_len=config.seq_len, lr=config.lr, seed=config.seed,
+                         device=str(device), warmup=config.warmup, dtype=_DTYPES[config.dtype],
+                         callback=callback)
+
+
 def _run_member(config: DepthMember, device="cpu") -> dict:
     """Train and measure one member (:class:`DepthMember`)."""
     import time
@@ -886,9 +903,7 @@ def _run_member(config: DepthMember, device="cpu") -> dict:
         res[name] = readout_success(init, prompts, targets, config.n_null, config.alpha, config.span,
                                     config.n_read, mode, seed=[config.seed, 21])
     t0, c0 = time.perf_counter(), time.process_time()
-    model, losses = train_tiny_lm(cfg, train, steps=config.steps, batch_size=config.batch_size,
-                                  seq_len=config.seq_len, lr=config.lr, seed=config.seed, device=str(device),
-                                  warmup=config.warmup, dtype=dtype, callback=callback)
+    model, losses = _train(config, train, device, callback)
     train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     for name, mode in (("later", "later"), ("same", "same")):
         res[name] = readout_success(model, prompts, targets, config.n_null, config.alpha, config.span,
@@ -931,13 +946,34 @@ def _packaged_member(config: DepthMember, roots):
     return None
 
 
-def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2), base: DepthMember | None = None,
-               device=None, results_dir=None, compute: bool = True, progress: bool = False) -> dict:
+def trained(results) -> bool:
+    """Whether every Result of ``results`` (the seeds of one placement and depth) trained: held-out
+    loss at least :data:`TRAINED_MARGIN` below its unigram baseline.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> trained([NS(scalars={"heldout_loss": 2.0, "unigram_heldout": 2.99})])
+    True
+    >>> trained([NS(scalars={"heldout_loss": 2.98, "unigram_heldout": 2.99})])
+    False
+    """
+    results = list(results)
+    if not results:
+        raise ValueError("trained() needs at least one Result")
+    return all(r.scalars["heldout_loss"] <= r.scalars["unigram_heldout"] - TRAINED_MARGIN for r in results)
+
+
+def run_family(placements=MEMBER_PLACEMENTS, depths=None, seeds=FAMILY_SEEDS,
+               base: DepthMember | None = None, device=None, results_dir=None, compute: bool = True,
+               progress: bool = False) -> dict:
     """Every member's Result, each cached on its own (a rerun resumes where one stopped).
 
     Parameters
     ----------
     placements, depths, seeds : sequences
+        Default: every placement at its depths of :data:`FAMILY_DEPTHS`, and :data:`FAMILY_SEEDS`
+        (the stored family).
     base : DepthMember, optional
         Sizes shared by every member (default ``DepthMember()``; :data:`GPU_MEMBER` at GPU size).
     device : str, optional
@@ -973,7 +1009,10 @@ def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2),
         roots = [Path(results_dir)]
     else:  # packaged members first (read only), then where new members go
         roots = list(dict.fromkeys([family_root(), _stored_target() / "depth_study"]))
-    keys = [(p, int(d), int(s)) for p in placements for d in depths for s in seeds]
+    for p in placements:
+        check_choice(p, "placement", MEMBER_PLACEMENTS)
+    keys = [(p, int(d), int(s)) for p in placements for d in (FAMILY_DEPTHS[p] if depths is None else depths)
+            for s in seeds]
     if not keys:
         raise ValueError("run_family needs at least one placement, depth and seed")
     configs = {k: member(*k, base=base) for k in keys}
@@ -993,3 +1032,78 @@ def run_family(placements=MEMBER_PLACEMENTS, depths=(4, 8, 16), seeds=(0, 1, 2),
     if bar is not None:
         bar.close()
     return out
+
+
+@register("depth_lr_sweep", schema=1)
+@dataclass(frozen=True)
+class DepthLRSweep:
+    """Held-out loss of one (placement, depth, seed) over a grid of peak learning rates and warm-ups.
+
+    Every other field is that of :class:`DepthMember` (its default sizes); only the training runs
+    (no readout), so a point costs the training time of a member.  The chapter uses it to choose a
+    member's ``lr`` and ``warmup`` where :data:`TUNED` does not train it (:data:`TUNED_DEEP`).
+
+    Raises
+    ------
+    ValueError
+        An empty or non-positive grid; anything :class:`DepthMember` refuses.
+
+    Examples
+    --------
+    >>> DepthLRSweep().lrs, DepthLRSweep().warmups
+    ((0.0001, 0.0003, 0.001), (100, 300))
+    """
+
+    placement: str = "post"
+    depth: int = 32
+    seed: int = 0
+    lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
+    warmups: tuple[int, ...] = (100, 300)
+    d_model: int = 32
+    n_heads: int = 4
+    steps: int = 600
+    batch_size: int = 16
+    seq_len: int = 64
+    dtype: str = "float32"
+    heldout_frac: float = 0.1
+    n_eval: int = 128
+
+    def __post_init__(self):
+        if not self.lrs or not self.warmups:
+            raise ValueError("DepthLRSweep.lrs and warmups must be non-empty")
+        for lr in self.lrs:
+            check_real(lr, "DepthLRSweep.lrs", lo=0.0, lo_open=True)
+        for w in self.warmups:
+            check_int(w, "DepthLRSweep.warmups", minimum=0)
+        self.member(self.lrs[0], self.warmups[0])                           # DepthMember's own checks
+
+    def member(self, lr: float, warmup: int) -> DepthMember:
+        """The :class:`DepthMember` trained at one grid point."""
+        return DepthMember(placement=self.placement, depth=self.depth, seed=self.seed, lr=lr, warmup=warmup,
+                           d_model=self.d_model, n_heads=self.n_heads, steps=self.steps,
+                           batch_size=self.batch_size, seq_len=self.seq_len, dtype=self.dtype,
+                           heldout_frac=self.heldout_frac, n_eval=self.n_eval)
+
+    def compute(self, device, progress: bool = False) -> dict:
+        """Train at every grid point; ``heldout_loss`` ``[lrs, warmups]`` (nats/byte)."""
+        import time
+
+        cpu0 = time.process_time()
+        train, held = corpus_split(self.heldout_frac)
+        eval_ids = _windows(held, self.n_eval, self.seq_len).to(device)
+        loss = np.full((len(self.lrs), len(self.warmups)), np.nan)
+        final_train = np.full_like(loss, np.nan)
+        bar = progress_bar(loss.size, progress, "learning-rate sweep")
+        for i, lr in enumerate(self.lrs):
+            for j, w in enumerate(self.warmups):
+                model, losses = _train(self.member(lr, w), train, device)
+                model.eval()
+                loss[i, j] = _heldout_loss(model, eval_ids)
+                final_train[i, j] = float(np.mean(losses[-50:]))
+                if bar is not None:
+                    bar.update()
+        if bar is not None:
+            bar.close()
+        return dict(heldout_loss=loss, final_train_loss=final_train,
+                    unigram_heldout=unigram_heldout(self.heldout_frac),
+                    cpu_seconds=time.process_time() - cpu0)
