@@ -62,11 +62,7 @@ def main(argv=None) -> int:
         parser.error("--depths and --seeds belong to --family")
     if args.family:
         return _family(args)
-    config = ds.tiny() if args.tiny else ds.GPU_CONFIG
-    if args.overrides:
-        pairs = dict(item.split("=", 1) for item in args.overrides)
-        current = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        config = xp.make_config(ds.DepthStudy, {**current, **pairs})
+    config = _with_overrides(ds.tiny() if args.tiny else ds.GPU_CONFIG, args.overrides)
     start = time.time()
     result = xp.run(config, device=args.device)
     path = xp.save_result(result, args.out)
@@ -77,6 +73,15 @@ def main(argv=None) -> int:
                "train_seconds": np.round(a["train_seconds"], 1).tolist()}
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def _with_overrides(config, overrides):
+    """``config`` with the ``KEY=VALUE`` strings of ``--set`` applied (typed by the config's fields)."""
+    if not overrides:
+        return config
+    pairs = dict(item.split("=", 1) for item in overrides)
+    current = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return xp.make_config(type(config), {**current, **pairs})
 
 
 def _ints(text, name):
@@ -95,10 +100,7 @@ def _family(args) -> int:
                                    n_eval=4, n_prompts=4, span=2, n_read=2, context=2, n_targets=2, n_null=3,
                                    n_outlier_prompts=2, n_checkpoints=2)
         depths, seeds = (2,), (0,)
-    if args.overrides:
-        pairs = dict(item.split("=", 1) for item in args.overrides)
-        current = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-        base = xp.make_config(ds.DepthMember, {**current, **pairs})
+    base = _with_overrides(base, args.overrides)
     depths = _ints(args.depths, "depths") if args.depths else depths
     seeds = _ints(args.seeds, "seeds") if args.seeds else seeds
     start = time.time()
